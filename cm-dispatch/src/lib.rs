@@ -1,0 +1,123 @@
+//! The [`Dispatcher`] trait, and the backends that carry out an occurrence.
+//!
+//! A dispatch is one attempt at one occurrence: the routine's payload, its
+//! [`IdempotencyKey`](cm_domain::IdempotencyKey) (the same for every attempt at the occurrence)
+//! and a deadline. A backend turns it into an effect (a message posted, a container launched)
+//! and uses the key so that a retry after a crash cannot produce a second effect where the
+//! target can prevent it.
+//!
+//! This crate knows nothing of ticks, leases or the ledger: the scheduler claims an occurrence,
+//! calls [`Dispatcher::dispatch`] under a timeout shorter than the lease, and settles the result.
+//!
+//! # Backends
+//!
+//! | backend | kind | how the key is used |
+//! |---|---|---|
+//! | [`OutboxDispatcher`] | message | a row in `outbox_messages` keyed by the occurrence; a second insert is a no-op. The default. |
+//! | [`MemoryDispatcher`] | any | an in-memory fake for tests: records every effect, deduplicated by key |
+//! | [`RoutedDispatcher`] | both | sends message routines to one backend and mission routines to another |
+//!
+//! [`conformance::check_backend`] is the suite every backend passes.
+
+pub mod conformance;
+mod memory;
+mod outbox;
+mod routed;
+
+use std::time::Instant;
+
+use async_trait::async_trait;
+use cm_domain::{IdempotencyKey, Occurrence};
+use cm_store::RoutineKind;
+use serde_json::Value;
+
+pub use memory::MemoryDispatcher;
+pub use outbox::OutboxDispatcher;
+pub use routed::RoutedDispatcher;
+
+/// One attempt at one occurrence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dispatch {
+    /// The occurrence.
+    pub occurrence: Occurrence,
+    /// The routine's name, for logs and message bodies.
+    pub routine_name: String,
+    /// What the routine does.
+    pub kind: RoutineKind,
+    /// What the backend receives: the message, or the mission's description.
+    pub payload: Value,
+    /// The same for every attempt at this occurrence; different for any other.
+    pub idempotency_key: IdempotencyKey,
+    /// 1 for the first attempt at this occurrence.
+    pub attempt: u32,
+    /// When the dispatch must have finished. The caller enforces it with a timeout as well; a
+    /// backend uses it to bound retries of its own.
+    pub deadline: Instant,
+}
+
+impl Dispatch {
+    /// A dispatch of `occurrence` with its derived key.
+    pub fn new(
+        occurrence: Occurrence,
+        routine_name: impl Into<String>,
+        kind: RoutineKind,
+        payload: Value,
+        attempt: u32,
+        deadline: Instant,
+    ) -> Self {
+        Dispatch {
+            occurrence,
+            routine_name: routine_name.into(),
+            kind,
+            payload,
+            idempotency_key: occurrence.idempotency_key(),
+            attempt,
+            deadline,
+        }
+    }
+}
+
+/// What a backend reports of a successful dispatch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    /// The effect already existed (an earlier attempt produced it), so this attempt produced
+    /// nothing new.
+    pub duplicate: bool,
+    /// What was done, for logs: a row's sequence number, a container's name, a message id.
+    pub detail: String,
+}
+
+/// Why a dispatch failed. Every failure settles the occurrence `failed` with this text; none is
+/// retried on a later tick.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatchError {
+    /// The target refused the dispatch (a bad payload, a 4xx answer).
+    #[error("rejected: {0}")]
+    Rejected(String),
+    /// The target could not be reached or answered with an error, after any retries the
+    /// backend makes within the deadline.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// No backend is configured for this routine's kind.
+    #[error("no {0} backend is configured")]
+    NoBackend(RoutineKind),
+    /// The outbox's database failed.
+    #[error("outbox: {0}")]
+    Store(#[from] cm_store::StoreError),
+}
+
+/// Carries out one attempt at one occurrence.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait Dispatcher: Send + Sync {
+    /// Produces the occurrence's effect, or finds it already produced (a duplicate receipt).
+    async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError>;
+}
+
+#[async_trait]
+impl<D: Dispatcher + ?Sized> Dispatcher for std::sync::Arc<D> {
+    async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
+        (**self).dispatch(dispatch).await
+    }
+}

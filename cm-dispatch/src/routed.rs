@@ -1,0 +1,48 @@
+//! Routing by kind: message routines to the message backend, missions to the mission backend.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use cm_store::RoutineKind;
+
+use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
+
+/// Sends each dispatch to the backend for its routine's kind.
+///
+/// A kind with no backend fails its dispatches with [`DispatchError::NoBackend`], which settles
+/// the occurrence `failed` with that reason rather than leaving it owed forever.
+#[derive(Clone)]
+pub struct RoutedDispatcher {
+    message: Option<Arc<dyn Dispatcher>>,
+    mission: Option<Arc<dyn Dispatcher>>,
+}
+
+impl RoutedDispatcher {
+    /// Routes messages to `message` and missions to `mission`.
+    pub fn new(message: Option<Arc<dyn Dispatcher>>, mission: Option<Arc<dyn Dispatcher>>) -> Self {
+        RoutedDispatcher { message, mission }
+    }
+}
+
+impl std::fmt::Debug for RoutedDispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoutedDispatcher")
+            .field("message", &self.message.is_some())
+            .field("mission", &self.mission.is_some())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Dispatcher for RoutedDispatcher {
+    async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
+        let backend = match dispatch.kind {
+            RoutineKind::Message => &self.message,
+            RoutineKind::Mission => &self.mission,
+        };
+        match backend {
+            Some(backend) => backend.dispatch(dispatch).await,
+            None => Err(DispatchError::NoBackend(dispatch.kind)),
+        }
+    }
+}

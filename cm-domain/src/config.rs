@@ -1,0 +1,169 @@
+//! Scheduler settings, validated once so the rules that depend on them hold by construction.
+//!
+//! The one rule that matters most: a dispatch never outlives its lease. If it could, a claim
+//! whose lease ran out might still be dispatching when another scheduler takes it over, and a
+//! mission would start twice. [`SchedulerConfig::validate`] refuses a dispatch timeout that is
+//! not shorter than the lease.
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+/// How long a claim belongs to its claimant. Never zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Lease(Duration);
+
+impl Lease {
+    /// A lease of `duration`; `None` for zero.
+    pub fn new(duration: Duration) -> Option<Self> {
+        (!duration.is_zero()).then_some(Lease(duration))
+    }
+
+    /// The lease's length.
+    pub fn duration(self) -> Duration {
+        self.0
+    }
+}
+
+/// The most occurrences one tick dispatches. Never zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FireCap(NonZeroUsize);
+
+impl FireCap {
+    /// The default cap: 25 occurrences a tick.
+    pub const DEFAULT: FireCap = FireCap(NonZeroUsize::new(25).unwrap());
+
+    /// A cap of `n`; `None` for zero.
+    pub fn new(n: usize) -> Option<Self> {
+        NonZeroUsize::new(n).map(FireCap)
+    }
+
+    /// The cap as a number.
+    pub fn get(self) -> usize {
+        self.0.get()
+    }
+}
+
+impl Default for FireCap {
+    fn default() -> Self {
+        FireCap::DEFAULT
+    }
+}
+
+/// A scheduler's settings. Build one with [`SchedulerConfig::default`], change fields, then call
+/// [`SchedulerConfig::validate`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// How often a tick runs.
+    pub tick_interval: Duration,
+    /// The most occurrences one tick dispatches; the rest are deferred to the next tick.
+    pub max_fires_per_tick: FireCap,
+    /// How long a claim belongs to its claimant.
+    pub lease: Lease,
+    /// The longest one dispatch may run. Must be shorter than the lease.
+    pub dispatch_timeout: Duration,
+    /// How many claims an occurrence may have before it is settled `failed` without dispatch.
+    pub max_attempts: u32,
+    /// How late an occurrence may be found and still count as on time (not a misfire).
+    pub misfire_grace: Duration,
+    /// Under `catch-up`, the most missed occurrences that fire; older ones coalesce (skip).
+    pub max_backlog: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            tick_interval: Duration::from_secs(1),
+            max_fires_per_tick: FireCap::DEFAULT,
+            lease: Lease(Duration::from_secs(60)),
+            dispatch_timeout: Duration::from_secs(30),
+            max_attempts: 3,
+            misfire_grace: Duration::from_secs(60),
+            max_backlog: 100,
+        }
+    }
+}
+
+/// A setting that the scheduler refuses to run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The dispatch timeout is not shorter than the lease, so a dispatch could outlive its claim.
+    #[error(
+        "the dispatch timeout ({timeout:?}) must be shorter than the lease ({lease:?}), \
+         or a dispatch could outlive its claim"
+    )]
+    TimeoutNotShorterThanLease {
+        /// The configured dispatch timeout.
+        timeout: Duration,
+        /// The configured lease.
+        lease: Duration,
+    },
+    /// A duration that must be positive is zero.
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+    /// `max_attempts` is zero: no occurrence could ever be dispatched.
+    #[error("max attempts must be at least 1")]
+    NoAttempts,
+}
+
+impl SchedulerConfig {
+    /// Checks the rules between settings and returns the configuration unchanged if they hold.
+    pub fn validate(self) -> Result<Self, ConfigError> {
+        if self.tick_interval.is_zero() {
+            return Err(ConfigError::Zero("the tick interval"));
+        }
+        if self.dispatch_timeout.is_zero() {
+            return Err(ConfigError::Zero("the dispatch timeout"));
+        }
+        if self.max_attempts == 0 {
+            return Err(ConfigError::NoAttempts);
+        }
+        if self.dispatch_timeout >= self.lease.duration() {
+            return Err(ConfigError::TimeoutNotShorterThanLease {
+                timeout: self.dispatch_timeout,
+                lease: self.lease.duration(),
+            });
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(lease_ms: u64, timeout_ms: u64, tick_ms: u64, attempts: u32, expected: Result<(), &str>) {
+        let config = SchedulerConfig {
+            lease: Lease::new(Duration::from_millis(lease_ms)).unwrap(),
+            dispatch_timeout: Duration::from_millis(timeout_ms),
+            tick_interval: Duration::from_millis(tick_ms),
+            max_attempts: attempts,
+            ..SchedulerConfig::default()
+        };
+        let got = config.validate().map(|_| ()).map_err(|e| e.to_string());
+        match (got, expected) {
+            (Ok(()), Ok(())) => {}
+            (Err(e), Err(want)) => assert!(e.contains(want), "{e:?} does not mention {want:?}"),
+            (got, want) => panic!("got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn validate() {
+        check(60_000, 30_000, 1_000, 3, Ok(()));
+        check(60_000, 59_999, 1_000, 1, Ok(()));
+        check(60_000, 60_000, 1_000, 3, Err("shorter than the lease"));
+        check(1_000, 5_000, 1_000, 3, Err("shorter than the lease"));
+        check(60_000, 0, 1_000, 3, Err("dispatch timeout must be greater than zero"));
+        check(60_000, 30_000, 0, 3, Err("tick interval must be greater than zero"));
+        check(60_000, 30_000, 1_000, 0, Err("at least 1"));
+        assert!(SchedulerConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn zero_is_not_a_lease_or_a_cap() {
+        assert_eq!(Lease::new(Duration::ZERO), None);
+        assert_eq!(FireCap::new(0), None);
+        assert_eq!(FireCap::default().get(), 25);
+    }
+}

@@ -1,0 +1,53 @@
+//! The pure domain of cm: schedules and daylight-saving rules, misfire policies, the claim state
+//! machine and tick planning.
+//!
+//! Nothing in this crate does I/O, reads a clock or depends on a runtime or database crate. Every
+//! function that needs the time takes `now` as an argument and returns a decision, which is what
+//! lets the rules be property-tested and lets other services import them cheaply (an API service
+//! validates a schedule with [`Schedule::parse`] before it stores a routine).
+//!
+//! # The pieces
+//!
+//! - [`schedule`]: a cron expression in an IANA zone, parsed once into a [`Schedule`], and
+//!   [`Schedule::next_after`], which follows the Vixie-cron daylight-saving rule.
+//! - [`misfire`]: what to do with occurrences found late ([`MisfirePolicy`], [`plan_due`]).
+//! - [`claim`]: the claim state machine: the row a claim statement returns is turned into a
+//!   [`ClaimOutcome`] (Fresh, Retry, InFlight or Settled), and a dispatch result into a
+//!   [`Settlement`].
+//! - [`tick`]: which of the due occurrences one tick fires under the cap, and where each routine's
+//!   clock moves to ([`plan_tick`]).
+//! - [`config`]: validated scheduler settings ([`SchedulerConfig`]), so a dispatch can never
+//!   outlive its lease.
+//! - [`occurrence`]: one scheduled instant of a routine and its [`IdempotencyKey`].
+//!
+//! # Example
+//!
+//! ```
+//! use cm_domain::Schedule;
+//! use chrono::{TimeZone, Utc};
+//!
+//! let daily = Schedule::parse("30 2 * * *", "America/New_York").unwrap();
+//! // 02:30 does not exist on 2025-03-09 in New York: a fixed-time job runs at 03:00 EDT.
+//! let after = Utc.with_ymd_and_hms(2025, 3, 8, 12, 0, 0).unwrap();
+//! assert_eq!(
+//!     daily.next_after(after).unwrap(),
+//!     Utc.with_ymd_and_hms(2025, 3, 9, 7, 0, 0).unwrap(),
+//! );
+//! ```
+
+pub mod claim;
+pub mod config;
+pub mod misfire;
+pub mod occurrence;
+pub mod schedule;
+pub mod tick;
+
+pub use claim::{
+    ClaimAction, ClaimOutcome, ClaimRow, ClaimToken, ErrorText, FireStatus, ParseFireStatusError,
+    SettleError, Settlement,
+};
+pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
+pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due};
+pub use occurrence::{IdempotencyKey, Occurrence, RoutineId};
+pub use schedule::{Schedule, ScheduleError, Zone, ZoneError};
+pub use tick::{RoutineAdvance, TickPlan, plan_tick};

@@ -1,0 +1,105 @@
+//! One scheduled instant of one routine, and the idempotency key every backend uses for it.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// The identifier of a routine (the primary key of `routines`).
+pub type RoutineId = Uuid;
+
+/// One scheduled instant of a routine: the unit the ledger (`routine_fires`) accounts for.
+///
+/// `scheduled_at` is the instant the schedule named, never the time it was claimed or
+/// dispatched, so every attempt at the same occurrence names the same row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Occurrence {
+    /// When the schedule said the routine should run.
+    pub scheduled_at: DateTime<Utc>,
+    /// The routine the occurrence belongs to.
+    pub routine_id: RoutineId,
+}
+
+impl Occurrence {
+    /// The occurrence of `routine_id` at `scheduled_at`.
+    pub fn new(routine_id: RoutineId, scheduled_at: DateTime<Utc>) -> Self {
+        Occurrence {
+            scheduled_at,
+            routine_id,
+        }
+    }
+
+    /// The key a backend uses to make a repeated dispatch of this occurrence a no-op.
+    pub fn idempotency_key(&self) -> IdempotencyKey {
+        IdempotencyKey::for_occurrence(self)
+    }
+}
+
+/// A key derived from `(routine_id, scheduled_at)`: the same for every attempt at one occurrence
+/// and different for any other.
+///
+/// It has the form `cm-<routine id, 32 hex digits>-<scheduled_at in unix microseconds>`: at most
+/// 56 characters of lowercase ASCII letters, digits and `-`, so it is a valid container name, a
+/// valid Kubernetes object name (63 characters at most) and a valid HTTP header value.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// The key of `occurrence`.
+    pub fn for_occurrence(occurrence: &Occurrence) -> Self {
+        let micros = occurrence.scheduled_at.timestamp_micros();
+        // A negative instant (before 1970) keeps the key in the allowed alphabet.
+        let sign = if micros < 0 { "n" } else { "" };
+        IdempotencyKey(format!(
+            "cm-{}-{sign}{}",
+            occurrence.routine_id.simple(),
+            micros.unsigned_abs()
+        ))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn key(id: u128, secs: i64, micros: u32) -> String {
+        let at = Utc.timestamp_opt(secs, micros * 1000).unwrap();
+        Occurrence::new(Uuid::from_u128(id), at)
+            .idempotency_key()
+            .to_string()
+    }
+
+    #[test]
+    fn keys_name_the_occurrence_and_nothing_else() {
+        assert_eq!(
+            key(1, 1_700_000_000, 0),
+            "cm-00000000000000000000000000000001-1700000000000000"
+        );
+        assert_eq!(key(1, 1_700_000_000, 0), key(1, 1_700_000_000, 0));
+        assert_ne!(key(1, 1_700_000_000, 0), key(2, 1_700_000_000, 0));
+        assert_ne!(key(1, 1_700_000_000, 0), key(1, 1_700_000_000, 1));
+        assert_eq!(key(1, -1, 0), "cm-00000000000000000000000000000001-n1000000");
+    }
+
+    #[test]
+    fn keys_fit_a_kubernetes_name() {
+        let k = key(u128::MAX, 253_402_300_799, 999_999);
+        assert!(k.len() <= 63, "{k} is {} characters", k.len());
+        assert!(
+            k.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        );
+    }
+}

@@ -1,0 +1,491 @@
+//! The occurrence ledger, `routine_fires`: the tick's claim, settling, the reaper, and reading
+//! fires back.
+//!
+//! # The claim
+//!
+//! [`FireLedger::claim_due`] is one transaction:
+//!
+//! 1. read the database's clock once (`now()` is fixed for the whole transaction);
+//! 2. lock the due routines, oldest first, with `FOR UPDATE SKIP LOCKED`, so several schedulers
+//!    share the due set instead of queueing on it;
+//! 3. plan each routine with its misfire policy and the tick with the cap (`cm-domain`);
+//! 4. claim every planned occurrence in one `INSERT … ON CONFLICT … DO UPDATE … RETURNING
+//!    (xmax = 0) AS inserted` over arrays; the update takes a row over only when it is `claimed`
+//!    and its lease has run out, and otherwise rewrites it unchanged, so the row always comes
+//!    back and a loser sees what the winner holds;
+//! 5. move each routine's `next_run_at` to where the plan says;
+//! 6. commit.
+//!
+//! Steps 4 and 5 commit together, so the clock never moves past an occurrence the ledger does
+//! not hold.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use cm_domain::{
+    ClaimOutcome, ClaimRow, ClaimToken, FireCap, FireStatus, Lease, MisfireRules, Occurrence,
+    Settlement, plan_due, plan_tick,
+};
+use serde_json::Value;
+use sqlx::FromRow;
+use uuid::Uuid;
+
+use crate::routines::RoutineKind;
+use crate::{PgStore, StoreError};
+
+/// What a tick's claim needs to know.
+#[derive(Debug, Clone)]
+pub struct ClaimDueParams {
+    /// The instance claiming (kept on the rows it holds).
+    pub claimant: String,
+    /// How long its claims last.
+    pub lease: Lease,
+    /// The most occurrences the tick claims.
+    pub cap: FireCap,
+    /// The misfire grace, backlog and walk bound.
+    pub rules: MisfireRules,
+    /// The most due routines one tick locks and plans.
+    pub max_routines: u32,
+}
+
+/// What the reaper needs to know.
+#[derive(Debug, Clone)]
+pub struct ReapParams {
+    /// The instance taking the expired claims over.
+    pub claimant: String,
+    /// How long its claims last.
+    pub lease: Lease,
+    /// The most claims one pass takes over.
+    pub limit: u32,
+}
+
+/// The result of one claim (a tick's, or a reaper pass's).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TickClaim {
+    /// The database's clock when the claim ran.
+    pub now: DateTime<Utc>,
+    /// The token every row this claim took carries.
+    pub token: ClaimToken,
+    /// The rows the claim statement returned, oldest occurrence first.
+    pub fires: Vec<ClaimedFire>,
+    /// Due occurrences the cap deferred to a later tick.
+    pub deferred: usize,
+    /// Misfires skipped by the routines' policies.
+    pub skipped: u64,
+    /// Due routines whose stored schedule or policy could not be read; each was paused so it
+    /// stops coming due, and is reported here to be logged as an error.
+    pub unusable: Vec<UnusableRoutine>,
+}
+
+/// A due routine whose stored row the domain refuses (written by hand, or by an older version).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnusableRoutine {
+    /// The routine.
+    pub routine_id: Uuid,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// One occurrence a claim returned, with what its dispatch needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedFire {
+    /// The occurrence.
+    pub occurrence: Occurrence,
+    /// The routine's name, for logs.
+    pub routine_name: String,
+    /// What the routine does.
+    pub kind: RoutineKind,
+    /// What the backend receives.
+    pub payload: Value,
+    /// The row as the claim statement returned it.
+    pub row: ClaimRow,
+}
+
+impl ClaimedFire {
+    /// What the row means for the claimant holding `token`.
+    pub fn outcome(&self, token: ClaimToken) -> ClaimOutcome {
+        ClaimOutcome::classify(&self.row, token)
+    }
+
+    /// The fenced reference a settle of this claim uses.
+    pub fn fire_ref(&self) -> FireRef {
+        FireRef {
+            occurrence: self.occurrence,
+            token: self.row.token,
+            attempt: self.row.attempt,
+        }
+    }
+}
+
+/// Names one claim of one occurrence: a settle updates the row only if it still carries this
+/// token and attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FireRef {
+    /// The occurrence.
+    pub occurrence: Occurrence,
+    /// The claim's token.
+    pub token: ClaimToken,
+    /// The claim's attempt.
+    pub attempt: u32,
+}
+
+/// Which fires to list.
+#[derive(Debug, Clone, Default)]
+pub struct FireFilter {
+    /// Only this routine's.
+    pub routine_id: Option<Uuid>,
+    /// Only with this status.
+    pub status: Option<FireStatus>,
+    /// At most this many, newest occurrence first.
+    pub limit: u32,
+}
+
+/// A row of `routine_fires`, as listed.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Fire {
+    /// The routine.
+    pub routine_id: Uuid,
+    /// The occurrence's instant.
+    pub scheduled_at: DateTime<Utc>,
+    /// `claimed`, `fired` or `failed`.
+    pub status: String,
+    /// The instance holding (or that last held) the claim.
+    pub claimant: String,
+    /// The claim's attempt.
+    pub attempt: u32,
+    /// When the current claim was taken.
+    pub claimed_at: DateTime<Utc>,
+    /// When the lease runs (or ran) out.
+    pub lease_expires_at: DateTime<Utc>,
+    /// When it was settled.
+    pub completed_at: Option<DateTime<Utc>>,
+    /// The error a `failed` row keeps.
+    pub error: Option<String>,
+}
+
+/// The occurrence ledger.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait FireLedger: Send + Sync {
+    /// Claims what is due now, in one transaction (see the module documentation).
+    async fn claim_due(&self, params: &ClaimDueParams) -> Result<TickClaim, StoreError>;
+
+    /// Settles a claim. Returns `false`, changing nothing, when the row no longer carries the
+    /// claim's token and attempt (another claimant took it over) or is already settled.
+    async fn settle_fire(&self, fire: &FireRef, settlement: &Settlement)
+    -> Result<bool, StoreError>;
+
+    /// Takes over claims whose lease has run out (their claimant crashed), oldest claim first.
+    /// Two reapers never take the same row.
+    async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError>;
+
+    /// Lists fires, newest occurrence first.
+    async fn list_fires(&self, filter: &FireFilter) -> Result<Vec<Fire>, StoreError>;
+}
+
+/// A row returned by the claim and reaper statements.
+#[derive(FromRow)]
+struct ClaimedRow {
+    inserted: bool,
+    routine_id: Uuid,
+    scheduled_at: DateTime<Utc>,
+    status: String,
+    claimant: String,
+    claim_token: Uuid,
+    attempt: i32,
+    lease_expires_at: DateTime<Utc>,
+    name: String,
+    kind: String,
+    payload: Value,
+}
+
+impl TryFrom<ClaimedRow> for ClaimedFire {
+    type Error = StoreError;
+
+    fn try_from(r: ClaimedRow) -> Result<Self, StoreError> {
+        let corrupt = |reason: String| StoreError::CorruptRoutine {
+            routine_id: r.routine_id,
+            reason,
+        };
+        let status = r.status.parse().map_err(|e: cm_domain::ParseFireStatusError| corrupt(e.to_string()))?;
+        let kind = r.kind.parse().map_err(corrupt)?;
+        Ok(ClaimedFire {
+            occurrence: Occurrence::new(r.routine_id, r.scheduled_at),
+            routine_name: r.name,
+            kind,
+            payload: r.payload,
+            row: ClaimRow {
+                inserted: r.inserted,
+                status,
+                claimant: r.claimant,
+                token: ClaimToken(r.claim_token),
+                attempt: u32::try_from(r.attempt).unwrap_or(1),
+                lease_expires_at: r.lease_expires_at,
+            },
+        })
+    }
+}
+
+/// A due routine as the tick reads it.
+#[derive(FromRow)]
+struct DueRoutine {
+    id: Uuid,
+    schedule: String,
+    timezone: String,
+    misfire_policy: String,
+    next_run_at: DateTime<Utc>,
+}
+
+fn lease_seconds(lease: Lease) -> f64 {
+    lease.duration().as_secs_f64()
+}
+
+#[async_trait]
+impl FireLedger for PgStore {
+    async fn claim_due(&self, params: &ClaimDueParams) -> Result<TickClaim, StoreError> {
+        let token = ClaimToken::new_v4();
+        let mut tx = self.pool.begin().await?;
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+        let due: Vec<DueRoutine> = sqlx::query_as(
+            "SELECT id, schedule, timezone, misfire_policy, next_run_at
+             FROM routines
+             WHERE next_run_at <= now()
+             ORDER BY next_run_at, id
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(i64::from(params.max_routines))
+        .fetch_all(&mut *tx)
+        .await?;
+
+        let mut plans = Vec::with_capacity(due.len());
+        let mut unusable = Vec::new();
+        for routine in due {
+            let schedule = cm_domain::Schedule::parse(&routine.schedule, &routine.timezone)
+                .map_err(|e| e.to_string());
+            let policy = routine
+                .misfire_policy
+                .parse::<cm_domain::MisfirePolicy>()
+                .map_err(|e| e.to_string());
+            match (schedule, policy) {
+                (Ok(schedule), Ok(policy)) => {
+                    let plan = plan_due(routine.next_run_at, &schedule, now, policy, &params.rules);
+                    plans.push((routine.id, plan));
+                }
+                (Err(reason), _) | (_, Err(reason)) => unusable.push(UnusableRoutine {
+                    routine_id: routine.id,
+                    reason,
+                }),
+            }
+        }
+        let tick = plan_tick(&plans, params.cap);
+
+        let mut fires = if tick.claims.is_empty() {
+            Vec::new()
+        } else {
+            let (ids, instants): (Vec<Uuid>, Vec<DateTime<Utc>>) = tick
+                .claims
+                .iter()
+                .map(|o| (o.routine_id, o.scheduled_at))
+                .unzip();
+            let rows: Vec<ClaimedRow> = sqlx::query_as(CLAIM_SQL)
+                .bind(&ids)
+                .bind(&instants)
+                .bind(&params.claimant)
+                .bind(token.0)
+                .bind(lease_seconds(params.lease))
+                .fetch_all(&mut *tx)
+                .await?;
+            rows.into_iter()
+                .map(ClaimedFire::try_from)
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        fires.sort_by_key(|f| f.occurrence);
+
+        if !tick.advances.is_empty() {
+            let ids: Vec<Uuid> = tick.advances.iter().map(|a| a.routine_id).collect();
+            let next: Vec<Option<DateTime<Utc>>> =
+                tick.advances.iter().map(|a| a.next_run_at).collect();
+            let claimed: Vec<bool> = tick.advances.iter().map(|a| a.claimed > 0).collect();
+            sqlx::query(
+                "UPDATE routines AS r
+                 SET next_run_at = t.next_run_at,
+                     last_run_at = CASE WHEN t.claimed THEN now() ELSE r.last_run_at END
+                 FROM UNNEST($1::uuid[], $2::timestamptz[], $3::bool[]) AS t(id, next_run_at, claimed)
+                 WHERE r.id = t.id",
+            )
+            .bind(&ids)
+            .bind(&next)
+            .bind(&claimed)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if !unusable.is_empty() {
+            let ids: Vec<Uuid> = unusable.iter().map(|u| u.routine_id).collect();
+            sqlx::query(
+                "UPDATE routines SET paused = true, next_run_at = NULL, updated_at = now()
+                 WHERE id = ANY($1)",
+            )
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+
+        Ok(TickClaim {
+            now,
+            token,
+            fires,
+            deferred: tick.deferred,
+            skipped: tick.advances.iter().map(|a| a.skipped).sum(),
+            unusable,
+        })
+    }
+
+    async fn settle_fire(
+        &self,
+        fire: &FireRef,
+        settlement: &Settlement,
+    ) -> Result<bool, StoreError> {
+        let settled = sqlx::query(
+            "UPDATE routine_fires
+             SET status = $5, error = $6, completed_at = now()
+             WHERE routine_id = $1 AND scheduled_at = $2
+               AND claim_token = $3 AND attempt = $4 AND status = 'claimed'",
+        )
+        .bind(fire.occurrence.routine_id)
+        .bind(fire.occurrence.scheduled_at)
+        .bind(fire.token.0)
+        .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
+        .bind(settlement.status().as_str())
+        .bind(settlement.error())
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(settled == 1)
+    }
+
+    async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError> {
+        let token = ClaimToken::new_v4();
+        let mut tx = self.pool.begin().await?;
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+        let rows: Vec<ClaimedRow> = sqlx::query_as(REAP_SQL)
+            .bind(i64::from(params.limit))
+            .bind(&params.claimant)
+            .bind(token.0)
+            .bind(lease_seconds(params.lease))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let mut fires = rows
+            .into_iter()
+            .map(ClaimedFire::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        fires.sort_by_key(|f| f.occurrence);
+        Ok(TickClaim {
+            now,
+            token,
+            fires,
+            deferred: 0,
+            skipped: 0,
+            unusable: Vec::new(),
+        })
+    }
+
+    async fn list_fires(&self, filter: &FireFilter) -> Result<Vec<Fire>, StoreError> {
+        let rows: Vec<FireRow> = sqlx::query_as(
+            "SELECT routine_id, scheduled_at, status, claimant, attempt, claimed_at,
+                    lease_expires_at, completed_at, error
+             FROM routine_fires
+             WHERE ($1::uuid IS NULL OR routine_id = $1)
+               AND ($2::text IS NULL OR status = $2)
+             ORDER BY scheduled_at DESC, routine_id
+             LIMIT $3",
+        )
+        .bind(filter.routine_id)
+        .bind(filter.status.map(FireStatus::as_str))
+        .bind(i64::from(filter.limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(Fire::from).collect())
+    }
+}
+
+#[derive(FromRow)]
+struct FireRow {
+    routine_id: Uuid,
+    scheduled_at: DateTime<Utc>,
+    status: String,
+    claimant: String,
+    attempt: i32,
+    claimed_at: DateTime<Utc>,
+    lease_expires_at: DateTime<Utc>,
+    completed_at: Option<DateTime<Utc>>,
+    error: Option<String>,
+}
+
+impl From<FireRow> for Fire {
+    fn from(r: FireRow) -> Self {
+        Fire {
+            routine_id: r.routine_id,
+            scheduled_at: r.scheduled_at,
+            status: r.status,
+            claimant: r.claimant,
+            attempt: u32::try_from(r.attempt).unwrap_or(0),
+            claimed_at: r.claimed_at,
+            lease_expires_at: r.lease_expires_at,
+            completed_at: r.completed_at,
+            error: r.error,
+        }
+    }
+}
+
+/// The claim statement. `$1`/`$2` are the occurrences as parallel arrays, `$3` the claimant,
+/// `$4` the claim token, `$5` the lease in seconds.
+///
+/// On conflict the row is always updated, so it is always returned: `xmax = 0` tells a real
+/// insert from an update. The update takes the row over (new claimant, token and lease,
+/// attempt + 1) only when it is `claimed` and its lease has run out by this transaction's clock
+/// (`cm_domain::claim::lease_expired`); otherwise every column is rewritten with its own value.
+const CLAIM_SQL: &str = "
+WITH claimed AS (
+    INSERT INTO routine_fires AS f
+        (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at)
+    SELECT t.routine_id, t.scheduled_at, $3, $4, 1, now(), now() + make_interval(secs => $5)
+    FROM UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)
+    ON CONFLICT (routine_id, scheduled_at) DO UPDATE SET
+        claimant = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
+                        THEN excluded.claimant ELSE f.claimant END,
+        claim_token = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
+                           THEN excluded.claim_token ELSE f.claim_token END,
+        attempt = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
+                       THEN f.attempt + 1 ELSE f.attempt END,
+        claimed_at = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
+                          THEN excluded.claimed_at ELSE f.claimed_at END,
+        lease_expires_at = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
+                                THEN excluded.lease_expires_at ELSE f.lease_expires_at END
+    RETURNING (f.xmax = 0) AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
+              f.claim_token, f.attempt, f.lease_expires_at
+)
+SELECT c.*, r.name, r.kind, r.payload
+FROM claimed c JOIN routines r ON r.id = c.routine_id";
+
+/// The reaper. `$1` is the most rows to take, `$2` the claimant, `$3` the claim token, `$4`
+/// the lease in seconds. The expired rows are found through `routine_fires_stuck_idx` (status,
+/// claimed_at) and locked with `SKIP LOCKED`, so two reapers never take the same row, and a row
+/// a claim statement holds is left to it.
+const REAP_SQL: &str = "
+WITH expired AS (
+    SELECT routine_id, scheduled_at
+    FROM routine_fires
+    WHERE status = 'claimed' AND lease_expires_at <= now()
+    ORDER BY claimed_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE routine_fires AS f
+SET claimant = $2, claim_token = $3, attempt = f.attempt + 1, claimed_at = now(),
+    lease_expires_at = now() + make_interval(secs => $4)
+FROM expired e, routines r
+WHERE f.routine_id = e.routine_id AND f.scheduled_at = e.scheduled_at AND r.id = f.routine_id
+RETURNING false AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
+          f.claim_token, f.attempt, f.lease_expires_at, r.name, r.kind, r.payload";

@@ -1,0 +1,127 @@
+//! Every SQL statement cm sends to PostgreSQL, and the migrations that make its schema.
+//!
+//! One file tree holds the whole conversation with the database, so a reviewer can read every
+//! statement the system runs in one place. The crate is split by table:
+//!
+//! - [`routines`]: creating, reading, pausing and deleting routines ([`RoutineStore`]).
+//! - [`ledger`]: the occurrence ledger, `routine_fires`: the tick's claim, settling, the reaper
+//!   and listing fires ([`FireLedger`]).
+//! - [`outbox`]: the message outbox ([`OutboxStore`]).
+//!
+//! [`PgStore`] implements all three traits on a connection pool. Callers depend on the traits,
+//! so a test about the caller (the scheduler's loop) can use the `mockall` doubles behind the
+//! `mock` feature instead of a database.
+//!
+//! Decisions are not made here: which occurrences are owed, what a claim's row means and how the
+//! cap applies all come from `cm-domain`. This crate turns them into statements, runs them
+//! atomically, and reads the database's clock (`now()`) so every node computes from one clock.
+//!
+//! # Example
+//!
+//! Another service creating a routine with this crate alone (see `examples/create_routine.rs`):
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), cm_store::StoreError> {
+//! use cm_domain::{MisfirePolicy, Schedule};
+//! use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+//!
+//! let store = PgStore::connect("postgres://localhost/cm").await?;
+//! store.migrate().await?;
+//! let routine = store
+//!     .create_routine(NewRoutine {
+//!         name: "standup".into(),
+//!         schedule: Schedule::parse("0 9 * * MON-FRI", "Europe/Berlin").unwrap(),
+//!         kind: RoutineKind::Message,
+//!         payload: serde_json::json!({ "text": "standup in 5" }),
+//!         misfire: MisfirePolicy::FireOnce,
+//!         paused: false,
+//!     })
+//!     .await?;
+//! println!("{} first runs at {:?}", routine.id, routine.next_run_at);
+//! # Ok(()) }
+//! ```
+
+mod error;
+pub mod ledger;
+pub mod outbox;
+pub mod routines;
+
+use sqlx::PgPool;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::PgPoolOptions;
+
+pub use error::StoreError;
+pub use ledger::{
+    ClaimDueParams, ClaimedFire, Fire, FireFilter, FireLedger, FireRef, ReapParams, TickClaim,
+    UnusableRoutine,
+};
+#[cfg(feature = "mock")]
+pub use ledger::MockFireLedger;
+pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
+#[cfg(feature = "mock")]
+pub use outbox::MockOutboxStore;
+pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
+#[cfg(feature = "mock")]
+pub use routines::MockRoutineStore;
+
+/// The schema's migrations, embedded in the binary.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+/// The PostgreSQL implementation of every store trait.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// A store on an existing pool.
+    pub fn new(pool: PgPool) -> Self {
+        PgStore { pool }
+    }
+
+    /// Connects a pool of up to ten connections to `url`. A statement waits at most five
+    /// seconds for a connection, so a tick against an unreachable database fails quickly and
+    /// visibly instead of hanging.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(std::time::Duration::from_secs(5))
+            .connect(url)
+            .await?;
+        Ok(PgStore { pool })
+    }
+
+    /// Creates the database `url` names if it does not exist yet (connecting to the server's
+    /// maintenance database to do so). Returns whether it created it.
+    pub async fn create_database_if_missing(url: &str) -> Result<bool, StoreError> {
+        use sqlx::migrate::MigrateDatabase;
+        if sqlx::Postgres::database_exists(url).await? {
+            return Ok(false);
+        }
+        match sqlx::Postgres::create_database(url).await {
+            Ok(()) => Ok(true),
+            // Another process created it between the check and the create.
+            Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("42P04") => {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The pool, for callers that share it.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies every migration not yet applied. Safe to run from several processes at once:
+    /// the migrator serialises them with an advisory lock.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Whether the database answers, and its clock.
+    pub async fn ping(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT now()").fetch_one(&self.pool).await?)
+    }
+}

@@ -1,0 +1,237 @@
+//! The `routines` table: creating, reading, pausing, resuming and deleting routines.
+
+use std::fmt;
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use cm_domain::{MisfirePolicy, Schedule};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::{PgStore, StoreError};
+
+/// What a routine does when it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RoutineKind {
+    /// Posts a message (the payload) through the message backend.
+    Message,
+    /// Launches a container through the mission backend.
+    Mission,
+}
+
+impl RoutineKind {
+    /// The kind as stored: `message` or `mission`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RoutineKind::Message => "message",
+            RoutineKind::Mission => "mission",
+        }
+    }
+}
+
+impl fmt::Display for RoutineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<String> for RoutineKind {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl FromStr for RoutineKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "message" => Ok(RoutineKind::Message),
+            "mission" => Ok(RoutineKind::Mission),
+            other => Err(format!("unknown routine kind {other:?} (expected message or mission)")),
+        }
+    }
+}
+
+/// A routine to create. The schedule is already parsed, so an invalid one cannot be stored.
+#[derive(Debug, Clone)]
+pub struct NewRoutine {
+    /// A name for people (1 to 200 characters).
+    pub name: String,
+    /// When it runs.
+    pub schedule: Schedule,
+    /// What it does.
+    pub kind: RoutineKind,
+    /// What the backend receives: the message, or the mission's description.
+    pub payload: Value,
+    /// What to do with occurrences found late.
+    pub misfire: MisfirePolicy,
+    /// Created paused: never due until resumed.
+    pub paused: bool,
+}
+
+/// A stored routine.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize)]
+pub struct Routine {
+    /// Its id.
+    pub id: Uuid,
+    /// Its name.
+    pub name: String,
+    /// The cron expression as written.
+    pub schedule: String,
+    /// The IANA zone the expression is read in.
+    pub timezone: String,
+    /// `message` or `mission`.
+    #[sqlx(try_from = "String")]
+    pub kind: RoutineKind,
+    /// What the backend receives.
+    pub payload: Value,
+    /// `fire-once`, `catch-up` or `skip`.
+    pub misfire_policy: String,
+    /// Whether it is paused.
+    pub paused: bool,
+    /// Its next occurrence; `None` while paused or when the schedule has no more.
+    pub next_run_at: Option<DateTime<Utc>>,
+    /// When a tick last claimed occurrences of it.
+    pub last_run_at: Option<DateTime<Utc>>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it was last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Routine {
+    /// The parsed schedule.
+    pub fn parsed_schedule(&self) -> Result<Schedule, StoreError> {
+        Schedule::parse(&self.schedule, &self.timezone).map_err(|e| StoreError::CorruptRoutine {
+            routine_id: self.id,
+            reason: e.to_string(),
+        })
+    }
+
+    /// The parsed misfire policy.
+    pub fn misfire(&self) -> Result<MisfirePolicy, StoreError> {
+        self.misfire_policy.parse().map_err(|e: cm_domain::ParseMisfirePolicyError| {
+            StoreError::CorruptRoutine {
+                routine_id: self.id,
+                reason: e.to_string(),
+            }
+        })
+    }
+}
+
+/// Creating and managing routines.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait RoutineStore: Send + Sync {
+    /// Stores a new routine; unless paused, its first run is the schedule's first occurrence
+    /// after the database's clock.
+    async fn create_routine(&self, routine: NewRoutine) -> Result<Routine, StoreError>;
+
+    /// The routine with this id.
+    async fn get_routine(&self, id: Uuid) -> Result<Routine, StoreError>;
+
+    /// Every routine, oldest first.
+    async fn list_routines(&self) -> Result<Vec<Routine>, StoreError>;
+
+    /// Pauses a routine (it is never due while paused) or resumes it (its next run is computed
+    /// from the database's clock, so a long pause does not produce misfires).
+    async fn set_routine_paused(&self, id: Uuid, paused: bool) -> Result<Routine, StoreError>;
+
+    /// Deletes a routine and its ledger rows.
+    async fn delete_routine(&self, id: Uuid) -> Result<(), StoreError>;
+}
+
+#[async_trait]
+impl RoutineStore for PgStore {
+    async fn create_routine(&self, routine: NewRoutine) -> Result<Routine, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+        let next_run_at = if routine.paused {
+            None
+        } else {
+            routine.schedule.next_after(now)
+        };
+        let row = sqlx::query_as::<_, Routine>(
+            "INSERT INTO routines
+                 (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             RETURNING *",
+        )
+        .bind(Uuid::new_v4())
+        .bind(&routine.name)
+        .bind(routine.schedule.expression())
+        .bind(routine.schedule.zone().name())
+        .bind(routine.kind.as_str())
+        .bind(&routine.payload)
+        .bind(routine.misfire.as_str())
+        .bind(routine.paused)
+        .bind(next_run_at)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    async fn get_routine(&self, id: Uuid) -> Result<Routine, StoreError> {
+        sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::RoutineNotFound(id))
+    }
+
+    async fn list_routines(&self) -> Result<Vec<Routine>, StoreError> {
+        Ok(
+            sqlx::query_as::<_, Routine>("SELECT * FROM routines ORDER BY created_at, id")
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn set_routine_paused(&self, id: Uuid, paused: bool) -> Result<Routine, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let routine = sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(StoreError::RoutineNotFound(id))?;
+        if routine.paused == paused {
+            return Ok(routine);
+        }
+        let next_run_at = if paused {
+            None
+        } else {
+            let now: DateTime<Utc> =
+                sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+            routine.parsed_schedule()?.next_after(now)
+        };
+        let row = sqlx::query_as::<_, Routine>(
+            "UPDATE routines SET paused = $2, next_run_at = $3, updated_at = now()
+             WHERE id = $1 RETURNING *",
+        )
+        .bind(id)
+        .bind(paused)
+        .bind(next_run_at)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    async fn delete_routine(&self, id: Uuid) -> Result<(), StoreError> {
+        let deleted = sqlx::query("DELETE FROM routines WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        if deleted == 0 {
+            return Err(StoreError::RoutineNotFound(id));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,2 @@
+//! cm developer tasks.
+fn main() {}

@@ -1,2 +1,125 @@
-//! cm developer tasks.
-fn main() {}
+//! Developer tasks for cm, run as `cargo xtask <task>`.
+//!
+//! - `demo`: runs the scheduler on this machine's PostgreSQL with a demo routine and shows its
+//!   fires as they happen (the README's first command).
+//! - `ci`: what CI runs: formatting, clippy with warnings as errors, and the whole test suite.
+//!
+//! The tidy checks (the domain is pure, every source file says what it is for) are ordinary
+//! tests in this crate, so `cargo test --workspace` runs them.
+
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, bail};
+
+mod tidy;
+
+const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/cm";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("demo") => demo(),
+        Some("ci") => ci(),
+        _ => {
+            eprintln!("usage: cargo xtask <demo|ci>");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn run(mut command: Command) -> anyhow::Result<()> {
+    let shown = format!("{command:?}");
+    let status = command.status().with_context(|| format!("cannot start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed with {status}");
+    }
+    Ok(())
+}
+
+/// Whether something accepts TCP connections at the URL's host and port.
+fn postgres_answers(url: &str) -> bool {
+    let rest = url.split("://").nth(1).unwrap_or("");
+    let host_port = rest.split('/').next().unwrap_or("");
+    let host_port = host_port.rsplit('@').next().unwrap_or("");
+    let with_port = if host_port.contains(':') { host_port.to_string() } else { format!("{host_port}:5432") };
+    use std::net::ToSocketAddrs;
+    with_port
+        .to_socket_addrs()
+        .map(|mut addrs| {
+            addrs.any(|a| std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok())
+        })
+        .unwrap_or(false)
+}
+
+fn demo() -> anyhow::Result<()> {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
+    if !postgres_answers(&url) {
+        bail!(
+            "PostgreSQL does not answer at {url}.\n\
+             Start it (on Debian: `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`),\n\
+             or point DATABASE_URL at a server that runs."
+        );
+    }
+    run({
+        let mut c = cargo();
+        c.args(["build", "--quiet", "--release", "--package", "cm-scheduler"]);
+        c
+    })?;
+    let binary = workspace_root().join("target/release/cm-scheduler");
+    let scheduler = |args: &[&str]| {
+        let mut c = Command::new(&binary);
+        c.arg("--database-url").arg(&url).args(args);
+        c
+    };
+    // `migrate` creates the database if it does not exist yet.
+    run(scheduler(&["migrate"]))?;
+    let listed = scheduler(&["routine", "list", "--json"]).output().context("listing routines")?;
+    let has_demo = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .any(|line| line.contains("\"name\":\"demo: every 5 seconds\""));
+    if !has_demo {
+        run(scheduler(&[
+            "routine", "create", "--name", "demo: every 5 seconds", "--schedule", "*/5 * * * * *",
+            "--message", "hello from cm",
+        ]))?;
+    }
+    eprintln!("xtask: running the scheduler on {url}; its fires are logged as they happen (Ctrl-C stops it)");
+    eprintln!("xtask: `cm-scheduler fires` and the outbox_messages table show what it wrote");
+    run(scheduler(&["run", "--listen", "127.0.0.1:9464"]))
+}
+
+fn ci() -> anyhow::Result<()> {
+    run({
+        let mut c = cargo();
+        c.args(["fmt", "--all", "--", "--check"]);
+        c
+    })?;
+    run({
+        let mut c = cargo();
+        c.args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]);
+        c
+    })?;
+    run({
+        let mut c = cargo();
+        c.args(["test", "--workspace", "--all-features"]);
+        c
+    })
+}
+
+fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace root")
+        .to_path_buf()
+}

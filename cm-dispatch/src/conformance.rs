@@ -54,10 +54,10 @@ pub async fn check_backend(
         return Err("the first dispatch of an occurrence was reported as a duplicate".into());
     }
     expect_effects(probe, &first.idempotency_key, 1, "after the first dispatch").await?;
-    if let Some(payload) = probe.payload(&first.idempotency_key).await? {
-        if payload != first.payload {
-            return Err(format!("the target received {payload}, not {}", first.payload));
-        }
+    if let Some(payload) = probe.payload(&first.idempotency_key).await?
+        && payload != first.payload
+    {
+        return Err(format!("the target received {payload}, not {}", first.payload));
     }
 
     // A retry of the same occurrence (attempt 2, after a crash) produces no second effect.

@@ -127,11 +127,16 @@ impl Scheduler {
             rules: MisfireRules::from(&self.config),
             // Lock a few more routines than the cap, so a routine whose occurrences are all
             // deferred does not crowd out the oldest work of others.
-            max_routines: u32::try_from(self.config.max_fires_per_tick.get() * 4).unwrap_or(u32::MAX),
+            max_routines: u32::try_from(self.config.max_fires_per_tick.get() * 4)
+                .unwrap_or(u32::MAX),
         };
-        let claim = self.ledger.claim_due(&params).await.map_err(TickError::Claim)?;
+        let claim = self
+            .ledger
+            .claim_due(&params)
+            .await
+            .map_err(TickError::Claim)?;
         add(&self.stats.ticks, 1);
-        let report = self.process(claim).await;
+        let report = self.process(claim, started).await;
         self.stats.tick_duration.observe(started.elapsed());
         Ok(report)
     }
@@ -144,7 +149,12 @@ impl Scheduler {
             lease: self.config.lease,
             limit: u32::try_from(self.config.max_fires_per_tick.get()).unwrap_or(u32::MAX),
         };
-        let claim = self.ledger.reap_expired(&params).await.map_err(TickError::Claim)?;
+        let started = Instant::now();
+        let claim = self
+            .ledger
+            .reap_expired(&params)
+            .await
+            .map_err(TickError::Claim)?;
         add(&self.stats.reaped, claim.fires.len() as u64);
         for fire in &claim.fires {
             warn!(
@@ -154,10 +164,12 @@ impl Scheduler {
                 "took over an expired claim (its claimant stopped before settling)"
             );
         }
-        Ok(self.process(claim).await)
+        Ok(self.process(claim, started).await)
     }
 
-    async fn process(&self, claim: TickClaim) -> TickReport {
+    /// Dispatches and settles what a claim returned. `claimed_from` is a local instant taken
+    /// before the claim's transaction began, so no lease it took can have started earlier.
+    async fn process(&self, claim: TickClaim, claimed_from: Instant) -> TickReport {
         let mut report = TickReport {
             deferred: claim.deferred,
             skipped: claim.skipped,
@@ -166,11 +178,17 @@ impl Scheduler {
         add(&self.stats.deferred, claim.deferred as u64);
         add(&self.stats.skipped, claim.skipped);
         if claim.deferred > 0 {
-            warn!(deferred = claim.deferred, cap = self.config.max_fires_per_tick.get(),
-                "more occurrences due than the per-tick cap; the rest are deferred to the next tick");
+            warn!(
+                deferred = claim.deferred,
+                cap = self.config.max_fires_per_tick.get(),
+                "more occurrences due than the per-tick cap; the rest are deferred to the next tick"
+            );
         }
         if claim.skipped > 0 {
-            info!(skipped = claim.skipped, "misfires skipped by their routines' policies");
+            info!(
+                skipped = claim.skipped,
+                "misfires skipped by their routines' policies"
+            );
         }
         for unusable in &claim.unusable {
             error!(routine = %unusable.routine_id, reason = %unusable.reason,
@@ -182,11 +200,13 @@ impl Scheduler {
             let outcome = fire.outcome(claim.token);
             match outcome.action(self.config.max_attempts) {
                 ClaimAction::Dispatch { attempt } => {
-                    let lateness = (claim.now - fire.occurrence.scheduled_at).to_std().unwrap_or_default();
+                    let lateness = (claim.now - fire.occurrence.scheduled_at)
+                        .to_std()
+                        .unwrap_or_default();
                     let job = FireJob {
                         ledger: self.ledger.clone(),
                         dispatcher: self.dispatcher.clone(),
-                        timeout: self.config.dispatch_timeout,
+                        timeout: self.dispatch_budget(claimed_from),
                         stats: self.stats.clone(),
                     };
                     dispatches.spawn(async move { job.fire(fire, attempt, lateness).await });
@@ -231,13 +251,29 @@ impl Scheduler {
         report
     }
 
+    /// How long a dispatch of a claim taken after `claimed_from` may run: the dispatch timeout,
+    /// cut short if the claim's own processing has eaten into the lease, so a dispatch never
+    /// outlives its lease even when a tick is slow. A margin is kept for the settle.
+    fn dispatch_budget(&self, claimed_from: Instant) -> Duration {
+        let lease = self.config.lease.duration();
+        let margin = (lease / 10).min(Duration::from_secs(1));
+        let left = lease
+            .saturating_sub(claimed_from.elapsed())
+            .saturating_sub(margin);
+        self.config.dispatch_timeout.min(left)
+    }
+
     /// Runs ticks every tick interval, and the reaper every half lease, until `shutdown`
     /// completes; then finishes and settles what is in flight and returns what it did.
     ///
     /// A failing tick never ends the loop: its error is logged, counted, kept for health and
     /// reported in the summary, and the next tick tries again (the database may come back).
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> RunSummary {
-        let mut interval = tokio::time::interval(self.config.tick_interval);
+        // Ticks are aligned to multiples of the interval on the wall clock, a few milliseconds
+        // after the boundary: occurrences fall on whole seconds, so an aligned tick finds them
+        // due at once instead of up to one interval late.
+        let first_tick = tokio::time::Instant::now() + until_aligned(self.config.tick_interval);
+        let mut interval = tokio::time::interval_at(first_tick, self.config.tick_interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let reap_every = (self.config.lease.duration() / 2).max(self.config.tick_interval);
         let mut last_reap: Option<Instant> = None;
@@ -299,6 +335,18 @@ impl Scheduler {
     }
 }
 
+/// How long until the next multiple of `interval` on the wall clock, plus a small margin.
+fn until_aligned(interval: Duration) -> Duration {
+    const MARGIN: Duration = Duration::from_millis(5);
+    let period = interval.as_nanos().max(1);
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let wait = period - since_epoch % period;
+    Duration::from_nanos(u64::try_from(wait).unwrap_or(0)) + MARGIN
+}
+
 /// What one dispatch task needs, cloned out of the scheduler so the task is `'static`.
 struct FireJob {
     ledger: Arc<dyn FireLedger>,
@@ -331,7 +379,12 @@ impl FireJob {
             Instant::now() + self.timeout,
         );
         self.stats.lateness.observe(lateness);
-        let settlement = match tokio::time::timeout(self.timeout, self.dispatcher.dispatch(&dispatch)).await {
+        let settlement = match tokio::time::timeout(
+            self.timeout,
+            self.dispatcher.dispatch(&dispatch),
+        )
+        .await
+        {
             Ok(Ok(receipt)) => {
                 info!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                     scheduled_at = %fire.occurrence.scheduled_at, attempt,

@@ -79,16 +79,35 @@ async fn answer<R: Readiness>(mut stream: TcpStream, health: &Health<R>) -> std:
             let database = health.readiness.database_answers().await;
             match (database, ticking) {
                 (true, true) => ("200 OK", "text/plain", "ready\n".to_string()),
-                (false, _) => ("503 Service Unavailable", "text/plain", "the database does not answer\n".to_string()),
+                (false, _) => (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    "the database does not answer\n".to_string(),
+                ),
                 (true, false) => {
-                    let error = health.stats.last_error().unwrap_or_else(|| "no tick has succeeded yet".into());
-                    ("503 Service Unavailable", "text/plain", format!("no recent successful tick: {error}\n"))
+                    let error = health
+                        .stats
+                        .last_error()
+                        .unwrap_or_else(|| "no tick has succeeded yet".into());
+                    (
+                        "503 Service Unavailable",
+                        "text/plain",
+                        format!("no recent successful tick: {error}\n"),
+                    )
                 }
             }
         }
-        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", health.stats.render_prometheus()),
+        ("GET", "/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4",
+            health.stats.render_prometheus(),
+        ),
         ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
-        _ => ("405 Method Not Allowed", "text/plain", "only GET\n".to_string()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET\n".to_string(),
+        ),
     };
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",

@@ -55,8 +55,12 @@ impl Histogram {
     }
 }
 
-const DURATION_BOUNDS: &[f64] = &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
-const LATENESS_BOUNDS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0];
+const DURATION_BOUNDS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const LATENESS_BOUNDS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+];
 
 /// Counters and gauges of one scheduler.
 #[derive(Debug)]
@@ -140,7 +144,10 @@ impl Stats {
 
     /// The latest tick error, if any tick failed.
     pub fn last_error(&self) -> Option<String> {
-        self.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// A counter's value.
@@ -152,9 +159,16 @@ impl Stats {
     pub fn render_prometheus(&self) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, value: &AtomicU64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", Stats::get(value));
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                Stats::get(value)
+            );
         };
-        let _ = writeln!(out, "# HELP cm_fires_total Occurrences by how their claim ended.\n# TYPE cm_fires_total counter");
+        let _ = writeln!(
+            out,
+            "# HELP cm_fires_total Occurrences by how their claim ended.\n# TYPE cm_fires_total counter"
+        );
         for (outcome, value) in [
             ("fired", &self.fired),
             ("failed", &self.failed),
@@ -164,15 +178,44 @@ impl Stats {
             ("lost_settle", &self.lost_settles),
             ("settle_error", &self.settle_errors),
         ] {
-            let _ = writeln!(out, "cm_fires_total{{outcome=\"{outcome}\"}} {}", Stats::get(value));
+            let _ = writeln!(
+                out,
+                "cm_fires_total{{outcome=\"{outcome}\"}} {}",
+                Stats::get(value)
+            );
         }
         counter(&mut out, "cm_ticks_total", "Ticks run.", &self.ticks);
-        counter(&mut out, "cm_tick_errors_total", "Ticks and reaper passes that failed.", &self.tick_errors);
-        counter(&mut out, "cm_deferred_total", "Occurrences the per-tick cap deferred.", &self.deferred);
-        counter(&mut out, "cm_misfires_skipped_total", "Misfires skipped by policy.", &self.skipped);
-        counter(&mut out, "cm_reaped_total", "Expired claims taken over by the reaper.", &self.reaped);
-        self.tick_duration.render(&mut out, "cm_tick_duration_seconds", "Time one tick took.");
-        self.lateness.render(&mut out, "cm_fire_lateness_seconds", "Dispatch start minus the occurrence's scheduled instant.");
+        counter(
+            &mut out,
+            "cm_tick_errors_total",
+            "Ticks and reaper passes that failed.",
+            &self.tick_errors,
+        );
+        counter(
+            &mut out,
+            "cm_deferred_total",
+            "Occurrences the per-tick cap deferred.",
+            &self.deferred,
+        );
+        counter(
+            &mut out,
+            "cm_misfires_skipped_total",
+            "Misfires skipped by policy.",
+            &self.skipped,
+        );
+        counter(
+            &mut out,
+            "cm_reaped_total",
+            "Expired claims taken over by the reaper.",
+            &self.reaped,
+        );
+        self.tick_duration
+            .render(&mut out, "cm_tick_duration_seconds", "Time one tick took.");
+        self.lateness.render(
+            &mut out,
+            "cm_fire_lateness_seconds",
+            "Dispatch start minus the occurrence's scheduled instant.",
+        );
         out
     }
 }

@@ -120,6 +120,7 @@ impl Scheduler {
     /// One tick: claim what is due (at most the cap), dispatch it, settle it.
     pub async fn tick(&self) -> Result<TickReport, TickError> {
         let started = Instant::now();
+        add(&self.stats.ticks, 1);
         let params = ClaimDueParams {
             claimant: self.instance_id.clone(),
             lease: self.config.lease,
@@ -135,7 +136,6 @@ impl Scheduler {
             .claim_due(&params)
             .await
             .map_err(TickError::Claim)?;
-        add(&self.stats.ticks, 1);
         let report = self.process(claim, started).await;
         self.stats.tick_duration.observe(started.elapsed());
         Ok(report)
@@ -203,10 +203,21 @@ impl Scheduler {
                     let lateness = (claim.now - fire.occurrence.scheduled_at)
                         .to_std()
                         .unwrap_or_default();
+                    let timeout = self.dispatch_budget(claimed_from);
+                    if timeout.is_zero() {
+                        // The claim itself used up the lease: dispatching now could outlive it.
+                        // Leave the row claimed; the reaper retries it once the lease is over.
+                        warn!(routine_id = %fire.occurrence.routine_id,
+                            scheduled_at = %fire.occurrence.scheduled_at,
+                            "no lease left to dispatch in; leaving the occurrence to the reaper");
+                        add(&self.stats.unstarted, 1);
+                        report.unsettled += 1;
+                        continue;
+                    }
                     let job = FireJob {
                         ledger: self.ledger.clone(),
                         dispatcher: self.dispatcher.clone(),
-                        timeout: self.dispatch_budget(claimed_from),
+                        timeout,
                         stats: self.stats.clone(),
                     };
                     dispatches.spawn(async move { job.fire(fire, attempt, lateness).await });
@@ -244,6 +255,7 @@ impl Scheduler {
                     // A panic in a backend: the claim stays `claimed` and the reaper retries it
                     // after the lease, like a crash.
                     error!(error = %e, "a dispatch task panicked");
+                    add(&self.stats.dispatch_panics, 1);
                     report.unsettled += 1;
                 }
             }

@@ -65,7 +65,7 @@ const LATENESS_BOUNDS: &[f64] = &[
 /// Counters and gauges of one scheduler.
 #[derive(Debug)]
 pub struct Stats {
-    /// Ticks run.
+    /// Ticks attempted (failed ones included).
     pub ticks: AtomicU64,
     /// Ticks (or reaper passes) that failed.
     pub tick_errors: AtomicU64,
@@ -83,6 +83,10 @@ pub struct Stats {
     pub lost_settles: AtomicU64,
     /// Settles that could not be written (the database failed); the reaper retries those.
     pub settle_errors: AtomicU64,
+    /// Claims left undispatched because the claim itself used up their lease.
+    pub unstarted: AtomicU64,
+    /// Dispatch tasks that panicked (their claims are retried after the lease, like a crash).
+    pub dispatch_panics: AtomicU64,
     /// Occurrences the cap deferred.
     pub deferred: AtomicU64,
     /// Misfires skipped by policy.
@@ -109,6 +113,8 @@ impl Default for Stats {
             already_settled: AtomicU64::new(0),
             lost_settles: AtomicU64::new(0),
             settle_errors: AtomicU64::new(0),
+            unstarted: AtomicU64::new(0),
+            dispatch_panics: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             reaped: AtomicU64::new(0),
@@ -177,6 +183,8 @@ impl Stats {
             ("already_settled", &self.already_settled),
             ("lost_settle", &self.lost_settles),
             ("settle_error", &self.settle_errors),
+            ("unstarted", &self.unstarted),
+            ("dispatch_panic", &self.dispatch_panics),
         ] {
             let _ = writeln!(
                 out,

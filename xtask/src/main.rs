@@ -1,7 +1,8 @@
 //! Developer tasks for cm, run as `cargo xtask <task>`.
 //!
-//! - `demo`: runs the scheduler on this machine's PostgreSQL with a demo routine and shows its
-//!   fires as they happen (the README's first command).
+//! - `demo [--database-url URL]`: runs the scheduler on this machine's PostgreSQL (database `cm`
+//!   by default) with a demo routine and shows its fires as they happen (the README's first
+//!   command).
 //! - `ci`: what CI runs: formatting, clippy with warnings as errors, and the whole test suite.
 //!
 //! The tidy checks (the domain is pure, every source file says what it is for) are ordinary
@@ -63,20 +64,30 @@ fn postgres_answers(url: &str) -> bool {
 }
 
 fn demo() -> anyhow::Result<()> {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
+    // Not DATABASE_URL: `.cargo/config.toml` points that at the server database the tests
+    // create their own databases from, and the demo must not write there.
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    let url = match args.as_slice() {
+        [] => DEFAULT_DATABASE_URL.to_string(),
+        [flag, url] if flag == "--database-url" => url.clone(),
+        _ => bail!("usage: cargo xtask demo [--database-url URL]"),
+    };
     if !postgres_answers(&url) {
         bail!(
             "PostgreSQL does not answer at {url}.\n\
              Start it (on Debian: `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`),\n\
-             or point DATABASE_URL at a server that runs."
+             or pass --database-url URL for a server that runs."
         );
     }
     run({
         let mut c = cargo();
-        c.args(["build", "--quiet", "--release", "--package", "cm-scheduler"]);
+        c.args(["build", "--quiet", "--package", "cm-scheduler"]);
         c
     })?;
-    let binary = workspace_root().join("target/release/cm-scheduler");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let binary = target.join("debug/cm-scheduler");
     let scheduler = |args: &[&str]| {
         let mut c = Command::new(&binary);
         c.arg("--database-url").arg(&url).args(args);

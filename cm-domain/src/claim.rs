@@ -306,7 +306,14 @@ mod tests {
     const OTHER: ClaimToken = ClaimToken(Uuid::from_u128(2));
 
     /// One case: a returned row (inserted, status, token, attempt, lease seconds from now).
-    fn check(inserted: bool, status: FireStatus, token: ClaimToken, attempt: u32, lease: i64, expected: &str) {
+    fn check(
+        inserted: bool,
+        status: FireStatus,
+        token: ClaimToken,
+        attempt: u32,
+        lease: i64,
+        expected: &str,
+    ) {
         let row = ClaimRow {
             inserted,
             status,
@@ -341,13 +348,30 @@ mod tests {
 
     #[test]
     fn actions() {
-        let abandon = |a| matches!(ClaimOutcome::Retry { attempt: a }.action(3), ClaimAction::Abandon { .. });
-        assert_eq!(ClaimOutcome::Fresh.action(3), ClaimAction::Dispatch { attempt: 1 });
-        assert_eq!(ClaimOutcome::Retry { attempt: 3 }.action(3), ClaimAction::Dispatch { attempt: 3 });
+        let abandon = |a| {
+            matches!(
+                ClaimOutcome::Retry { attempt: a }.action(3),
+                ClaimAction::Abandon { .. }
+            )
+        };
+        assert_eq!(
+            ClaimOutcome::Fresh.action(3),
+            ClaimAction::Dispatch { attempt: 1 }
+        );
+        assert_eq!(
+            ClaimOutcome::Retry { attempt: 3 }.action(3),
+            ClaimAction::Dispatch { attempt: 3 }
+        );
         assert!(!abandon(3));
         assert!(abandon(4));
-        assert_eq!(ClaimOutcome::Settled(FireStatus::Fired).action(3), ClaimAction::Leave);
-        let in_flight = ClaimOutcome::InFlight { claimant: "b".into(), lease_expires_at: now() };
+        assert_eq!(
+            ClaimOutcome::Settled(FireStatus::Fired).action(3),
+            ClaimAction::Leave
+        );
+        let in_flight = ClaimOutcome::InFlight {
+            claimant: "b".into(),
+            lease_expires_at: now(),
+        };
         assert_eq!(in_flight.action(3), ClaimAction::Leave);
     }
 
@@ -364,8 +388,14 @@ mod tests {
         let failed = Settlement::Failed(ErrorText::new("boom"));
         assert_eq!(Claimed.settle(&Settlement::Fired), Ok(Fired));
         assert_eq!(Claimed.settle(&failed), Ok(Failed));
-        assert_eq!(Fired.settle(&failed), Err(SettleError::AlreadySettled(Fired)));
-        assert_eq!(Failed.settle(&Settlement::Fired), Err(SettleError::AlreadySettled(Failed)));
+        assert_eq!(
+            Fired.settle(&failed),
+            Err(SettleError::AlreadySettled(Fired))
+        );
+        assert_eq!(
+            Failed.settle(&Settlement::Fired),
+            Err(SettleError::AlreadySettled(Failed))
+        );
         assert_eq!(failed.error(), Some("boom"));
     }
 

@@ -132,7 +132,13 @@ impl SchedulerConfig {
 mod tests {
     use super::*;
 
-    fn check(lease_ms: u64, timeout_ms: u64, tick_ms: u64, attempts: u32, expected: Result<(), &str>) {
+    fn check(
+        lease_ms: u64,
+        timeout_ms: u64,
+        tick_ms: u64,
+        attempts: u32,
+        expected: Result<(), &str>,
+    ) {
         let config = SchedulerConfig {
             lease: Lease::new(Duration::from_millis(lease_ms)).unwrap(),
             dispatch_timeout: Duration::from_millis(timeout_ms),
@@ -154,8 +160,20 @@ mod tests {
         check(60_000, 59_999, 1_000, 1, Ok(()));
         check(60_000, 60_000, 1_000, 3, Err("shorter than the lease"));
         check(1_000, 5_000, 1_000, 3, Err("shorter than the lease"));
-        check(60_000, 0, 1_000, 3, Err("dispatch timeout must be greater than zero"));
-        check(60_000, 30_000, 0, 3, Err("tick interval must be greater than zero"));
+        check(
+            60_000,
+            0,
+            1_000,
+            3,
+            Err("dispatch timeout must be greater than zero"),
+        );
+        check(
+            60_000,
+            30_000,
+            0,
+            3,
+            Err("tick interval must be greater than zero"),
+        );
         check(60_000, 30_000, 1_000, 0, Err("at least 1"));
         assert!(SchedulerConfig::default().validate().is_ok());
     }

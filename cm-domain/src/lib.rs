@@ -49,5 +49,7 @@ pub use claim::{
 pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
 pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due};
 pub use occurrence::{IdempotencyKey, Occurrence, RoutineId};
-pub use schedule::{Schedule, ScheduleError, Zone, ZoneError};
+pub use schedule::{
+    Field, MAX_EXPRESSION_CHARS, Occurrences, Schedule, ScheduleError, Zone, ZoneError,
+};
 pub use tick::{RoutineAdvance, TickPlan, plan_tick};

@@ -140,7 +140,9 @@ pub fn plan_due(
         };
     }
     let grace = TimeDelta::from_std(rules.grace).unwrap_or(TimeDelta::MAX);
-    let on_time_from = now.checked_sub_signed(grace).unwrap_or(DateTime::<Utc>::MIN_UTC);
+    let on_time_from = now
+        .checked_sub_signed(grace)
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
     let keep = match policy {
         MisfirePolicy::FireOnce => 1,
         MisfirePolicy::CatchUp => rules.max_backlog,
@@ -190,5 +192,477 @@ pub fn plan_due(
         occurrences,
         skipped,
         next_run_at: cursor,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An instant: `HH:MM:SS` on 2026-01-01 UTC, or a full RFC 3339 instant.
+    fn t(text: &str) -> DateTime<Utc> {
+        let full = if text.len() == 8 {
+            format!("2026-01-01T{text}Z")
+        } else {
+            text.to_owned()
+        };
+        full.parse().unwrap()
+    }
+
+    /// Rules with a grace of `grace` seconds.
+    fn rules(grace: u64, max_backlog: usize, max_scan: usize) -> MisfireRules {
+        MisfireRules {
+            grace: Duration::from_secs(grace),
+            max_backlog,
+            max_scan,
+        }
+    }
+
+    /// The default rules of these tests: a minute of grace, a backlog of 5, an ample scan.
+    const R: MisfireRules = MisfireRules {
+        grace: Duration::from_secs(60),
+        max_backlog: 5,
+        max_scan: MisfireRules::DEFAULT_MAX_SCAN,
+    };
+
+    /// Plans `due` at `now` for `expr` in `zone` under `policy` and checks what fires, how many
+    /// are skipped and where the clock moves.
+    #[allow(clippy::too_many_arguments)]
+    #[track_caller]
+    fn check(
+        expr: &str,
+        zone: &str,
+        due: &str,
+        now: &str,
+        policy: &str,
+        rules: MisfireRules,
+        fired: &[&str],
+        skipped: u64,
+        next: &str,
+    ) {
+        let schedule = Schedule::parse(expr, zone).unwrap();
+        let policy: MisfirePolicy = policy.parse().unwrap();
+        let plan = plan_due(t(due), &schedule, t(now), policy, &rules);
+        let expected = DuePlan {
+            occurrences: fired.iter().map(|f| t(f)).collect(),
+            skipped,
+            next_run_at: Some(t(next)),
+        };
+        assert_eq!(plan, expected, "{expr:?} due {due} at {now} under {policy}");
+    }
+
+    /// `check` for an every-ten-minutes UTC schedule under the default rules.
+    #[track_caller]
+    fn ten(due: &str, now: &str, policy: &str, fired: &[&str], skipped: u64, next: &str) {
+        check(
+            "*/10 * * * *",
+            "UTC",
+            due,
+            now,
+            policy,
+            R,
+            fired,
+            skipped,
+            next,
+        );
+    }
+
+    #[test]
+    fn on_time_occurrences_fire_under_every_policy() {
+        for policy in ["fire-once", "catch-up", "skip"] {
+            ten("12:00:00", "12:00:00", policy, &["12:00:00"], 0, "12:10:00");
+            ten("12:00:00", "12:00:30", policy, &["12:00:00"], 0, "12:10:00");
+            // Exactly the grace period late is still on time.
+            ten("12:00:00", "12:01:00", policy, &["12:00:00"], 0, "12:10:00");
+        }
+    }
+
+    #[test]
+    fn a_clock_in_the_future_owes_nothing() {
+        for policy in ["fire-once", "catch-up", "skip"] {
+            ten("12:10:00", "12:05:00", policy, &[], 0, "12:10:00");
+            ten("12:10:00", "12:09:59", policy, &[], 0, "12:10:00");
+        }
+    }
+
+    #[test]
+    fn one_second_past_grace_is_a_misfire() {
+        ten(
+            "12:00:00",
+            "12:01:01",
+            "fire-once",
+            &["12:00:00"],
+            0,
+            "12:10:00",
+        );
+        ten(
+            "12:00:00",
+            "12:01:01",
+            "catch-up",
+            &["12:00:00"],
+            0,
+            "12:10:00",
+        );
+        ten("12:00:00", "12:01:01", "skip", &[], 1, "12:10:00");
+    }
+
+    #[test]
+    fn fire_once_fires_the_latest_misfire_and_counts_the_rest() {
+        // Down from before 12:00 to 12:35: 12:00, 12:10, 12:20 and 12:30 were missed.
+        ten(
+            "12:00:00",
+            "12:35:00",
+            "fire-once",
+            &["12:30:00"],
+            3,
+            "12:40:00",
+        );
+        // 12:30 is on time at 12:30:30, so it fires too, after the latest misfire.
+        ten(
+            "12:00:00",
+            "12:30:30",
+            "fire-once",
+            &["12:20:00", "12:30:00"],
+            2,
+            "12:40:00",
+        );
+        // A week down: 1008 occurrences, one fires.
+        ten(
+            "12:00:00",
+            "2026-01-08T11:55:00Z",
+            "fire-once",
+            &["2026-01-08T11:50:00Z"],
+            1007,
+            "2026-01-08T12:00:00Z",
+        );
+    }
+
+    #[test]
+    fn catch_up_fires_every_misfire_within_the_backlog() {
+        let all = ["12:00:00", "12:10:00", "12:20:00", "12:30:00"];
+        ten("12:00:00", "12:35:00", "catch-up", &all, 0, "12:40:00");
+        // Exactly the backlog (5) still fires everything.
+        let five = ["12:00:00", "12:10:00", "12:20:00", "12:30:00", "12:40:00"];
+        ten("12:00:00", "12:45:00", "catch-up", &five, 0, "12:50:00");
+    }
+
+    #[test]
+    fn catch_up_beyond_the_backlog_coalesces_the_oldest() {
+        let latest = ["12:20:00", "12:30:00", "12:40:00", "12:50:00", "13:00:00"];
+        ten("12:00:00", "13:05:00", "catch-up", &latest, 2, "13:10:00");
+        let two = rules(60, 2, MisfireRules::DEFAULT_MAX_SCAN);
+        let fired = ["12:20:00", "12:30:00", "12:40:00"];
+        check(
+            "*/10 * * * *",
+            "UTC",
+            "12:00:00",
+            "12:40:30",
+            "catch-up",
+            two,
+            &fired,
+            2,
+            "12:50:00",
+        );
+        // A backlog of zero fires no misfire, like skip, but still fires what is on time.
+        let none = rules(60, 0, MisfireRules::DEFAULT_MAX_SCAN);
+        check(
+            "*/10 * * * *",
+            "UTC",
+            "12:00:00",
+            "12:30:30",
+            "catch-up",
+            none,
+            &["12:30:00"],
+            3,
+            "12:40:00",
+        );
+    }
+
+    #[test]
+    fn skip_fires_no_misfire() {
+        ten("12:00:00", "12:35:00", "skip", &[], 4, "12:40:00");
+        ten("12:00:00", "12:30:30", "skip", &["12:30:00"], 3, "12:40:00");
+    }
+
+    #[test]
+    fn a_long_grace_keeps_everything_on_time() {
+        let fired = ["12:00:00", "12:10:00", "12:20:00", "12:30:00"];
+        let day = rules(86_400, 1, MisfireRules::DEFAULT_MAX_SCAN);
+        check(
+            "*/10 * * * *",
+            "UTC",
+            "12:00:00",
+            "12:35:00",
+            "skip",
+            day,
+            &fired,
+            0,
+            "12:40:00",
+        );
+    }
+
+    #[test]
+    fn misfires_across_a_spring_forward_gap() {
+        // 02:30 New York: the run of 2025-03-09 moved to 03:00 EDT (07:00Z).
+        let (due, now) = ("2025-03-08T07:30:00Z", "2025-03-10T12:00:00Z");
+        let all = [
+            "2025-03-08T07:30:00Z",
+            "2025-03-09T07:00:00Z",
+            "2025-03-10T06:30:00Z",
+        ];
+        let ny = "America/New_York";
+        check(
+            "30 2 * * *",
+            ny,
+            due,
+            now,
+            "catch-up",
+            R,
+            &all,
+            0,
+            "2025-03-11T06:30:00Z",
+        );
+        check(
+            "30 2 * * *",
+            ny,
+            due,
+            now,
+            "fire-once",
+            R,
+            &all[2..],
+            2,
+            "2025-03-11T06:30:00Z",
+        );
+        check(
+            "30 2 * * *",
+            ny,
+            due,
+            now,
+            "skip",
+            R,
+            &[],
+            3,
+            "2025-03-11T06:30:00Z",
+        );
+    }
+
+    #[test]
+    fn misfires_across_a_fall_back_overlap_walk_both_passes() {
+        // 01:00 and 01:30 happen twice in New York on 2025-11-02 (05:00Z-06:00Z is EDT,
+        // 06:00Z-07:00Z is EST); an interval schedule owes both passes.
+        let (due, now) = ("2025-11-02T05:00:00Z", "2025-11-02T07:00:30Z");
+        let passes = [
+            "2025-11-02T05:00:00Z",
+            "2025-11-02T05:30:00Z",
+            "2025-11-02T06:00:00Z",
+            "2025-11-02T06:30:00Z",
+            "2025-11-02T07:00:00Z",
+        ];
+        let ny = "America/New_York";
+        check(
+            "*/30 * * * *",
+            ny,
+            due,
+            now,
+            "catch-up",
+            R,
+            &passes,
+            0,
+            "2025-11-02T07:30:00Z",
+        );
+        check(
+            "*/30 * * * *",
+            ny,
+            due,
+            now,
+            "fire-once",
+            R,
+            &passes[3..],
+            3,
+            "2025-11-02T07:30:00Z",
+        );
+        // Starting on the second pass does not go back to the first.
+        let (due, now) = ("2025-11-02T06:00:00Z", "2025-11-02T06:45:00Z");
+        check(
+            "*/30 * * * *",
+            ny,
+            due,
+            now,
+            "catch-up",
+            R,
+            &passes[2..4],
+            0,
+            "2025-11-02T07:00:00Z",
+        );
+    }
+
+    /// What a run of ticks did with one routine's backlog.
+    struct Walk {
+        fired: Vec<DateTime<Utc>>,
+        skipped: u64,
+        calls: usize,
+        next: Option<DateTime<Utc>>,
+    }
+
+    /// Plans a routine tick after tick at the same `now`, feeding each plan's `next_run_at` back
+    /// as the due instant, until it owes nothing; gives up after `limit` ticks.
+    fn walk(
+        expr: &str,
+        due: &str,
+        now: &str,
+        policy: MisfirePolicy,
+        rules: MisfireRules,
+        limit: usize,
+    ) -> Walk {
+        let schedule = Schedule::parse(expr, "UTC").unwrap();
+        let now = t(now);
+        let mut walk = Walk {
+            fired: Vec::new(),
+            skipped: 0,
+            calls: 0,
+            next: Some(t(due)),
+        };
+        while let Some(due) = walk.next.filter(|d| *d <= now) {
+            assert!(
+                walk.calls < limit,
+                "{expr:?} under {policy}: no end after {limit} ticks (due {due})"
+            );
+            let plan = plan_due(due, &schedule, now, policy, &rules);
+            walk.calls += 1;
+            walk.fired.extend(&plan.occurrences);
+            walk.skipped += plan.skipped;
+            walk.next = plan.next_run_at;
+        }
+        walk
+    }
+
+    #[test]
+    fn a_backlog_longer_than_max_scan_is_walked_over_several_ticks() {
+        // Every second from 12:00:00 to 12:01:00 with no grace: 60 misfires and one on time.
+        let every_second = "* * * * * *";
+        let total = 61;
+        let seconds = |from: u32, to: u32| {
+            (from..=to)
+                .map(|s| t("12:00:00") + TimeDelta::seconds(s.into()))
+                .collect::<Vec<_>>()
+        };
+        for (policy, backlog, max_scan, fired) in [
+            (MisfirePolicy::CatchUp, 3, 10, seconds(57, 60)),
+            (MisfirePolicy::CatchUp, 9, 10, seconds(51, 60)),
+            (MisfirePolicy::FireOnce, 3, 10, seconds(59, 60)),
+            (MisfirePolicy::Skip, 3, 10, seconds(60, 60)),
+            (MisfirePolicy::Skip, 3, 1, seconds(60, 60)),
+            (MisfirePolicy::CatchUp, 100, 10_000, seconds(0, 60)),
+        ] {
+            let rules = rules(0, backlog, max_scan);
+            let w = walk(every_second, "12:00:00", "12:01:00", policy, rules, 1_000);
+            assert_eq!(w.fired, fired, "{policy} backlog {backlog} scan {max_scan}");
+            assert_eq!(
+                w.skipped + w.fired.len() as u64,
+                total,
+                "{policy} backlog {backlog} scan {max_scan}"
+            );
+            assert_eq!(w.next, Some(t("12:01:01")));
+            if max_scan < total as usize {
+                assert!(w.calls > 1, "{policy}: the walk took one tick");
+            }
+        }
+    }
+
+    #[test]
+    fn a_scan_no_longer_than_the_backlog_still_makes_progress() {
+        // With max_scan at or below what the policy keeps, a tick that stops inside the backlog
+        // must still move the clock, or the routine would never fire again.
+        let seconds = |from: u32, to: u32| {
+            (from..=to)
+                .map(|s| t("12:00:00") + TimeDelta::seconds(s.into()))
+                .collect::<Vec<_>>()
+        };
+        for (policy, backlog, max_scan, fired) in [
+            (MisfirePolicy::FireOnce, 3, 1, seconds(59, 60)),
+            (MisfirePolicy::CatchUp, 3, 3, seconds(57, 60)),
+            (MisfirePolicy::CatchUp, 20, 10, seconds(40, 60)),
+        ] {
+            let rules = rules(0, backlog, max_scan);
+            let w = walk("* * * * * *", "12:00:00", "12:01:00", policy, rules, 1_000);
+            assert_eq!(w.fired, fired, "{policy} backlog {backlog} scan {max_scan}");
+            assert_eq!(w.skipped + w.fired.len() as u64, 61);
+        }
+    }
+
+    #[test]
+    fn the_on_time_tail_past_max_scan_comes_due_next_tick() {
+        // A long grace makes everything on time; a scan of 3 fires three per tick.
+        let rules = rules(3_600, 5, 3);
+        let schedule = Schedule::parse("*/10 * * * *", "UTC").unwrap();
+        let plan = plan_due(
+            t("12:00:00"),
+            &schedule,
+            t("12:45:00"),
+            MisfirePolicy::Skip,
+            &rules,
+        );
+        assert_eq!(
+            plan.occurrences,
+            [t("12:00:00"), t("12:10:00"), t("12:20:00")]
+        );
+        assert_eq!(plan.skipped, 0);
+        assert_eq!(plan.next_run_at, Some(t("12:30:00")));
+        let w = walk(
+            "*/10 * * * *",
+            "12:00:00",
+            "12:45:00",
+            MisfirePolicy::Skip,
+            rules,
+            10,
+        );
+        assert_eq!(w.fired.len(), 5);
+        assert_eq!(w.calls, 2);
+    }
+
+    #[test]
+    fn policy_names_round_trip() {
+        for (name, policy) in [
+            ("fire-once", MisfirePolicy::FireOnce),
+            ("catch-up", MisfirePolicy::CatchUp),
+            ("skip", MisfirePolicy::Skip),
+        ] {
+            assert_eq!(name.parse::<MisfirePolicy>(), Ok(policy));
+            assert_eq!(policy.as_str(), name);
+            assert_eq!(policy.to_string(), name);
+        }
+        assert_eq!(MisfirePolicy::default(), MisfirePolicy::FireOnce);
+    }
+
+    #[test]
+    fn unknown_policy_names_are_refused() {
+        for name in [
+            "",
+            "Fire-Once",
+            "fire_once",
+            "fireonce",
+            "catchup",
+            "catch_up",
+            " skip",
+            "skip ",
+            "none",
+        ] {
+            let err = name.parse::<MisfirePolicy>().unwrap_err();
+            assert_eq!(err, ParseMisfirePolicyError(name.to_owned()));
+            assert!(
+                err.to_string()
+                    .contains("expected fire-once, catch-up or skip"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn default_rules_follow_the_scheduler_config() {
+        let config = SchedulerConfig::default();
+        let rules = MisfireRules::default();
+        assert_eq!(rules.grace, config.misfire_grace);
+        assert_eq!(rules.max_backlog, config.max_backlog);
+        assert_eq!(rules.max_scan, MisfireRules::DEFAULT_MAX_SCAN);
     }
 }

@@ -29,7 +29,7 @@
 
 use std::fmt;
 
-use chrono::{DateTime, Datelike, TimeZone, Utc};
+use chrono::{DateTime, Datelike, LocalResult, NaiveDateTime, TimeDelta, TimeZone, Utc};
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 
@@ -201,7 +201,7 @@ pub enum ScheduleError {
 }
 
 /// A parsed cron expression in a zone.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Schedule {
     /// The expression as given.
     expression: String,
@@ -268,15 +268,25 @@ impl Schedule {
     /// The first occurrence strictly after `instant`, or `None` if there is none.
     ///
     /// Occurrences are whole seconds. `None` also covers instants whose local date is outside
-    /// the years 1 to 4999, which the cron engine does not search.
+    /// the years 2 to 4998, which the cron engine does not search.
     pub fn next_after(&self, instant: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let tz = self.zone.tz();
-        // Converting the far ends of chrono's range to a zone can overflow; no schedule runs
-        // there, so those instants are answered before any conversion.
+        // Converting the far ends of chrono's range to a zone can overflow, and croner searches
+        // no further than the year 5000; no schedule runs there, so those instants are
+        // answered before any conversion.
         if !(2..=4998).contains(&instant.year()) {
             return None;
         }
-        let mut from = instant.with_timezone(&tz);
+        if self.fixed_time {
+            self.next_fixed_time_after(instant)
+        } else {
+            self.next_interval_after(instant)
+        }
+    }
+
+    /// `next_after` for an interval schedule: croner's own zoned search, which skips gaps and
+    /// walks both passes of an overlap in real-time order.
+    fn next_interval_after(&self, instant: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let mut from = instant.with_timezone(&self.zone.tz());
         // croner promises an instant strictly after its start, and the tests check that it
         // keeps the promise. This loop keeps the contract even if a future croner did not: a
         // result at or before `instant` is searched past, and the loop is bounded so a broken
@@ -292,12 +302,56 @@ impl Schedule {
         None
     }
 
+    /// `next_after` for a fixed-time schedule: croner finds the matching wall times, and cm
+    /// places each in real time.
+    ///
+    /// croner's zoned search moves a fixed-time run out of a gap by stepping one second at a
+    /// time for at most two hours, and fails past that: in `Pacific/Apia`, where 2011-12-30
+    /// never happened, a daily job would get no next run at all and stop for good. Placing the
+    /// wall times here has no such limit.
+    fn next_fixed_time_after(&self, instant: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let tz = self.zone.tz();
+        let mut wall = instant.with_timezone(&tz).naive_local();
+        // A fixed-time schedule's wall times, in order, land on instants that never go back:
+        // the earlier instant of a repeated wall time, and for a wall time swallowed by a gap
+        // the first instant after the gap. So the first that lands after `instant` is the
+        // answer. A wall time can land at or before `instant` only when the search starts on
+        // the later pass of an overlap (the run already happened on the earlier pass), and a
+        // fixed-time schedule has one time of day, so a handful of steps always suffices.
+        for _ in 0..8 {
+            // On naive wall times croner is a plain calendar search: strictly after `wall`
+            // (its fraction of a second dropped), with no zone involved.
+            wall = self.cron.find_next_occurrence(&wall, false).ok()?;
+            let at = match tz.from_local_datetime(&wall) {
+                LocalResult::Single(at) | LocalResult::Ambiguous(at, _) => at,
+                LocalResult::None => first_instant_after_gap(tz, wall)?,
+            };
+            let at = at.with_timezone(&Utc);
+            if at > instant {
+                return Some(at);
+            }
+        }
+        None
+    }
+
     /// The occurrences strictly after `instant`, in order, each computed from the previous one.
     pub fn occurrences_after(&self, instant: DateTime<Utc>) -> Occurrences<'_> {
         Occurrences {
             schedule: self,
             cursor: Some(instant),
         }
+    }
+}
+
+impl fmt::Debug for Schedule {
+    // croner's compiled pattern prints thousands of bits (one per year it can search), which
+    // would drown any log line or test failure that shows a schedule; the expression says it all.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Schedule")
+            .field("expression", &self.expression)
+            .field("zone", &self.zone.name())
+            .field("fixed_time", &self.fixed_time)
+            .finish_non_exhaustive()
     }
 }
 
@@ -318,6 +372,41 @@ impl Iterator for Occurrences<'_> {
         self.cursor = next;
         next
     }
+}
+
+/// The first instant after the daylight-saving gap that swallowed the wall time `wall`.
+///
+/// That instant is the earliest of the first wall time after the gap. It is found by doubling
+/// a step until a wall time exists, then halving back to the first that does: about thirty
+/// zone lookups even for the 24-hour gap of `Pacific/Apia` in 2011, instead of one per second.
+fn first_instant_after_gap(
+    tz: chrono_tz::Tz,
+    wall: NaiveDateTime,
+) -> Option<DateTime<chrono_tz::Tz>> {
+    let exists = |seconds: i64| {
+        tz.from_local_datetime(&(wall + TimeDelta::seconds(seconds)))
+            .earliest()
+    };
+    // No gap is longer than a day; two days bounds the doubling.
+    let mut known_after = 1;
+    while exists(known_after).is_none() {
+        if known_after > 2 * 86_400 {
+            return None;
+        }
+        known_after *= 2;
+    }
+    // `wall + known_before` is in the gap (offset 0 is `wall` itself), and the gap is one run
+    // of wall times, so bisection finds its end.
+    let mut known_before = known_after / 2;
+    while known_after - known_before > 1 {
+        let middle = known_before + (known_after - known_before) / 2;
+        if exists(middle).is_some() {
+            known_after = middle;
+        } else {
+            known_before = middle;
+        }
+    }
+    exists(known_after)
 }
 
 /// An expression that passed cm's checks, in the form handed to croner.
@@ -394,7 +483,8 @@ impl ParsedField {
     fn canonical_time(&self) -> String {
         let single = self.values.count_ones() == 1;
         let has_star_or_step = self.items.iter().any(|item| {
-            matches!(item, Item::Star { .. }) || matches!(item, Item::Range { step, .. } if *step > 1)
+            matches!(item, Item::Star { .. })
+                || matches!(item, Item::Range { step, .. } if *step > 1)
         });
         if single && !self.is_single_value() && !has_star_or_step {
             let v = self.values.trailing_zeros();
@@ -533,9 +623,7 @@ fn check_calendar(
         Ok(())
     } else {
         Err(ScheduleError::NeverFires {
-            reason: format!(
-                "day-of-month {dom_text:?} never occurs in month {month_text:?}"
-            ),
+            reason: format!("day-of-month {dom_text:?} never occurs in month {month_text:?}"),
         })
     }
 }
@@ -883,7 +971,10 @@ mod tests {
     #[test]
     fn refuses_schedules_that_never_fire() {
         check_err("0 9 30 2 *", "never fires");
-        check_err("0 9 30 2 *", "day-of-month \"30\" never occurs in month \"2\"");
+        check_err(
+            "0 9 30 2 *",
+            "day-of-month \"30\" never occurs in month \"2\"",
+        );
         check_err("0 0 31 4 *", "never fires");
         check_err("0 0 31 APR,JUN,SEP,NOV *", "never fires");
         check_err("0 0 30-31 2 *", "never fires");
@@ -947,6 +1038,17 @@ mod tests {
             .map(|t| chrono::Timelike::hour(&t))
             .collect();
         assert_eq!(hours, [6, 12, 18, 0]);
+    }
+
+    #[test]
+    fn debug_output_is_short() {
+        let s = Schedule::parse("*/5 * * * *", "Europe/Berlin").unwrap();
+        let debug = format!("{s:?}");
+        assert!(
+            debug.contains("*/5 * * * *") && debug.contains("Europe/Berlin"),
+            "{debug}"
+        );
+        assert!(debug.len() < 120, "{debug}");
     }
 
     #[test]

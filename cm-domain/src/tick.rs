@@ -91,14 +91,23 @@ mod tests {
 
     /// One case: routines given as (occurrence minutes, next minute, skipped); the cap; the
     /// claimed (routine index, minute) pairs; the deferred count; each routine's new clock.
-    fn check(routines: &[(&[u32], u32, u64)], cap: usize, claims: &[(u128, u32)], deferred: usize, clocks: &[u32]) {
+    fn check(
+        routines: &[(&[u32], u32, u64)],
+        cap: usize,
+        claims: &[(u128, u32)],
+        deferred: usize,
+        clocks: &[u32],
+    ) {
         let due: Vec<_> = routines
             .iter()
             .enumerate()
             .map(|(i, (m, next, skipped))| (Uuid::from_u128(i as u128), plan(m, *next, *skipped)))
             .collect();
         let got = plan_tick(&due, FireCap::new(cap).unwrap());
-        let want: Vec<_> = claims.iter().map(|(r, m)| Occurrence::new(Uuid::from_u128(*r), at(*m))).collect();
+        let want: Vec<_> = claims
+            .iter()
+            .map(|(r, m)| Occurrence::new(Uuid::from_u128(*r), at(*m)))
+            .collect();
         assert_eq!(got.claims, want);
         assert_eq!(got.deferred, deferred);
         let got_clocks: Vec<_> = got.advances.iter().map(|a| a.next_run_at).collect();
@@ -115,7 +124,13 @@ mod tests {
         check(&[(&[1, 2, 3], 4, 0)], 2, &[(0, 1), (0, 2)], 1, &[3]);
         check(&[(&[1, 2, 3], 4, 5)], 1, &[(0, 1)], 2, &[2]);
         // Oldest first across routines; ties broken by routine id.
-        check(&[(&[2, 4], 5, 0), (&[1, 2], 3, 0)], 3, &[(1, 1), (0, 2), (1, 2)], 1, &[4, 3]);
+        check(
+            &[(&[2, 4], 5, 0), (&[1, 2], 3, 0)],
+            3,
+            &[(1, 1), (0, 2), (1, 2)],
+            1,
+            &[4, 3],
+        );
         // A routine entirely deferred keeps its clock at its oldest occurrence.
         check(&[(&[1], 2, 0), (&[9], 10, 0)], 1, &[(0, 1)], 1, &[2, 9]);
         check(&[(&[], 7, 4)], 1, &[], 0, &[7]);

@@ -129,7 +129,7 @@ pub struct FireRef {
 }
 
 /// Which fires to list.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct FireFilter {
     /// Only this routine's.
     pub routine_id: Option<Uuid>,
@@ -137,6 +137,17 @@ pub struct FireFilter {
     pub status: Option<FireStatus>,
     /// At most this many, newest occurrence first.
     pub limit: u32,
+}
+
+impl Default for FireFilter {
+    /// Every routine, every status, the newest 100.
+    fn default() -> Self {
+        FireFilter {
+            routine_id: None,
+            status: None,
+            limit: 100,
+        }
+    }
 }
 
 /// A row of `routine_fires`, as listed.
@@ -171,8 +182,11 @@ pub trait FireLedger: Send + Sync {
 
     /// Settles a claim. Returns `false`, changing nothing, when the row no longer carries the
     /// claim's token and attempt (another claimant took it over) or is already settled.
-    async fn settle_fire(&self, fire: &FireRef, settlement: &Settlement)
-    -> Result<bool, StoreError>;
+    async fn settle_fire(
+        &self,
+        fire: &FireRef,
+        settlement: &Settlement,
+    ) -> Result<bool, StoreError>;
 
     /// Takes over claims whose lease has run out (their claimant crashed), oldest claim first.
     /// Two reapers never take the same row.
@@ -206,7 +220,10 @@ impl TryFrom<ClaimedRow> for ClaimedFire {
             routine_id: r.routine_id,
             reason,
         };
-        let status = r.status.parse().map_err(|e: cm_domain::ParseFireStatusError| corrupt(e.to_string()))?;
+        let status = r
+            .status
+            .parse()
+            .map_err(|e: cm_domain::ParseFireStatusError| corrupt(e.to_string()))?;
         let kind = r.kind.parse().map_err(corrupt)?;
         Ok(ClaimedFire {
             occurrence: Occurrence::new(r.routine_id, r.scheduled_at),
@@ -244,7 +261,9 @@ impl FireLedger for PgStore {
     async fn claim_due(&self, params: &ClaimDueParams) -> Result<TickClaim, StoreError> {
         let token = ClaimToken::new_v4();
         let mut tx = self.pool.begin().await?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *tx)
+            .await?;
         let due: Vec<DueRoutine> = sqlx::query_as(
             "SELECT id, schedule, timezone, misfire_policy, next_run_at
              FROM routines
@@ -367,7 +386,9 @@ impl FireLedger for PgStore {
     async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError> {
         let token = ClaimToken::new_v4();
         let mut tx = self.pool.begin().await?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *tx)
+            .await?;
         let rows: Vec<ClaimedRow> = sqlx::query_as(REAP_SQL)
             .bind(i64::from(params.limit))
             .bind(&params.claimant)

@@ -51,18 +51,18 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 
 pub use error::StoreError;
+#[cfg(feature = "mock")]
+pub use ledger::MockFireLedger;
 pub use ledger::{
     ClaimDueParams, ClaimedFire, Fire, FireFilter, FireLedger, FireRef, ReapParams, TickClaim,
     UnusableRoutine,
 };
 #[cfg(feature = "mock")]
-pub use ledger::MockFireLedger;
+pub use outbox::MockOutboxStore;
 pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
 #[cfg(feature = "mock")]
-pub use outbox::MockOutboxStore;
-pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
-#[cfg(feature = "mock")]
 pub use routines::MockRoutineStore;
+pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
 
 /// The schema's migrations, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
@@ -122,6 +122,8 @@ impl PgStore {
 
     /// Whether the database answers, and its clock.
     pub async fn ping(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT now()").fetch_one(&self.pool).await?)
+        Ok(sqlx::query_scalar("SELECT now()")
+            .fetch_one(&self.pool)
+            .await?)
     }
 }

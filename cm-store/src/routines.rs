@@ -52,7 +52,9 @@ impl FromStr for RoutineKind {
         match s {
             "message" => Ok(RoutineKind::Message),
             "mission" => Ok(RoutineKind::Mission),
-            other => Err(format!("unknown routine kind {other:?} (expected message or mission)")),
+            other => Err(format!(
+                "unknown routine kind {other:?} (expected message or mission)"
+            )),
         }
     }
 }
@@ -115,12 +117,14 @@ impl Routine {
 
     /// The parsed misfire policy.
     pub fn misfire(&self) -> Result<MisfirePolicy, StoreError> {
-        self.misfire_policy.parse().map_err(|e: cm_domain::ParseMisfirePolicyError| {
-            StoreError::CorruptRoutine {
-                routine_id: self.id,
-                reason: e.to_string(),
-            }
-        })
+        self.misfire_policy
+            .parse()
+            .map_err(
+                |e: cm_domain::ParseMisfirePolicyError| StoreError::CorruptRoutine {
+                    routine_id: self.id,
+                    reason: e.to_string(),
+                },
+            )
     }
 }
 
@@ -150,7 +154,9 @@ pub trait RoutineStore: Send + Sync {
 impl RoutineStore for PgStore {
     async fn create_routine(&self, routine: NewRoutine) -> Result<Routine, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&mut *tx)
+            .await?;
         let next_run_at = if routine.paused {
             None
         } else {
@@ -195,19 +201,21 @@ impl RoutineStore for PgStore {
 
     async fn set_routine_paused(&self, id: Uuid, paused: bool) -> Result<Routine, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let routine = sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE id = $1 FOR UPDATE")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or(StoreError::RoutineNotFound(id))?;
+        let routine =
+            sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or(StoreError::RoutineNotFound(id))?;
         if routine.paused == paused {
             return Ok(routine);
         }
         let next_run_at = if paused {
             None
         } else {
-            let now: DateTime<Utc> =
-                sqlx::query_scalar("SELECT now()").fetch_one(&mut *tx).await?;
+            let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+                .fetch_one(&mut *tx)
+                .await?;
             routine.parsed_schedule()?.next_after(now)
         };
         let row = sqlx::query_as::<_, Routine>(

@@ -1,0 +1,280 @@
+//! Misfire policies after a simulated outage: an every-minute routine whose `next_run_at` is
+//! ten whole minutes behind the database's clock.
+//!
+//! The minute the claim runs in may differ from the minute the outage was set up in, so every
+//! expectation is computed from the clock the claim reports (`TickClaim::now`) by the rules the
+//! policies document: the due occurrences are every minute from the stored `next_run_at`
+//! through `now`; those more than the grace late are misfires, the rest are on time.
+
+use chrono::{DateTime, TimeDelta, Utc};
+use cm_domain::{ClaimOutcome, MisfirePolicy, MisfireRules};
+use cm_store::{FireLedger, PgStore, Routine, RoutineStore, TickClaim};
+use sqlx::PgPool;
+
+use crate::support::{
+    EVERY_MINUTE, claim_params, create, db_now, ledger, minute_floor, minutes, rules, set_next_run,
+};
+
+/// An outage: an every-minute routine under `policy` whose clock is left nine minutes before
+/// the current minute, so ten occurrences are owed (eleven if the minute turns before the
+/// claim). Returns the routine and its oldest owed occurrence.
+async fn outage(store: &PgStore, pool: &PgPool, policy: MisfirePolicy) -> (Routine, DateTime<Utc>) {
+    let routine = create(store, EVERY_MINUTE, policy).await;
+    let oldest = minute_floor(db_now(pool).await) - TimeDelta::minutes(9);
+    set_next_run(pool, routine.id, oldest).await;
+    (routine, oldest)
+}
+
+/// The occurrences owed at `now` since `oldest`, split into (misfires, on time) by `rules`.
+fn owed(
+    oldest: DateTime<Utc>,
+    now: DateTime<Utc>,
+    rules: &MisfireRules,
+) -> (Vec<DateTime<Utc>>, Vec<DateTime<Utc>>) {
+    let on_time_from = now - TimeDelta::from_std(rules.grace).unwrap();
+    let all = minutes(oldest, now);
+    assert!(all.len() >= 10, "{all:?}");
+    all.into_iter().partition(|m| *m < on_time_from)
+}
+
+/// Checks a tick claimed exactly `expected`, all fresh, oldest first; that the ledger holds
+/// exactly those rows; and that the routine's clock is now `next`.
+async fn check(
+    store: &PgStore,
+    routine: &Routine,
+    tick: &TickClaim,
+    expected: &[DateTime<Utc>],
+    next: DateTime<Utc>,
+) {
+    let claimed: Vec<_> = tick
+        .fires
+        .iter()
+        .map(|f| f.occurrence.scheduled_at)
+        .collect();
+    assert_eq!(claimed, expected);
+    assert!(
+        tick.fires
+            .iter()
+            .all(|f| f.outcome(tick.token) == ClaimOutcome::Fresh
+                && f.occurrence.routine_id == routine.id)
+    );
+    let rows: Vec<_> = ledger(store, routine.id)
+        .await
+        .into_iter()
+        .map(|f| f.scheduled_at)
+        .collect();
+    assert_eq!(rows, expected);
+    let after = store.get_routine(routine.id).await.unwrap();
+    assert_eq!(after.next_run_at, Some(next));
+    let ran = (!expected.is_empty()).then_some(tick.now);
+    assert_eq!(after.last_run_at, ran);
+}
+
+/// The first minute after `now`: where a routine's clock goes once everything owed is decided.
+fn next_minute(now: DateTime<Utc>) -> DateTime<Utc> {
+    minute_floor(now) + TimeDelta::minutes(1)
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn fire_once_fires_the_latest_misfire(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let (routine, oldest) = outage(&store, &pool, MisfirePolicy::FireOnce).await;
+    let rules = rules(0, 100);
+    let tick = store
+        .claim_due(&claim_params("a", 25, rules))
+        .await
+        .unwrap();
+
+    let (late, on_time) = owed(oldest, tick.now, &rules);
+    // Without grace every owed minute is late (the claim cannot run at a whole minute's
+    // exact microsecond).
+    assert!(on_time.is_empty(), "{on_time:?}");
+    let latest = *late.last().unwrap();
+    assert_eq!(tick.skipped, u64::try_from(late.len() - 1).unwrap());
+    assert_eq!(tick.deferred, 0);
+    check(&store, &routine, &tick, &[latest], next_minute(tick.now)).await;
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn fire_once_also_fires_what_is_within_the_grace(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let (routine, oldest) = outage(&store, &pool, MisfirePolicy::FireOnce).await;
+    // Ninety seconds of grace always covers the current minute, and the one before it when the
+    // claim runs in the first half of a minute.
+    let rules = rules(90, 100);
+    let tick = store
+        .claim_due(&claim_params("a", 25, rules))
+        .await
+        .unwrap();
+
+    let (late, on_time) = owed(oldest, tick.now, &rules);
+    assert!(!on_time.is_empty());
+    let mut expected = vec![*late.last().unwrap()];
+    expected.extend(&on_time);
+    assert_eq!(tick.skipped, u64::try_from(late.len() - 1).unwrap());
+    check(&store, &routine, &tick, &expected, next_minute(tick.now)).await;
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn catch_up_fires_every_misfire_oldest_first(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let (routine, oldest) = outage(&store, &pool, MisfirePolicy::CatchUp).await;
+    let rules = rules(0, 100);
+    let tick = store
+        .claim_due(&claim_params("a", 25, rules))
+        .await
+        .unwrap();
+
+    let (late, on_time) = owed(oldest, tick.now, &rules);
+    assert!(on_time.is_empty());
+    assert_eq!(late[0], oldest);
+    assert_eq!((tick.skipped, tick.deferred), (0, 0));
+    check(&store, &routine, &tick, &late, next_minute(tick.now)).await;
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn catch_up_under_a_small_cap_defers_and_resumes(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let (routine, oldest) = outage(&store, &pool, MisfirePolicy::CatchUp).await;
+    let rules = rules(0, 100);
+    let first = store.claim_due(&claim_params("a", 3, rules)).await.unwrap();
+
+    let (late, _) = owed(oldest, first.now, &rules);
+    assert_eq!(first.deferred, late.len() - 3);
+    assert_eq!(first.skipped, 0);
+    // The clock stays at the oldest deferred occurrence, so it is still owed.
+    check(&store, &routine, &first, &late[..3], late[3]).await;
+
+    // The next tick, with room, claims the rest (and whatever came due in between) and nothing
+    // twice.
+    let second = store
+        .claim_due(&claim_params("a", 25, rules))
+        .await
+        .unwrap();
+    let all = minutes(oldest, second.now);
+    let rest: Vec<_> = second
+        .fires
+        .iter()
+        .map(|f| f.occurrence.scheduled_at)
+        .collect();
+    assert_eq!(rest, all[3..]);
+    assert_eq!((second.deferred, second.skipped), (0, 0));
+    assert!(
+        second
+            .fires
+            .iter()
+            .all(|f| f.outcome(second.token) == ClaimOutcome::Fresh)
+    );
+    let rows: Vec<_> = ledger(&store, routine.id)
+        .await
+        .into_iter()
+        .map(|f| f.scheduled_at)
+        .collect();
+    assert_eq!(rows, all);
+    let after = store.get_routine(routine.id).await.unwrap();
+    assert_eq!(after.next_run_at, Some(next_minute(second.now)));
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn catch_up_coalesces_beyond_the_backlog(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let (routine, oldest) = outage(&store, &pool, MisfirePolicy::CatchUp).await;
+    let rules = rules(0, 4);
+    let tick = store
+        .claim_due(&claim_params("a", 25, rules))
+        .await
+        .unwrap();
+
+    let (late, _) = owed(oldest, tick.now, &rules);
+    // The latest four fire; the older ones are counted as skipped.
+    let kept = &late[late.len() - 4..];
+    assert_eq!(tick.skipped, u64::try_from(late.len() - 4).unwrap());
+    assert_eq!(tick.deferred, 0);
+    check(&store, &routine, &tick, kept, next_minute(tick.now)).await;
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn skip_fires_no_misfire(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let (routine, oldest) = outage(&store, &pool, MisfirePolicy::Skip).await;
+    let rules = rules(0, 100);
+    let tick = store
+        .claim_due(&claim_params("a", 25, rules))
+        .await
+        .unwrap();
+
+    let (late, on_time) = owed(oldest, tick.now, &rules);
+    assert!(on_time.is_empty());
+    assert_eq!(tick.skipped, u64::try_from(late.len()).unwrap());
+    assert_eq!(tick.deferred, 0);
+    // Nothing fires and nothing is written; the clock waits for the next minute.
+    check(&store, &routine, &tick, &[], next_minute(tick.now)).await;
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn skip_still_fires_what_is_on_time(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let (routine, oldest) = outage(&store, &pool, MisfirePolicy::Skip).await;
+    let rules = rules(90, 100);
+    let tick = store
+        .claim_due(&claim_params("a", 25, rules))
+        .await
+        .unwrap();
+
+    let (late, on_time) = owed(oldest, tick.now, &rules);
+    assert!(!on_time.is_empty());
+    assert_eq!(tick.skipped, u64::try_from(late.len()).unwrap());
+    check(&store, &routine, &tick, &on_time, next_minute(tick.now)).await;
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_long_outage_is_walked_over_several_ticks_and_fires_once(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let routine = create(&store, EVERY_MINUTE, MisfirePolicy::FireOnce).await;
+    // Ten hours down, and a walk bound of 50 occurrences a tick: the backlog takes a dozen
+    // ticks to walk, each skipping what is certainly superseded, before the latest one fires.
+    let oldest = minute_floor(db_now(&pool).await) - TimeDelta::hours(10);
+    set_next_run(&pool, routine.id, oldest).await;
+    let rules = MisfireRules {
+        max_scan: 50,
+        ..rules(0, 100)
+    };
+    let params = claim_params("a", 25, rules);
+
+    let mut skipped = 0;
+    let mut ticks = 0;
+    let last = loop {
+        let tick = store.claim_due(&params).await.unwrap();
+        ticks += 1;
+        assert!(ticks <= 20, "the walk does not end: {tick:?}");
+        skipped += tick.skipped;
+        if !tick.fires.is_empty() {
+            break tick;
+        }
+        // While walking, nothing is written and the clock only moves forward.
+        assert!(ledger(&store, routine.id).await.is_empty());
+        let clock = store
+            .get_routine(routine.id)
+            .await
+            .unwrap()
+            .next_run_at
+            .unwrap();
+        assert!(
+            clock > oldest && clock <= tick.now,
+            "{clock} after tick {ticks}"
+        );
+    };
+    assert!(ticks >= 12, "{ticks} ticks");
+    // Every missed minute is either the one fire or counted as skipped, exactly once.
+    let (late, on_time) = owed(oldest, last.now, &rules);
+    assert!(on_time.is_empty());
+    assert_eq!(skipped, u64::try_from(late.len() - 1).unwrap());
+    check(
+        &store,
+        &routine,
+        &last,
+        &[*late.last().unwrap()],
+        next_minute(last.now),
+    )
+    .await;
+}

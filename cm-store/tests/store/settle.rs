@@ -1,0 +1,262 @@
+//! Settling: fenced on the claim's token and attempt, terminal, and keeping a bounded error.
+
+use cm_domain::claim::MAX_ERROR_BYTES;
+use cm_domain::{ClaimOutcome, ErrorText, FireStatus, MisfirePolicy, Settlement};
+use cm_store::{ClaimedFire, FireFilter, FireLedger, FireRef, PgStore};
+use sqlx::PgPool;
+
+use crate::support::{due_yearly, expire_lease, fire_of, params, reap_params};
+
+/// Claims this year's occurrence of a new yearly routine as `a`; returns the fresh claim.
+async fn fresh_claim(store: &PgStore, pool: &PgPool) -> ClaimedFire {
+    due_yearly(store, pool, MisfirePolicy::FireOnce).await;
+    let tick = store.claim_due(&params("a")).await.unwrap();
+    assert_eq!(tick.fires.len(), 1);
+    let fire = tick.fires[0].clone();
+    assert_eq!(fire.outcome(tick.token), ClaimOutcome::Fresh);
+    fire
+}
+
+fn failed(text: &str) -> Settlement {
+    Settlement::Failed(ErrorText::new(text))
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_holder_settles_once(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let fire = fresh_claim(&store, &pool).await;
+    let claimed = fire_of(&store, fire.occurrence).await;
+
+    assert!(
+        store
+            .settle_fire(&fire.fire_ref(), &Settlement::Fired)
+            .await
+            .unwrap()
+    );
+    let fired = fire_of(&store, fire.occurrence).await;
+    assert_eq!(fired.status, "fired");
+    assert_eq!(fired.error, None);
+    assert!(fired.completed_at.is_some_and(|t| t >= claimed.claimed_at));
+    // Settling touches only the status and completion: the claim's record stays.
+    assert_eq!(
+        (fired.claimant.as_str(), fired.attempt, fired.claimed_at),
+        ("a", 1, claimed.claimed_at)
+    );
+
+    // Settling is terminal: neither the same settle again nor a contradicting one changes the
+    // row.
+    assert!(
+        !store
+            .settle_fire(&fire.fire_ref(), &Settlement::Fired)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .settle_fire(&fire.fire_ref(), &failed("late failure"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(fire_of(&store, fire.occurrence).await, fired);
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_stale_claimant_cannot_settle_the_row_taken_over(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let first = fresh_claim(&store, &pool).await;
+    // The first claimant stalls past its lease; the reaper hands the occurrence to `b`.
+    expire_lease(&pool, first.occurrence).await;
+    let reaped = store.reap_expired(&reap_params("b", 10)).await.unwrap();
+    assert_eq!(reaped.fires.len(), 1);
+    let second = reaped.fires[0].clone();
+    assert_eq!(
+        second.outcome(reaped.token),
+        ClaimOutcome::Retry { attempt: 2 }
+    );
+    let held = fire_of(&store, first.occurrence).await;
+
+    // The stale claimant wakes up and reports: neither success nor failure lands.
+    assert!(
+        !store
+            .settle_fire(&first.fire_ref(), &Settlement::Fired)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .settle_fire(&first.fire_ref(), &failed("stale"))
+            .await
+            .unwrap()
+    );
+    // Neither does the new token with the old attempt, nor the old token with the new attempt:
+    // the fence is on both.
+    let mixed = [
+        FireRef {
+            attempt: 1,
+            ..second.fire_ref()
+        },
+        FireRef {
+            attempt: 2,
+            ..first.fire_ref()
+        },
+    ];
+    for fire_ref in &mixed {
+        assert!(
+            !store
+                .settle_fire(fire_ref, &Settlement::Fired)
+                .await
+                .unwrap()
+        );
+    }
+    let unchanged = fire_of(&store, first.occurrence).await;
+    assert_eq!(unchanged, held);
+    assert_eq!(
+        (
+            unchanged.status.as_str(),
+            unchanged.claimant.as_str(),
+            unchanged.attempt
+        ),
+        ("claimed", "b", 2)
+    );
+
+    // The claimant holding attempt 2 settles normally.
+    assert!(
+        store
+            .settle_fire(&second.fire_ref(), &failed("target refused"))
+            .await
+            .unwrap()
+    );
+    let settled = fire_of(&store, first.occurrence).await;
+    assert_eq!(settled.status, "failed");
+    assert_eq!(settled.attempt, 2);
+    assert_eq!(settled.error.as_deref(), Some("target refused"));
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_failure_keeps_its_error(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let fire = fresh_claim(&store, &pool).await;
+    let text = "webhook answered 503: Service Unavailable";
+    assert!(
+        store
+            .settle_fire(&fire.fire_ref(), &failed(text))
+            .await
+            .unwrap()
+    );
+    let row = fire_of(&store, fire.occurrence).await;
+    assert_eq!(row.status, "failed");
+    assert_eq!(row.error.as_deref(), Some(text));
+    assert!(row.completed_at.is_some());
+    // A failure is terminal: a later success report does not turn it into a fire.
+    assert!(
+        !store
+            .settle_fire(&fire.fire_ref(), &Settlement::Fired)
+            .await
+            .unwrap()
+    );
+    assert_eq!(fire_of(&store, fire.occurrence).await, row);
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_huge_error_is_bounded_and_accepted(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let fire = fresh_claim(&store, &pool).await;
+    // Two-byte characters, so the cut must land on a character boundary to stay valid UTF-8.
+    let huge = "é".repeat(3 * MAX_ERROR_BYTES);
+
+    // The bound matters: the schema refuses the raw text outright.
+    let raw = sqlx::query(
+        "UPDATE routine_fires SET status = 'failed', error = $3, completed_at = now()
+         WHERE routine_id = $1 AND scheduled_at = $2",
+    )
+    .bind(fire.occurrence.routine_id)
+    .bind(fire.occurrence.scheduled_at)
+    .bind(&huge)
+    .execute(&pool)
+    .await
+    .unwrap_err();
+    assert_eq!(
+        raw.as_database_error().map(|e| e.kind()),
+        Some(sqlx::error::ErrorKind::CheckViolation)
+    );
+
+    let bounded = ErrorText::new(huge.clone());
+    assert!(
+        store
+            .settle_fire(&fire.fire_ref(), &Settlement::Failed(bounded.clone()))
+            .await
+            .unwrap()
+    );
+    let row = fire_of(&store, fire.occurrence).await;
+    let kept = row.error.unwrap();
+    assert_eq!(kept, bounded.as_str());
+    assert!(kept.len() <= MAX_ERROR_BYTES, "{} bytes", kept.len());
+    assert!(kept.len() > MAX_ERROR_BYTES - 8, "{} bytes", kept.len());
+    assert!(kept.ends_with('…'));
+    assert!(huge.starts_with(kept.trim_end_matches('…')));
+    let octets: i32 =
+        sqlx::query_scalar("SELECT octet_length(error) FROM routine_fires WHERE routine_id = $1")
+            .bind(fire.occurrence.routine_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(usize::try_from(octets).unwrap(), kept.len());
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn listing_filters_and_orders_fires(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    // Three routines, each with this year's occurrence claimed; one fired, one failed.
+    for _ in 0..3 {
+        due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
+    }
+    let tick = store.claim_due(&params("a")).await.unwrap();
+    assert_eq!(tick.fires.len(), 3);
+    let [one, two, three] = [&tick.fires[0], &tick.fires[1], &tick.fires[2]];
+    assert!(
+        store
+            .settle_fire(&one.fire_ref(), &Settlement::Fired)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .settle_fire(&two.fire_ref(), &failed("boom"))
+            .await
+            .unwrap()
+    );
+
+    let list = |routine_id, status, limit| {
+        let store = store.clone();
+        async move {
+            store
+                .list_fires(&FireFilter {
+                    routine_id,
+                    status,
+                    limit,
+                })
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(list(None, None, 10).await.len(), 3);
+    assert_eq!(list(None, None, 2).await.len(), 2);
+    let failed_rows = list(None, Some(FireStatus::Failed), 10).await;
+    assert_eq!(failed_rows.len(), 1);
+    assert_eq!(failed_rows[0].routine_id, two.occurrence.routine_id);
+    let claimed_rows = list(None, Some(FireStatus::Claimed), 10).await;
+    assert_eq!(claimed_rows.len(), 1);
+    assert_eq!(claimed_rows[0].routine_id, three.occurrence.routine_id);
+    let mine = list(Some(one.occurrence.routine_id), None, 10).await;
+    assert_eq!(mine.len(), 1);
+    assert_eq!(mine[0].status, "fired");
+    assert!(
+        list(
+            Some(one.occurrence.routine_id),
+            Some(FireStatus::Failed),
+            10
+        )
+        .await
+        .is_empty()
+    );
+}

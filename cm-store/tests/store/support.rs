@@ -1,0 +1,270 @@
+//! Helpers the store's tests share, so each test states only what it sets up and what it checks.
+//!
+//! Tests move time by writing instants into the database (a routine's `next_run_at`, a fire's
+//! lease) with raw SQL: the store itself only ever reads the database's clock.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Datelike, TimeDelta, TimeZone, Timelike, Utc};
+use cm_domain::{ClaimToken, FireCap, Lease, MisfirePolicy, MisfireRules, Occurrence, Schedule};
+use cm_store::{
+    ClaimDueParams, Fire, FireFilter, FireLedger, NewRoutine, PgStore, ReapParams, Routine,
+    RoutineKind, RoutineStore,
+};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Once a year, on 1 January at midnight UTC. Its latest occurrence (this year's) is always in
+/// the past and its next one far in the future, so a test that makes this year's occurrence due
+/// knows exactly what is owed, whatever minute the test runs in.
+pub const YEARLY: &str = "0 0 1 1 *";
+
+/// Every minute: the schedule of the outage tests, where many occurrences are missed.
+pub const EVERY_MINUTE: &str = "* * * * *";
+
+/// The lease every claim in these tests takes.
+pub const LEASE: Duration = Duration::from_secs(60);
+
+/// The lease as the database adds it to `now()`.
+pub fn lease_delta() -> TimeDelta {
+    TimeDelta::from_std(LEASE).unwrap()
+}
+
+/// Creates an unpaused message routine on `expr` (UTC) with `policy`.
+pub async fn create(store: &PgStore, expr: &str, policy: MisfirePolicy) -> Routine {
+    create_named(store, "test routine", expr, policy).await
+}
+
+/// Creates an unpaused message routine called `name` on `expr` (UTC) with `policy`.
+pub async fn create_named(
+    store: &PgStore,
+    name: &str,
+    expr: &str,
+    policy: MisfirePolicy,
+) -> Routine {
+    store
+        .create_routine(NewRoutine {
+            name: name.into(),
+            schedule: Schedule::parse(expr, "UTC").unwrap(),
+            kind: RoutineKind::Message,
+            payload: serde_json::json!({ "text": name }),
+            misfire: policy,
+            paused: false,
+        })
+        .await
+        .unwrap()
+}
+
+/// The database's clock.
+pub async fn db_now(pool: &PgPool) -> DateTime<Utc> {
+    sqlx::query_scalar("SELECT now()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Midnight UTC on 1 January of `year`.
+pub fn jan1(year: i32) -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(year, 1, 1, 0, 0, 0).unwrap()
+}
+
+/// `t` with its seconds and fraction cut off.
+pub fn minute_floor(t: DateTime<Utc>) -> DateTime<Utc> {
+    t.with_nanosecond(0).unwrap().with_second(0).unwrap()
+}
+
+/// Every whole minute from `from` through `to`, both included.
+pub fn minutes(from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<DateTime<Utc>> {
+    std::iter::successors(Some(from), |m| Some(*m + TimeDelta::minutes(1)))
+        .take_while(|m| *m <= to)
+        .collect()
+}
+
+/// Sets a routine's `next_run_at`, as if the scheduler had been down since `at`.
+pub async fn set_next_run(pool: &PgPool, id: Uuid, at: DateTime<Utc>) {
+    let updated = sqlx::query("UPDATE routines SET next_run_at = $2 WHERE id = $1")
+        .bind(id)
+        .bind(at)
+        .execute(pool)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(updated, 1, "routine {id} not found");
+}
+
+/// Creates a yearly routine and makes this year's occurrence (1 January, always in the past)
+/// its due `next_run_at`. Returns the routine and that occurrence's instant.
+pub async fn due_yearly(
+    store: &PgStore,
+    pool: &PgPool,
+    policy: MisfirePolicy,
+) -> (Routine, DateTime<Utc>) {
+    let routine = create(store, YEARLY, policy).await;
+    let due = jan1(db_now(pool).await.year());
+    set_next_run(pool, routine.id, due).await;
+    (routine, due)
+}
+
+/// Misfire rules with `grace_secs` of grace and a catch-up backlog of `max_backlog`.
+pub fn rules(grace_secs: u64, max_backlog: usize) -> MisfireRules {
+    MisfireRules {
+        grace: Duration::from_secs(grace_secs),
+        max_backlog,
+        max_scan: MisfireRules::DEFAULT_MAX_SCAN,
+    }
+}
+
+/// Claim parameters with a cap and misfire rules of the test's choosing.
+pub fn claim_params(claimant: &str, cap: usize, rules: MisfireRules) -> ClaimDueParams {
+    ClaimDueParams {
+        claimant: claimant.into(),
+        lease: Lease::new(LEASE).unwrap(),
+        cap: FireCap::new(cap).unwrap(),
+        rules,
+        max_routines: 100,
+    }
+}
+
+/// Claim parameters for tests about anything but the cap and misfires: cap 25, no grace, a
+/// backlog of 100.
+pub fn params(claimant: &str) -> ClaimDueParams {
+    claim_params(claimant, 25, rules(0, 100))
+}
+
+/// Reaper parameters.
+pub fn reap_params(claimant: &str, limit: u32) -> ReapParams {
+    ReapParams {
+        claimant: claimant.into(),
+        lease: Lease::new(LEASE).unwrap(),
+        limit,
+    }
+}
+
+/// A ledger row to write by hand, standing for what another (possibly crashed) scheduler left.
+#[derive(Debug, Clone)]
+pub struct Seed {
+    /// `claimed`, `fired` or `failed`.
+    pub status: &'static str,
+    /// The instance that holds (or held) the claim.
+    pub claimant: &'static str,
+    /// The claim's token.
+    pub token: ClaimToken,
+    /// The claim's attempt.
+    pub attempt: i32,
+    /// How long ago the claim was taken, in seconds.
+    pub claimed_ago: f64,
+    /// How long the lease has left, in seconds; negative when it already ran out.
+    pub lease_left: f64,
+}
+
+impl Seed {
+    /// A `claimed` row held by another instance, first attempt, taken two minutes ago, whose
+    /// lease has `lease_left` seconds left.
+    pub fn claimed(lease_left: f64) -> Self {
+        Seed {
+            status: "claimed",
+            claimant: "other",
+            token: ClaimToken::new_v4(),
+            attempt: 1,
+            claimed_ago: 120.0,
+            lease_left,
+        }
+    }
+
+    /// A settled row (`fired` or `failed`) whose lease ran out an hour ago: only its status
+    /// keeps a claim from taking it over.
+    pub fn settled(status: &'static str) -> Self {
+        Seed {
+            status,
+            lease_left: -3600.0,
+            ..Seed::claimed(0.0)
+        }
+    }
+}
+
+/// Writes `seed` as the ledger row of `occurrence`. A settled row gets a completion time, and a
+/// failed one the error `seeded failure`, as the schema's checks require.
+pub async fn seed_fire(pool: &PgPool, occurrence: Occurrence, seed: &Seed) {
+    sqlx::query(
+        "INSERT INTO routine_fires
+             (routine_id, scheduled_at, status, completed_at, error, claimant, claim_token,
+              attempt, claimed_at, lease_expires_at)
+         VALUES ($1, $2, $3::text,
+                 CASE WHEN $3::text = 'claimed' THEN NULL ELSE now() END,
+                 CASE WHEN $3::text = 'failed' THEN 'seeded failure' END,
+                 $4, $5, $6,
+                 now() - make_interval(secs => $7), now() + make_interval(secs => $8))",
+    )
+    .bind(occurrence.routine_id)
+    .bind(occurrence.scheduled_at)
+    .bind(seed.status)
+    .bind(seed.claimant)
+    .bind(seed.token.0)
+    .bind(seed.attempt)
+    .bind(seed.claimed_ago)
+    .bind(seed.lease_left)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Makes the lease of an occurrence's row run out (one second ago), as if its claimant had
+/// crashed a lease ago.
+pub async fn expire_lease(pool: &PgPool, occurrence: Occurrence) {
+    let updated = sqlx::query(
+        "UPDATE routine_fires SET lease_expires_at = now() - interval '1 second'
+         WHERE routine_id = $1 AND scheduled_at = $2",
+    )
+    .bind(occurrence.routine_id)
+    .bind(occurrence.scheduled_at)
+    .execute(pool)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(updated, 1, "no ledger row for {occurrence:?}");
+}
+
+/// A routine's ledger rows, oldest occurrence first.
+pub async fn ledger(store: &PgStore, routine_id: Uuid) -> Vec<Fire> {
+    let mut fires = store
+        .list_fires(&FireFilter {
+            routine_id: Some(routine_id),
+            status: None,
+            limit: 10_000,
+        })
+        .await
+        .unwrap();
+    fires.reverse();
+    fires
+}
+
+/// The one ledger row of an occurrence.
+pub async fn fire_of(store: &PgStore, occurrence: Occurrence) -> Fire {
+    ledger(store, occurrence.routine_id)
+        .await
+        .into_iter()
+        .find(|f| f.scheduled_at == occurrence.scheduled_at)
+        .unwrap_or_else(|| panic!("no ledger row for {occurrence:?}"))
+}
+
+/// The claim token an occurrence's row carries (listing fires does not show it).
+pub async fn token_of(pool: &PgPool, occurrence: Occurrence) -> ClaimToken {
+    ClaimToken(
+        sqlx::query_scalar(
+            "SELECT claim_token FROM routine_fires WHERE routine_id = $1 AND scheduled_at = $2",
+        )
+        .bind(occurrence.routine_id)
+        .bind(occurrence.scheduled_at)
+        .fetch_one(pool)
+        .await
+        .unwrap(),
+    )
+}
+
+/// How many ledger rows the database holds, over all routines.
+pub async fn fire_count(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM routine_fires")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}

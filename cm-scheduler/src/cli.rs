@@ -12,7 +12,9 @@ use cm_dispatch::{OutboxDispatcher, RoutedDispatcher};
 use cm_domain::{FireCap, FireStatus, Lease, MisfirePolicy, Schedule, SchedulerConfig, Zone};
 use cm_scheduler::Scheduler;
 use cm_scheduler::http::{Health, Readiness};
-use cm_store::{FireFilter, FireLedger, NewRoutine, PgStore, Routine, RoutineKind, RoutineStore, StoreError};
+use cm_store::{
+    FireFilter, FireLedger, NewRoutine, PgStore, Routine, RoutineKind, RoutineStore, StoreError,
+};
 use uuid::Uuid;
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/cm";
@@ -238,10 +240,26 @@ pub fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            // One line: clap's first line names the problem; its usage block is noise here.
+            // One line: clap's first paragraph names the problem (for a missing argument, on
+            // the lines after its first), and its tips and usage block after a blank line are
+            // noise here.
             let rendered = e.to_string();
-            let line = rendered.lines().next().unwrap_or("invalid arguments");
-            eprintln!("cm-scheduler: {}", line.trim_start_matches("error: "));
+            let problem = rendered
+                .lines()
+                .map(str::trim)
+                .take_while(|line| !line.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ");
+            let problem = problem.trim_start_matches("error: ");
+            if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                // Without any command clap renders the whole help, whose first paragraph is
+                // the description, not the problem.
+                eprintln!("cm-scheduler: a command is required (see cm-scheduler --help)");
+            } else if problem.is_empty() {
+                eprintln!("cm-scheduler: invalid arguments");
+            } else {
+                eprintln!("cm-scheduler: {problem}");
+            }
             return ExitCode::from(2);
         }
     };
@@ -266,16 +284,33 @@ pub fn main() -> ExitCode {
 }
 
 /// An error and its causes on one line.
+///
+/// A cause whose text its parent's message already includes is left out: `StoreError::Database`
+/// prints its sqlx error and also returns it as its source, so `{:#}` would say it twice.
 fn one_line(e: &anyhow::Error) -> String {
-    let text = format!("{e:#}");
-    text.lines().map(str::trim).collect::<Vec<_>>().join(" ")
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        let text = text.lines().map(str::trim).collect::<Vec<_>>().join(" ");
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 async fn execute(cli: Cli) -> Result<(), Failure> {
     match cli.command {
-        Command::Schedule(ScheduleCommand::Next { expr, timezone, after, count }) => {
-            schedule_next(&expr, &timezone, after.as_deref(), count)
-        }
+        Command::Schedule(ScheduleCommand::Next {
+            expr,
+            timezone,
+            after,
+            count,
+        }) => schedule_next(&expr, &timezone, after.as_deref(), count),
         Command::Migrate => {
             let store = connect(&cli.database_url, true).await?;
             store.migrate().await.context("applying migrations")?;
@@ -284,22 +319,42 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
         }
         Command::Run(args) => run(&cli.database_url, args).await,
         Command::Routine(command) => routine(&cli.database_url, command).await,
-        Command::Fires { routine, status, limit, json } => {
-            let status = status.map(|s| s.parse::<FireStatus>()).transpose().map_err(|e| input(e.to_string()))?;
+        Command::Fires {
+            routine,
+            status,
+            limit,
+            json,
+        } => {
+            let status = status
+                .map(|s| s.parse::<FireStatus>())
+                .transpose()
+                .map_err(|e| input(e.to_string()))?;
             let store = connect(&cli.database_url, false).await?;
-            let fires = store.list_fires(&FireFilter { routine_id: routine, status, limit }).await?;
+            let fires = store
+                .list_fires(&FireFilter {
+                    routine_id: routine,
+                    status,
+                    limit,
+                })
+                .await?;
             for fire in fires {
                 if json {
-                    println!("{}", serde_json::to_string(&fire).map_err(anyhow::Error::from)?);
+                    println!(
+                        "{}",
+                        serde_json::to_string(&fire).map_err(anyhow::Error::from)?
+                    );
                 } else {
                     println!(
                         "{}  {}  {:<7}  attempt {}  {}{}",
-                        fire.scheduled_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                        fire.scheduled_at
+                            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                         fire.routine_id,
                         fire.status,
                         fire.attempt,
                         fire.claimant,
-                        fire.error.map(|e| format!("  error: {e}")).unwrap_or_default()
+                        fire.error
+                            .map(|e| format!("  error: {e}"))
+                            .unwrap_or_default()
                     );
                 }
             }
@@ -308,7 +363,12 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-fn schedule_next(expr: &str, timezone: &str, after: Option<&str>, count: usize) -> Result<(), Failure> {
+fn schedule_next(
+    expr: &str,
+    timezone: &str,
+    after: Option<&str>,
+    count: usize,
+) -> Result<(), Failure> {
     let schedule = Schedule::parse(expr, timezone).map_err(|e| input(e.to_string()))?;
     let mut at = match after {
         Some(text) => parse_time(text)?,
@@ -317,7 +377,10 @@ fn schedule_next(expr: &str, timezone: &str, after: Option<&str>, count: usize) 
     for _ in 0..count {
         match schedule.next_after(at) {
             Some(next) => {
-                println!("{}", next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+                println!(
+                    "{}",
+                    next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                );
                 at = next;
             }
             None => break,
@@ -329,7 +392,11 @@ fn schedule_next(expr: &str, timezone: &str, after: Option<&str>, count: usize) 
 fn parse_time(text: &str) -> Result<DateTime<Utc>, Failure> {
     DateTime::parse_from_rfc3339(text)
         .map(|t| t.with_timezone(&Utc))
-        .map_err(|e| input(format!("invalid time {text:?} (expected RFC 3339, like 2025-03-09T07:00:00Z): {e}")))
+        .map_err(|e| {
+            input(format!(
+                "invalid time {text:?} (expected RFC 3339, like 2025-03-09T07:00:00Z): {e}"
+            ))
+        })
 }
 
 /// Connects to the database; `create` creates it first if it does not exist.
@@ -375,7 +442,10 @@ async fn routine(url: &str, command: RoutineCommand) -> Result<(), Failure> {
             let store = connect(url, false).await?;
             for routine in store.list_routines().await? {
                 if json {
-                    println!("{}", serde_json::to_string(&routine).map_err(anyhow::Error::from)?);
+                    println!(
+                        "{}",
+                        serde_json::to_string(&routine).map_err(anyhow::Error::from)?
+                    );
                 } else {
                     print_routine_line(&routine);
                 }
@@ -409,7 +479,10 @@ async fn routine(url: &str, command: RoutineCommand) -> Result<(), Failure> {
 }
 
 fn print_json(routine: &Routine) -> Result<(), Failure> {
-    println!("{}", serde_json::to_string_pretty(routine).map_err(anyhow::Error::from)?);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(routine).map_err(anyhow::Error::from)?
+    );
     Ok(())
 }
 
@@ -417,8 +490,17 @@ fn print_routine_line(r: &Routine) {
     let next = r
         .next_run_at
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_else(|| if r.paused { "paused".into() } else { "never".into() });
-    println!("{}  {:<8} {:<20} {:<24} {:<16} next {}", r.id, r.kind, r.name, r.schedule, r.timezone, next);
+        .unwrap_or_else(|| {
+            if r.paused {
+                "paused".into()
+            } else {
+                "never".into()
+            }
+        });
+    println!(
+        "{}  {:<8} {:<20} {:<24} {:<16} next {}",
+        r.id, r.kind, r.name, r.schedule, r.timezone, next
+    );
 }
 
 fn new_routine(args: &CreateArgs) -> Result<NewRoutine, Failure> {
@@ -428,7 +510,10 @@ fn new_routine(args: &CreateArgs) -> Result<NewRoutine, Failure> {
     }
     let zone = Zone::parse(&args.timezone).map_err(|e| input(e.to_string()))?;
     let schedule = Schedule::new(&args.schedule, zone).map_err(|e| input(e.to_string()))?;
-    let misfire: MisfirePolicy = args.misfire.parse().map_err(|e: cm_domain::ParseMisfirePolicyError| input(e.to_string()))?;
+    let misfire: MisfirePolicy = args
+        .misfire
+        .parse()
+        .map_err(|e: cm_domain::ParseMisfirePolicyError| input(e.to_string()))?;
     let (kind, payload) = match (&args.message, &args.mission) {
         (Some(text), None) => {
             if text.is_empty() {
@@ -439,22 +524,34 @@ fn new_routine(args: &CreateArgs) -> Result<NewRoutine, Failure> {
         (None, Some(path)) => (RoutineKind::Mission, mission_payload(path)?),
         _ => return Err(input("give exactly one of --message and --mission")),
     };
-    Ok(NewRoutine { name: name.to_string(), schedule, kind, payload, misfire, paused: args.paused })
+    Ok(NewRoutine {
+        name: name.to_string(),
+        schedule,
+        kind,
+        payload,
+        misfire,
+        paused: args.paused,
+    })
 }
 
 /// Reads a mission description: a JSON object naming at least the repository to check out.
 /// Images, endpoints and credentials are operator configuration, never part of a routine.
 fn mission_payload(path: &PathBuf) -> Result<serde_json::Value, Failure> {
     let shown = path.display();
-    let text = std::fs::read_to_string(path).map_err(|e| input(format!("cannot read mission file {shown}: {e}")))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| input(format!("cannot read mission file {shown}: {e}")))?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| input(format!("mission file {shown} is not valid JSON: {e}")))?;
     let Some(object) = value.as_object() else {
-        return Err(input(format!("mission file {shown} must hold a JSON object")));
+        return Err(input(format!(
+            "mission file {shown} must hold a JSON object"
+        )));
     };
     match object.get("repository") {
         Some(serde_json::Value::String(repo)) if !repo.trim().is_empty() => Ok(value),
-        _ => Err(input(format!("mission file {shown} must name a \"repository\" (a non-empty string)"))),
+        _ => Err(input(format!(
+            "mission file {shown} must name a \"repository\" (a non-empty string)"
+        ))),
     }
 }
 
@@ -463,14 +560,18 @@ struct DatabaseReadiness(PgStore);
 #[async_trait::async_trait]
 impl Readiness for DatabaseReadiness {
     async fn database_answers(&self) -> bool {
-        matches!(tokio::time::timeout(Duration::from_secs(2), self.0.ping()).await, Ok(Ok(_)))
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), self.0.ping()).await,
+            Ok(Ok(_))
+        )
     }
 }
 
 async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     init_logging(args.log_format);
     let lease = Lease::new(args.lease).ok_or_else(|| input("--lease must be greater than zero"))?;
-    let cap = FireCap::new(args.max_fires_per_tick).ok_or_else(|| input("--max-fires-per-tick must be at least 1"))?;
+    let cap = FireCap::new(args.max_fires_per_tick)
+        .ok_or_else(|| input("--max-fires-per-tick must be at least 1"))?;
     let config = SchedulerConfig {
         tick_interval: args.tick_interval,
         max_fires_per_tick: cap,
@@ -501,7 +602,9 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     let mission: Option<Arc<dyn cm_dispatch::Dispatcher>> = match args.mission_backend {
         MissionBackend::None => None,
     };
-    let instance_id = args.instance_id.unwrap_or_else(cm_scheduler::default_instance_id);
+    let instance_id = args
+        .instance_id
+        .unwrap_or_else(cm_scheduler::default_instance_id);
     let scheduler = Arc::new(
         Scheduler::new(
             Arc::new(store.clone()),
@@ -516,16 +619,27 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         let health = Arc::new(Health {
             stats: scheduler.stats(),
             readiness: DatabaseReadiness(store.clone()),
-            fresh_within: config.tick_interval * 3 + config.dispatch_timeout + Duration::from_secs(5),
+            fresh_within: config.tick_interval * 3
+                + config.dispatch_timeout
+                + Duration::from_secs(5),
         });
         tracing::info!(addr = %listener.local_addr().map_err(anyhow::Error::from)?, "serving /metrics, /livez and /readyz");
         tokio::spawn(cm_scheduler::http::serve(listener, health));
     }
 
-    let summary = scheduler.clone().spawn(shutdown_signal()).await.context("the scheduler task failed")?;
-    tracing::info!(ticks = summary.ticks, fired = summary.fired, failed = summary.failed,
-        tick_errors = summary.tick_errors, last_error = summary.last_error.as_deref().unwrap_or("none"),
-        "scheduler exited");
+    let summary = scheduler
+        .clone()
+        .spawn(shutdown_signal())
+        .await
+        .context("the scheduler task failed")?;
+    tracing::info!(
+        ticks = summary.ticks,
+        fired = summary.fired,
+        failed = summary.failed,
+        tick_errors = summary.tick_errors,
+        last_error = summary.last_error.as_deref().unwrap_or("none"),
+        "scheduler exited"
+    );
     Ok(())
 }
 
@@ -555,8 +669,11 @@ async fn shutdown_signal() {
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),

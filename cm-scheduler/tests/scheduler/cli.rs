@@ -1,0 +1,641 @@
+//! The command line's contract (DESIGN.md, "The command line"): exit codes, output, writes.
+//!
+//! Other tests outside the repository drive the binary, so these check what they rely on: 0 on
+//! success, 2 with one line on stderr and nothing on stdout for bad input, 1 when PostgreSQL
+//! does not answer, and what the commands print and store.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
+use uuid::Uuid;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
+const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+
+/// A URL nothing answers on: commands that need no database must not try it, and those that do
+/// must fail with exit code 1.
+const NOWHERE: &str = "postgres://postgres@127.0.0.1:1/x";
+
+/// What one run of the binary did.
+#[derive(Debug)]
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the binary with `--database-url url` and `args`.
+fn cm(url: &str, args: &[&str]) -> Run {
+    let mut command = Command::new(BIN);
+    // The flag is what is under test, so an inherited DATABASE_URL must not stand in for it.
+    command
+        .env_remove("DATABASE_URL")
+        .arg("--database-url")
+        .arg(url)
+        .args(args);
+    run(command)
+}
+
+/// Runs `command` to completion, killing it if it takes more than a minute: a command that
+/// should have been refused (say `run` with bad settings) would otherwise hang the suite.
+fn run(mut command: Command) -> Run {
+    let child = command
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting cm-scheduler");
+    let pid = child.id();
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || sender.send(child.wait_with_output()));
+    match receiver.recv_timeout(Duration::from_secs(60)) {
+        Ok(output) => {
+            let output = output.expect("waiting for cm-scheduler");
+            Run {
+                code: output.status.code(),
+                stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            }
+        }
+        Err(_) => {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(pid.to_string())
+                .status();
+            panic!(
+                "cm-scheduler {:?} did not finish within a minute",
+                command.get_args().collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+/// Asserts that `args` succeed and returns what they printed.
+fn ok(url: &str, args: &[&str]) -> String {
+    let out = cm(url, args);
+    assert_eq!(out.code, Some(0), "cm-scheduler {args:?} failed: {out:?}");
+    out.stdout
+}
+
+/// Asserts that `args` exit with `code`, print nothing on stdout, and explain why in exactly one
+/// line on stderr that mentions `fragment`.
+fn check_fails(url: &str, args: &[&str], code: i32, fragment: &str) {
+    let out = cm(url, args);
+    assert_eq!(
+        out.code,
+        Some(code),
+        "cm-scheduler {args:?}: wrong exit code: {out:?}"
+    );
+    assert_eq!(
+        out.stdout, "",
+        "cm-scheduler {args:?} printed on stdout: {out:?}"
+    );
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "cm-scheduler {args:?} should print exactly one line on stderr: {out:?}"
+    );
+    assert!(
+        lines[0].starts_with("cm-scheduler: "),
+        "cm-scheduler {args:?}: {out:?}"
+    );
+    assert!(
+        lines[0].contains(fragment),
+        "cm-scheduler {args:?}: the message should mention {fragment:?}: {:?}",
+        lines[0]
+    );
+}
+
+/// Asserts what `schedule next` prints, without any database (the URL is one nothing answers on).
+fn check_next(expr: &str, zone: &str, after: &str, expected: &[&str]) {
+    let count = expected.len().to_string();
+    let out = ok(
+        NOWHERE,
+        &[
+            "schedule",
+            "next",
+            expr,
+            "--timezone",
+            zone,
+            "--after",
+            after,
+            "--count",
+            &count,
+        ],
+    );
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        expected,
+        "schedule next {expr:?} in {zone} after {after}"
+    );
+    assert!(
+        out.ends_with('\n'),
+        "each instant should end its line: {out:?}"
+    );
+}
+
+/// A fresh database with the schema, dropped when the test ends (also when it panics).
+struct TestDb {
+    name: String,
+    url: String,
+    pool: PgPool,
+}
+
+impl TestDb {
+    async fn new() -> TestDb {
+        let name = format!("cm_test_{}", Uuid::new_v4().simple());
+        let url = format!("{SERVER}/{name}");
+        // `migrate` creates the missing database: that is part of the contract too.
+        ok(&url, &["migrate"]);
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&url)
+            .await
+            .expect("connecting to the test database");
+        TestDb { name, url, pool }
+    }
+
+    async fn count(&self, table: &str) -> i64 {
+        // The table names are the test's own constants, never input.
+        sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&self.pool)
+            .await
+            .expect("counting rows")
+    }
+
+    async fn routine(&self, id: Uuid) -> Option<RoutineRow> {
+        sqlx::query_as(
+            "SELECT name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
+                    created_at, next_run_at > now() AS in_future
+             FROM routines WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .expect("reading the routine")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // Best effort, on a thread of its own: `drop` cannot await, and the test's runtime may
+        // be the one running it.
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                let mut conn = PgConnection::connect(&format!("{SERVER}/postgres"))
+                    .await
+                    .ok()?;
+                // The name is the test's own `cm_test_<uuid>`, never input.
+                sqlx::query(AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                )))
+                .execute(&mut conn)
+                .await
+                .ok()
+            })
+        })
+        .join();
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+struct RoutineRow {
+    name: String,
+    schedule: String,
+    timezone: String,
+    kind: String,
+    payload: serde_json::Value,
+    misfire_policy: String,
+    paused: bool,
+    next_run_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    in_future: Option<bool>,
+}
+
+/// A directory of mission files, removed when dropped.
+struct MissionFiles(PathBuf);
+
+impl MissionFiles {
+    fn new() -> MissionFiles {
+        let dir = std::env::temp_dir().join(format!("cm_cli_{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("creating the mission files' directory");
+        MissionFiles(dir)
+    }
+
+    fn write(&self, name: &str, contents: &str) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).expect("writing a mission file");
+        path.display().to_string()
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).display().to_string()
+    }
+
+    fn dir(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for MissionFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Parses the one line `routine create` prints.
+fn created_id(stdout: &str) -> Uuid {
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "routine create should print one line: {stdout:?}"
+    );
+    lines[0].parse().unwrap_or_else(|e| {
+        panic!(
+            "routine create should print a UUID, not {:?}: {e}",
+            lines[0]
+        )
+    })
+}
+
+#[test]
+fn schedule_next_prints_utc_instants_without_a_database() {
+    // New York springs forward on 2025-03-09: 02:30 does not exist that day and fires once at
+    // 03:00 EDT, the first instant after the gap.
+    check_next(
+        "30 2 * * *",
+        "America/New_York",
+        "2025-03-07T12:00:00Z",
+        &[
+            "2025-03-08T07:30:00Z",
+            "2025-03-09T07:00:00Z",
+            "2025-03-10T06:30:00Z",
+            "2025-03-11T06:30:00Z",
+        ],
+    );
+    // It falls back on 2025-11-02: 01:30 happens twice and a fixed-time job fires at the first.
+    check_next(
+        "30 1 * * *",
+        "America/New_York",
+        "2025-11-01T00:00:00Z",
+        &[
+            "2025-11-01T05:30:00Z",
+            "2025-11-02T05:30:00Z",
+            "2025-11-03T06:30:00Z",
+        ],
+    );
+    // Berlin moves to summer time on 2025-03-30, between a Friday and a Monday.
+    check_next(
+        "0 9 * * MON-FRI",
+        "Europe/Berlin",
+        "2025-03-27T12:00:00Z",
+        &[
+            "2025-03-28T08:00:00Z",
+            "2025-03-31T07:00:00Z",
+            "2025-04-01T07:00:00Z",
+        ],
+    );
+    // Six fields: seconds first.
+    check_next(
+        "*/20 * * * * *",
+        "UTC",
+        "2025-01-01T00:00:00Z",
+        &[
+            "2025-01-01T00:00:20Z",
+            "2025-01-01T00:00:40Z",
+            "2025-01-01T00:01:00Z",
+        ],
+    );
+    // The instant printed is after `--after`, never equal to it.
+    check_next(
+        "0 0 * * *",
+        "UTC",
+        "2025-01-01T00:00:00Z",
+        &["2025-01-02T00:00:00Z"],
+    );
+    // Another zone's offset in `--after` is the same instant.
+    check_next(
+        "0 0 * * *",
+        "UTC",
+        "2025-01-01T23:30:00-01:00",
+        &["2025-01-03T00:00:00Z"],
+    );
+}
+
+#[tokio::test]
+async fn bad_input_exits_2_with_one_line_and_writes_nothing() {
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let mission = files.write(
+        "mission.json",
+        r#"{"repository": "https://example.invalid/r.git"}"#,
+    );
+    let array = files.write("array.json", "[1, 2]");
+    let not_json = files.write("not-json.json", "repository: x");
+    let no_repository = files.write("no-repository.json", r#"{"task": "lint"}"#);
+    let missing_file = files.path("missing.json");
+    let dir = files.dir().display().to_string();
+    let missing = Uuid::new_v4().to_string();
+    let create = |rest: &[&str]| -> Vec<String> {
+        ["routine", "create", "--name", "n"]
+            .iter()
+            .chain(rest)
+            .map(|s| s.to_string())
+            .collect()
+    };
+
+    // One case a line: the arguments, and a word the one line on stderr must mention.
+    #[rustfmt::skip]
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        // Schedules, zones and times.
+        (argv(&["schedule", "next", "61 * * * *"]), "minute"),
+        (argv(&["schedule", "next", "* * * *"]), "field"),
+        (argv(&["schedule", "next", "0 0 31 2 *"]), "never"),
+        (argv(&["schedule", "next", "* * * * *", "--timezone", "Mars/Olympus"]), "Mars/Olympus"),
+        (argv(&["schedule", "next", "* * * * *", "--timezone", "+02:00"]), "+02:00"),
+        (argv(&["schedule", "next", "* * * * *", "--after", "yesterday"]), "yesterday"),
+        (argv(&["schedule", "next", "* * * * *", "--count", "many"]), "many"),
+        // The command line's shape.
+        (argv(&["frobnicate"]), "frobnicate"),
+        (argv(&["routine", "list", "--frob"]), "--frob"),
+        (argv(&[]), "command"),
+        (argv(&["routine"]), "command"),
+        // Routines that cannot be created.
+        (create(&["--schedule", "61 * * * *", "--message", "hi"]), "minute"),
+        (create(&["--schedule", "0 9 * * *", "--timezone", "Mars/Olympus", "--message", "hi"]), "Mars/Olympus"),
+        (create(&["--schedule", "0 9 * * *", "--misfire", "sometimes", "--message", "hi"]), "sometimes"),
+        (create(&["--schedule", "0 9 * * *", "--mission", &missing_file]), "missing.json"),
+        (create(&["--schedule", "0 9 * * *", "--mission", &dir]), &dir),
+        (create(&["--schedule", "0 9 * * *", "--mission", &array]), "object"),
+        (create(&["--schedule", "0 9 * * *", "--mission", &not_json]), "JSON"),
+        (create(&["--schedule", "0 9 * * *", "--mission", &no_repository]), "repository"),
+        (create(&["--schedule", "0 9 * * *", "--message", "hi", "--mission", &mission]), "--mission"),
+        (create(&["--schedule", "0 9 * * *"]), "--message"),
+        (create(&["--schedule", "0 9 * * *", "--message", ""]), "message"),
+        (argv(&["routine", "create", "--name", " ", "--schedule", "0 9 * * *", "--message", "hi"]), "name"),
+        // Routines that do not exist.
+        (argv(&["routine", "show", &missing]), &missing),
+        (argv(&["routine", "pause", &missing]), &missing),
+        (argv(&["routine", "resume", &missing]), &missing),
+        (argv(&["routine", "delete", &missing]), &missing),
+        (argv(&["routine", "show", "not-a-uuid"]), "not-a-uuid"),
+        (argv(&["fires", "--status", "lost"]), "lost"),
+        // Scheduler settings under which a dispatch could outlive its lease, or no lease at all.
+        (argv(&["run", "--lease", "1s", "--dispatch-timeout", "2s"]), "lease"),
+        (argv(&["run", "--lease", "2s", "--dispatch-timeout", "2s"]), "lease"),
+        (argv(&["run", "--lease", "0s"]), "lease"),
+        (argv(&["run", "--tick-interval", "soon"]), "soon"),
+    ];
+    for (args, fragment) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        check_fails(&db.url, &args, 2, fragment);
+    }
+
+    assert_eq!(
+        db.count("routines").await,
+        0,
+        "bad input must write nothing"
+    );
+    assert_eq!(
+        db.count("routine_fires").await,
+        0,
+        "bad input must write nothing"
+    );
+}
+
+fn argv(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test]
+async fn routine_commands_create_show_pause_resume_and_delete() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+
+    let out = cm(
+        url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "n",
+            "--schedule",
+            "0 9 * * MON-FRI",
+            "--timezone",
+            "Europe/Berlin",
+            "--message",
+            "hi",
+        ],
+    );
+    assert_eq!((out.code, out.stderr.as_str()), (Some(0), ""), "{out:?}");
+    let id = created_id(&out.stdout);
+    let row = db.routine(id).await.expect("the created routine is stored");
+    assert_eq!(
+        (
+            row.name.as_str(),
+            row.schedule.as_str(),
+            row.timezone.as_str(),
+            row.kind.as_str()
+        ),
+        ("n", "0 9 * * MON-FRI", "Europe/Berlin", "message")
+    );
+    assert_eq!(row.payload, serde_json::json!({ "text": "hi" }));
+    assert_eq!(
+        (row.misfire_policy.as_str(), row.paused, row.in_future),
+        ("fire-once", false, Some(true))
+    );
+    // The first run is the schedule's first occurrence after the creation, as `schedule next`
+    // computes it.
+    let created = row
+        .created_at
+        .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+    let next = ok(
+        NOWHERE,
+        &[
+            "schedule",
+            "next",
+            "0 9 * * MON-FRI",
+            "--timezone",
+            "Europe/Berlin",
+            "--after",
+            &created,
+            "--count",
+            "1",
+        ],
+    );
+    let stored = row.next_run_at.expect("an unpaused routine has a next run");
+    assert_eq!(
+        next.trim(),
+        stored.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    );
+
+    let shown: serde_json::Value =
+        serde_json::from_str(&ok(url, &["routine", "show", &id.to_string(), "--json"]))
+            .expect("show --json prints JSON");
+    assert_eq!(shown["id"], id.to_string());
+    assert_eq!(shown["payload"], serde_json::json!({ "text": "hi" }));
+    assert_eq!(
+        (shown["kind"].as_str(), shown["paused"].as_bool()),
+        (Some("message"), Some(false))
+    );
+    assert!(ok(url, &["routine", "show", &id.to_string()]).contains(&id.to_string()));
+
+    assert!(
+        ok(url, &["routine", "list"])
+            .lines()
+            .any(|l| l.contains(&id.to_string()))
+    );
+    let listed: Vec<serde_json::Value> = ok(url, &["routine", "list", "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("list --json prints one JSON object a line"))
+        .collect();
+    assert_eq!(
+        listed.iter().map(|r| r["id"].clone()).collect::<Vec<_>>(),
+        vec![serde_json::json!(id)]
+    );
+    // DATABASE_URL stands in for --database-url.
+    let mut from_env = Command::new(BIN);
+    from_env.env("DATABASE_URL", url).args(["routine", "list"]);
+    let out = run(from_env);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains(&id.to_string()), "{out:?}");
+
+    ok(url, &["routine", "pause", &id.to_string()]);
+    let paused = db.routine(id).await.unwrap();
+    assert_eq!(
+        (paused.paused, paused.next_run_at),
+        (true, None),
+        "a paused routine is never due"
+    );
+    ok(url, &["routine", "resume", &id.to_string()]);
+    let resumed = db.routine(id).await.unwrap();
+    assert_eq!(
+        (resumed.paused, resumed.in_future),
+        (false, Some(true)),
+        "resume computes the next run from now"
+    );
+
+    // Nothing has fired: the ledger lists nothing, in either form.
+    assert_eq!(ok(url, &["fires", "--json"]), "");
+    assert_eq!(
+        ok(
+            url,
+            &["fires", "--routine", &id.to_string(), "--status", "failed"]
+        ),
+        ""
+    );
+
+    let paused_id = created_id(&ok(
+        url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "p",
+            "--schedule",
+            "*/5 * * * *",
+            "--message",
+            "later",
+            "--paused",
+        ],
+    ));
+    let row = db.routine(paused_id).await.unwrap();
+    assert_eq!(
+        (row.paused, row.next_run_at),
+        (true, None),
+        "--paused creates it paused"
+    );
+
+    ok(url, &["routine", "delete", &id.to_string()]);
+    assert_eq!(db.routine(id).await, None, "delete removes the routine");
+    check_fails(
+        url,
+        &["routine", "show", &id.to_string()],
+        2,
+        &id.to_string(),
+    );
+    assert_eq!(
+        db.count("routines").await,
+        1,
+        "only the paused routine is left"
+    );
+}
+
+#[tokio::test]
+async fn mission_routines_store_the_file_as_their_payload() {
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let mission = files.write(
+        "lint.json",
+        r#"{"repository": "https://example.invalid/r.git", "task": "lint"}"#,
+    );
+
+    let id = created_id(&ok(
+        &db.url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "lint",
+            "--schedule",
+            "0 3 * * *",
+            "--mission",
+            &mission,
+        ],
+    ));
+    let row = db.routine(id).await.expect("the created routine is stored");
+    assert_eq!(row.kind, "mission");
+    assert_eq!(
+        row.payload,
+        serde_json::json!({ "repository": "https://example.invalid/r.git", "task": "lint" })
+    );
+    assert_eq!(
+        (row.timezone.as_str(), row.paused, row.in_future),
+        ("UTC", false, Some(true))
+    );
+
+    // `--json` prints the stored routine instead of its id.
+    let printed: serde_json::Value = serde_json::from_str(&ok(
+        &db.url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "lint2",
+            "--schedule",
+            "0 4 * * *",
+            "--mission",
+            &mission,
+            "--json",
+        ],
+    ))
+    .expect("create --json prints JSON");
+    assert_eq!(
+        (printed["kind"].as_str(), printed["name"].as_str()),
+        (Some("mission"), Some("lint2"))
+    );
+}
+
+#[test]
+fn a_database_that_does_not_answer_exits_1() {
+    // Each of these waits for the pool's acquire timeout, so they run side by side.
+    let cases: &[&[&str]] = &[&["routine", "list"], &["fires"], &["migrate"]];
+    std::thread::scope(|scope| {
+        for args in cases {
+            scope.spawn(move || check_fails(NOWHERE, args, 1, "PostgreSQL"));
+        }
+    });
+}

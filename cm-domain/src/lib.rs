@@ -19,6 +19,7 @@
 //! - [`config`]: validated scheduler settings ([`SchedulerConfig`]), so a dispatch can never
 //!   outlive its lease.
 //! - [`occurrence`]: one scheduled instant of a routine and its [`IdempotencyKey`].
+//! - [`backfill`]: the occurrences of a past window, asked for by hand.
 //!
 //! # Example
 //!
@@ -35,6 +36,7 @@
 //! );
 //! ```
 
+pub mod backfill;
 pub mod claim;
 pub mod config;
 pub mod misfire;
@@ -42,6 +44,7 @@ pub mod occurrence;
 pub mod schedule;
 pub mod tick;
 
+pub use backfill::{BackfillError, MAX_BACKFILL, backfill_occurrences};
 pub use claim::{
     ClaimAction, ClaimOutcome, ClaimRow, ClaimToken, ErrorText, FireStatus, ParseFireStatusError,
     SettleError, Settlement,

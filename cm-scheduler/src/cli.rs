@@ -153,6 +153,22 @@ enum RoutineCommand {
         /// The routine's id.
         id: Uuid,
     },
+    /// Fires a routine now, through the ledger (the next tick claims it; paused or not).
+    Trigger {
+        /// The routine's id.
+        id: Uuid,
+    },
+    /// Fires a routine's occurrences in a past window that the ledger does not hold yet.
+    Backfill {
+        /// The routine's id.
+        id: Uuid,
+        /// The window's start (RFC 3339), included.
+        #[arg(long)]
+        from: String,
+        /// The window's end (RFC 3339), included; not in the future.
+        #[arg(long)]
+        to: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -473,6 +489,32 @@ async fn routine(url: &str, command: RoutineCommand) -> Result<(), Failure> {
             let store = connect(url, false).await?;
             store.delete_routine(id).await?;
             println!("deleted {id}");
+            Ok(())
+        }
+        RoutineCommand::Trigger { id } => {
+            let store = connect(url, false).await?;
+            let at = store.trigger_routine(id).await?;
+            println!(
+                "{}",
+                at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            );
+            Ok(())
+        }
+        RoutineCommand::Backfill { id, from, to } => {
+            let (from, to) = (parse_time(&from)?, parse_time(&to)?);
+            let store = connect(url, false).await?;
+            let routine = store.get_routine(id).await?;
+            let schedule = routine.parsed_schedule()?;
+            // The window is judged against the database's clock, the one the ticks use.
+            let now = store.ping().await?;
+            let occurrences = cm_domain::backfill_occurrences(&schedule, from, to, now)
+                .map_err(|e| input(e.to_string()))?;
+            let requested = store.request_occurrences(id, &occurrences).await?;
+            println!(
+                "requested {requested} of {} occurrences ({} already in the ledger or requested)",
+                occurrences.len(),
+                occurrences.len() as u64 - requested
+            );
             Ok(())
         }
     }

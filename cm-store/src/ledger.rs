@@ -298,11 +298,39 @@ impl FireLedger for PgStore {
         }
         let tick = plan_tick(&plans, params.cap);
 
-        let mut fires = if tick.claims.is_empty() {
+        // Occurrences asked for by hand fill what the cap leaves, oldest first; each request
+        // is deleted in this transaction, with its claim.
+        let room = params.cap.get().saturating_sub(tick.claims.len());
+        let requested: Vec<(Uuid, DateTime<Utc>)> = if room == 0 {
             Vec::new()
         } else {
-            let (ids, instants): (Vec<Uuid>, Vec<DateTime<Utc>>) = tick
-                .claims
+            sqlx::query_as(
+                "DELETE FROM routine_requests
+                 WHERE (routine_id, scheduled_at) IN (
+                     SELECT routine_id, scheduled_at FROM routine_requests
+                     WHERE scheduled_at <= now()
+                     ORDER BY scheduled_at, routine_id
+                     LIMIT $1
+                     FOR UPDATE SKIP LOCKED)
+                 RETURNING routine_id, scheduled_at",
+            )
+            .bind(i64::try_from(room).unwrap_or(i64::MAX))
+            .fetch_all(&mut *tx)
+            .await?
+        };
+        let mut claims = tick.claims.clone();
+        for (routine_id, scheduled_at) in requested {
+            let occurrence = Occurrence::new(routine_id, scheduled_at);
+            // A requested slot the schedule also planned this tick is claimed once.
+            if !claims.contains(&occurrence) {
+                claims.push(occurrence);
+            }
+        }
+
+        let mut fires = if claims.is_empty() {
+            Vec::new()
+        } else {
+            let (ids, instants): (Vec<Uuid>, Vec<DateTime<Utc>>) = claims
                 .iter()
                 .map(|o| (o.routine_id, o.scheduled_at))
                 .unzip();

@@ -148,6 +148,19 @@ pub trait RoutineStore: Send + Sync {
 
     /// Deletes a routine and its ledger rows.
     async fn delete_routine(&self, id: Uuid) -> Result<(), StoreError>;
+
+    /// Asks for occurrences of a routine to be fired by the next ticks, through the ledger:
+    /// an occurrence already in the ledger (fired, failed or in flight) is not asked for again,
+    /// and one already asked for is asked for once. Returns how many were newly asked for.
+    async fn request_occurrences(
+        &self,
+        id: Uuid,
+        instants: &[DateTime<Utc>],
+    ) -> Result<u64, StoreError>;
+
+    /// Asks for an occurrence of a routine at the database's current instant (a manual
+    /// trigger), fired by the next tick, paused or not. Returns its instant.
+    async fn trigger_routine(&self, id: Uuid) -> Result<DateTime<Utc>, StoreError>;
 }
 
 #[async_trait]
@@ -229,6 +242,60 @@ impl RoutineStore for PgStore {
         .await?;
         tx.commit().await?;
         Ok(row)
+    }
+
+    async fn request_occurrences(
+        &self,
+        id: Uuid,
+        instants: &[DateTime<Utc>],
+    ) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        // Lock the routine so a concurrent delete cannot slip between the check and the insert.
+        let exists: Option<Uuid> =
+            sqlx::query_scalar("SELECT id FROM routines WHERE id = $1 FOR SHARE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if exists.is_none() {
+            return Err(StoreError::RoutineNotFound(id));
+        }
+        let requested = sqlx::query(
+            "INSERT INTO routine_requests (routine_id, scheduled_at)
+             SELECT $1, t.scheduled_at
+             FROM UNNEST($2::timestamptz[]) AS t(scheduled_at)
+             WHERE NOT EXISTS (
+                 SELECT 1 FROM routine_fires f
+                 WHERE f.routine_id = $1 AND f.scheduled_at = t.scheduled_at)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(id)
+        .bind(instants)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(requested)
+    }
+
+    async fn trigger_routine(&self, id: Uuid) -> Result<DateTime<Utc>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let now: Option<DateTime<Utc>> =
+            sqlx::query_scalar("SELECT now() FROM routines WHERE id = $1 FOR SHARE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let now = now.ok_or(StoreError::RoutineNotFound(id))?;
+        // Two triggers in the same microsecond name the same occurrence, and fire once.
+        sqlx::query(
+            "INSERT INTO routine_requests (routine_id, scheduled_at) VALUES ($1, $2)
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(now)
     }
 
     async fn delete_routine(&self, id: Uuid) -> Result<(), StoreError> {

@@ -53,3 +53,7 @@ mod corrupt;
 // The message outbox: one row per occurrence, read back in order.
 #[path = "store/outbox.rs"]
 mod outbox;
+
+// Occurrences asked for by hand (trigger, backfill) go through the same ledger.
+#[path = "store/requests.rs"]
+mod requests;

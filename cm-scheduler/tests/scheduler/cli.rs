@@ -639,3 +639,159 @@ fn a_database_that_does_not_answer_exits_1() {
         }
     });
 }
+
+#[tokio::test]
+async fn trigger_and_backfill_go_through_the_ledger() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let id = created_id(&ok(
+        url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "hourly",
+            "--schedule",
+            "0 * * * *",
+            "--message",
+            "hi",
+        ],
+    ));
+    let id = id.to_string();
+
+    // A window of three past hours is asked for once; asking again asks for nothing new.
+    let window = [
+        "routine",
+        "backfill",
+        &id,
+        "--from",
+        "2025-06-01T10:00:00Z",
+        "--to",
+        "2025-06-01T12:00:00Z",
+    ];
+    assert_eq!(
+        ok(url, &window).trim(),
+        "requested 3 of 3 occurrences (0 already in the ledger or requested)"
+    );
+    assert_eq!(
+        ok(url, &window).trim(),
+        "requested 0 of 3 occurrences (3 already in the ledger or requested)"
+    );
+    let triggered: DateTime<Utc> = ok(url, &["routine", "trigger", &id])
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(db.count("routine_requests").await, 4);
+    assert_eq!(
+        db.count("routine_fires").await,
+        0,
+        "nothing fires before a tick"
+    );
+
+    // Bad windows and missing routines are refused, writing nothing.
+    let missing = Uuid::new_v4().to_string();
+    for (args, fragment) in [
+        (
+            vec![
+                "routine",
+                "backfill",
+                &id,
+                "--from",
+                "2025-06-01T12:00:00Z",
+                "--to",
+                "2025-06-01T10:00:00Z",
+            ],
+            "before it starts",
+        ),
+        (
+            vec![
+                "routine",
+                "backfill",
+                &id,
+                "--from",
+                "2025-06-01T10:00:00Z",
+                "--to",
+                "2999-01-01T00:00:00Z",
+            ],
+            "future",
+        ),
+        (
+            vec![
+                "routine",
+                "backfill",
+                &id,
+                "--from",
+                "2025-01-01T00:00:00Z",
+                "--to",
+                "2025-06-01T00:00:00Z",
+            ],
+            "more than 1000",
+        ),
+        (
+            vec![
+                "routine",
+                "backfill",
+                &id,
+                "--from",
+                "yesterday",
+                "--to",
+                "2025-06-01T00:00:00Z",
+            ],
+            "RFC 3339",
+        ),
+        (
+            vec![
+                "routine",
+                "backfill",
+                &missing,
+                "--from",
+                "2025-06-01T10:00:00Z",
+                "--to",
+                "2025-06-01T12:00:00Z",
+            ],
+            &missing,
+        ),
+        (vec!["routine", "trigger", &missing], &missing),
+    ] {
+        check_fails(url, &args, 2, fragment);
+    }
+    assert_eq!(db.count("routine_requests").await, 4);
+
+    // One tick's worth of running fires all four, and the ledger holds each once.
+    let mut scheduler = Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
+        .args(["--database-url", url, "run", "--tick-interval", "100ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut fired = 0;
+    for _ in 0..100 {
+        fired = sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM routine_fires WHERE status = 'fired'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if fired == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    scheduler.kill().unwrap();
+    let _ = scheduler.wait();
+    assert_eq!(fired, 4);
+    assert_eq!(db.count("routine_requests").await, 0);
+    let triggered_fired: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM routine_fires WHERE scheduled_at = $1 AND status = 'fired'",
+    )
+    .bind(triggered)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(triggered_fired, 1);
+    // The backfilled window is settled now, so asking for it again finds it in the ledger.
+    assert_eq!(
+        ok(url, &window).trim(),
+        "requested 0 of 3 occurrences (3 already in the ledger or requested)"
+    );
+}

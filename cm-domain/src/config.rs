@@ -8,6 +8,9 @@
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+/// The shortest retention of settled rows a scheduler accepts.
+pub const MIN_RETENTION: Duration = Duration::from_secs(24 * 3600);
+
 /// How long a claim belongs to its claimant. Never zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Lease(Duration);
@@ -67,6 +70,9 @@ pub struct SchedulerConfig {
     pub misfire_grace: Duration,
     /// Under `catch-up`, the most missed occurrences that fire; older ones coalesce (skip).
     pub max_backlog: usize,
+    /// How long settled ledger rows are kept. The ledger is the dedupe, so this must be far
+    /// longer than any window in which an occurrence could be computed again (at least a day).
+    pub retention: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -79,6 +85,7 @@ impl Default for SchedulerConfig {
             max_attempts: 3,
             misfire_grace: Duration::from_secs(60),
             max_backlog: 100,
+            retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -104,6 +111,15 @@ pub enum ConfigError {
     /// `max_attempts` is zero: no occurrence could ever be dispatched.
     #[error("max attempts must be at least 1")]
     NoAttempts,
+    /// The retention is shorter than a day, or not longer than the misfire grace: a pruned
+    /// row could be an occurrence some scheduler still computes, and it would fire again.
+    #[error(
+        "the retention ({retention:?}) must be at least a day and longer than the misfire grace"
+    )]
+    RetentionTooShort {
+        /// The configured retention.
+        retention: Duration,
+    },
 }
 
 impl SchedulerConfig {
@@ -117,6 +133,11 @@ impl SchedulerConfig {
         }
         if self.max_attempts == 0 {
             return Err(ConfigError::NoAttempts);
+        }
+        if self.retention < MIN_RETENTION || self.retention <= self.misfire_grace {
+            return Err(ConfigError::RetentionTooShort {
+                retention: self.retention,
+            });
         }
         if self.dispatch_timeout >= self.lease.duration() {
             return Err(ConfigError::TimeoutNotShorterThanLease {
@@ -175,6 +196,20 @@ mod tests {
             Err("tick interval must be greater than zero"),
         );
         check(60_000, 30_000, 1_000, 0, Err("at least 1"));
+        let short = SchedulerConfig {
+            retention: Duration::from_secs(3600),
+            ..SchedulerConfig::default()
+        };
+        assert!(matches!(
+            short.validate(),
+            Err(ConfigError::RetentionTooShort { .. })
+        ));
+        let shorter_than_grace = SchedulerConfig {
+            retention: MIN_RETENTION,
+            misfire_grace: MIN_RETENTION * 2,
+            ..SchedulerConfig::default()
+        };
+        assert!(shorter_than_grace.validate().is_err());
         assert!(SchedulerConfig::default().validate().is_ok());
     }
 

@@ -85,6 +85,9 @@ struct RunArgs {
     /// Under catch-up, the most missed occurrences that fire.
     #[arg(long, default_value_t = 100)]
     max_backlog: usize,
+    /// How long settled fires are kept before they are pruned (at least a day).
+    #[arg(long, default_value = "30days", value_parser = humantime::parse_duration)]
+    retention: Duration,
     /// Serve /metrics, /livez and /readyz on this address.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -622,6 +625,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         max_attempts: args.max_attempts,
         misfire_grace: args.misfire_grace,
         max_backlog: args.max_backlog,
+        retention: args.retention,
     }
     .validate()
     .map_err(|e| input(e.to_string()))?;

@@ -263,6 +263,25 @@ impl Scheduler {
         report
     }
 
+    /// Deletes settled fires older than the retention, a bounded batch per pass so a large
+    /// backlog of old rows never makes one pass long. Returns whether the pass succeeded.
+    async fn prune(&self) -> bool {
+        match self.ledger.prune_settled(self.config.retention, 1000).await {
+            Ok(pruned) => {
+                add(&self.stats.pruned, pruned);
+                if pruned > 0 {
+                    debug!(pruned, "pruned settled fires past their retention");
+                }
+                true
+            }
+            Err(e) => {
+                error!(error = %e, "pruning settled fires failed");
+                self.stats.tick_failed(format!("pruning failed: {e}"));
+                false
+            }
+        }
+    }
+
     /// How long a dispatch of a claim taken after `claimed_from` may run: the dispatch timeout,
     /// cut short if the claim's own processing has eaten into the lease, so a dispatch never
     /// outlives its lease even when a tick is slow. A margin is kept for the settle.
@@ -305,6 +324,7 @@ impl Scheduler {
             let mut ok = self.record(self.tick().await, "tick");
             if last_reap.is_none_or(|at| at.elapsed() >= reap_every) {
                 ok &= self.record(self.reap().await, "reaper pass");
+                ok &= self.prune().await;
                 last_reap = Some(Instant::now());
             }
             if ok {

@@ -93,6 +93,8 @@ pub struct Stats {
     pub skipped: AtomicU64,
     /// Expired claims the reaper took over.
     pub reaped: AtomicU64,
+    /// Settled fires deleted after their retention.
+    pub pruned: AtomicU64,
     /// Seconds each tick took.
     pub tick_duration: Histogram,
     /// Dispatch start minus `scheduled_at`.
@@ -118,6 +120,7 @@ impl Default for Stats {
             deferred: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             reaped: AtomicU64::new(0),
+            pruned: AtomicU64::new(0),
             tick_duration: Histogram::new(DURATION_BOUNDS),
             lateness: Histogram::new(LATENESS_BOUNDS),
             last_success: Mutex::new(None),
@@ -210,6 +213,12 @@ impl Stats {
             "cm_misfires_skipped_total",
             "Misfires skipped by policy.",
             &self.skipped,
+        );
+        counter(
+            &mut out,
+            "cm_pruned_total",
+            "Settled fires deleted after their retention.",
+            &self.pruned,
         );
         counter(
             &mut out,

@@ -19,6 +19,8 @@
 //! Steps 4 and 5 commit together, so the clock never moves past an occurrence the ledger does
 //! not hold.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use cm_domain::{
@@ -194,6 +196,10 @@ pub trait FireLedger: Send + Sync {
 
     /// Lists fires, newest occurrence first.
     async fn list_fires(&self, filter: &FireFilter) -> Result<Vec<Fire>, StoreError>;
+
+    /// Deletes at most `limit` settled rows settled, and scheduled, longer than `retention` ago,
+    /// oldest first. Returns how many it deleted. Rows still `claimed` are never pruned.
+    async fn prune_settled(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
 }
 
 /// A row returned by the claim and reaper statements.
@@ -438,6 +444,28 @@ impl FireLedger for PgStore {
             skipped: 0,
             unusable: Vec::new(),
         })
+    }
+
+    async fn prune_settled(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
+        // The ledger is the dedupe: a settled row is what stops an occurrence firing twice, so
+        // only rows far older than any occurrence a scheduler could compute again go.
+        let deleted = sqlx::query(
+            "DELETE FROM routine_fires
+             WHERE (routine_id, scheduled_at) IN (
+                 SELECT routine_id, scheduled_at FROM routine_fires
+                 WHERE status <> 'claimed'
+                   AND completed_at < now() - make_interval(secs => $1)
+                   AND scheduled_at < now() - make_interval(secs => $1)
+                 ORDER BY completed_at
+                 LIMIT $2
+                 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(retention.as_secs_f64())
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(deleted)
     }
 
     async fn list_fires(&self, filter: &FireFilter) -> Result<Vec<Fire>, StoreError> {

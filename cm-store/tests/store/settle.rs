@@ -260,3 +260,51 @@ async fn listing_filters_and_orders_fires(pool: PgPool) {
         .is_empty()
     );
 }
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn pruning_deletes_only_settled_rows_past_the_retention(pool: PgPool) {
+    use chrono::TimeDelta;
+    use std::time::Duration;
+
+    let store = PgStore::new(pool.clone());
+    let routine = crate::support::create(
+        &store,
+        crate::support::YEARLY,
+        cm_domain::MisfirePolicy::FireOnce,
+    )
+    .await;
+    let now = crate::support::db_now(&pool).await;
+    let day = TimeDelta::days(1);
+    // (scheduled days ago, status, completed days ago)
+    let rows = [
+        (40, "fired", Some(40)),
+        (41, "failed", Some(39)),
+        (42, "claimed", None),
+        (5, "fired", Some(5)),
+        (43, "fired", Some(2)),
+    ];
+    for (scheduled, status, completed) in rows {
+        sqlx::query(
+            "INSERT INTO routine_fires (routine_id, scheduled_at, status, completed_at, error,
+                                        claimant, claim_token, lease_expires_at)
+             VALUES ($1, $2, $3, $4, CASE WHEN $3 = 'failed' THEN 'boom' END, 'x', gen_random_uuid(), $2)",
+        )
+        .bind(routine.id)
+        .bind(now - day * scheduled)
+        .bind(status)
+        .bind(completed.map(|c| now - day * c))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let retention = Duration::from_secs(30 * 24 * 3600);
+    assert_eq!(
+        store.prune_settled(retention, 1).await.unwrap(),
+        1,
+        "the limit holds"
+    );
+    assert_eq!(store.prune_settled(retention, 100).await.unwrap(), 1);
+    assert_eq!(store.prune_settled(retention, 100).await.unwrap(), 0);
+    // Left: the claimed row, the recent one, and the old one settled only recently.
+    assert_eq!(crate::support::fire_count(&pool).await, 3);
+}

@@ -49,7 +49,10 @@ pub async fn check_backend(
 
     // The first attempt at an occurrence produces exactly one effect, carrying the payload.
     let first = dispatch(0, 1, json!({ "text": "first", "n": 1 }));
-    let receipt = backend.dispatch(&first).await.map_err(|e| format!("first dispatch failed: {e}"))?;
+    let receipt = backend
+        .dispatch(&first)
+        .await
+        .map_err(|e| format!("first dispatch failed: {e}"))?;
     if receipt.duplicate {
         return Err("the first dispatch of an occurrence was reported as a duplicate".into());
     }
@@ -57,12 +60,18 @@ pub async fn check_backend(
     if let Some(payload) = probe.payload(&first.idempotency_key).await?
         && payload != first.payload
     {
-        return Err(format!("the target received {payload}, not {}", first.payload));
+        return Err(format!(
+            "the target received {payload}, not {}",
+            first.payload
+        ));
     }
 
     // A retry of the same occurrence (attempt 2, after a crash) produces no second effect.
     let retry = dispatch(0, 2, first.payload.clone());
-    let receipt = backend.dispatch(&retry).await.map_err(|e| format!("the retry failed: {e}"))?;
+    let receipt = backend
+        .dispatch(&retry)
+        .await
+        .map_err(|e| format!("the retry failed: {e}"))?;
     if !receipt.duplicate {
         return Err("a retry of a dispatched occurrence was not reported as a duplicate".into());
     }
@@ -70,12 +79,21 @@ pub async fn check_backend(
 
     // Another occurrence of the same routine is a separate effect.
     let second = dispatch(1, 1, json!({ "text": "second" }));
-    let receipt = backend.dispatch(&second).await.map_err(|e| format!("second occurrence failed: {e}"))?;
+    let receipt = backend
+        .dispatch(&second)
+        .await
+        .map_err(|e| format!("second occurrence failed: {e}"))?;
     if receipt.duplicate {
         return Err("a new occurrence was reported as a duplicate of another".into());
     }
     expect_effects(probe, &second.idempotency_key, 1, "for a second occurrence").await?;
-    expect_effects(probe, &first.idempotency_key, 1, "for the first after the second").await?;
+    expect_effects(
+        probe,
+        &first.idempotency_key,
+        1,
+        "for the first after the second",
+    )
+    .await?;
 
     // A key nobody dispatched has no effect.
     let never = Occurrence::new(routine_id, at(59)).idempotency_key();
@@ -92,6 +110,8 @@ async fn expect_effects(
     if got == expected {
         Ok(())
     } else {
-        Err(format!("{got} effects for {key} {when}, expected {expected}"))
+        Err(format!(
+            "{got} effects for {key} {when}, expected {expected}"
+        ))
     }
 }

@@ -38,9 +38,13 @@ impl EffectProbe for OutboxProbe {
 #[tokio::test]
 async fn memory_backend_conforms() {
     let fake = Arc::new(MemoryDispatcher::new());
-    check_backend(fake.as_ref(), &MemoryProbe(fake.clone()), RoutineKind::Mission)
-        .await
-        .unwrap();
+    check_backend(
+        fake.as_ref(),
+        &MemoryProbe(fake.clone()),
+        RoutineKind::Mission,
+    )
+    .await
+    .unwrap();
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
@@ -77,11 +81,9 @@ async fn a_backend_that_duplicates_effects_fails_the_suite() {
         ) -> Result<cm_dispatch::Receipt, cm_dispatch::DispatchError> {
             *self.1.lock().unwrap() += 1;
             let mut d = d.clone();
-            d.idempotency_key = cm_domain::Occurrence::new(
-                uuid::Uuid::new_v4(),
-                d.occurrence.scheduled_at,
-            )
-            .idempotency_key();
+            d.idempotency_key =
+                cm_domain::Occurrence::new(uuid::Uuid::new_v4(), d.occurrence.scheduled_at)
+                    .idempotency_key();
             self.0.dispatch(&d).await
         }
     }

@@ -4,6 +4,10 @@
 //!   by default) with a demo routine and shows its fires as they happen (the README's first
 //!   command).
 //! - `ci`: what CI runs: formatting, clippy with warnings as errors, and the whole test suite.
+//! - `bench [--routines N] [--backlog-seconds S] [--rounds N] [--cap N] [--lateness-routines N]
+//!   [--duration SECONDS] [--database-url URL]`: fires per second and lateness beside the raw
+//!   cost of the same SQL, in a fresh database it drops afterwards (`docs/BENCHMARKS.md`). Run
+//!   it built in release: `cargo run --release -p xtask -- bench`.
 //!
 //! The tidy checks (the domain is pure, every source file says what it is for) are ordinary
 //! tests in this crate, so `cargo test --workspace` runs them.
@@ -12,6 +16,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, bail};
 
+mod bench;
 mod tidy;
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/cm";
@@ -21,8 +26,9 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(),
         Some("ci") => ci(),
+        Some("bench") => bench::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <demo|ci>");
+            eprintln!("usage: cargo xtask <demo|ci|bench>");
             return ExitCode::from(2);
         }
     };
@@ -41,7 +47,9 @@ fn cargo() -> Command {
 
 fn run(mut command: Command) -> anyhow::Result<()> {
     let shown = format!("{command:?}");
-    let status = command.status().with_context(|| format!("cannot start {shown}"))?;
+    let status = command
+        .status()
+        .with_context(|| format!("cannot start {shown}"))?;
     if !status.success() {
         bail!("{shown} failed with {status}");
     }
@@ -53,12 +61,18 @@ fn postgres_answers(url: &str) -> bool {
     let rest = url.split("://").nth(1).unwrap_or("");
     let host_port = rest.split('/').next().unwrap_or("");
     let host_port = host_port.rsplit('@').next().unwrap_or("");
-    let with_port = if host_port.contains(':') { host_port.to_string() } else { format!("{host_port}:5432") };
+    let with_port = if host_port.contains(':') {
+        host_port.to_string()
+    } else {
+        format!("{host_port}:5432")
+    };
     use std::net::ToSocketAddrs;
     with_port
         .to_socket_addrs()
         .map(|mut addrs| {
-            addrs.any(|a| std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok())
+            addrs.any(|a| {
+                std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok()
+            })
         })
         .unwrap_or(false)
 }
@@ -95,17 +109,27 @@ fn demo() -> anyhow::Result<()> {
     };
     // `migrate` creates the database if it does not exist yet.
     run(scheduler(&["migrate"]))?;
-    let listed = scheduler(&["routine", "list", "--json"]).output().context("listing routines")?;
+    let listed = scheduler(&["routine", "list", "--json"])
+        .output()
+        .context("listing routines")?;
     let has_demo = String::from_utf8_lossy(&listed.stdout)
         .lines()
         .any(|line| line.contains("\"name\":\"demo: every 5 seconds\""));
     if !has_demo {
         run(scheduler(&[
-            "routine", "create", "--name", "demo: every 5 seconds", "--schedule", "*/5 * * * * *",
-            "--message", "hello from cm",
+            "routine",
+            "create",
+            "--name",
+            "demo: every 5 seconds",
+            "--schedule",
+            "*/5 * * * * *",
+            "--message",
+            "hello from cm",
         ]))?;
     }
-    eprintln!("xtask: running the scheduler on {url}; its fires are logged as they happen (Ctrl-C stops it)");
+    eprintln!(
+        "xtask: running the scheduler on {url}; its fires are logged as they happen (Ctrl-C stops it)"
+    );
     eprintln!("xtask: `cm-scheduler fires` and the outbox_messages table show what it wrote");
     run(scheduler(&["run", "--listen", "127.0.0.1:9464"]))
 }
@@ -118,7 +142,15 @@ fn ci() -> anyhow::Result<()> {
     })?;
     run({
         let mut c = cargo();
-        c.args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]);
+        c.args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ]);
         c
     })?;
     run({

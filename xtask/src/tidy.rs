@@ -6,12 +6,23 @@ mod tests {
     use std::process::Command;
 
     fn root() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .to_path_buf()
     }
 
     /// The crates `cm-domain` must never depend on: runtimes, databases, I/O stacks.
     const FORBIDDEN_IN_DOMAIN: &[&str] = &[
-        "tokio", "sqlx", "async-std", "smol", "mio", "hyper", "reqwest", "async-trait", "futures",
+        "tokio",
+        "sqlx",
+        "async-std",
+        "smol",
+        "mio",
+        "hyper",
+        "reqwest",
+        "async-trait",
+        "futures",
         "postgres",
     ];
 
@@ -20,16 +31,34 @@ mod tests {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let output = Command::new(cargo)
             .current_dir(root())
-            .args(["tree", "--package", "cm-domain", "--edges", "normal", "--prefix", "none", "--offline"])
+            .args([
+                "tree",
+                "--package",
+                "cm-domain",
+                "--edges",
+                "normal",
+                "--prefix",
+                "none",
+                "--offline",
+            ])
             .output()
             .expect("cargo tree runs");
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         let tree = String::from_utf8(output.stdout).unwrap();
-        let crates: Vec<&str> = tree.lines().filter_map(|l| l.split_whitespace().next()).collect();
+        let crates: Vec<&str> = tree
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
         assert!(crates.contains(&"croner"), "the tree was not read: {tree}");
         for forbidden in FORBIDDEN_IN_DOMAIN {
             assert!(
-                !crates.iter().any(|c| c == forbidden || c.starts_with(&format!("{forbidden}-"))),
+                !crates
+                    .iter()
+                    .any(|c| c == forbidden || c.starts_with(&format!("{forbidden}-"))),
                 "cm-domain depends on {forbidden}:\n{tree}"
             );
         }
@@ -43,8 +72,19 @@ mod tests {
         rust_files(&root().join("cm-domain/src"), &mut files);
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
-            for needle in ["::now()", "SystemTime", "std::fs", "std::net", "std::process", "std::thread"] {
-                assert!(!text.contains(needle), "{} contains {needle:?}", file.display());
+            for needle in [
+                "::now()",
+                "SystemTime",
+                "std::fs",
+                "std::net",
+                "std::process",
+                "std::thread",
+            ] {
+                assert!(
+                    !text.contains(needle),
+                    "{} contains {needle:?}",
+                    file.display()
+                );
             }
         }
     }
@@ -66,7 +106,13 @@ mod tests {
     #[test]
     fn every_source_file_says_what_it_is_for() {
         let mut files = Vec::new();
-        for krate in ["cm-domain", "cm-store", "cm-dispatch", "cm-scheduler", "xtask"] {
+        for krate in [
+            "cm-domain",
+            "cm-store",
+            "cm-dispatch",
+            "cm-scheduler",
+            "xtask",
+        ] {
             rust_files(&root().join(krate), &mut files);
         }
         assert!(files.len() > 20, "found only {} files", files.len());
@@ -92,7 +138,11 @@ mod tests {
         for file in files {
             let text = std::fs::read_to_string(&file).unwrap();
             for needle in ["sqlx::query", "INSERT INTO", "UPDATE routine", "SELECT "] {
-                assert!(!text.contains(needle), "{} contains {needle:?}", file.display());
+                assert!(
+                    !text.contains(needle),
+                    "{} contains {needle:?}",
+                    file.display()
+                );
             }
         }
     }

@@ -136,7 +136,7 @@ impl Scheduler {
             .claim_due(&params)
             .await
             .map_err(TickError::Claim)?;
-        let report = self.process(claim, started).await;
+        let report = self.process(claim).await;
         self.stats.tick_duration.observe(started.elapsed());
         Ok(report)
     }
@@ -149,7 +149,6 @@ impl Scheduler {
             lease: self.config.lease,
             limit: u32::try_from(self.config.max_fires_per_tick.get()).unwrap_or(u32::MAX),
         };
-        let started = Instant::now();
         let claim = self
             .ledger
             .reap_expired(&params)
@@ -164,12 +163,11 @@ impl Scheduler {
                 "took over an expired claim (its claimant stopped before settling)"
             );
         }
-        Ok(self.process(claim, started).await)
+        Ok(self.process(claim).await)
     }
 
-    /// Dispatches and settles what a claim returned. `claimed_from` is a local instant taken
-    /// before the claim's transaction began, so no lease it took can have started earlier.
-    async fn process(&self, claim: TickClaim, claimed_from: Instant) -> TickReport {
+    /// Dispatches and settles what a claim returned.
+    async fn process(&self, claim: TickClaim) -> TickReport {
         let mut report = TickReport {
             deferred: claim.deferred,
             skipped: claim.skipped,
@@ -203,7 +201,7 @@ impl Scheduler {
                     let lateness = (claim.now - fire.occurrence.scheduled_at)
                         .to_std()
                         .unwrap_or_default();
-                    let timeout = self.dispatch_budget(claimed_from);
+                    let timeout = self.dispatch_budget(claim.began);
                     if timeout.is_zero() {
                         // The claim itself used up the lease: dispatching now could outlive it.
                         // Leave the row claimed; the reaper retries it once the lease is over.

@@ -19,7 +19,7 @@
 //! Steps 4 and 5 commit together, so the clock never moves past an occurrence the ledger does
 //! not hold.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -28,7 +28,7 @@ use cm_domain::{
     Settlement, plan_due, plan_tick,
 };
 use serde_json::Value;
-use sqlx::FromRow;
+use sqlx::{Connection as _, FromRow};
 use uuid::Uuid;
 
 use crate::routines::RoutineKind;
@@ -65,6 +65,10 @@ pub struct ReapParams {
 pub struct TickClaim {
     /// The database's clock when the claim ran.
     pub now: DateTime<Utc>,
+    /// A local instant taken just before the claim's transaction began, after its connection
+    /// was acquired: no lease the claim took started earlier, so a dispatch's time is counted
+    /// from here.
+    pub began: Instant,
     /// The token every row this claim took carries.
     pub token: ClaimToken,
     /// The rows the claim statement returned, oldest occurrence first.
@@ -266,7 +270,11 @@ fn lease_seconds(lease: Lease) -> f64 {
 impl FireLedger for PgStore {
     async fn claim_due(&self, params: &ClaimDueParams) -> Result<TickClaim, StoreError> {
         let token = ClaimToken::new_v4();
-        let mut tx = self.pool.begin().await?;
+        // The connection is acquired first, so a wait for one (the database restarting, the
+        // pool exhausted) is not counted against the leases this transaction takes.
+        let mut conn = self.pool.acquire().await?;
+        let began = Instant::now();
+        let mut tx = conn.begin().await?;
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(&mut *tx)
             .await?;
@@ -386,6 +394,7 @@ impl FireLedger for PgStore {
 
         Ok(TickClaim {
             now,
+            began,
             token,
             fires,
             deferred: tick.deferred,
@@ -419,7 +428,11 @@ impl FireLedger for PgStore {
 
     async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError> {
         let token = ClaimToken::new_v4();
-        let mut tx = self.pool.begin().await?;
+        // The connection is acquired first, so a wait for one (the database restarting, the
+        // pool exhausted) is not counted against the leases this transaction takes.
+        let mut conn = self.pool.acquire().await?;
+        let began = Instant::now();
+        let mut tx = conn.begin().await?;
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(&mut *tx)
             .await?;
@@ -438,6 +451,7 @@ impl FireLedger for PgStore {
         fires.sort_by_key(|f| f.occurrence);
         Ok(TickClaim {
             now,
+            began,
             token,
             fires,
             deferred: 0,

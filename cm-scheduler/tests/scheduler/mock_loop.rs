@@ -85,6 +85,7 @@ fn fire(n: u32, row: Row) -> ClaimedFire {
 fn claim(rows: &[Row], deferred: usize) -> TickClaim {
     TickClaim {
         now: at(30),
+        began: std::time::Instant::now(),
         token: MINE,
         fires: (0u32..).zip(rows).map(|(n, row)| fire(n, *row)).collect(),
         deferred,
@@ -785,4 +786,24 @@ async fn new_refuses_a_dispatch_timeout_not_shorter_than_the_lease() {
             }
         }
     }
+}
+
+#[tokio::test]
+async fn a_claim_whose_lease_is_used_up_before_dispatch_is_left_to_the_reaper() {
+    // The claim's transaction began longer ago than the 1 s lease (a slow tick): dispatching
+    // now could outlive the lease, so the occurrence is neither dispatched nor settled.
+    let slow = TickClaim {
+        began: std::time::Instant::now() - Duration::from_secs(2),
+        ..claim(&[Row::Fresh], 0)
+    };
+    let mut ledger = MockFireLedger::new();
+    ledger.expect_claim_due().return_once(move |_| Ok(slow));
+    ledger.expect_settle_fire().never();
+    let mut dispatcher = MockDispatcher::new();
+    dispatcher.expect_dispatch().never();
+    let scheduler = scheduler(ledger, dispatcher);
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(report.unsettled, 1);
+    assert_eq!(report.fired + report.failed, 0);
+    assert_eq!(Stats::get(&scheduler.stats().unstarted), 1);
 }

@@ -8,6 +8,10 @@
 //!   [--duration SECONDS] [--database-url URL]`: fires per second and lateness beside the raw
 //!   cost of the same SQL, in a fresh database it drops afterwards (`docs/BENCHMARKS.md`). Run
 //!   it built in release: `cargo run --release -p xtask -- bench`.
+//! - `chaos [--routines N] [--processes N] [--duration SECONDS] [--seed N] [--db-restarts N]
+//!   [--keep] [--database-url URL]`: scheduler processes killed with SIGKILL at random and
+//!   PostgreSQL restarted under them, then a ledger check that nothing was lost or doubled
+//!   (`docs/CHAOS.md`).
 //!
 //! The tidy checks (the domain is pure, every source file says what it is for) are ordinary
 //! tests in this crate, so `cargo test --workspace` runs them.
@@ -17,6 +21,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{Context, bail};
 
 mod bench;
+mod chaos;
 mod tidy;
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/cm";
@@ -27,8 +32,9 @@ fn main() -> ExitCode {
         Some("demo") => demo(),
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
+        Some("chaos") => chaos::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <demo|ci|bench>");
+            eprintln!("usage: cargo xtask <demo|ci|bench|chaos>");
             return ExitCode::from(2);
         }
     };

@@ -1,0 +1,9 @@
+//! cm-domain's integration tests, one binary (`autotests = false` in the manifest):
+//!
+//! - `schedules`: the worked DST vectors in `data/`, every one chained through `next_after`.
+//! - `schedule_properties`: properties of `next_after` against an independent checker.
+//! - `model`: a model-based test of several schedulers that crash at any step.
+
+mod model;
+mod schedule_properties;
+mod schedules;

@@ -4,6 +4,10 @@
 //! - `exactly_once`: several schedulers racing on one real database.
 //! - `crash`: whole `cm-scheduler` processes killed between claim and settle.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
+//! - `support`: the database server and clean-up the whole-process tests share.
+
+#[path = "scheduler/support.rs"]
+mod support;
 
 #[path = "scheduler/cli.rs"]
 mod cli;

@@ -28,7 +28,8 @@ use cm_domain::{
     Settlement, plan_due, plan_tick,
 };
 use serde_json::Value;
-use sqlx::{Connection as _, FromRow};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection as _, FromRow, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::routines::RoutineKind;
@@ -262,6 +263,21 @@ struct DueRoutine {
     next_run_at: DateTime<Utc>,
 }
 
+/// Begins a claim's (or reaper pass's) transaction on an acquired connection, and returns it
+/// with the local instant it began at and the database's clock, read once for the whole
+/// transaction. The connection is acquired by the caller first, so a wait for one (the database
+/// restarting, the pool exhausted) is not counted against the leases the transaction takes.
+async fn begin_claim(
+    conn: &mut PoolConnection<Postgres>,
+) -> Result<(Transaction<'_, Postgres>, Instant, DateTime<Utc>), StoreError> {
+    let began = Instant::now();
+    let mut tx = conn.begin().await?;
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *tx)
+        .await?;
+    Ok((tx, began, now))
+}
+
 fn lease_seconds(lease: Lease) -> f64 {
     lease.duration().as_secs_f64()
 }
@@ -270,14 +286,8 @@ fn lease_seconds(lease: Lease) -> f64 {
 impl FireLedger for PgStore {
     async fn claim_due(&self, params: &ClaimDueParams) -> Result<TickClaim, StoreError> {
         let token = ClaimToken::new_v4();
-        // The connection is acquired first, so a wait for one (the database restarting, the
-        // pool exhausted) is not counted against the leases this transaction takes.
         let mut conn = self.pool.acquire().await?;
-        let began = Instant::now();
-        let mut tx = conn.begin().await?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *tx)
-            .await?;
+        let (mut tx, began, now) = begin_claim(&mut conn).await?;
         let due: Vec<DueRoutine> = sqlx::query_as(
             "SELECT id, schedule, timezone, misfire_policy, next_run_at
              FROM routines
@@ -428,14 +438,8 @@ impl FireLedger for PgStore {
 
     async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError> {
         let token = ClaimToken::new_v4();
-        // The connection is acquired first, so a wait for one (the database restarting, the
-        // pool exhausted) is not counted against the leases this transaction takes.
         let mut conn = self.pool.acquire().await?;
-        let began = Instant::now();
-        let mut tx = conn.begin().await?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *tx)
-            .await?;
+        let (mut tx, began, now) = begin_claim(&mut conn).await?;
         let rows: Vec<ClaimedRow> = sqlx::query_as(REAP_SQL)
             .bind(i64::from(params.limit))
             .bind(&params.claimant)

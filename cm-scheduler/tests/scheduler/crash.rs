@@ -23,11 +23,12 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
+use sqlx::{AssertSqlSafe, PgPool};
 use uuid::Uuid;
 
+use crate::support::{SERVER, drop_database};
+
 const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
-const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
 
 /// The settings both schedulers of a crash test run with: a short lease so the takeover comes
 /// quickly, and a dispatch timeout shorter than it, as the binary requires.
@@ -172,28 +173,7 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        // Best effort, on a thread of its own: `drop` cannot await, and the test's runtime may
-        // be the one running it.
-        let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(async {
-                let mut conn = PgConnection::connect(&format!("{SERVER}/postgres"))
-                    .await
-                    .ok()?;
-                // The name is the test's own `cm_test_<uuid>`, never input.
-                sqlx::query(AssertSqlSafe(format!(
-                    "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-                )))
-                .execute(&mut conn)
-                .await
-                .ok()
-            })
-        })
-        .join();
+        drop_database(&self.name);
     }
 }
 

@@ -10,11 +10,10 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::support::{SERVER, drop_database};
+use crate::support::TestDb;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
 
@@ -142,27 +141,7 @@ fn check_next(expr: &str, zone: &str, after: &str, expected: &[&str]) {
     );
 }
 
-/// A fresh database with the schema, dropped when the test ends (also when it panics).
-struct TestDb {
-    name: String,
-    url: String,
-    pool: PgPool,
-}
-
 impl TestDb {
-    async fn new() -> TestDb {
-        let name = format!("cm_test_{}", Uuid::new_v4().simple());
-        let url = format!("{SERVER}/{name}");
-        // `migrate` creates the missing database: that is part of the contract too.
-        ok(&url, &["migrate"]);
-        let pool = PgPoolOptions::new()
-            .max_connections(2)
-            .connect(&url)
-            .await
-            .expect("connecting to the test database");
-        TestDb { name, url, pool }
-    }
-
     async fn count(&self, table: &str) -> i64 {
         // The table names are the test's own constants, never input.
         sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
@@ -181,12 +160,6 @@ impl TestDb {
         .fetch_optional(&self.pool)
         .await
         .expect("reading the routine")
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        drop_database(&self.name);
     }
 }
 

@@ -22,11 +22,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::support::{SERVER, drop_database};
+use crate::support::TestDb;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
 
@@ -44,32 +43,7 @@ const RUN_SETTINGS: &[&str] = &[
 /// How long a test waits for something the schedulers should do within a few seconds.
 const PATIENCE: Duration = Duration::from_secs(20);
 
-/// A fresh database with the schema, dropped when the test ends (also when it panics).
-struct TestDb {
-    name: String,
-    url: String,
-    pool: PgPool,
-}
-
 impl TestDb {
-    async fn new() -> TestDb {
-        let name = format!("cm_test_{}", Uuid::new_v4().simple());
-        let url = format!("{SERVER}/{name}");
-        // `migrate` creates the database, so the test exercises the binary's own setup.
-        let out = cli(&url, &["migrate"]);
-        assert!(
-            out.status.success(),
-            "migrate failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect(&url)
-            .await
-            .expect("connecting to the test database");
-        TestDb { name, url, pool }
-    }
-
     /// Creates a message routine through the command line and returns its id.
     fn create_routine(&self, schedule: &str) -> Uuid {
         let out = cli(
@@ -168,12 +142,6 @@ impl TestDb {
         eventually(async || (self.waiting_on(table).await == 0).then_some(()))
             .await
             .expect("the orphaned backends did not end");
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        drop_database(&self.name);
     }
 }
 
@@ -334,6 +302,35 @@ async fn claim_and_block(db: &TestDb, a: &SchedulerProcess) -> FireRow {
 }
 
 /// Waits until the occurrence `claimed` names is settled and returns its row.
+/// With A dead and its occurrence still `claimed`: pauses the routine (so only that occurrence
+/// matters), releases `lock`, starts B, and asserts B took the expired claim over as attempt 2
+/// and settled it `fired` (`verb` says what B had left to do).
+async fn b_takes_over(
+    db: &TestDb,
+    routine: Uuid,
+    lock: sqlx::Transaction<'static, sqlx::Postgres>,
+    claimed: &FireRow,
+    verb: &str,
+) -> (SchedulerProcess, FireRow) {
+    db.pause_routine(routine);
+    lock.rollback().await.expect("releasing the lock");
+
+    let b = SchedulerProcess::start(db, "B");
+    let fire = settled(db, claimed, &b).await;
+    assert_eq!(
+        (
+            fire.status.as_str(),
+            fire.attempt,
+            fire.claimant.as_str(),
+            fire.error.as_deref()
+        ),
+        ("fired", 2, "B", None),
+        "B should take the expired claim over as attempt 2 and {verb} it: {fire:?}; B's log:\n{}",
+        b.log()
+    );
+    (b, fire)
+}
+
 async fn settled(db: &TestDb, claimed: &FireRow, b: &SchedulerProcess) -> FireRow {
     eventually(async || {
         db.fires().await.into_iter().find(|f| {
@@ -377,25 +374,7 @@ async fn killed_between_claim_and_dispatch_is_taken_over_once() {
         "A was killed before its outbox INSERT ran"
     );
 
-    db.pause_routine(routine);
-    outbox_lock
-        .rollback()
-        .await
-        .expect("releasing the outbox lock");
-
-    let mut b = SchedulerProcess::start(&db, "B");
-    let fire = settled(&db, &claimed, &b).await;
-    assert_eq!(
-        (
-            fire.status.as_str(),
-            fire.attempt,
-            fire.claimant.as_str(),
-            fire.error.as_deref()
-        ),
-        ("fired", 2, "B", None),
-        "B should take the expired claim over as attempt 2 and fire it: {fire:?}; B's log:\n{}",
-        b.log()
-    );
+    let (mut b, fire) = b_takes_over(&db, routine, outbox_lock, &claimed, "fire").await;
     assert_eq!(
         db.outbox().await,
         vec![OutboxRow {
@@ -464,25 +443,7 @@ async fn killed_between_dispatch_and_settle_is_not_sent_twice() {
         "A's settle never ran: {fires:?}"
     );
 
-    db.pause_routine(routine);
-    ledger_lock
-        .rollback()
-        .await
-        .expect("releasing the ledger lock");
-
-    let mut b = SchedulerProcess::start(&db, "B");
-    let fire = settled(&db, &claimed, &b).await;
-    assert_eq!(
-        (
-            fire.status.as_str(),
-            fire.attempt,
-            fire.claimant.as_str(),
-            fire.error.as_deref()
-        ),
-        ("fired", 2, "B", None),
-        "B should take the expired claim over as attempt 2 and settle it: {fire:?}; B's log:\n{}",
-        b.log()
-    );
+    let (mut b, fire) = b_takes_over(&db, routine, ledger_lock, &claimed, "settle").await;
     // B's dispatch found the occurrence's message already there and wrote nothing: the
     // idempotency key absorbed the retry.
     assert_eq!(

@@ -145,31 +145,18 @@ async fn bench(options: Options) -> anyhow::Result<()> {
         "cm_bench_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
-    let mut url = url::Url::parse(&options.database_url).context("--database-url")?;
-    url.set_path(&name);
-    let bench_url = url.to_string();
+    let bench_url = crate::database_url(&options.database_url, &name)?;
     PgStore::create_database_if_missing(&bench_url)
         .await
         .with_context(|| format!("creating {name} on {}", options.database_url))?;
     progress!("created database {name}");
     let result = measure(&options, &bench_url).await;
     // The database goes whether the bench succeeded or not; the bench's own error comes first.
-    let dropped = drop_database(&options.database_url, &name).await;
+    let dropped =
+        <sqlx::Postgres as sqlx::migrate::MigrateDatabase>::force_drop_database(&bench_url).await;
     result?;
     dropped.with_context(|| format!("dropping {name}"))?;
     progress!("dropped database {name}");
-    Ok(())
-}
-
-async fn drop_database(server_url: &str, name: &str) -> anyhow::Result<()> {
-    let admin = PgStore::connect(server_url).await?;
-    // The name is this module's own `cm_bench_` and hex digits, never user input.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-    )))
-    .execute(admin.pool())
-    .await?;
-    admin.pool().close().await;
     Ok(())
 }
 

@@ -34,6 +34,8 @@ use sqlx::migrate::MigrateDatabase;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use uuid::Uuid;
 
+use crate::database_url;
+
 const USAGE: &str = "usage: cargo xtask chaos [--database-url URL] [--routines N] [--processes N]
                           [--duration SECONDS] [--seed N] [--db-restarts N]
                           [--pg-cluster VERSION/NAME] [--keep]";
@@ -221,14 +223,6 @@ fn next_kill(rng: &mut Rng, from: Instant) -> (Instant, bool) {
         .subsec_millis();
     let to_next_second = Duration::from_millis(u64::from(1000 - into_second));
     (base + to_next_second + jitter, true)
-}
-
-/// The URL of database `name` on the server `server_url` names.
-fn database_url(server_url: &str, name: &str) -> anyhow::Result<String> {
-    let mut url = url::Url::parse(server_url)
-        .with_context(|| format!("invalid --database-url {server_url:?}"))?;
-    url.set_path(&format!("/{name}"));
-    Ok(url.to_string())
 }
 
 /// One scheduler process.

@@ -166,6 +166,15 @@ fn ci() -> anyhow::Result<()> {
     })
 }
 
+/// The URL of database `name` on the server `server_url` names (the bench's and the chaos run's
+/// throwaway databases).
+fn database_url(server_url: &str, name: &str) -> anyhow::Result<String> {
+    let mut url = url::Url::parse(server_url)
+        .with_context(|| format!("invalid --database-url {server_url:?}"))?;
+    url.set_path(&format!("/{name}"));
+    Ok(url.to_string())
+}
+
 fn workspace_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()

@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use cm_domain::{IdempotencyKey, Occurrence};
-use cm_store::RoutineKind;
+use cm_store::{InClaimEffect, RoutineKind};
 use serde_json::Value;
 
 pub use memory::MemoryDispatcher;
@@ -107,17 +107,43 @@ pub enum DispatchError {
     Store(#[from] cm_store::StoreError),
 }
 
+impl DispatchError {
+    /// Whether the failure is cm's own database failing for a moment (a pool timeout, a dropped
+    /// connection, a serialization failure) rather than the target refusing or failing. Such a
+    /// dispatch is not the target's failure: the scheduler leaves its claim for a retry instead
+    /// of settling it `failed`.
+    pub fn is_transient_store_error(&self) -> bool {
+        matches!(self, DispatchError::Store(e) if e.is_transient())
+    }
+}
+
 /// Carries out one attempt at one occurrence.
+///
+/// A backend whose effect is a write to cm's own database can also say so through
+/// [`Dispatcher::in_claim_effect`]: the store then writes the effect inside the claim's own
+/// transaction, settled with it, and `dispatch` is only called for the rare occurrence that
+/// reaches it another way (a crashed claim taken over).
 #[cfg_attr(feature = "mock", mockall::automock)]
 #[async_trait]
 pub trait Dispatcher: Send + Sync {
     /// Produces the occurrence's effect, or finds it already produced (a duplicate receipt).
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError>;
+
+    /// The effect the store can write for routines of `kind` inside the claim's transaction,
+    /// if this backend's effect is such a write (the database outbox). `None`, the default, for
+    /// every backend that talks to something else: its occurrences are dispatched.
+    fn in_claim_effect(&self, _kind: RoutineKind) -> Option<InClaimEffect> {
+        None
+    }
 }
 
 #[async_trait]
 impl<D: Dispatcher + ?Sized> Dispatcher for std::sync::Arc<D> {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
         (**self).dispatch(dispatch).await
+    }
+
+    fn in_claim_effect(&self, kind: RoutineKind) -> Option<InClaimEffect> {
+        (**self).in_claim_effect(kind)
     }
 }

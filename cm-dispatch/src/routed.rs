@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use cm_store::RoutineKind;
+use cm_store::{InClaimEffect, RoutineKind};
 
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
@@ -22,6 +22,13 @@ impl RoutedDispatcher {
     pub fn new(message: Option<Arc<dyn Dispatcher>>, mission: Option<Arc<dyn Dispatcher>>) -> Self {
         RoutedDispatcher { message, mission }
     }
+
+    fn backend(&self, kind: RoutineKind) -> Option<&Arc<dyn Dispatcher>> {
+        match kind {
+            RoutineKind::Message => self.message.as_ref(),
+            RoutineKind::Mission => self.mission.as_ref(),
+        }
+    }
 }
 
 impl std::fmt::Debug for RoutedDispatcher {
@@ -36,13 +43,13 @@ impl std::fmt::Debug for RoutedDispatcher {
 #[async_trait]
 impl Dispatcher for RoutedDispatcher {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
-        let backend = match dispatch.kind {
-            RoutineKind::Message => &self.message,
-            RoutineKind::Mission => &self.mission,
-        };
-        match backend {
+        match self.backend(dispatch.kind) {
             Some(backend) => backend.dispatch(dispatch).await,
             None => Err(DispatchError::NoBackend(dispatch.kind)),
         }
+    }
+
+    fn in_claim_effect(&self, kind: RoutineKind) -> Option<InClaimEffect> {
+        self.backend(kind)?.in_claim_effect(kind)
     }
 }

@@ -22,6 +22,7 @@
 //! | `claimed`, now carrying this claimant's token (the statement took over an expired lease) | [`ClaimOutcome::Retry`]: fire again |
 //! | `claimed` by another claimant | [`ClaimOutcome::InFlight`]: another scheduler is dispatching it |
 //! | `fired` or `failed` | [`ClaimOutcome::Settled`]: never fire it again |
+//! | inserted by this statement already `fired` (a database-local backend wrote its effect in the claim's own transaction) | [`ClaimOutcome::SettledInClaim`]: done |
 //!
 //! A claim statement takes a row over only when its lease has run out by the tick's clock
 //! ([`lease_expired`]), so two live schedulers never both read one row as a crash.
@@ -172,6 +173,11 @@ pub enum ClaimOutcome {
     },
     /// The occurrence is `fired` or `failed`. Never fire it again; the clock moves on.
     Settled(FireStatus),
+    /// Nobody had this occurrence; this claimant inserted it already settled, because its
+    /// backend is database-local and wrote the effect (an outbox row) in the claim's own
+    /// transaction. The fire and its effect exist together or not at all: nothing is left to
+    /// dispatch or settle.
+    SettledInClaim(FireStatus),
 }
 
 impl ClaimOutcome {
@@ -184,6 +190,9 @@ impl ClaimOutcome {
     /// run out.
     pub fn classify(row: &ClaimRow, mine: ClaimToken) -> ClaimOutcome {
         match row.status {
+            FireStatus::Fired | FireStatus::Failed if row.token == mine && row.inserted => {
+                ClaimOutcome::SettledInClaim(row.status)
+            }
             FireStatus::Fired | FireStatus::Failed => ClaimOutcome::Settled(row.status),
             FireStatus::Claimed if row.token == mine && row.inserted => ClaimOutcome::Fresh,
             FireStatus::Claimed if row.token == mine => ClaimOutcome::Retry {
@@ -211,7 +220,9 @@ impl ClaimOutcome {
                 )),
             },
             ClaimOutcome::Retry { attempt } => ClaimAction::Dispatch { attempt: *attempt },
-            ClaimOutcome::InFlight { .. } | ClaimOutcome::Settled(_) => ClaimAction::Leave,
+            ClaimOutcome::InFlight { .. }
+            | ClaimOutcome::Settled(_)
+            | ClaimOutcome::SettledInClaim(_) => ClaimAction::Leave,
         }
     }
 }
@@ -229,7 +240,8 @@ pub enum ClaimAction {
         /// Why, kept on the row.
         reason: ErrorText,
     },
-    /// Leave it: someone else holds it, or it is already settled.
+    /// Leave it: someone else holds it, it is already settled, or this claim settled it with
+    /// its own writes.
     Leave,
 }
 
@@ -327,6 +339,7 @@ mod tests {
             ClaimOutcome::Retry { attempt } => format!("retry {attempt}"),
             ClaimOutcome::InFlight { .. } => "in-flight".to_string(),
             ClaimOutcome::Settled(s) => format!("settled {s}"),
+            ClaimOutcome::SettledInClaim(s) => format!("settled in claim {s}"),
         };
         assert_eq!(got, expected, "{row:?}");
     }
@@ -344,6 +357,10 @@ mod tests {
         check(false, Fired, OTHER, 1, 30, "settled fired");
         check(false, Failed, OTHER, 2, -30, "settled failed");
         check(false, Fired, ME, 2, 30, "settled fired");
+        // Inserted already settled by this claim (a database-local backend's transaction).
+        check(true, Fired, ME, 1, 30, "settled in claim fired");
+        // Inserted settled by another claim's statement is never this claimant's.
+        check(true, Fired, OTHER, 1, 30, "settled fired");
     }
 
     #[test]

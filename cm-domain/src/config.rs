@@ -64,6 +64,11 @@ pub struct SchedulerConfig {
     pub lease: Lease,
     /// The longest one dispatch may run. Must be shorter than the lease.
     pub dispatch_timeout: Duration,
+    /// The most dispatches one scheduler runs at once. A tick claims no more than it can start
+    /// at once (the cap and the free room, whichever is smaller), so a claim never waits for
+    /// room while its lease runs. Occurrences a database-local backend writes in the claim's
+    /// own transaction take no room. At least 1.
+    pub max_in_flight: usize,
     /// How many claims an occurrence may have before it is settled `failed` without dispatch.
     pub max_attempts: u32,
     /// How late an occurrence may be found and still count as on time (not a misfire).
@@ -82,6 +87,7 @@ impl Default for SchedulerConfig {
             max_fires_per_tick: FireCap::DEFAULT,
             lease: Lease(Duration::from_secs(60)),
             dispatch_timeout: Duration::from_secs(30),
+            max_in_flight: SchedulerConfig::DEFAULT_MAX_IN_FLIGHT,
             max_attempts: 3,
             misfire_grace: Duration::from_secs(60),
             max_backlog: 100,
@@ -111,6 +117,9 @@ pub enum ConfigError {
     /// `max_attempts` is zero: no occurrence could ever be dispatched.
     #[error("max attempts must be at least 1")]
     NoAttempts,
+    /// `max_in_flight` is zero: no dispatch could ever start.
+    #[error("max in flight must be at least 1")]
+    NoRoomInFlight,
     /// The retention is shorter than a day, or not longer than the misfire grace: a pruned
     /// row could be an occurrence some scheduler still computes, and it would fire again.
     #[error(
@@ -123,6 +132,11 @@ pub enum ConfigError {
 }
 
 impl SchedulerConfig {
+    /// The default bound on dispatches in flight: enough for a slow target (a webhook that
+    /// takes seconds) not to hold back other routines, small enough that one scheduler never
+    /// opens hundreds of connections to a target at once.
+    pub const DEFAULT_MAX_IN_FLIGHT: usize = 100;
+
     /// Checks the rules between settings and returns the configuration unchanged if they hold.
     pub fn validate(self) -> Result<Self, ConfigError> {
         if self.tick_interval.is_zero() {
@@ -133,6 +147,9 @@ impl SchedulerConfig {
         }
         if self.max_attempts == 0 {
             return Err(ConfigError::NoAttempts);
+        }
+        if self.max_in_flight == 0 {
+            return Err(ConfigError::NoRoomInFlight);
         }
         if self.retention < MIN_RETENTION || self.retention <= self.misfire_grace {
             return Err(ConfigError::RetentionTooShort {
@@ -196,6 +213,11 @@ mod tests {
             Err("tick interval must be greater than zero"),
         );
         check(60_000, 30_000, 1_000, 0, Err("at least 1"));
+        let no_room = SchedulerConfig {
+            max_in_flight: 0,
+            ..SchedulerConfig::default()
+        };
+        assert_eq!(no_room.validate(), Err(ConfigError::NoRoomInFlight));
         let short = SchedulerConfig {
             retention: Duration::from_secs(3600),
             ..SchedulerConfig::default()

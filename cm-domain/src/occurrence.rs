@@ -61,6 +61,35 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The occurrence a key names: the inverse of [`IdempotencyKey::for_occurrence`], for a
+    /// key read back from a target (a message header, a container's name). `None` for text that
+    /// is not such a key.
+    pub fn parse_occurrence(text: &str) -> Option<Occurrence> {
+        let rest = text.strip_prefix("cm-")?;
+        let (id, micros) = rest.split_once('-')?;
+        if id.len() != 32
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return None;
+        }
+        let routine_id = Uuid::parse_str(id).ok()?;
+        let (negative, digits) = match micros.strip_prefix('n') {
+            Some(digits) => (true, digits),
+            None => (false, micros),
+        };
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let magnitude: i64 = digits.parse().ok()?;
+        let micros = if negative { -magnitude } else { magnitude };
+        let scheduled_at = DateTime::<Utc>::from_timestamp_micros(micros)?;
+        let occurrence = Occurrence::new(routine_id, scheduled_at);
+        // Only the canonical spelling names the occurrence (no "n0", no leading zeros).
+        (occurrence.idempotency_key().as_str() == text).then_some(occurrence)
+    }
 }
 
 impl fmt::Display for IdempotencyKey {
@@ -94,6 +123,31 @@ mod tests {
             key(1, -1, 0),
             "cm-00000000000000000000000000000001-n1000000"
         );
+    }
+
+    #[test]
+    fn keys_parse_back_to_their_occurrence() {
+        fn check(text: &str, expected: Option<(u128, i64)>) {
+            let got = IdempotencyKey::parse_occurrence(text)
+                .map(|o| (o.routine_id.as_u128(), o.scheduled_at.timestamp_micros()));
+            assert_eq!(got, expected, "{text}");
+        }
+        check(
+            "cm-00000000000000000000000000000001-1700000000000000",
+            Some((1, 1_700_000_000_000_000)),
+        );
+        check(
+            "cm-00000000000000000000000000000001-n1000000",
+            Some((1, -1_000_000)),
+        );
+        check("cm-00000000000000000000000000000001-0", Some((1, 0)));
+        check("cm-00000000000000000000000000000001-n0", None);
+        check("cm-00000000000000000000000000000001-01", None);
+        check("cm-0000000000000000000000000000000G-1", None);
+        check("cm-00000000-0000-0000-0000-000000000001-1", None);
+        check("cm-00000000000000000000000000000001-", None);
+        check("xx-00000000000000000000000000000001-1", None);
+        check("", None);
     }
 
     #[test]

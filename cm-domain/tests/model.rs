@@ -891,6 +891,8 @@ impl World {
                 ClaimOutcome::Retry { .. } => self.stats.retry += 1,
                 ClaimOutcome::InFlight { .. } => self.stats.in_flight += 1,
                 ClaimOutcome::Settled(_) => self.stats.settled += 1,
+                // The model's backend is external: a claim never inserts a row settled.
+                ClaimOutcome::SettledInClaim(_) => unreachable!("the model inserts rows claimed"),
             }
             self.log(format!("  {} -> {outcome:?}", self.occ(&occurrence)));
             self.act(s, occurrence, &row, outcome, Some(tick));

@@ -76,6 +76,9 @@ struct RunArgs {
     /// The longest one dispatch may run; must be shorter than the lease.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     dispatch_timeout: Duration,
+    /// The most dispatches running at once; a tick claims no more than it can start.
+    #[arg(long, default_value_t = SchedulerConfig::DEFAULT_MAX_IN_FLIGHT)]
+    max_in_flight: usize,
     /// How many claims an occurrence may have before it is settled failed.
     #[arg(long, default_value_t = 3)]
     max_attempts: u32,
@@ -100,6 +103,9 @@ struct RunArgs {
     /// Where mission routines go (none: their occurrences settle failed with that reason).
     #[arg(long, value_enum, default_value_t = MissionBackend::None)]
     mission_backend: MissionBackend,
+    /// How the outbox backend writes its rows.
+    #[arg(long, value_enum, default_value_t = OutboxMode::Transactional)]
+    outbox_mode: OutboxMode,
     /// Do not apply migrations on start.
     #[arg(long)]
     no_migrate: bool,
@@ -115,6 +121,15 @@ enum LogFormat {
 enum MessageBackend {
     /// Rows in the database's outbox_messages table.
     Outbox,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum OutboxMode {
+    /// In the claim's own transaction: a fire and its message exist together or not at all.
+    Transactional,
+    /// By a dispatch after the claim, as an external backend's effect would be (idempotent,
+    /// not transactional; for comparison and for testing the dispatch path).
+    Dispatched,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -364,13 +379,16 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
                     );
                 } else {
                     println!(
-                        "{}  {}  {:<7}  attempt {}  {}{}",
+                        "{}  {}  {:<7}  attempt {}  {}{}{}",
                         fire.scheduled_at
                             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                         fire.routine_id,
                         fire.status,
                         fire.attempt,
                         fire.claimant,
+                        fire.receipt
+                            .map(|r| format!("  receipt: {r}"))
+                            .unwrap_or_default(),
                         fire.error
                             .map(|e| format!("  error: {e}"))
                             .unwrap_or_default()
@@ -622,6 +640,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         max_fires_per_tick: cap,
         lease,
         dispatch_timeout: args.dispatch_timeout,
+        max_in_flight: args.max_in_flight,
         max_attempts: args.max_attempts,
         misfire_grace: args.misfire_grace,
         max_backlog: args.max_backlog,
@@ -643,7 +662,10 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         store.migrate().await.context("applying migrations")?;
     }
     let message: Arc<dyn cm_dispatch::Dispatcher> = match args.message_backend {
-        MessageBackend::Outbox => Arc::new(OutboxDispatcher::new(store.clone())),
+        MessageBackend::Outbox => match args.outbox_mode {
+            OutboxMode::Transactional => Arc::new(OutboxDispatcher::new(store.clone())),
+            OutboxMode::Dispatched => Arc::new(OutboxDispatcher::dispatched(store.clone())),
+        },
     };
     let mission: Option<Arc<dyn cm_dispatch::Dispatcher>> = match args.mission_backend {
         MissionBackend::None => None,
@@ -665,9 +687,9 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         let health = Arc::new(Health {
             stats: scheduler.stats(),
             readiness: DatabaseReadiness(store.clone()),
-            fresh_within: config.tick_interval * 3
-                + config.dispatch_timeout
-                + Duration::from_secs(5),
+            // Ticks never wait for dispatches, so a healthy scheduler ticks every interval
+            // however slow its targets are.
+            fresh_within: config.tick_interval * 3 + Duration::from_secs(5),
         });
         tracing::info!(addr = %listener.local_addr().map_err(anyhow::Error::from)?, "serving /metrics, /livez and /readyz");
         tokio::spawn(cm_scheduler::http::serve(listener, health));

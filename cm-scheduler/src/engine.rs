@@ -1,4 +1,22 @@
-//! The tick loop: claim what is due, dispatch it under a timeout, settle it; and the reaper.
+//! The scheduler: ticks that claim what is due, dispatches that run beside them, a completer
+//! that settles their results in batches, and the reaper.
+//!
+//! # Shape of a run
+//!
+//! ```text
+//!   tick loop (every tick interval, aligned to the wall clock)
+//!     claim ≤ min(cap, free room) ──▶ in-claim fires (outbox): settled in the claim itself
+//!                                └──▶ dispatches ──▶ in-flight set (≤ max_in_flight) ──┐
+//!   reaper loop (every half lease)                                                      │
+//!     take expired claims over ────────────────▶ the same in-flight set ───────────────┤
+//!                                                                                       ▼
+//!                                                       completer: fenced settles, batched
+//! ```
+//!
+//! A tick never waits for the dispatches it starts: a target that takes the whole dispatch
+//! timeout holds one place in the in-flight set, not the scheduler. A tick claims no more than
+//! it can start at once, so no claim waits for room while its lease runs, and every dispatch
+//! runs under a timeout that ends before its lease does, counted from before its claim began.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -6,12 +24,18 @@ use std::time::{Duration, Instant};
 
 use cm_dispatch::{Dispatch, Dispatcher};
 use cm_domain::{
-    ClaimAction, ClaimOutcome, ConfigError, ErrorText, MisfireRules, SchedulerConfig, Settlement,
+    ClaimAction, ClaimOutcome, ConfigError, ErrorText, FireCap, FireStatus, MisfireRules,
+    SchedulerConfig, Settlement,
 };
-use cm_store::{ClaimDueParams, ClaimedFire, FireLedger, ReapParams, StoreError, TickClaim};
+use cm_store::{
+    ClaimDueParams, ClaimedFire, FireLedger, FireSettle, InClaimWrites, ReapParams, RoutineKind,
+    StoreError, TickClaim,
+};
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
+use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
 use crate::stats::{Stats, add};
 
 /// Why a tick or reaper pass failed. The loop logs it, counts it and keeps it for health; the
@@ -25,9 +49,13 @@ pub enum TickError {
 }
 
 /// What one tick (or reaper pass) did.
+///
+/// From [`Scheduler::tick`], which waits for its dispatches, every field is final. Within
+/// [`Scheduler::run`] a tick does not wait: its dispatches are counted in [`Stats`] as they
+/// settle, and the report of the tick counts only what the claim itself settled.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TickReport {
-    /// Occurrences dispatched and settled `fired`.
+    /// Occurrences settled `fired` (dispatched, or written in the claim itself).
     pub fired: usize,
     /// Occurrences settled `failed` (dispatch error or timeout).
     pub failed: usize,
@@ -37,7 +65,9 @@ pub struct TickReport {
     pub in_flight: usize,
     /// Claims found already settled.
     pub already_settled: usize,
-    /// Dispatches whose settle matched nothing (the claim was taken over) or failed to write.
+    /// Claims left `claimed` for the reaper: the settle matched nothing (the claim was taken
+    /// over, or its routine deleted) or could not be written, the lease was used up before the
+    /// dispatch could start, or cm's own database failed during the dispatch.
     pub unsettled: usize,
     /// Occurrences the cap deferred.
     pub deferred: usize,
@@ -61,6 +91,16 @@ pub struct RunSummary {
     pub failed: u64,
 }
 
+/// How a scheduler writes the ends of its dispatches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Completion {
+    /// Batched: many settles to one statement ([`BatchCompleter`]).
+    #[default]
+    Batched,
+    /// One statement per settle, at once ([`crate::completer::InlineCompleter`]).
+    Inline,
+}
+
 /// One scheduler instance: a ledger, a dispatcher, validated settings and an instance id.
 pub struct Scheduler {
     ledger: Arc<dyn FireLedger>,
@@ -68,6 +108,11 @@ pub struct Scheduler {
     config: SchedulerConfig,
     instance_id: String,
     stats: Arc<Stats>,
+    /// Room for dispatches in flight: one permit per running dispatch.
+    room: Arc<Semaphore>,
+    /// The kinds the store settles inside the claim (their backend is database-local).
+    in_claim: InClaimWrites,
+    completion: Completion,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -75,6 +120,8 @@ impl std::fmt::Debug for Scheduler {
         f.debug_struct("Scheduler")
             .field("instance_id", &self.instance_id)
             .field("config", &self.config)
+            .field("in_claim", &self.in_claim)
+            .field("completion", &self.completion)
             .finish_non_exhaustive()
     }
 }
@@ -93,13 +140,27 @@ impl Scheduler {
         config: SchedulerConfig,
         instance_id: impl Into<String>,
     ) -> Result<Self, ConfigError> {
+        let config = config.validate()?;
+        let in_claim = InClaimWrites {
+            message: dispatcher.in_claim_effect(RoutineKind::Message),
+            mission: dispatcher.in_claim_effect(RoutineKind::Mission),
+        };
         Ok(Scheduler {
             ledger,
             dispatcher,
-            config: config.validate()?,
+            room: Arc::new(Semaphore::new(config.max_in_flight)),
+            config,
             instance_id: instance_id.into(),
             stats: Arc::new(Stats::default()),
+            in_claim,
+            completion: Completion::default(),
         })
+    }
+
+    /// The same scheduler writing settles the given way (batched by default).
+    pub fn with_completion(mut self, completion: Completion) -> Self {
+        self.completion = completion;
+        self
     }
 
     /// The instance id written on this scheduler's claims.
@@ -117,37 +178,143 @@ impl Scheduler {
         self.stats.clone()
     }
 
-    /// One tick: claim what is due (at most the cap), dispatch it, settle it.
+    /// How many dispatches are running now.
+    pub fn dispatches_in_flight(&self) -> usize {
+        self.config.max_in_flight - self.room.available_permits()
+    }
+
+    fn completer(&self) -> (Arc<dyn Completer>, Option<crate::completer::CompleterTask>) {
+        match self.completion {
+            Completion::Batched => {
+                let (completer, task) =
+                    BatchCompleter::start(self.ledger.clone(), BatchOptions::default());
+                (Arc::new(completer), Some(task))
+            }
+            Completion::Inline => (
+                Arc::new(crate::completer::InlineCompleter::new(self.ledger.clone())),
+                None,
+            ),
+        }
+    }
+
+    /// One tick, whole: claim what is due (at most the cap, and no more than there is room to
+    /// start), dispatch it, and wait until every dispatch is settled.
     pub async fn tick(&self) -> Result<TickReport, TickError> {
+        let (completer, task) = self.completer();
+        let mut dispatches = JoinSet::new();
+        let result = self
+            .claim_and_start(&completer, Some(&mut dispatches))
+            .await;
+        let mut report = match result {
+            Ok(report) => report,
+            Err(e) => {
+                drop(completer);
+                if let Some(task) = task {
+                    task.finish().await;
+                }
+                return Err(e);
+            }
+        };
+        collect(&mut dispatches, &mut report).await;
+        drop(completer);
+        if let Some(task) = task {
+            task.finish().await;
+        }
+        Ok(report)
+    }
+
+    /// One reaper pass, whole: take over claims whose lease ran out (their claimant crashed)
+    /// and fire them again, or abandon those that crashed too often; wait until settled.
+    pub async fn reap(&self) -> Result<TickReport, TickError> {
+        let (completer, task) = self.completer();
+        let mut dispatches = JoinSet::new();
+        let result = self.reap_and_start(&completer, Some(&mut dispatches)).await;
+        let mut report = match result {
+            Ok(report) => report,
+            Err(e) => {
+                drop(completer);
+                if let Some(task) = task {
+                    task.finish().await;
+                }
+                return Err(e);
+            }
+        };
+        collect(&mut dispatches, &mut report).await;
+        drop(completer);
+        if let Some(task) = task {
+            task.finish().await;
+        }
+        Ok(report)
+    }
+
+    /// Claims what is due and starts its dispatches. With `wait`, the dispatch tasks go there
+    /// for the caller to join; without, they run on their own, holding their room until settled.
+    async fn claim_and_start(
+        &self,
+        completer: &Arc<dyn Completer>,
+        wait: Option<&mut JoinSet<FireResult>>,
+    ) -> Result<TickReport, TickError> {
         let started = Instant::now();
         add(&self.stats.ticks, 1);
+        // Occurrences written in the claim take no room; every other one needs a place in the
+        // in-flight set the moment it is claimed, or its lease would run while it waits.
+        let all_in_claim = self.in_claim.message.is_some() && self.in_claim.mission.is_some();
+        let room = if all_in_claim {
+            self.config.max_fires_per_tick.get()
+        } else {
+            self.room.available_permits()
+        };
+        let Some(budget) = FireCap::new(room.min(self.config.max_fires_per_tick.get())) else {
+            add(&self.stats.saturated_ticks, 1);
+            debug!(
+                in_flight = self.dispatches_in_flight(),
+                "no room for dispatches; not claiming this tick"
+            );
+            return Ok(TickReport::default());
+        };
         let params = ClaimDueParams {
             claimant: self.instance_id.clone(),
             lease: self.config.lease,
-            cap: self.config.max_fires_per_tick,
-            rules: MisfireRules::from(&self.config),
+            cap: budget,
+            rules: self.misfire_rules(budget),
             // Lock a few more routines than the cap, so a routine whose occurrences are all
-            // deferred does not crowd out the oldest work of others.
-            max_routines: u32::try_from(self.config.max_fires_per_tick.get() * 4)
-                .unwrap_or(u32::MAX),
+            // skipped or deferred does not keep the tick from others' oldest work.
+            max_routines: u32::try_from(budget.get().saturating_mul(2)).unwrap_or(u32::MAX),
+            in_claim: self.in_claim,
         };
         let claim = self
             .ledger
             .claim_due(&params)
             .await
             .map_err(TickError::Claim)?;
-        let report = self.process(claim).await;
+        let report = self.start(claim, completer, wait).await;
         self.stats.tick_duration.observe(started.elapsed());
         Ok(report)
     }
 
-    /// One reaper pass: take over claims whose lease ran out (their claimant crashed) and fire
-    /// them again, or abandon those that crashed too often.
-    pub async fn reap(&self) -> Result<TickReport, TickError> {
+    /// The misfire rules of a tick claiming at most `budget`: the walk through a routine's
+    /// owed occurrences is bounded by what the tick could take anyway (occurrences past the
+    /// budget would only be deferred), and by the default bound.
+    fn misfire_rules(&self, budget: FireCap) -> MisfireRules {
+        let mut rules = MisfireRules::from(&self.config);
+        rules.max_scan = rules.max_scan.min(budget.get()).max(1);
+        rules
+    }
+
+    async fn reap_and_start(
+        &self,
+        completer: &Arc<dyn Completer>,
+        wait: Option<&mut JoinSet<FireResult>>,
+    ) -> Result<TickReport, TickError> {
+        let room = self.room.available_permits();
+        let limit = room.min(self.config.max_fires_per_tick.get());
+        if limit == 0 {
+            return Ok(TickReport::default());
+        }
         let params = ReapParams {
             claimant: self.instance_id.clone(),
             lease: self.config.lease,
-            limit: u32::try_from(self.config.max_fires_per_tick.get()).unwrap_or(u32::MAX),
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
         };
         let claim = self
             .ledger
@@ -163,11 +330,17 @@ impl Scheduler {
                 "took over an expired claim (its claimant stopped before settling)"
             );
         }
-        Ok(self.process(claim).await)
+        Ok(self.start(claim, completer, wait).await)
     }
 
-    /// Dispatches and settles what a claim returned.
-    async fn process(&self, claim: TickClaim) -> TickReport {
+    /// Acts on what a claim returned: counts what the claim settled itself, starts a dispatch
+    /// for each occurrence to fire, abandons those that crashed too often, leaves the rest.
+    async fn start(
+        &self,
+        claim: TickClaim,
+        completer: &Arc<dyn Completer>,
+        mut wait: Option<&mut JoinSet<FireResult>>,
+    ) -> TickReport {
         let mut report = TickReport {
             deferred: claim.deferred,
             skipped: claim.skipped,
@@ -193,14 +366,20 @@ impl Scheduler {
                 "routine paused: its stored schedule or policy cannot be read");
         }
 
-        let mut dispatches = JoinSet::new();
+        let mut dispatching = 0usize;
+        let oldest = claim.fires.first().map(|f| f.occurrence.scheduled_at);
         for fire in claim.fires {
             let outcome = fire.outcome(claim.token);
+            let lateness = (claim.now - fire.occurrence.scheduled_at)
+                .to_std()
+                .unwrap_or_default();
             match outcome.action(self.config.max_attempts) {
                 ClaimAction::Dispatch { attempt } => {
-                    let lateness = (claim.now - fire.occurrence.scheduled_at)
-                        .to_std()
-                        .unwrap_or_default();
+                    // Room was counted before the claim; only the reaper competes for it, so
+                    // this waits rarely and briefly.
+                    let Ok(permit) = self.room.clone().acquire_owned().await else {
+                        continue;
+                    };
                     let timeout = self.dispatch_budget(claim.began);
                     if timeout.is_zero() {
                         // The claim itself used up the lease: dispatching now could outlive it.
@@ -212,19 +391,48 @@ impl Scheduler {
                         report.unsettled += 1;
                         continue;
                     }
+                    dispatching += 1;
                     let job = FireJob {
-                        ledger: self.ledger.clone(),
                         dispatcher: self.dispatcher.clone(),
+                        completer: completer.clone(),
                         timeout,
                         stats: self.stats.clone(),
                     };
-                    dispatches.spawn(async move { job.fire(fire, attempt, lateness).await });
+                    let stats = self.stats.clone();
+                    let task = async move {
+                        let _permit = permit;
+                        stats.dispatch_started();
+                        // The dispatch runs in a task of its own, so a backend that panics is
+                        // seen here (its claim is retried after the lease, like a crash).
+                        let result = match tokio::spawn(job.fire(fire, attempt, lateness)).await {
+                            Ok(result) => result,
+                            Err(e) => {
+                                error!(error = %e, "a dispatch task panicked");
+                                add(&stats.dispatch_panics, 1);
+                                FireResult::Unsettled
+                            }
+                        };
+                        stats.dispatch_ended();
+                        result
+                    };
+                    match wait.as_deref_mut() {
+                        Some(set) => {
+                            set.spawn(task);
+                        }
+                        None => {
+                            tokio::spawn(task);
+                        }
+                    }
                 }
                 ClaimAction::Abandon { reason } => {
                     error!(routine = %fire.occurrence.routine_id, scheduled_at = %fire.occurrence.scheduled_at,
                         %reason, "occurrence abandoned");
-                    let settled = settle(&*self.ledger, &fire, &Settlement::Failed(reason)).await;
-                    if settled == Settled::Yes {
+                    let settle = FireSettle {
+                        fire: fire.fire_ref(),
+                        settlement: Settlement::Failed(reason),
+                        receipt: None,
+                    };
+                    if completed(&fire, completer.complete(settle).await, &self.stats) {
                         add(&self.stats.abandoned, 1);
                         report.abandoned += 1;
                     } else {
@@ -232,6 +440,20 @@ impl Scheduler {
                     }
                 }
                 ClaimAction::Leave => match outcome {
+                    ClaimOutcome::SettledInClaim(status) => {
+                        self.stats.lateness.observe(lateness);
+                        debug!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                            scheduled_at = %fire.occurrence.scheduled_at,
+                            lateness_ms = lateness.as_millis() as u64,
+                            receipt = fire.receipt.as_deref().unwrap_or(""), "fired in the claim");
+                        if status == FireStatus::Fired {
+                            add(&self.stats.fired, 1);
+                            report.fired += 1;
+                        } else {
+                            add(&self.stats.failed, 1);
+                            report.failed += 1;
+                        }
+                    }
                     ClaimOutcome::InFlight { claimant, .. } => {
                         debug!(routine = %fire.occurrence.routine_id, %claimant, "occurrence in flight elsewhere");
                         add(&self.stats.in_flight, 1);
@@ -244,19 +466,14 @@ impl Scheduler {
                 },
             }
         }
-        while let Some(result) = dispatches.join_next().await {
-            match result {
-                Ok(FireResult::Fired) => report.fired += 1,
-                Ok(FireResult::Failed) => report.failed += 1,
-                Ok(FireResult::Unsettled) => report.unsettled += 1,
-                Err(e) => {
-                    // A panic in a backend: the claim stays `claimed` and the reaper retries it
-                    // after the lease, like a crash.
-                    error!(error = %e, "a dispatch task panicked");
-                    add(&self.stats.dispatch_panics, 1);
-                    report.unsettled += 1;
-                }
-            }
+        if report.fired + dispatching > 0 {
+            info!(
+                fired_in_claim = report.fired,
+                dispatching,
+                deferred = report.deferred,
+                oldest_lateness_ms = (claim.now - oldest.unwrap_or(claim.now)).num_milliseconds(),
+                "claimed"
+            );
         }
         report
     }
@@ -292,42 +509,40 @@ impl Scheduler {
         self.config.dispatch_timeout.min(left)
     }
 
-    /// Runs ticks every tick interval, and the reaper every half lease, until `shutdown`
-    /// completes; then finishes and settles what is in flight and returns what it did.
+    /// Runs ticks every tick interval, and the reaper every half lease beside them, until
+    /// `shutdown` completes; then stops claiming, finishes and settles what is in flight, and
+    /// returns what it did.
     ///
     /// A failing tick never ends the loop: its error is logged, counted, kept for health and
     /// reported in the summary, and the next tick tries again (the database may come back).
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> RunSummary {
-        // Ticks are aligned to multiples of the interval on the wall clock, a few milliseconds
-        // after the boundary: occurrences fall on whole seconds, so an aligned tick finds them
-        // due at once instead of up to one interval late.
-        let first_tick = tokio::time::Instant::now() + until_aligned(self.config.tick_interval);
-        let mut interval = tokio::time::interval_at(first_tick, self.config.tick_interval);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let reap_every = (self.config.lease.duration() / 2).max(self.config.tick_interval);
-        let mut last_reap: Option<Instant> = None;
-        tokio::pin!(shutdown);
+        let (completer, task) = self.completer();
+        let (stop, stopped) = watch::channel(false);
         info!(instance = %self.instance_id, tick = ?self.config.tick_interval,
             cap = self.config.max_fires_per_tick.get(), lease = ?self.config.lease.duration(),
+            max_in_flight = self.config.max_in_flight,
+            in_claim_messages = self.in_claim.message.is_some(),
             "scheduler running");
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut shutdown => break,
-                _ = interval.tick() => {}
-            }
-            // A tick is not cancelled by shutdown: its dispatches are bounded by the dispatch
-            // timeout, and finishing them means settling them instead of leaving them to a
-            // reaper.
-            let mut ok = self.record(self.tick().await, "tick");
-            if last_reap.is_none_or(|at| at.elapsed() >= reap_every) {
-                ok &= self.record(self.reap().await, "reaper pass");
-                ok &= self.prune().await;
-                last_reap = Some(Instant::now());
-            }
-            if ok {
-                self.stats.tick_succeeded();
-            }
+        let signal = async {
+            shutdown.await;
+            let _ = stop.send(true);
+        };
+        tokio::join!(
+            signal,
+            self.tick_loop(stopped.clone(), &completer),
+            self.reap_loop(stopped, &completer),
+        );
+        // No new claims from here on; wait for every dispatch in flight to settle (each is
+        // bounded by the dispatch timeout), then for the completer's last batch.
+        let in_flight = self.dispatches_in_flight();
+        if in_flight > 0 {
+            info!(in_flight, "waiting for dispatches in flight to settle");
+        }
+        let all = u32::try_from(self.config.max_in_flight).unwrap_or(u32::MAX);
+        let _ = self.room.acquire_many(all).await;
+        drop(completer);
+        if let Some(task) = task {
+            task.finish().await;
         }
         info!(instance = %self.instance_id, "scheduler stopped: nothing left in flight");
         RunSummary {
@@ -336,6 +551,53 @@ impl Scheduler {
             last_error: self.stats.last_error(),
             fired: Stats::get(&self.stats.fired),
             failed: Stats::get(&self.stats.failed),
+        }
+    }
+
+    /// Ticks on multiples of the interval on the wall clock, a few milliseconds after each
+    /// boundary: occurrences fall on whole seconds, so an aligned tick finds them due at once
+    /// instead of up to one interval late. A tick that overruns its interval is counted, and the
+    /// next one waits for the next boundary rather than firing late ones in a burst.
+    async fn tick_loop(&self, mut stopped: watch::Receiver<bool>, completer: &Arc<dyn Completer>) {
+        let first_tick = tokio::time::Instant::now() + until_aligned(self.config.tick_interval);
+        let mut interval = tokio::time::interval_at(first_tick, self.config.tick_interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                biased;
+                _ = stopped.wait_for(|stop| *stop) => break,
+                _ = interval.tick() => {}
+            }
+            // A claim is not cancelled by shutdown: it is one short transaction, and what it
+            // claims is dispatched and settled before the run returns.
+            let began = Instant::now();
+            let result = self.claim_and_start(completer, None).await;
+            if self.record(result, "tick") {
+                self.stats.tick_succeeded();
+            }
+            let took = began.elapsed();
+            if took > self.config.tick_interval {
+                add(&self.stats.tick_overruns, 1);
+                debug!(took = ?took, interval = ?self.config.tick_interval, "tick overran its interval");
+            }
+        }
+    }
+
+    /// Takes expired claims over and prunes old fires every half lease (at least every tick
+    /// interval), beside the ticks.
+    async fn reap_loop(&self, mut stopped: watch::Receiver<bool>, completer: &Arc<dyn Completer>) {
+        let every = (self.config.lease.duration() / 2).max(self.config.tick_interval);
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = stopped.wait_for(|stop| *stop) => break,
+                _ = interval.tick() => {}
+            }
+            let result = self.reap_and_start(completer, None).await;
+            self.record(result, "reaper pass");
+            self.prune().await;
         }
     }
 
@@ -365,6 +627,22 @@ impl Scheduler {
     }
 }
 
+/// Joins the dispatches of a whole tick and adds their ends to its report.
+async fn collect(dispatches: &mut JoinSet<FireResult>, report: &mut TickReport) {
+    while let Some(result) = dispatches.join_next().await {
+        match result {
+            Ok(FireResult::Fired) => report.fired += 1,
+            Ok(FireResult::Failed) => report.failed += 1,
+            Ok(FireResult::Unsettled) => report.unsettled += 1,
+            Err(e) => {
+                // The wrapper itself never panics; a cancelled runtime ends it.
+                error!(error = %e, "a dispatch task ended abnormally");
+                report.unsettled += 1;
+            }
+        }
+    }
+}
+
 /// How long until the next multiple of `interval` on the wall clock, plus a small margin.
 fn until_aligned(interval: Duration) -> Duration {
     const MARGIN: Duration = Duration::from_millis(5);
@@ -379,8 +657,8 @@ fn until_aligned(interval: Duration) -> Duration {
 
 /// What one dispatch task needs, cloned out of the scheduler so the task is `'static`.
 struct FireJob {
-    ledger: Arc<dyn FireLedger>,
     dispatcher: Arc<dyn Dispatcher>,
+    completer: Arc<dyn Completer>,
     timeout: Duration,
     stats: Arc<Stats>,
 }
@@ -391,11 +669,30 @@ enum FireResult {
     Unsettled,
 }
 
-#[derive(PartialEq, Eq)]
-enum Settled {
-    Yes,
-    Lost,
-    Error,
+/// Counts and logs what a completer did with one settle; returns whether the row was settled.
+fn completed(fire: &ClaimedFire, completed: Completed, stats: &Stats) -> bool {
+    match completed {
+        Completed::Settled => true,
+        Completed::NotHeld => {
+            warn!(routine_id = %fire.occurrence.routine_id, scheduled_at = %fire.occurrence.scheduled_at,
+                attempt = fire.row.attempt,
+                "settle matched nothing: the claim was taken over after its lease ran out");
+            add(&stats.lost_settles, 1);
+            false
+        }
+        Completed::RoutineDeleted => {
+            info!(routine_id = %fire.occurrence.routine_id, scheduled_at = %fire.occurrence.scheduled_at,
+                "the routine was deleted while its occurrence was dispatched; nothing to settle");
+            add(&stats.lost_settles, 1);
+            false
+        }
+        Completed::Unwritten(reason) => {
+            error!(routine_id = %fire.occurrence.routine_id, scheduled_at = %fire.occurrence.scheduled_at,
+                error = %reason, "settle failed; the reaper will retry this occurrence after its lease");
+            add(&stats.settle_errors, 1);
+            false
+        }
+    }
 }
 
 impl FireJob {
@@ -409,80 +706,60 @@ impl FireJob {
             Instant::now() + self.timeout,
         );
         self.stats.lateness.observe(lateness);
-        let settlement = match tokio::time::timeout(
+        let (settlement, receipt) = match tokio::time::timeout(
             self.timeout,
             self.dispatcher.dispatch(&dispatch),
         )
         .await
         {
             Ok(Ok(receipt)) => {
-                info!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                debug!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                     scheduled_at = %fire.occurrence.scheduled_at, attempt,
                     lateness_ms = lateness.as_millis() as u64, duplicate = receipt.duplicate,
                     detail = %receipt.detail, "fired");
-                Settlement::Fired
+                (Settlement::Fired, Some(receipt.detail))
+            }
+            Ok(Err(e)) if e.is_transient_store_error() => {
+                // cm's own database failed, not the target: leave the claim for a retry after
+                // its lease instead of settling the occurrence failed.
+                warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
+                    "dispatch hit a database error; the reaper will retry this occurrence after its lease");
+                add(&self.stats.left_for_retry, 1);
+                return FireResult::Unsettled;
             }
             Ok(Err(e)) => {
                 warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                     scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e, "dispatch failed");
-                Settlement::Failed(ErrorText::new(e.to_string()))
+                (Settlement::Failed(ErrorText::new(e.to_string())), None)
             }
             Err(_) => {
                 warn!(routine = %fire.routine_name, scheduled_at = %fire.occurrence.scheduled_at,
                     attempt, timeout = ?self.timeout, "dispatch timed out");
-                Settlement::Failed(ErrorText::new(format!(
-                    "dispatch timed out after {}",
-                    humantime::format_duration(self.timeout)
-                )))
+                (
+                    Settlement::Failed(ErrorText::new(format!(
+                        "dispatch timed out after {}",
+                        humantime::format_duration(self.timeout)
+                    ))),
+                    None,
+                )
             }
         };
-        match settle(&*self.ledger, &fire, &settlement).await {
-            Settled::Yes => match settlement {
-                Settlement::Fired => {
-                    add(&self.stats.fired, 1);
-                    FireResult::Fired
-                }
-                Settlement::Failed(_) => {
-                    add(&self.stats.failed, 1);
-                    FireResult::Failed
-                }
-            },
-            Settled::Lost => {
-                add(&self.stats.lost_settles, 1);
-                FireResult::Unsettled
-            }
-            Settled::Error => {
-                add(&self.stats.settle_errors, 1);
-                FireResult::Unsettled
-            }
+        let failed = matches!(settlement, Settlement::Failed(_));
+        let settle = FireSettle {
+            fire: fire.fire_ref(),
+            settlement,
+            receipt,
+        };
+        if !completed(&fire, self.completer.complete(settle).await, &self.stats) {
+            return FireResult::Unsettled;
+        }
+        if failed {
+            add(&self.stats.failed, 1);
+            FireResult::Failed
+        } else {
+            add(&self.stats.fired, 1);
+            FireResult::Fired
         }
     }
-}
-
-/// Settles a claim, retrying a failed write a few times: an unsettled claim is retried by the
-/// reaper after its lease, which the backend's idempotency key makes safe but costs a dispatch.
-async fn settle(ledger: &dyn FireLedger, fire: &ClaimedFire, settlement: &Settlement) -> Settled {
-    let fire_ref = fire.fire_ref();
-    let mut backoff = Duration::from_millis(100);
-    for attempt in 1..=3 {
-        match ledger.settle_fire(&fire_ref, settlement).await {
-            Ok(true) => return Settled::Yes,
-            Ok(false) => {
-                warn!(routine_id = %fire.occurrence.routine_id, scheduled_at = %fire.occurrence.scheduled_at,
-                    attempt = fire.row.attempt,
-                    "settle matched nothing: the claim was taken over after its lease ran out");
-                return Settled::Lost;
-            }
-            Err(e) if attempt < 3 => {
-                warn!(error = %e, "settle failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
-            }
-            Err(e) => {
-                error!(routine_id = %fire.occurrence.routine_id, scheduled_at = %fire.occurrence.scheduled_at,
-                    error = %e, "settle failed; the reaper will retry this occurrence after its lease");
-            }
-        }
-    }
-    Settled::Error
 }

@@ -24,9 +24,10 @@
 //! # Ok(()) }
 //! ```
 
+pub mod completer;
 mod engine;
 pub mod http;
 pub mod stats;
 
-pub use engine::{RunSummary, Scheduler, TickError, TickReport, default_instance_id};
+pub use engine::{Completion, RunSummary, Scheduler, TickError, TickReport, default_instance_id};
 pub use stats::Stats;

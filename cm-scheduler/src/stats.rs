@@ -95,6 +95,16 @@ pub struct Stats {
     pub reaped: AtomicU64,
     /// Settled fires deleted after their retention.
     pub pruned: AtomicU64,
+    /// Dispatches that hit a transient error of cm's own database and were left `claimed` for
+    /// a retry after their lease, instead of being settled `failed`.
+    pub left_for_retry: AtomicU64,
+    /// Ticks that claimed nothing because every place in the in-flight set was taken.
+    pub saturated_ticks: AtomicU64,
+    /// Ticks that took longer than the tick interval (the next tick waited for the next
+    /// boundary).
+    pub tick_overruns: AtomicU64,
+    /// Dispatches running now (a gauge).
+    pub dispatching: AtomicU64,
     /// Seconds each tick took.
     pub tick_duration: Histogram,
     /// Dispatch start minus `scheduled_at`.
@@ -121,6 +131,10 @@ impl Default for Stats {
             skipped: AtomicU64::new(0),
             reaped: AtomicU64::new(0),
             pruned: AtomicU64::new(0),
+            left_for_retry: AtomicU64::new(0),
+            saturated_ticks: AtomicU64::new(0),
+            tick_overruns: AtomicU64::new(0),
+            dispatching: AtomicU64::new(0),
             tick_duration: Histogram::new(DURATION_BOUNDS),
             lateness: Histogram::new(LATENESS_BOUNDS),
             last_success: Mutex::new(None),
@@ -135,6 +149,16 @@ pub(crate) fn add(counter: &AtomicU64, n: u64) {
 }
 
 impl Stats {
+    /// Records a dispatch starting (the in-flight gauge).
+    pub(crate) fn dispatch_started(&self) {
+        add(&self.dispatching, 1);
+    }
+
+    /// Records a dispatch ending, settled or not.
+    pub(crate) fn dispatch_ended(&self) {
+        self.dispatching.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// Records a tick that succeeded.
     pub(crate) fn tick_succeeded(&self) {
         *self.last_success.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
@@ -188,6 +212,7 @@ impl Stats {
             ("settle_error", &self.settle_errors),
             ("unstarted", &self.unstarted),
             ("dispatch_panic", &self.dispatch_panics),
+            ("left_for_retry", &self.left_for_retry),
         ] {
             let _ = writeln!(
                 out,
@@ -225,6 +250,23 @@ impl Stats {
             "cm_reaped_total",
             "Expired claims taken over by the reaper.",
             &self.reaped,
+        );
+        counter(
+            &mut out,
+            "cm_ticks_saturated_total",
+            "Ticks that claimed nothing because the in-flight set was full.",
+            &self.saturated_ticks,
+        );
+        counter(
+            &mut out,
+            "cm_tick_overruns_total",
+            "Ticks that took longer than the tick interval.",
+            &self.tick_overruns,
+        );
+        let _ = writeln!(
+            out,
+            "# HELP cm_dispatches_in_flight Dispatches running now.\n# TYPE cm_dispatches_in_flight gauge\ncm_dispatches_in_flight {}",
+            Stats::get(&self.dispatching)
         );
         self.tick_duration
             .render(&mut out, "cm_tick_duration_seconds", "Time one tick took.");

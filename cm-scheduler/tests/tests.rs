@@ -1,6 +1,8 @@
 //! cm-scheduler's integration tests, one binary (an index of the modules below).
 //!
-//! - `mock_loop`: the tick loop against `mockall` doubles of the ledger and dispatcher.
+//! - `mock_loop`: the tick loop against `mockall` doubles of the ledger and dispatcher, a
+//!   dispatch held for 20 s beside the ticks (paused time), transient database errors.
+//! - `completer`: batched and inline settles against a ledger double.
 //! - `exactly_once`: several schedulers racing on one real database.
 //! - `crash`: whole `cm-scheduler` processes killed between claim and settle.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
@@ -11,6 +13,8 @@ mod support;
 
 #[path = "scheduler/cli.rs"]
 mod cli;
+#[path = "scheduler/completer.rs"]
+mod completer;
 #[path = "scheduler/crash.rs"]
 mod crash;
 #[path = "scheduler/exactly_once.rs"]

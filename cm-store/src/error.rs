@@ -35,14 +35,50 @@ impl StoreError {
         }
     }
 
-    /// Whether the error is the database being unreachable or the pool exhausted, rather than a
-    /// statement being refused: worth retrying on the next tick.
+    /// Whether the error is the database being unreachable, restarting, overloaded or making
+    /// one statement give way to another (a serialization failure, a deadlock, a timeout),
+    /// rather than refusing what was asked: the same statement is worth trying again.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Database(
-                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
-            )
+        let StoreError::Database(e) = self else {
+            return false;
+        };
+        match e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Protocol(_) => true,
+            sqlx::Error::Database(d) => d.code().is_some_and(|code| is_transient_sqlstate(&code)),
+            _ => false,
+        }
+    }
+}
+
+/// SQLSTATEs of failures that say nothing about the statement itself: connection exceptions
+/// (class 08), serialization failures and deadlocks (40001, 40P01), too many connections (53300),
+/// a statement or lock timeout (57014, 55P03), and the server shutting down or restarting (57P01
+/// to 57P03).
+fn is_transient_sqlstate(code: &str) -> bool {
+    code.starts_with("08")
+        || matches!(
+            code,
+            "40001" | "40P01" | "53300" | "57014" | "55P03" | "57P01" | "57P02" | "57P03"
         )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_transient_sqlstate;
+
+    #[test]
+    fn transient_sqlstates() {
+        for code in [
+            "08006", "08001", "40001", "40P01", "53300", "57014", "55P03", "57P01",
+        ] {
+            assert!(is_transient_sqlstate(code), "{code}");
+        }
+        for code in ["23505", "23503", "22021", "42P01", "42703", "P0001"] {
+            assert!(!is_transient_sqlstate(code), "{code}");
+        }
     }
 }

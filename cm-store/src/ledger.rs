@@ -18,6 +18,21 @@
 //!
 //! Steps 4 and 5 commit together, so the clock never moves past an occurrence the ledger does
 //! not hold.
+//!
+//! # The transactional outbox
+//!
+//! When a routine's backend is database-local ([`InClaimEffect::Outbox`], named per kind in
+//! [`ClaimDueParams::in_claim`]), step 4 inserts its fresh occurrences already `fired`, and the
+//! same statement writes their outbox rows: a fire and its message exist together or not at all,
+//! with one row write per table per occurrence. `xmax = 0` still tells a fresh insert from an
+//! existing row, so an occurrence another scheduler holds (InFlight) or settled (Settled) gets no
+//! message, and a crashed claim taken over (Retry) goes through the dispatch path as usual.
+//!
+//! # Settling
+//!
+//! [`FireLedger::settle_fires`] settles many claims in one statement, each row still fenced on
+//! its token and attempt, and says per row whether it was settled, taken over by another
+//! claimant, or gone with its routine.
 
 use std::time::{Duration, Instant};
 
@@ -25,7 +40,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use cm_domain::{
     ClaimOutcome, ClaimRow, ClaimToken, FireCap, FireStatus, Lease, MisfireRules, Occurrence,
-    Settlement, plan_due, plan_tick,
+    Settlement, TickPlan, plan_due, plan_tick,
 };
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
@@ -34,6 +49,34 @@ use uuid::Uuid;
 
 use crate::routines::RoutineKind;
 use crate::{PgStore, StoreError};
+
+/// An effect the store writes itself, inside the claim's own transaction, instead of leaving the
+/// occurrence to a dispatch: what a database-local backend does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum InClaimEffect {
+    /// A row in `outbox_messages` carrying the routine's payload, keyed by the occurrence.
+    Outbox,
+}
+
+/// Which routine kinds' fresh occurrences the claim settles with an in-claim effect.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InClaimWrites {
+    /// The effect for message routines, if their backend is database-local.
+    pub message: Option<InClaimEffect>,
+    /// The effect for mission routines, if their backend is database-local.
+    pub mission: Option<InClaimEffect>,
+}
+
+impl InClaimWrites {
+    /// The effect for routines of `kind`.
+    pub fn for_kind(&self, kind: RoutineKind) -> Option<InClaimEffect> {
+        match kind {
+            RoutineKind::Message => self.message,
+            RoutineKind::Mission => self.mission,
+        }
+    }
+}
 
 /// What a tick's claim needs to know.
 #[derive(Debug, Clone)]
@@ -48,6 +91,8 @@ pub struct ClaimDueParams {
     pub rules: MisfireRules,
     /// The most due routines one tick locks and plans.
     pub max_routines: u32,
+    /// The kinds whose fresh occurrences are settled with their effect inside the claim.
+    pub in_claim: InClaimWrites,
 }
 
 /// What the reaper needs to know.
@@ -105,6 +150,9 @@ pub struct ClaimedFire {
     pub payload: Value,
     /// The row as the claim statement returned it.
     pub row: ClaimRow,
+    /// What the in-claim effect produced, for an occurrence settled in the claim
+    /// ([`ClaimOutcome::SettledInClaim`]); `None` otherwise.
+    pub receipt: Option<String>,
 }
 
 impl ClaimedFire {
@@ -133,6 +181,32 @@ pub struct FireRef {
     pub token: ClaimToken,
     /// The claim's attempt.
     pub attempt: u32,
+}
+
+/// The end of one claim, to be written by [`FireLedger::settle_fires`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FireSettle {
+    /// The claim being settled (fenced on its token and attempt).
+    pub fire: FireRef,
+    /// How its dispatch ended.
+    pub settlement: Settlement,
+    /// What the target answered, kept on the row (bounded to [`MAX_RECEIPT_BYTES`]).
+    pub receipt: Option<String>,
+}
+
+/// The largest receipt kept on a row, in bytes; longer ones are cut on a character boundary.
+pub const MAX_RECEIPT_BYTES: usize = 1024;
+
+/// What a settle found, per row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleOutcome {
+    /// The row carried the claim's token and attempt and was `claimed`: it is settled now.
+    Settled,
+    /// The row no longer carries the claim (its lease ran out and another claimant took it
+    /// over) or is already settled: nothing was written.
+    NotHeld,
+    /// The row is gone: its routine was deleted (with its fires) while the dispatch ran.
+    RoutineDeleted,
 }
 
 /// Which fires to list.
@@ -178,6 +252,8 @@ pub struct Fire {
     pub completed_at: Option<DateTime<Utc>>,
     /// The error a `failed` row keeps.
     pub error: Option<String>,
+    /// What the target answered to the dispatch that settled it.
+    pub receipt: Option<String>,
 }
 
 /// The occurrence ledger.
@@ -194,6 +270,11 @@ pub trait FireLedger: Send + Sync {
         fire: &FireRef,
         settlement: &Settlement,
     ) -> Result<bool, StoreError>;
+
+    /// Settles many claims in one statement, each row fenced on its claim's token and attempt
+    /// as [`FireLedger::settle_fire`] does. Returns one outcome per entry, in order. Either every
+    /// row that could be settled is, or (on error) none is.
+    async fn settle_fires(&self, settles: &[FireSettle]) -> Result<Vec<SettleOutcome>, StoreError>;
 
     /// Takes over claims whose lease has run out (their claimant crashed), oldest claim first.
     /// Two reapers never take the same row.
@@ -221,6 +302,7 @@ struct ClaimedRow {
     name: String,
     kind: String,
     payload: Value,
+    receipt: Option<String>,
 }
 
 impl TryFrom<ClaimedRow> for ClaimedFire {
@@ -241,6 +323,7 @@ impl TryFrom<ClaimedRow> for ClaimedFire {
             routine_name: r.name,
             kind,
             payload: r.payload,
+            receipt: r.receipt,
             row: ClaimRow {
                 inserted: r.inserted,
                 status,
@@ -282,12 +365,63 @@ fn lease_seconds(lease: Lease) -> f64 {
     lease.duration().as_secs_f64()
 }
 
+/// How many of a tick's `cap` claims are kept for occurrences asked for by hand (a fifth, at
+/// least one), so a sustained backlog of scheduled work cannot starve a trigger or a backfill.
+pub fn request_share(cap: usize) -> usize {
+    (cap / 5).max(1)
+}
+
+/// Deletes and returns up to `limit` requested occurrences that are due, oldest first, skipping
+/// those another claim holds.
+async fn take_requests(
+    tx: &mut Transaction<'_, Postgres>,
+    limit: usize,
+) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
+    Ok(sqlx::query_as(
+        "DELETE FROM routine_requests
+         WHERE (routine_id, scheduled_at) IN (
+             SELECT routine_id, scheduled_at FROM routine_requests
+             WHERE scheduled_at <= now()
+             ORDER BY scheduled_at, routine_id
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED)
+         RETURNING routine_id, scheduled_at",
+    )
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(&mut **tx)
+    .await?)
+}
+
+/// A receipt cut to [`MAX_RECEIPT_BYTES`] on a character boundary, without the NUL characters
+/// PostgreSQL's text refuses.
+fn bounded_receipt(receipt: &str) -> String {
+    let mut text: String = receipt.chars().filter(|c| *c != '\0').collect();
+    if text.len() > MAX_RECEIPT_BYTES {
+        let mut end = MAX_RECEIPT_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
 #[async_trait]
 impl FireLedger for PgStore {
     async fn claim_due(&self, params: &ClaimDueParams) -> Result<TickClaim, StoreError> {
         let token = ClaimToken::new_v4();
+        let cap = params.cap.get();
         let mut conn = self.pool.acquire().await?;
         let (mut tx, began, now) = begin_claim(&mut conn).await?;
+
+        // Occurrences asked for by hand get a guaranteed share of the cap, taken first, so a
+        // sustained backlog of scheduled work cannot starve them; scheduled work gets the rest,
+        // and requests may fill whatever it leaves. Each request is deleted in this transaction,
+        // with its claim.
+        let share = request_share(cap);
+        let mut requested = take_requests(&mut tx, share).await?;
+        let requests_may_remain = requested.len() == share;
+
         let due: Vec<DueRoutine> = sqlx::query_as(
             "SELECT id, schedule, timezone, misfire_policy, next_run_at
              FROM routines
@@ -302,7 +436,7 @@ impl FireLedger for PgStore {
 
         let mut plans = Vec::with_capacity(due.len());
         let mut unusable = Vec::new();
-        for routine in due {
+        for routine in &due {
             let schedule = cm_domain::Schedule::parse(&routine.schedule, &routine.timezone)
                 .map_err(|e| e.to_string());
             let policy = routine
@@ -320,28 +454,21 @@ impl FireLedger for PgStore {
                 }),
             }
         }
-        let tick = plan_tick(&plans, params.cap);
-
-        // Occurrences asked for by hand fill what the cap leaves, oldest first; each request
-        // is deleted in this transaction, with its claim.
-        let room = params.cap.get().saturating_sub(tick.claims.len());
-        let requested: Vec<(Uuid, DateTime<Utc>)> = if room == 0 {
-            Vec::new()
-        } else {
-            sqlx::query_as(
-                "DELETE FROM routine_requests
-                 WHERE (routine_id, scheduled_at) IN (
-                     SELECT routine_id, scheduled_at FROM routine_requests
-                     WHERE scheduled_at <= now()
-                     ORDER BY scheduled_at, routine_id
-                     LIMIT $1
-                     FOR UPDATE SKIP LOCKED)
-                 RETURNING routine_id, scheduled_at",
-            )
-            .bind(i64::try_from(room).unwrap_or(i64::MAX))
-            .fetch_all(&mut *tx)
-            .await?
+        let tick = match FireCap::new(cap - requested.len()) {
+            Some(scheduled_cap) => plan_tick(&plans, scheduled_cap),
+            // The requests took the whole cap (a cap of one): every scheduled occurrence waits
+            // for a later tick, and no routine's clock moves.
+            None => TickPlan {
+                claims: Vec::new(),
+                deferred: plans.iter().map(|(_, p)| p.occurrences.len()).sum(),
+                advances: Vec::new(),
+            },
         };
+
+        let room = cap.saturating_sub(tick.claims.len() + requested.len());
+        if requests_may_remain && room > 0 {
+            requested.extend(take_requests(&mut tx, room).await?);
+        }
         let mut claims = tick.claims.clone();
         for (routine_id, scheduled_at) in requested {
             let occurrence = Occurrence::new(routine_id, scheduled_at);
@@ -358,25 +485,56 @@ impl FireLedger for PgStore {
                 .iter()
                 .map(|o| (o.routine_id, o.scheduled_at))
                 .unzip();
-            let rows: Vec<ClaimedRow> = sqlx::query_as(CLAIM_SQL)
-                .bind(&ids)
-                .bind(&instants)
-                .bind(&params.claimant)
-                .bind(token.0)
-                .bind(lease_seconds(params.lease))
-                .fetch_all(&mut *tx)
-                .await?;
+            let outbox = Some(InClaimEffect::Outbox);
+            let (message, mission) = (
+                params.in_claim.message == outbox,
+                params.in_claim.mission == outbox,
+            );
+            let rows: Vec<ClaimedRow> = if message || mission {
+                let keys: Vec<String> = claims
+                    .iter()
+                    .map(|o| o.idempotency_key().as_str().to_owned())
+                    .collect();
+                sqlx::query_as(CLAIM_WITH_OUTBOX_SQL)
+                    .bind(&ids)
+                    .bind(&instants)
+                    .bind(&params.claimant)
+                    .bind(token.0)
+                    .bind(lease_seconds(params.lease))
+                    .bind(message)
+                    .bind(mission)
+                    .bind(&keys)
+                    .fetch_all(&mut *tx)
+                    .await?
+            } else {
+                sqlx::query_as(CLAIM_SQL)
+                    .bind(&ids)
+                    .bind(&instants)
+                    .bind(&params.claimant)
+                    .bind(token.0)
+                    .bind(lease_seconds(params.lease))
+                    .fetch_all(&mut *tx)
+                    .await?
+            };
             rows.into_iter()
                 .map(ClaimedFire::try_from)
                 .collect::<Result<Vec<_>, _>>()?
         };
         fires.sort_by_key(|f| f.occurrence);
 
-        if !tick.advances.is_empty() {
-            let ids: Vec<Uuid> = tick.advances.iter().map(|a| a.routine_id).collect();
-            let next: Vec<Option<DateTime<Utc>>> =
-                tick.advances.iter().map(|a| a.next_run_at).collect();
-            let claimed: Vec<bool> = tick.advances.iter().map(|a| a.claimed > 0).collect();
+        // A routine's row is written only when the tick changes it: its clock moved, or it
+        // fired. Routines whose occurrences were all deferred keep their row as it was.
+        let was: std::collections::HashMap<Uuid, DateTime<Utc>> =
+            due.iter().map(|r| (r.id, r.next_run_at)).collect();
+        let moved: Vec<_> = tick
+            .advances
+            .iter()
+            .filter(|a| a.claimed > 0 || a.next_run_at != was.get(&a.routine_id).copied())
+            .collect();
+        if !moved.is_empty() {
+            let ids: Vec<Uuid> = moved.iter().map(|a| a.routine_id).collect();
+            let next: Vec<Option<DateTime<Utc>>> = moved.iter().map(|a| a.next_run_at).collect();
+            let claimed: Vec<bool> = moved.iter().map(|a| a.claimed > 0).collect();
             sqlx::query(
                 "UPDATE routines AS r
                  SET next_run_at = t.next_run_at,
@@ -411,6 +569,87 @@ impl FireLedger for PgStore {
             skipped: tick.advances.iter().map(|a| a.skipped).sum(),
             unusable,
         })
+    }
+
+    async fn settle_fires(&self, settles: &[FireSettle]) -> Result<Vec<SettleOutcome>, StoreError> {
+        if settles.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = settles.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut instants = Vec::with_capacity(n);
+        let mut tokens = Vec::with_capacity(n);
+        let mut attempts = Vec::with_capacity(n);
+        let mut statuses = Vec::with_capacity(n);
+        let mut errors = Vec::with_capacity(n);
+        let mut receipts = Vec::with_capacity(n);
+        for s in settles {
+            ids.push(s.fire.occurrence.routine_id);
+            instants.push(s.fire.occurrence.scheduled_at);
+            tokens.push(s.fire.token.0);
+            attempts.push(i32::try_from(s.fire.attempt).unwrap_or(i32::MAX));
+            statuses.push(s.settlement.status().as_str());
+            errors.push(s.settlement.error());
+            receipts.push(s.receipt.as_deref().map(bounded_receipt));
+        }
+        // One fenced UPDATE for the batch; the rows it did not settle are then told apart
+        // (taken over, or gone with a deleted routine) by a read of the same keys.
+        let settled: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
+            "UPDATE routine_fires AS f
+             SET status = t.status, error = t.error, receipt = t.receipt, completed_at = now()
+             FROM UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
+                         $6::text[], $7::text[])
+                  AS t(routine_id, scheduled_at, claim_token, attempt, status, error, receipt)
+             WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
+               AND f.claim_token = t.claim_token AND f.attempt = t.attempt
+               AND f.status = 'claimed'
+             RETURNING f.routine_id, f.scheduled_at",
+        )
+        .bind(&ids)
+        .bind(&instants)
+        .bind(&tokens)
+        .bind(&attempts)
+        .bind(&statuses)
+        .bind(&errors)
+        .bind(&receipts)
+        .fetch_all(&self.pool)
+        .await?;
+        let settled: std::collections::HashSet<(Uuid, DateTime<Utc>)> =
+            settled.into_iter().collect();
+        if settled.len() == n {
+            return Ok(vec![SettleOutcome::Settled; n]);
+        }
+        let (missed_ids, missed_instants): (Vec<Uuid>, Vec<DateTime<Utc>>) = ids
+            .iter()
+            .zip(&instants)
+            .filter(|key| !settled.contains(&(*key.0, *key.1)))
+            .map(|(id, at)| (*id, *at))
+            .unzip();
+        let present: std::collections::HashSet<(Uuid, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT f.routine_id, f.scheduled_at
+             FROM routine_fires f
+             JOIN UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)
+               ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at",
+        )
+        .bind(&missed_ids)
+        .bind(&missed_instants)
+        .fetch_all(&self.pool)
+        .await?
+        .into_iter()
+        .collect();
+        Ok(ids
+            .iter()
+            .zip(&instants)
+            .map(|(id, at)| {
+                if settled.contains(&(*id, *at)) {
+                    SettleOutcome::Settled
+                } else if present.contains(&(*id, *at)) {
+                    SettleOutcome::NotHeld
+                } else {
+                    SettleOutcome::RoutineDeleted
+                }
+            })
+            .collect())
     }
 
     async fn settle_fire(
@@ -489,7 +728,7 @@ impl FireLedger for PgStore {
     async fn list_fires(&self, filter: &FireFilter) -> Result<Vec<Fire>, StoreError> {
         let rows: Vec<FireRow> = sqlx::query_as(
             "SELECT routine_id, scheduled_at, status, claimant, attempt, claimed_at,
-                    lease_expires_at, completed_at, error
+                    lease_expires_at, completed_at, error, receipt
              FROM routine_fires
              WHERE ($1::uuid IS NULL OR routine_id = $1)
                AND ($2::text IS NULL OR status = $2)
@@ -516,6 +755,7 @@ struct FireRow {
     lease_expires_at: DateTime<Utc>,
     completed_at: Option<DateTime<Utc>>,
     error: Option<String>,
+    receipt: Option<String>,
 }
 
 impl From<FireRow> for Fire {
@@ -530,23 +770,19 @@ impl From<FireRow> for Fire {
             lease_expires_at: r.lease_expires_at,
             completed_at: r.completed_at,
             error: r.error,
+            receipt: r.receipt,
         }
     }
 }
 
-/// The claim statement. `$1`/`$2` are the occurrences as parallel arrays, `$3` the claimant,
-/// `$4` the claim token, `$5` the lease in seconds.
-///
-/// On conflict the row is always updated, so it is always returned: `xmax = 0` tells a real
-/// insert from an update. The update takes the row over (new claimant, token and lease,
-/// attempt + 1) only when it is `claimed` and its lease has run out by this transaction's clock
+/// The claim's upsert clause, shared by both claim statements: on conflict the row is always
+/// updated, so it is always returned, and `xmax = 0` tells a real insert from an update. The
+/// update takes the row over (new claimant, token and lease, attempt + 1) only when it is
+/// `claimed` and its lease has run out by this transaction's clock
 /// (`cm_domain::claim::lease_expired`); otherwise every column is rewritten with its own value.
-const CLAIM_SQL: &str = "
-WITH claimed AS (
-    INSERT INTO routine_fires AS f
-        (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at)
-    SELECT t.routine_id, t.scheduled_at, $3, $4, 1, now(), now() + make_interval(secs => $5)
-    FROM UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)
+macro_rules! claim_upsert {
+    () => {
+        "
     ON CONFLICT (routine_id, scheduled_at) DO UPDATE SET
         claimant = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
                         THEN excluded.claimant ELSE f.claimant END,
@@ -559,10 +795,75 @@ WITH claimed AS (
         lease_expires_at = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
                                 THEN excluded.lease_expires_at ELSE f.lease_expires_at END
     RETURNING (f.xmax = 0) AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
-              f.claim_token, f.attempt, f.lease_expires_at
+              f.claim_token, f.attempt, f.lease_expires_at, f.receipt"
+    };
+}
+
+/// The claim statement when every occurrence goes to a dispatch. `$1`/`$2` are the occurrences
+/// as parallel arrays, `$3` the claimant, `$4` the claim token, `$5` the lease in seconds.
+const CLAIM_SQL: &str = concat!(
+    "
+WITH claimed AS (
+    INSERT INTO routine_fires AS f
+        (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at)
+    SELECT t.routine_id, t.scheduled_at, $3, $4, 1, now(), now() + make_interval(secs => $5)
+    FROM UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)",
+    claim_upsert!(),
+    "
 )
-SELECT c.*, r.name, r.kind, r.payload
-FROM claimed c JOIN routines r ON r.id = c.routine_id";
+SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
+       c.lease_expires_at, r.name, r.kind, r.payload, NULL::text AS receipt
+FROM claimed c JOIN routines r ON r.id = c.routine_id"
+);
+
+/// The claim statement with the transactional outbox. `$1` to `$5` as in [`CLAIM_SQL`]; `$6`
+/// and `$7` say whether message and mission routines are settled with an outbox row in the
+/// claim, and `$8` holds the occurrences' idempotency keys.
+///
+/// An occurrence of an in-claim kind is inserted already `fired`, its receipt naming the outbox
+/// sequence number drawn for it, and its message is written by the same statement when (and
+/// only when) the insert was fresh. The sequence number is drawn before the insert so the fire
+/// row is written once; numbers drawn for rows that turn out to exist are simply unused.
+const CLAIM_WITH_OUTBOX_SQL: &str = concat!(
+    "
+WITH input AS MATERIALIZED (
+    SELECT t.routine_id, t.scheduled_at, t.idempotency_key, r.name, r.kind, r.payload,
+           CASE WHEN (r.kind = 'message' AND $6) OR (r.kind = 'mission' AND $7)
+                THEN nextval('outbox_messages_seq_seq') END AS outbox_seq
+    FROM UNNEST($1::uuid[], $2::timestamptz[], $8::text[])
+         AS t(routine_id, scheduled_at, idempotency_key)
+    JOIN routines r ON r.id = t.routine_id
+),
+claimed AS (
+    INSERT INTO routine_fires AS f
+        (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
+         status, completed_at, receipt)
+    SELECT i.routine_id, i.scheduled_at, $3, $4, 1, now(), now() + make_interval(secs => $5),
+           CASE WHEN i.outbox_seq IS NULL THEN 'claimed' ELSE 'fired' END,
+           CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE now() END,
+           CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE 'outbox seq ' || i.outbox_seq END
+    FROM input i",
+    claim_upsert!(),
+    "
+),
+outbox AS (
+    INSERT INTO outbox_messages (seq, routine_id, scheduled_at, idempotency_key, attempt, payload)
+    OVERRIDING SYSTEM VALUE
+    SELECT i.outbox_seq, c.routine_id, c.scheduled_at, i.idempotency_key, 1, i.payload
+    FROM claimed c
+    JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at
+    WHERE c.inserted AND i.outbox_seq IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING routine_id, scheduled_at
+)
+SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
+       c.lease_expires_at, i.name, i.kind, i.payload,
+       CASE WHEN c.inserted AND i.outbox_seq IS NOT NULL AND o.routine_id IS NULL
+            THEN 'outbox: the message was already written' ELSE c.receipt END AS receipt
+FROM claimed c
+JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at
+LEFT JOIN outbox o ON o.routine_id = c.routine_id AND o.scheduled_at = c.scheduled_at"
+);
 
 /// The reaper. `$1` is the most rows to take, `$2` the claimant, `$3` the claim token, `$4`
 /// the lease in seconds. The expired rows are found through `routine_fires_stuck_idx` (status,
@@ -583,4 +884,5 @@ SET claimant = $2, claim_token = $3, attempt = f.attempt + 1, claimed_at = now()
 FROM expired e, routines r
 WHERE f.routine_id = e.routine_id AND f.scheduled_at = e.scheduled_at AND r.id = f.routine_id
 RETURNING false AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
-          f.claim_token, f.attempt, f.lease_expires_at, r.name, r.kind, r.payload";
+          f.claim_token, f.attempt, f.lease_expires_at, r.name, r.kind, r.payload,
+          NULL::text AS receipt";

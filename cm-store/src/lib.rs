@@ -54,8 +54,9 @@ pub use error::StoreError;
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;
 pub use ledger::{
-    ClaimDueParams, ClaimedFire, Fire, FireFilter, FireLedger, FireRef, ReapParams, TickClaim,
-    UnusableRoutine,
+    ClaimDueParams, ClaimedFire, Fire, FireFilter, FireLedger, FireRef, FireSettle, InClaimEffect,
+    InClaimWrites, MAX_RECEIPT_BYTES, ReapParams, SettleOutcome, TickClaim, UnusableRoutine,
+    request_share,
 };
 #[cfg(feature = "mock")]
 pub use outbox::MockOutboxStore;

@@ -85,11 +85,16 @@ impl OutboxStore for PgStore {
     }
 
     async fn outbox_get(&self, key: &IdempotencyKey) -> Result<Option<OutboxRow>, StoreError> {
+        // The key names its occurrence, and the occurrence is the primary key.
+        let Some(occurrence) = IdempotencyKey::parse_occurrence(key.as_str()) else {
+            return Ok(None);
+        };
         Ok(sqlx::query_as(
             "SELECT seq, routine_id, scheduled_at, idempotency_key, attempt, payload, created_at
-             FROM outbox_messages WHERE idempotency_key = $1",
+             FROM outbox_messages WHERE routine_id = $1 AND scheduled_at = $2",
         )
-        .bind(key.as_str())
+        .bind(occurrence.routine_id)
+        .bind(occurrence.scheduled_at)
         .fetch_optional(&self.pool)
         .await?)
     }

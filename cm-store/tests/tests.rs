@@ -57,3 +57,8 @@ mod outbox;
 // Occurrences asked for by hand (trigger, backfill) go through the same ledger.
 #[path = "store/requests.rs"]
 mod requests;
+
+// The transactional outbox (fires and messages written together by the claim) and batched,
+// fenced settles.
+#[path = "store/in_claim.rs"]
+mod in_claim;

@@ -366,6 +366,7 @@ async fn throughput(
         rules: MisfireRules::from(&config),
         // What `Scheduler::tick` asks for.
         max_routines: u32::try_from(options.cap * 4).unwrap_or(u32::MAX),
+        in_claim: Default::default(),
     };
     let scheduler = Scheduler::new(
         Arc::new(store.clone()),

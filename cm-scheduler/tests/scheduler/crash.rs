@@ -1,8 +1,9 @@
 //! Whole `cm-scheduler` processes killed with SIGKILL between claim and settle, or sent SIGTERM.
 //!
 //! The product has no test hook, so the tests stop a scheduler at an exact step with the
-//! database's own locks. The default message backend inserts into `outbox_messages` and a settle
-//! updates `routine_fires`; a test transaction holding `LOCK TABLE … IN EXCLUSIVE MODE` on one of
+//! database's own locks. The schedulers here run the outbox as a dispatched backend
+//! (`--outbox-mode dispatched`: a dispatch after the claim inserts into `outbox_messages`, as an
+//! external backend's effect would be made) and a settle updates `routine_fires`; a test transaction holding `LOCK TABLE … IN EXCLUSIVE MODE` on one of
 //! them makes that statement wait while plain reads go on. A scheduler whose dispatch is waiting
 //! on the outbox lock has committed its claim and written nothing else: it is between claim and
 //! settle, and stays there until the test lets go.
@@ -38,6 +39,8 @@ const RUN_SETTINGS: &[&str] = &[
     "4s",
     "--dispatch-timeout",
     "3s",
+    "--outbox-mode",
+    "dispatched",
 ];
 
 /// How long a test waits for something the schedulers should do within a few seconds.
@@ -291,8 +294,8 @@ async fn claim_and_block(db: &TestDb, a: &SchedulerProcess) -> FireRow {
             a.log()
         )
     });
-    // The schedule fires every five seconds and A's tick waits for its dispatches, so A can
-    // only have claimed the one occurrence whose dispatch is blocked.
+    // The schedule fires every five seconds and this looks within a fraction of one after the
+    // first claim, so A can only have claimed the one occurrence whose dispatch is blocked.
     assert_eq!(
         fire.len(),
         1,

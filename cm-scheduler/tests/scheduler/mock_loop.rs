@@ -23,7 +23,8 @@ use cm_domain::{
 };
 use cm_scheduler::{Scheduler, Stats, TickError, TickReport};
 use cm_store::{
-    ClaimedFire, FireLedger, FireRef, MockFireLedger, RoutineKind, StoreError, TickClaim,
+    ClaimedFire, FireLedger, FireRef, MockFireLedger, RoutineKind, SettleOutcome, StoreError,
+    TickClaim,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -70,6 +71,7 @@ fn fire(n: u32, row: Row) -> ClaimedFire {
         routine_name: format!("routine-{n}"),
         kind: RoutineKind::Message,
         payload: json!({ "text": format!("message {n}") }),
+        receipt: None,
         row: ClaimRow {
             inserted,
             status,
@@ -125,13 +127,28 @@ fn ledger(
         .returning(move |_| Ok(queue.lock().unwrap().pop_front().unwrap()));
     let settles: Settles = Arc::default();
     let record = settles.clone();
-    ledger
-        .expect_settle_fire()
-        .returning(move |fire, settlement| {
-            record.lock().unwrap().push((*fire, settlement.clone()));
-            answer()
-        });
+    ledger.expect_settle_fires().returning(move |batch| {
+        let mut record = record.lock().unwrap();
+        record.extend(batch.iter().map(|s| (s.fire, s.settlement.clone())));
+        answer().map(|held| vec![outcome(held); batch.len()])
+    });
     (ledger, settles)
+}
+
+/// What the ledger double answers for a row: settled, or no longer held by the claim.
+fn outcome(held: bool) -> SettleOutcome {
+    if held {
+        SettleOutcome::Settled
+    } else {
+        SettleOutcome::NotHeld
+    }
+}
+
+/// A dispatcher double whose backend is external (nothing is written in the claim).
+fn mock_dispatcher() -> MockDispatcher {
+    let mut dispatcher = MockDispatcher::new();
+    dispatcher.expect_in_claim_effect().returning(|_| None);
+    dispatcher
 }
 
 fn scheduler(
@@ -147,7 +164,7 @@ fn counting_dispatcher(
 ) -> (MockDispatcher, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let counted = calls.clone();
-    let mut dispatcher = MockDispatcher::new();
+    let mut dispatcher = mock_dispatcher();
     dispatcher.expect_dispatch().returning(move |_| {
         counted.fetch_add(1, Ordering::SeqCst);
         answer()
@@ -391,7 +408,7 @@ async fn each_claim_outcome_is_fired_left_or_abandoned() {
             settled: &[(0, 1, Expect::Fired)],
         },
         Case {
-            // The settle is tried three times before the claim is left to the reaper.
+            // The settle is tried five times before the claim is left to the reaper.
             name: "a settle the database keeps refusing leaves the claim unsettled",
             rows: &[Fresh],
             dispatch_error: None,
@@ -402,6 +419,8 @@ async fn each_claim_outcome_is_fired_left_or_abandoned() {
             },
             dispatched: &[(0, 1)],
             settled: &[
+                (0, 1, Expect::Fired),
+                (0, 1, Expect::Fired),
                 (0, 1, Expect::Fired),
                 (0, 1, Expect::Fired),
                 (0, 1, Expect::Fired),
@@ -443,7 +462,7 @@ async fn each_claim_outcome_is_fired_left_or_abandoned() {
 }
 
 /// InFlight and Settled rows are checked with a strict double as well: any call to the
-/// dispatcher or to `settle_fire` is a failure, whatever the tick reports.
+/// dispatcher or to `settle_fires` is a failure, whatever the tick reports.
 #[tokio::test]
 async fn in_flight_and_settled_rows_never_reach_the_dispatcher() {
     let rows = [
@@ -457,8 +476,8 @@ async fn in_flight_and_settled_rows_never_reach_the_dispatcher() {
         .expect_claim_due()
         .times(1)
         .return_once(move |_| Ok(claim(&rows, 0)));
-    ledger.expect_settle_fire().never();
-    let mut dispatcher = MockDispatcher::new();
+    ledger.expect_settle_fires().never();
+    let mut dispatcher = mock_dispatcher();
     dispatcher.expect_dispatch().never();
     let scheduler = scheduler(ledger, dispatcher);
 
@@ -496,15 +515,16 @@ async fn a_failing_dispatch_settles_failed_once_and_is_not_retried() {
         .times(2)
         .returning(move |_| Ok(queue.pop_front().unwrap()));
     ledger
-        .expect_settle_fire()
+        .expect_settle_fires()
         .times(1)
-        .withf(|fire_ref, settlement| {
-            fire_ref.occurrence == occurrence(0)
-                && fire_ref.token == MINE
-                && fire_ref.attempt == 1
-                && matches!(settlement, Settlement::Failed(e) if e.as_str() == "rejected: HTTP 400: bad payload")
+        .withf(|batch| {
+            let [settle] = batch else { return false };
+            settle.fire.occurrence == occurrence(0)
+                && settle.fire.token == MINE
+                && settle.fire.attempt == 1
+                && matches!(&settle.settlement, Settlement::Failed(e) if e.as_str() == "rejected: HTTP 400: bad payload")
         })
-        .returning(|_, _| Ok(true));
+        .returning(|_| Ok(vec![SettleOutcome::Settled]));
     let (dispatcher, calls) =
         counting_dispatcher(|| Err(DispatchError::Rejected("HTTP 400: bad payload".into())));
     let scheduler = scheduler(ledger, dispatcher);
@@ -553,7 +573,9 @@ async fn the_cap_is_asked_for_and_deferred_occurrences_are_counted_not_fired() {
                 && p.max_routines >= 3
         })
         .returning(move |_| Ok(queue.pop_front().unwrap()));
-    ledger.expect_settle_fire().returning(|_, _| Ok(true));
+    ledger
+        .expect_settle_fires()
+        .returning(|batch| Ok(vec![SettleOutcome::Settled; batch.len()]));
     let (dispatcher, calls) = counting_dispatcher(receipt);
     let scheduler = scheduler(ledger, dispatcher);
 
@@ -624,7 +646,7 @@ async fn a_claim_error_fails_the_tick() {
         .expect_claim_due()
         .times(1)
         .returning(move |_| Err(StoreError::RoutineNotFound(missing)));
-    let mut dispatcher = MockDispatcher::new();
+    let mut dispatcher = mock_dispatcher();
     dispatcher.expect_dispatch().never();
     let scheduler = scheduler(ledger, dispatcher);
 
@@ -674,7 +696,7 @@ async fn check_run(case: RunCase) {
     });
     // Pruning runs with the reaper; it finds nothing old enough here.
     ledger.expect_prune_settled().returning(|_, _| Ok(0));
-    let mut dispatcher = MockDispatcher::new();
+    let mut dispatcher = mock_dispatcher();
     dispatcher.expect_dispatch().never();
     let scheduler = Arc::new(scheduler(ledger, dispatcher));
 
@@ -771,7 +793,7 @@ async fn new_refuses_a_dispatch_timeout_not_shorter_than_the_lease() {
         };
         let result = Scheduler::new(
             Arc::new(MockFireLedger::new()),
-            Arc::new(MockDispatcher::new()),
+            Arc::new(mock_dispatcher()),
             config,
             "me",
         );
@@ -798,12 +820,210 @@ async fn a_claim_whose_lease_is_used_up_before_dispatch_is_left_to_the_reaper() 
     };
     let mut ledger = MockFireLedger::new();
     ledger.expect_claim_due().return_once(move |_| Ok(slow));
-    ledger.expect_settle_fire().never();
-    let mut dispatcher = MockDispatcher::new();
+    ledger.expect_settle_fires().never();
+    let mut dispatcher = mock_dispatcher();
     dispatcher.expect_dispatch().never();
     let scheduler = scheduler(ledger, dispatcher);
     let report = scheduler.tick().await.unwrap();
     assert_eq!(report.unsettled, 1);
     assert_eq!(report.fired + report.failed, 0);
     assert_eq!(Stats::get(&scheduler.stats().unstarted), 1);
+}
+
+/// A backend double that holds every dispatch of one routine for 20 s and answers the others at
+/// once, recording when each dispatch started.
+struct HoldsOneRoutine {
+    slow: Uuid,
+    started: Mutex<Vec<(Occurrence, tokio::time::Instant)>>,
+}
+
+#[async_trait::async_trait]
+impl Dispatcher for HoldsOneRoutine {
+    async fn dispatch(&self, dispatch: &cm_dispatch::Dispatch) -> Result<Receipt, DispatchError> {
+        self.started
+            .lock()
+            .unwrap()
+            .push((dispatch.occurrence, tokio::time::Instant::now()));
+        if dispatch.occurrence.routine_id == self.slow {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+        }
+        receipt()
+    }
+}
+
+/// With the loop running (paused time), one routine's dispatches each take 20 s while another
+/// routine comes due every second: the ticks keep their one-second cadence, the fast routine's
+/// occurrences are dispatched and settled within the tick that claimed them, and the slow
+/// dispatches overlap instead of queueing behind one another.
+#[tokio::test(start_paused = true)]
+async fn a_dispatch_held_for_20_s_does_not_hold_back_other_routines() {
+    const SLOW: Uuid = Uuid::from_u128(0x51);
+    const FAST: Uuid = Uuid::from_u128(0xFA);
+    type Times = Arc<Mutex<Vec<(Occurrence, tokio::time::Instant)>>>;
+    let claimed: Times = Arc::default();
+    let settled: Times = Arc::default();
+
+    let mut ledger = MockFireLedger::new();
+    let record = claimed.clone();
+    let ticks = Arc::new(AtomicUsize::new(0));
+    ledger.expect_claim_due().returning(move |_| {
+        let n = u32::try_from(ticks.fetch_add(1, Ordering::SeqCst)).unwrap();
+        let now = tokio::time::Instant::now();
+        let fires: Vec<ClaimedFire> = [SLOW, FAST]
+            .into_iter()
+            .map(|routine| {
+                let mut f = fire(n, Row::Fresh);
+                f.occurrence = Occurrence::new(routine, at(n));
+                record.lock().unwrap().push((f.occurrence, now));
+                f
+            })
+            .collect();
+        Ok(TickClaim {
+            fires,
+            ..claim(&[], 0)
+        })
+    });
+    ledger
+        .expect_reap_expired()
+        .returning(|_| Ok(claim(&[], 0)));
+    ledger.expect_prune_settled().returning(|_, _| Ok(0));
+    let record = settled.clone();
+    ledger.expect_settle_fires().returning(move |batch| {
+        let now = tokio::time::Instant::now();
+        let mut record = record.lock().unwrap();
+        record.extend(batch.iter().map(|s| (s.fire.occurrence, now)));
+        Ok(vec![SettleOutcome::Settled; batch.len()])
+    });
+    let dispatcher = Arc::new(HoldsOneRoutine {
+        slow: SLOW,
+        started: Mutex::default(),
+    });
+    let config = SchedulerConfig {
+        tick_interval: Duration::from_secs(1),
+        max_fires_per_tick: FireCap::new(10).unwrap(),
+        lease: Lease::new(Duration::from_secs(60)).unwrap(),
+        dispatch_timeout: Duration::from_secs(30),
+        ..SchedulerConfig::default()
+    };
+    let scheduler =
+        Arc::new(Scheduler::new(Arc::new(ledger), dispatcher.clone(), config, "me").unwrap());
+    let summary = scheduler
+        .clone()
+        .spawn(tokio::time::sleep(Duration::from_secs(30)))
+        .await
+        .unwrap();
+
+    let claimed = claimed.lock().unwrap().clone();
+    let settled: std::collections::HashMap<_, _> =
+        settled.lock().unwrap().iter().copied().collect();
+    let started: std::collections::HashMap<_, _> =
+        dispatcher.started.lock().unwrap().iter().copied().collect();
+    let tick_times: Vec<_> = claimed
+        .iter()
+        .filter(|(o, _)| o.routine_id == FAST)
+        .map(|(_, at)| *at)
+        .collect();
+    assert!(
+        tick_times.len() >= 29,
+        "only {} ticks in 30 s",
+        tick_times.len()
+    );
+    for pair in tick_times.windows(2) {
+        let gap = pair[1] - pair[0];
+        assert!(
+            gap <= Duration::from_millis(1_010),
+            "a tick waited {gap:?} for the one before it"
+        );
+    }
+    let mut slow_overlap = 0;
+    for (occurrence, at) in &claimed {
+        let began = started[occurrence] - *at;
+        assert!(
+            began <= Duration::from_millis(10),
+            "{occurrence:?} started {began:?} after its claim"
+        );
+        // Every occurrence is settled before the run returns, the slow ones 20 s after their
+        // claim, the others within a few milliseconds (one completer batch).
+        let done = settled[occurrence] - *at;
+        if occurrence.routine_id == FAST {
+            assert!(
+                done <= Duration::from_millis(50),
+                "{occurrence:?} settled {done:?} after its claim"
+            );
+        } else {
+            assert!(
+                done >= Duration::from_secs(20),
+                "{occurrence:?} settled after {done:?}"
+            );
+            if *at + Duration::from_secs(20) > claimed.last().unwrap().1 {
+                slow_overlap += 1;
+            }
+        }
+    }
+    // The slow dispatches of the last 20 s were all in flight at once.
+    assert!(
+        slow_overlap >= 19,
+        "only {slow_overlap} slow dispatches overlapped"
+    );
+    assert_eq!(summary.fired as usize, claimed.len(), "{summary:?}");
+    assert_eq!(summary.tick_errors, 0, "{summary:?}");
+}
+
+/// A transient failure of cm's own database while the outbox is written (dispatched mode) is
+/// retried within the dispatch's deadline, and the occurrence ends `fired`: it is not the
+/// target's failure.
+#[tokio::test]
+async fn a_transient_outbox_error_is_retried_and_the_occurrence_fires() {
+    let mut outbox = cm_store::MockOutboxStore::new();
+    let tries = Arc::new(AtomicUsize::new(0));
+    let counted = tries.clone();
+    outbox.expect_outbox_insert().returning(move |_| {
+        if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+            Err(StoreError::Database(sqlx::Error::PoolTimedOut))
+        } else {
+            Ok(true)
+        }
+    });
+    let (ledger, settles) = ledger(vec![claim(&[Row::Fresh], 0)], settled_ok);
+    let scheduler = scheduler(ledger, cm_dispatch::OutboxDispatcher::dispatched(outbox));
+
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(
+        report,
+        TickReport {
+            fired: 1,
+            ..TickReport::default()
+        }
+    );
+    assert_eq!(tries.load(Ordering::SeqCst), 2);
+    let settles = settles.lock().unwrap().clone();
+    assert_eq!(settles.len(), 1);
+    assert_eq!(settles[0].1, Settlement::Fired);
+}
+
+/// A database that stays down through the whole dispatch deadline leaves the occurrence
+/// `claimed` for a retry after its lease, not settled `failed`.
+#[tokio::test]
+async fn a_database_down_through_the_deadline_leaves_the_claim_for_a_retry() {
+    let mut outbox = cm_store::MockOutboxStore::new();
+    outbox
+        .expect_outbox_insert()
+        .returning(|_| Err(StoreError::Database(sqlx::Error::PoolTimedOut)));
+    let mut ledger = MockFireLedger::new();
+    ledger
+        .expect_claim_due()
+        .return_once(|_| Ok(claim(&[Row::Fresh], 0)));
+    ledger.expect_settle_fires().never();
+    let scheduler = scheduler(ledger, cm_dispatch::OutboxDispatcher::dispatched(outbox));
+
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(
+        report,
+        TickReport {
+            unsettled: 1,
+            ..TickReport::default()
+        }
+    );
+    assert_eq!(Stats::get(&scheduler.stats().left_for_retry), 1);
+    assert_eq!(Stats::get(&scheduler.stats().failed), 0);
 }

@@ -1,5 +1,5 @@
 //! Manual triggers and backfills: asked-for occurrences are claimed by the next tick through the
-//! same ledger, fill only what the cap leaves, and never fire a settled slot again.
+//! same ledger, with a guaranteed share of the cap, and never fire a settled slot again.
 
 use chrono::TimeDelta;
 use cm_domain::{ClaimOutcome, MisfirePolicy, Occurrence};
@@ -121,8 +121,46 @@ async fn a_request_for_a_slot_settled_meanwhile_is_not_fired_again(pool: PgPool)
     ));
 }
 
+/// A sustained backlog of scheduled work must not starve a trigger: requests get a fifth of the
+/// cap (at least one) before the scheduled occurrences, and the rest of the cap stays theirs.
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
-async fn requests_fill_only_what_the_cap_leaves(pool: PgPool) {
+async fn requests_get_a_share_of_the_cap_under_a_backlog(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let now = db_now(&pool).await;
+    // Ten routines, each owing years of occurrences: far more than any tick's cap.
+    for i in 0..10 {
+        let routine = crate::support::create_named(
+            &store,
+            &format!("busy {i}"),
+            YEARLY,
+            MisfirePolicy::CatchUp,
+        )
+        .await;
+        crate::support::set_next_run(&pool, routine.id, crate::support::jan1(2000)).await;
+    }
+    let asked = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
+    let slots: Vec<_> = (1..=3).map(|m| now - TimeDelta::minutes(m)).collect();
+    store.request_occurrences(asked.id, &slots).await.unwrap();
+
+    // (cap, requests claimed by the tick): a fifth of the cap, at least one.
+    for (cap, share) in [(10, 2), (4, 1)] {
+        let claim = store
+            .claim_due(&claim_params("a", cap, rules(u64::MAX / 4, 1000)))
+            .await
+            .unwrap();
+        assert_eq!(claim.fires.len(), cap, "cap {cap}");
+        let requested = claim
+            .fires
+            .iter()
+            .filter(|f| f.occurrence.routine_id == asked.id)
+            .count();
+        assert_eq!(requested, share, "cap {cap}");
+        assert!(claim.deferred > 0, "the backlog is still there");
+    }
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn requests_fill_the_cap_when_nothing_else_is_due(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let routine = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
     let now = db_now(&pool).await;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use chrono::{DateTime, Datelike, TimeDelta, TimeZone, Timelike, Utc};
 use cm_domain::{ClaimToken, FireCap, Lease, MisfirePolicy, MisfireRules, Occurrence, Schedule};
 use cm_store::{
-    ClaimDueParams, Fire, FireFilter, FireLedger, NewRoutine, PgStore, ReapParams, Routine,
-    RoutineKind, RoutineStore,
+    ClaimDueParams, Fire, FireFilter, FireLedger, InClaimEffect, InClaimWrites, NewRoutine,
+    PgStore, ReapParams, Routine, RoutineKind, RoutineStore,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -122,6 +122,19 @@ pub fn claim_params(claimant: &str, cap: usize, rules: MisfireRules) -> ClaimDue
         cap: FireCap::new(cap).unwrap(),
         rules,
         max_routines: 100,
+        in_claim: InClaimWrites::default(),
+    }
+}
+
+/// [`params`] for a scheduler whose message routines go to the database outbox, written in the
+/// claim's own transaction.
+pub fn outbox_params(claimant: &str) -> ClaimDueParams {
+    ClaimDueParams {
+        in_claim: InClaimWrites {
+            message: Some(InClaimEffect::Outbox),
+            mission: None,
+        },
+        ..params(claimant)
     }
 }
 

@@ -57,3 +57,7 @@ mod outbox;
 // Occurrences asked for by hand (trigger, backfill) go through the same ledger.
 #[path = "store/requests.rs"]
 mod requests;
+
+// The operator's reads and edits: unique names, pages, updates, imports, pending requests.
+#[path = "store/catalog.rs"]
+mod catalog;

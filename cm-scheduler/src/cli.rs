@@ -324,12 +324,7 @@ async fn fires(
         })
         .await?;
     if json {
-        for fire in &fires {
-            println!(
-                "{}",
-                serde_json::to_string(fire).map_err(anyhow::Error::from)?
-            );
-        }
+        listing::print_json_lines(&fires)?;
     } else {
         let rows: Vec<Vec<String>> = fires.iter().map(listing::fire_row).collect();
         listing::Table::new(listing::FIRE_COLUMNS).print_page(&rows);

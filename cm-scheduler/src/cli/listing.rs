@@ -24,6 +24,17 @@ pub(super) fn printable(text: &str) -> String {
         .collect()
 }
 
+/// Prints each item as one line of JSON (the `--json` form of the listings).
+pub(super) fn print_json_lines<T: serde::Serialize>(items: &[T]) -> Result<(), super::Failure> {
+    for item in items {
+        println!(
+            "{}",
+            serde_json::to_string(item).map_err(anyhow::Error::from)?
+        );
+    }
+    Ok(())
+}
+
 /// An instant as the listings print it: UTC, to the second.
 pub(super) fn instant(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)

@@ -439,12 +439,7 @@ async fn list(url: &str, json: bool) -> Result<(), Failure> {
         };
         after = Some(RoutineCursor::after(last));
         if json {
-            for routine in &page {
-                println!(
-                    "{}",
-                    serde_json::to_string(routine).map_err(anyhow::Error::from)?
-                );
-            }
+            listing::print_json_lines(&page)?;
         } else {
             let rows: Vec<Vec<String>> = page.iter().map(listing::routine_row).collect();
             table.print_page(&rows);

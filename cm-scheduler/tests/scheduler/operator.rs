@@ -220,103 +220,32 @@ async fn update_changes_settings_in_place_and_keeps_history() {
     create(url, "other", "0 0 * * *", "UTC");
     let missing = Uuid::new_v4().to_string();
     let bad_mission = files.write("bad.json", r#"{"task": "lint"}"#);
-    check_refused(
-        &db,
-        &[
-            case(
-                &[
-                    "routine",
-                    "update",
-                    "weekly report",
-                    "--schedule",
-                    "61 * * * *",
-                ],
-                "minute",
-            ),
-            case(
-                &[
-                    "routine",
-                    "update",
-                    "weekly report",
-                    "--timezone",
-                    "Mars/Olympus",
-                ],
-                "Mars/Olympus",
-            ),
-            case(
-                &[
-                    "routine",
-                    "update",
-                    "weekly report",
-                    "--misfire",
-                    "sometimes",
-                ],
-                "sometimes",
-            ),
-            case(
-                &["routine", "update", "weekly report", "--name", "other"],
-                "already exists",
-            ),
-            case(
-                &["routine", "update", "weekly report", "--name", "a\nb"],
-                "control",
-            ),
-            case(
-                &[
-                    "routine",
-                    "update",
-                    "weekly report",
-                    "--name",
-                    "red\u{1b}[31m",
-                ],
-                "control",
-            ),
-            case(
-                &["routine", "update", "weekly report", "--name", &missing],
-                "UUID",
-            ),
-            case(
-                &["routine", "update", "weekly report", "--name", " "],
-                "empty",
-            ),
-            case(
-                &["routine", "update", "weekly report", "--message", ""],
-                "message",
-            ),
-            case(
-                &[
-                    "routine",
-                    "update",
-                    "weekly report",
-                    "--message",
-                    "x",
-                    "--mission",
-                    &mission,
-                ],
-                "--mission",
-            ),
-            case(
-                &[
-                    "routine",
-                    "update",
-                    "weekly report",
-                    "--mission",
-                    &bad_mission,
-                ],
-                "repository",
-            ),
-            case(&["routine", "update", "weekly report"], "nothing to change"),
-            case(
-                &["routine", "update", "nobody", "--misfire", "skip"],
-                "nobody",
-            ),
-            case(
-                &["routine", "update", &missing, "--misfire", "skip"],
-                &missing,
-            ),
-        ],
-    )
-    .await;
+    let update = |rest: &[&str], fragment: &str| {
+        let args: Vec<&str> = ["routine", "update", "weekly report"]
+            .iter()
+            .chain(rest)
+            .copied()
+            .collect();
+        case(&args, fragment)
+    };
+    #[rustfmt::skip]
+    let cases = vec![
+        update(&["--schedule", "61 * * * *"], "minute"),
+        update(&["--timezone", "Mars/Olympus"], "Mars/Olympus"),
+        update(&["--misfire", "sometimes"], "sometimes"),
+        update(&["--name", "other"], "already exists"),
+        update(&["--name", "a\nb"], "control"),
+        update(&["--name", "red\u{1b}[31m"], "control"),
+        update(&["--name", &missing], "UUID"),
+        update(&["--name", " "], "empty"),
+        update(&["--message", ""], "message"),
+        update(&["--message", "x", "--mission", &mission], "--mission"),
+        update(&["--mission", &bad_mission], "repository"),
+        update(&[], "nothing to change"),
+        case(&["routine", "update", "nobody", "--misfire", "skip"], "nobody"),
+        case(&["routine", "update", &missing, "--misfire", "skip"], &missing),
+    ];
+    check_refused(&db, &cases).await;
 }
 
 #[tokio::test]
@@ -592,89 +521,40 @@ async fn names_are_unique_printable_handles() {
     let url = db.url.as_str();
     let id = create(url, "hourly", "0 * * * *", "UTC");
     let missing = Uuid::new_v4().to_string();
-    check_refused(
-        &db,
-        &[
-            case(
-                &[
-                    "routine",
-                    "create",
-                    "--name",
-                    "hourly",
-                    "--schedule",
-                    "* * * * *",
-                    "--message",
-                    "x",
-                ],
-                "already exists",
-            ),
-            case(
-                &[
-                    "routine",
-                    "create",
-                    "--name",
-                    "evil\u{1b}]0;pwned\u{7}",
-                    "--schedule",
-                    "* * * * *",
-                    "--message",
-                    "x",
-                ],
-                "control",
-            ),
-            case(
-                &[
-                    "routine",
-                    "create",
-                    "--name",
-                    "two\nlines",
-                    "--schedule",
-                    "* * * * *",
-                    "--message",
-                    "x",
-                ],
-                "control",
-            ),
-            case(
-                &[
-                    "routine",
-                    "create",
-                    "--name",
-                    &missing,
-                    "--schedule",
-                    "* * * * *",
-                    "--message",
-                    "x",
-                ],
-                "UUID",
-            ),
-            case(
-                &["routine", "show", "nobody"],
-                "no routine is named \"nobody\"",
-            ),
-            case(&["routine", "pause", "nobody"], "nobody"),
-            case(&["routine", "resume", "nobody"], "nobody"),
-            case(&["routine", "delete", "nobody"], "nobody"),
-            case(&["routine", "trigger", "nobody"], "nobody"),
-            case(
-                &[
-                    "routine",
-                    "backfill",
-                    "nobody",
-                    "--from",
-                    "2025-01-01T00:00:00Z",
-                    "--to",
-                    "2025-01-01T01:00:00Z",
-                ],
-                "nobody",
-            ),
-            // A name given with an escape is quoted with the escape spelt out.
-            case(&["routine", "show", "x\u{1b}[2J"], "\\u{1b}"),
-            // A missing routine is bad input for fires too, by id or by name.
-            case(&["fires", "--routine", &missing], &missing),
-            case(&["fires", "--routine", "nobody"], "nobody"),
-        ],
-    )
-    .await;
+    let create = |name: &str, fragment: &str| {
+        case(
+            &[
+                "routine",
+                "create",
+                "--name",
+                name,
+                "--schedule",
+                "* * * * *",
+                "--message",
+                "x",
+            ],
+            fragment,
+        )
+    };
+    #[rustfmt::skip]
+    let cases = vec![
+        create("hourly", "already exists"),
+        create("evil\u{1b}]0;pwned\u{7}", "control"),
+        create("two\nlines", "control"),
+        create(&missing, "UUID"),
+        case(&["routine", "show", "nobody"], "no routine is named \"nobody\""),
+        case(&["routine", "pause", "nobody"], "nobody"),
+        case(&["routine", "resume", "nobody"], "nobody"),
+        case(&["routine", "delete", "nobody"], "nobody"),
+        case(&["routine", "trigger", "nobody"], "nobody"),
+        case(&["routine", "backfill", "nobody", "--from", "2025-01-01T00:00:00Z", "--to", "2025-01-01T01:00:00Z"], "nobody"),
+        // A name given with an escape is quoted with the escape spelt out.
+        case(&["routine", "show", "x\u{1b}[2J"], "\\u{1b}"),
+        // A missing routine is bad input for fires too, by id or by name.
+        case(&["fires", "--routine", &missing], &missing),
+        case(&["fires", "--routine", "nobody"], "nobody"),
+    ];
+    check_refused(&db, &cases).await;
 
     // Every command that takes an id takes the name.
     assert!(ok(url, &["routine", "show", "hourly"]).contains(&id.to_string()));

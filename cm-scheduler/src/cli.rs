@@ -429,7 +429,13 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
 
     let store = connect(url, !args.no_migrate).await?;
     if !args.no_migrate {
-        store.migrate().await.context("applying migrations")?;
+        store
+            .migrate()
+            .await
+            .map_err(|e| anyhow::anyhow!("applying migrations: {}", e.explain()))?;
+    } else {
+        // Without the schema every tick would fail: say so now, with what to do.
+        store.check_schema().await?;
     }
     let message: Arc<dyn cm_dispatch::Dispatcher> = match args.message_backend {
         MessageBackend::Outbox => Arc::new(OutboxDispatcher::new(store.clone())),

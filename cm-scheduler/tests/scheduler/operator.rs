@@ -822,6 +822,7 @@ async fn errors_say_what_to_do_and_keep_secrets() {
         &["routine", "list"][..],
         &["fires"],
         &["routine", "show", "x"],
+        &["run", "--no-migrate"],
     ] {
         let out = cm(&empty, args);
         assert_eq!(out.code, Some(1), "{out:?}");

@@ -1,4 +1,13 @@
 //! Parsing and running the command line (the contract in DESIGN.md).
+//!
+//! The routine commands are in `cli/routine.rs` (with `cli/import.rs` for the files `routine
+//! import` reads), the tables in `cli/listing.rs`, and connecting with secrets kept out of
+//! messages in `cli/database.rs`.
+
+mod database;
+mod import;
+mod listing;
+mod routine;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,13 +18,13 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use cm_dispatch::{OutboxDispatcher, RoutedDispatcher};
-use cm_domain::{FireCap, FireStatus, Lease, MisfirePolicy, Schedule, SchedulerConfig, Zone};
+use cm_domain::{FireCap, FireStatus, Lease, Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
 use cm_scheduler::http::{Health, Readiness};
-use cm_store::{
-    FireFilter, FireLedger, NewRoutine, PgStore, Routine, RoutineKind, RoutineStore, StoreError,
-};
-use uuid::Uuid;
+use cm_store::{FireFilter, FireLedger, PgStore, StoreError};
+
+use database::connect;
+use routine::RoutineCommand;
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/cm";
 
@@ -39,11 +48,11 @@ enum Command {
     /// Creates and manages routines.
     #[command(subcommand)]
     Routine(RoutineCommand),
-    /// Lists fires (the occurrence ledger), newest first.
+    /// Lists fires (the occurrence ledger), newest first, as a table (or JSON lines).
     Fires {
-        /// Only this routine's.
-        #[arg(long)]
-        routine: Option<Uuid>,
+        /// Only this routine's (its id or name).
+        #[arg(long, value_name = "ID|NAME")]
+        routine: Option<String>,
         /// Only with this status.
         #[arg(long, value_parser = ["claimed", "fired", "failed"])]
         status: Option<String>,
@@ -57,6 +66,12 @@ enum Command {
     /// Schedule arithmetic, without a database.
     #[command(subcommand)]
     Schedule(ScheduleCommand),
+    /// Prints a shell completion script (for example `cm-scheduler completions bash >
+    /// /etc/bash_completion.d/cm-scheduler`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -139,86 +154,6 @@ enum MissionBackend {
 }
 
 #[derive(Debug, Subcommand)]
-enum RoutineCommand {
-    /// Creates a routine and prints its id.
-    Create(CreateArgs),
-    /// Lists routines.
-    List {
-        /// As JSON lines.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Shows one routine.
-    Show {
-        /// The routine's id.
-        id: Uuid,
-        /// As JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Pauses a routine: it is never due until resumed.
-    Pause {
-        /// The routine's id.
-        id: Uuid,
-    },
-    /// Resumes a routine; its next run is computed from now.
-    Resume {
-        /// The routine's id.
-        id: Uuid,
-    },
-    /// Deletes a routine and its fires.
-    Delete {
-        /// The routine's id.
-        id: Uuid,
-    },
-    /// Fires a routine now, through the ledger (the next tick claims it; paused or not).
-    Trigger {
-        /// The routine's id.
-        id: Uuid,
-    },
-    /// Fires a routine's occurrences in a past window that the ledger does not hold yet.
-    Backfill {
-        /// The routine's id.
-        id: Uuid,
-        /// The window's start (RFC 3339), included.
-        #[arg(long)]
-        from: String,
-        /// The window's end (RFC 3339), included; not in the future.
-        #[arg(long)]
-        to: String,
-    },
-}
-
-#[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("action").required(true).args(["message", "mission"])))]
-struct CreateArgs {
-    /// A name for people.
-    #[arg(long)]
-    name: String,
-    /// A cron expression: 5 fields, or 6 with seconds first.
-    #[arg(long)]
-    schedule: String,
-    /// The IANA zone the schedule is read in.
-    #[arg(long, default_value = "UTC")]
-    timezone: String,
-    /// What to do with occurrences found late.
-    #[arg(long, default_value = "fire-once", value_parser = ["fire-once", "catch-up", "skip"])]
-    misfire: String,
-    /// A message routine posting this text.
-    #[arg(long)]
-    message: Option<String>,
-    /// A mission routine described by this JSON file (an object with a "repository").
-    #[arg(long)]
-    mission: Option<PathBuf>,
-    /// Create it paused.
-    #[arg(long)]
-    paused: bool,
-    /// Print the routine as JSON instead of its id.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Debug, Subcommand)]
 enum ScheduleCommand {
     /// Prints the next occurrences of an expression, one UTC instant a line.
     Next {
@@ -254,8 +189,11 @@ impl From<anyhow::Error> for Failure {
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::RoutineNotFound(_) => Failure::Input(e.to_string()),
-            other => Failure::Other(other.into()),
+            StoreError::RoutineNotFound(_)
+            | StoreError::RoutineNameNotFound(_)
+            | StoreError::NameTaken(_)
+            | StoreError::InvalidRoutine(_) => Failure::Input(e.to_string()),
+            other => Failure::Other(anyhow::anyhow!(other.explain())),
         }
     }
 }
@@ -304,14 +242,16 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // Whatever a message quotes, the database URL's secrets never reach the terminal.
+    let url = cli.database_url.clone();
     match runtime.block_on(execute(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Input(message)) => {
-            eprintln!("cm-scheduler: {message}");
+            eprintln!("cm-scheduler: {}", database::scrub(&message, &url));
             ExitCode::from(2)
         }
         Err(Failure::Other(e)) => {
-            eprintln!("cm-scheduler: {}", one_line(&e));
+            eprintln!("cm-scheduler: {}", database::scrub(&one_line(&e), &url));
             ExitCode::from(1)
         }
     }
@@ -347,57 +287,64 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
         }) => schedule_next(&expr, &timezone, after.as_deref(), count),
         Command::Migrate => {
             let store = connect(&cli.database_url, true).await?;
-            store.migrate().await.context("applying migrations")?;
+            store
+                .migrate()
+                .await
+                .map_err(|e| anyhow::anyhow!("applying migrations: {}", e.explain()))?;
             println!("migrations applied");
             Ok(())
         }
         Command::Run(args) => run(&cli.database_url, args).await,
-        Command::Routine(command) => routine(&cli.database_url, command).await,
+        Command::Routine(command) => routine::routine(&cli.database_url, command).await,
         Command::Fires {
             routine,
             status,
             limit,
             json,
-        } => {
-            let status = status
-                .map(|s| s.parse::<FireStatus>())
-                .transpose()
-                .map_err(|e| input(e.to_string()))?;
-            let store = connect(&cli.database_url, false).await?;
-            let fires = store
-                .list_fires(&FireFilter {
-                    routine_id: routine,
-                    status,
-                    limit,
-                })
-                .await?;
-            for fire in fires {
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string(&fire).map_err(anyhow::Error::from)?
-                    );
-                } else {
-                    println!(
-                        "{}  {}  {:<7}  attempt {}  {}{}{}",
-                        fire.scheduled_at
-                            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                        fire.routine_id,
-                        fire.status,
-                        fire.attempt,
-                        fire.claimant,
-                        fire.receipt
-                            .map(|r| format!("  receipt: {r}"))
-                            .unwrap_or_default(),
-                        fire.error
-                            .map(|e| format!("  error: {e}"))
-                            .unwrap_or_default()
-                    );
-                }
-            }
+        } => fires(&cli.database_url, routine.as_deref(), status, limit, json).await,
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "cm-scheduler",
+                &mut std::io::stdout(),
+            );
             Ok(())
         }
     }
+}
+
+async fn fires(
+    url: &str,
+    routine: Option<&str>,
+    status: Option<String>,
+    limit: u32,
+    json: bool,
+) -> Result<(), Failure> {
+    let status = status
+        .map(|s| s.parse::<FireStatus>())
+        .transpose()
+        .map_err(|e| input(e.to_string()))?;
+    let store = database::connect_migrated(url).await?;
+    let routine_id = match routine {
+        Some(reference) => Some(routine::find_id(&store, reference).await?),
+        None => None,
+    };
+    let fires = store
+        .list_fires(&FireFilter {
+            routine_id,
+            status,
+            limit,
+        })
+        .await?;
+    if json {
+        listing::print_json_lines(&fires)?;
+    } else {
+        let rows: Vec<Vec<String>> = fires.iter().map(listing::fire_row).collect();
+        listing::Table::new(listing::FIRE_COLUMNS).print_page(&rows);
+    }
+    Ok(())
 }
 
 fn schedule_next(
@@ -434,167 +381,6 @@ fn parse_time(text: &str) -> Result<DateTime<Utc>, Failure> {
                 "invalid time {text:?} (expected RFC 3339, like 2025-03-09T07:00:00Z): {e}"
             ))
         })
-}
-
-/// Connects to the database; `create` creates it first if it does not exist.
-async fn connect(url: &str, create: bool) -> Result<PgStore, Failure> {
-    let shown = redact(url);
-    if create {
-        PgStore::create_database_if_missing(url)
-            .await
-            .with_context(|| format!("cannot reach PostgreSQL at {shown}"))?;
-    }
-    Ok(PgStore::connect(url)
-        .await
-        .with_context(|| format!("cannot connect to PostgreSQL at {shown}"))?)
-}
-
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        _ => url.to_string(),
-    }
-}
-
-async fn routine(url: &str, command: RoutineCommand) -> Result<(), Failure> {
-    match command {
-        RoutineCommand::Create(args) => {
-            // Everything about the input is checked before the database is touched, so bad
-            // input writes nothing.
-            let new = new_routine(&args)?;
-            let store = connect(url, false).await?;
-            let routine = store.create_routine(new).await?;
-            if args.json {
-                print_json(&routine)?;
-            } else {
-                println!("{}", routine.id);
-            }
-            Ok(())
-        }
-        RoutineCommand::List { json } => {
-            let store = connect(url, false).await?;
-            for routine in store.list_routines().await? {
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string(&routine).map_err(anyhow::Error::from)?
-                    );
-                } else {
-                    print_routine_line(&routine);
-                }
-            }
-            Ok(())
-        }
-        RoutineCommand::Show { id, json } => {
-            let store = connect(url, false).await?;
-            let routine = store.get_routine(id).await?;
-            if json {
-                print_json(&routine)
-            } else {
-                print_routine_line(&routine);
-                Ok(())
-            }
-        }
-        RoutineCommand::Pause { id } | RoutineCommand::Resume { id } => {
-            let paused = matches!(command, RoutineCommand::Pause { .. });
-            let store = connect(url, false).await?;
-            let routine = store.set_routine_paused(id, paused).await?;
-            print_routine_line(&routine);
-            Ok(())
-        }
-        RoutineCommand::Delete { id } => {
-            let store = connect(url, false).await?;
-            store.delete_routine(id).await?;
-            println!("deleted {id}");
-            Ok(())
-        }
-        RoutineCommand::Trigger { id } => {
-            let store = connect(url, false).await?;
-            let at = store.trigger_routine(id).await?;
-            println!(
-                "{}",
-                at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-            );
-            Ok(())
-        }
-        RoutineCommand::Backfill { id, from, to } => {
-            let (from, to) = (parse_time(&from)?, parse_time(&to)?);
-            let store = connect(url, false).await?;
-            let routine = store.get_routine(id).await?;
-            let schedule = routine.parsed_schedule()?;
-            // The window is judged against the database's clock, the one the ticks use.
-            let now = store.ping().await?;
-            let occurrences = cm_domain::backfill_occurrences(&schedule, from, to, now)
-                .map_err(|e| input(e.to_string()))?;
-            let requested = store.request_occurrences(id, &occurrences).await?;
-            println!(
-                "requested {requested} of {} occurrences ({} already in the ledger or requested)",
-                occurrences.len(),
-                occurrences.len() as u64 - requested
-            );
-            Ok(())
-        }
-    }
-}
-
-fn print_json(routine: &Routine) -> Result<(), Failure> {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(routine).map_err(anyhow::Error::from)?
-    );
-    Ok(())
-}
-
-fn print_routine_line(r: &Routine) {
-    let next = r
-        .next_run_at
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_else(|| {
-            if r.paused {
-                "paused".into()
-            } else {
-                "never".into()
-            }
-        });
-    println!(
-        "{}  {:<8} {:<20} {:<24} {:<16} next {}",
-        r.id, r.kind, r.name, r.schedule, r.timezone, next
-    );
-}
-
-fn new_routine(args: &CreateArgs) -> Result<NewRoutine, Failure> {
-    let name = args.name.trim();
-    if name.is_empty() || name.chars().count() > 200 {
-        return Err(input("the name must be 1 to 200 characters"));
-    }
-    let zone = Zone::parse(&args.timezone).map_err(|e| input(e.to_string()))?;
-    let schedule = Schedule::new(&args.schedule, zone).map_err(|e| input(e.to_string()))?;
-    let misfire: MisfirePolicy = args
-        .misfire
-        .parse()
-        .map_err(|e: cm_domain::ParseMisfirePolicyError| input(e.to_string()))?;
-    let (kind, payload) = match (&args.message, &args.mission) {
-        (Some(text), None) => {
-            if text.is_empty() {
-                return Err(input("the message must not be empty"));
-            }
-            (RoutineKind::Message, serde_json::json!({ "text": text }))
-        }
-        (None, Some(path)) => (RoutineKind::Mission, mission_payload(path)?),
-        _ => return Err(input("give exactly one of --message and --mission")),
-    };
-    Ok(NewRoutine {
-        name: name.to_string(),
-        schedule,
-        kind,
-        payload,
-        misfire,
-        paused: args.paused,
-    })
 }
 
 /// Reads a mission description: a JSON object naming at least the repository to check out.
@@ -659,7 +445,13 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
 
     let store = connect(url, !args.no_migrate).await?;
     if !args.no_migrate {
-        store.migrate().await.context("applying migrations")?;
+        store
+            .migrate()
+            .await
+            .map_err(|e| anyhow::anyhow!("applying migrations: {}", e.explain()))?;
+    } else {
+        // Without the schema every tick would fail: say so now, with what to do.
+        store.check_schema().await?;
     }
     let message: Arc<dyn cm_dispatch::Dispatcher> = match args.message_backend {
         MessageBackend::Outbox => match args.outbox_mode {

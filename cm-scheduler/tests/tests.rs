@@ -6,6 +6,8 @@
 //! - `exactly_once`: several schedulers racing on one real database.
 //! - `crash`: whole `cm-scheduler` processes killed between claim and settle.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
+//! - `operator`: editing, importing, naming and reading routines from the command line, and
+//!   errors (and secrets) as people see them.
 //! - `support`: the database server and clean-up the whole-process tests share.
 
 #[path = "scheduler/support.rs"]
@@ -21,3 +23,5 @@ mod crash;
 mod exactly_once;
 #[path = "scheduler/mock_loop.rs"]
 mod mock_loop;
+#[path = "scheduler/operator.rs"]
+mod operator;

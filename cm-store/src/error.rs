@@ -16,6 +16,30 @@ pub enum StoreError {
     /// No routine has this id.
     #[error("no routine has id {0}")]
     RoutineNotFound(Uuid),
+    /// No routine has this name.
+    #[error("no routine is named {0:?}")]
+    RoutineNameNotFound(String),
+    /// Another routine already has this name (names are unique).
+    #[error("a routine named {0:?} already exists")]
+    NameTaken(String),
+    /// A change would leave a routine the domain refuses (say, a schedule whose new zone makes it
+    /// invalid); nothing was written.
+    #[error("invalid routine: {0}")]
+    InvalidRoutine(String),
+    /// The database has no cm schema: its migrations were never applied.
+    #[error("the database has no cm schema: apply the migrations (`cm-scheduler migrate`)")]
+    SchemaMissing,
+    /// The database's schema is older than this build's migrations.
+    #[error(
+        "the database's schema is at migration {applied}, older than this build's {expected}: \
+         apply the migrations (`cm-scheduler migrate`)"
+    )]
+    SchemaOutdated {
+        /// The newest migration applied to the database.
+        applied: i64,
+        /// The newest migration this build embeds.
+        expected: i64,
+    },
     /// A stored row holds a value the domain refuses (written by hand, or by an older version).
     #[error("stored routine {routine_id} is unusable: {reason}")]
     CorruptRoutine {
@@ -80,5 +104,43 @@ mod tests {
         for code in ["23505", "23503", "22021", "42P01", "42703", "P0001"] {
             assert!(!is_transient_sqlstate(code), "{code}");
         }
+    }
+}
+
+impl StoreError {
+    /// The error in one line for people: the database's own message without PostgreSQL's
+    /// internals (its source file, line and function), and what to do where that is known
+    /// (start the server, apply the migrations).
+    pub fn explain(&self) -> String {
+        match self {
+            StoreError::Database(e) => explain_sqlx(e),
+            StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => {
+                format!("migration failed: {}", explain_sqlx(e))
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
+fn explain_sqlx(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            "connection refused (is PostgreSQL running there?)".into()
+        }
+        sqlx::Error::Io(io) => format!("{} ({io})", io.kind()),
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // invalid_catalog_name: the database does not exist.
+            Some("3D000") => format!(
+                "{} (`cm-scheduler migrate` creates it and its schema)",
+                db.message()
+            ),
+            // undefined_table: the schema was never applied.
+            Some("42P01") => StoreError::SchemaMissing.to_string(),
+            _ => db.message().to_string(),
+        },
+        sqlx::Error::PoolTimedOut => {
+            "no database connection came free in time (is PostgreSQL overloaded or gone?)".into()
+        }
+        other => other.to_string(),
     }
 }

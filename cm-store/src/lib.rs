@@ -4,6 +4,7 @@
 //! statement the system runs in one place. The crate is split by table:
 //!
 //! - [`routines`]: creating, reading, pausing and deleting routines ([`RoutineStore`]).
+//! - [`catalog`]: finding routines by name, paging through them, editing and importing them.
 //! - [`ledger`]: the occurrence ledger, `routine_fires`: the tick's claim, settling, the reaper
 //!   and listing fires ([`FireLedger`]).
 //! - [`outbox`]: the message outbox ([`OutboxStore`]).
@@ -41,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod catalog;
 mod error;
 pub mod ledger;
 pub mod outbox;
@@ -50,6 +52,9 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 
+pub use catalog::{
+    ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
+};
 pub use error::StoreError;
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;

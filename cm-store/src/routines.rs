@@ -1,4 +1,5 @@
-//! The `routines` table: creating, reading, pausing, resuming and deleting routines.
+//! The `routines` table: creating, reading, pausing, resuming and deleting routines (editing,
+//! importing and paging through them are in [`crate::catalog`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -9,6 +10,7 @@ use cm_domain::{MisfirePolicy, Schedule};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::catalog::{self, ImportedRoutine, PendingRequests, RoutineCursor, RoutineUpdate};
 use crate::{PgStore, StoreError};
 
 /// What a routine does when it fires.
@@ -62,7 +64,7 @@ impl FromStr for RoutineKind {
 /// A routine to create. The schedule is already parsed, so an invalid one cannot be stored.
 #[derive(Debug, Clone)]
 pub struct NewRoutine {
-    /// A name for people (1 to 200 characters).
+    /// A name for people, unique (check it with `cm_domain::RoutineName`).
     pub name: String,
     /// When it runs.
     pub schedule: Schedule,
@@ -142,6 +144,36 @@ pub trait RoutineStore: Send + Sync {
     /// Every routine, oldest first.
     async fn list_routines(&self) -> Result<Vec<Routine>, StoreError>;
 
+    /// The routine with this name (names are unique).
+    async fn get_routine_by_name(&self, name: &str) -> Result<Routine, StoreError>;
+
+    /// At most `limit` routines in creation order, after `after` (from the first when `None`):
+    /// a listing reads the table a page at a time instead of holding it all.
+    async fn list_routines_page(
+        &self,
+        after: Option<RoutineCursor>,
+        limit: u32,
+    ) -> Result<Vec<Routine>, StoreError>;
+
+    /// Changes a routine in one transaction with its row locked (see [`RoutineUpdate`]). A
+    /// name another routine has is refused with [`StoreError::NameTaken`].
+    async fn update_routine(&self, id: Uuid, update: &RoutineUpdate)
+    -> Result<Routine, StoreError>;
+
+    /// Stores every routine of `routines` in one transaction, or none: a name that exists is
+    /// refused with [`StoreError::NameTaken`], unless `upsert`, where that routine takes the
+    /// new schedule, policy, kind and payload (as [`RoutineStore::update_routine`] would; its
+    /// paused state is kept). Returns what was written, in order.
+    async fn import_routines(
+        &self,
+        routines: &[NewRoutine],
+        upsert: bool,
+    ) -> Result<Vec<ImportedRoutine>, StoreError>;
+
+    /// How many occurrences of a routine are asked for and not yet claimed, and the oldest
+    /// `limit` of them.
+    async fn pending_requests(&self, id: Uuid, limit: u32) -> Result<PendingRequests, StoreError>;
+
     /// Pauses a routine (it is never due while paused) or resumes it (its next run is computed
     /// from the database's clock, so a long pause does not produce misfires).
     async fn set_routine_paused(&self, id: Uuid, paused: bool) -> Result<Routine, StoreError>;
@@ -170,28 +202,7 @@ impl RoutineStore for PgStore {
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(&mut *tx)
             .await?;
-        let next_run_at = if routine.paused {
-            None
-        } else {
-            routine.schedule.next_after(now)
-        };
-        let row = sqlx::query_as::<_, Routine>(
-            "INSERT INTO routines
-                 (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-             RETURNING *",
-        )
-        .bind(Uuid::new_v4())
-        .bind(&routine.name)
-        .bind(routine.schedule.expression())
-        .bind(routine.schedule.zone().name())
-        .bind(routine.kind.as_str())
-        .bind(&routine.payload)
-        .bind(routine.misfire.as_str())
-        .bind(routine.paused)
-        .bind(next_run_at)
-        .fetch_one(&mut *tx)
-        .await?;
+        let row = catalog::insert_routine(&mut tx, &routine, now).await?;
         tx.commit().await?;
         Ok(row)
     }
@@ -210,6 +221,38 @@ impl RoutineStore for PgStore {
                 .fetch_all(&self.pool)
                 .await?,
         )
+    }
+
+    async fn get_routine_by_name(&self, name: &str) -> Result<Routine, StoreError> {
+        catalog::get_routine_by_name(&self.pool, name).await
+    }
+
+    async fn list_routines_page(
+        &self,
+        after: Option<RoutineCursor>,
+        limit: u32,
+    ) -> Result<Vec<Routine>, StoreError> {
+        catalog::list_routines_page(&self.pool, after, limit).await
+    }
+
+    async fn update_routine(
+        &self,
+        id: Uuid,
+        update: &RoutineUpdate,
+    ) -> Result<Routine, StoreError> {
+        catalog::update_routine(&self.pool, id, update).await
+    }
+
+    async fn import_routines(
+        &self,
+        routines: &[NewRoutine],
+        upsert: bool,
+    ) -> Result<Vec<ImportedRoutine>, StoreError> {
+        catalog::import_routines(&self.pool, routines, upsert).await
+    }
+
+    async fn pending_requests(&self, id: Uuid, limit: u32) -> Result<PendingRequests, StoreError> {
+        catalog::pending_requests(&self.pool, id, limit).await
     }
 
     async fn set_routine_paused(&self, id: Uuid, paused: bool) -> Result<Routine, StoreError> {

@@ -62,3 +62,7 @@ mod requests;
 // fenced settles.
 #[path = "store/in_claim.rs"]
 mod in_claim;
+
+// The operator's reads and edits: unique names, pages, updates, imports, pending requests.
+#[path = "store/catalog.rs"]
+mod catalog;

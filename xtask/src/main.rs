@@ -99,9 +99,10 @@ fn demo() -> anyhow::Result<()> {
              or pass --database-url URL for a server that runs."
         );
     }
+    // Not --quiet: the first build takes minutes, and cargo's progress shows it is moving.
     run({
         let mut c = cargo();
-        c.args(["build", "--quiet", "--package", "cm-scheduler"]);
+        c.args(["build", "--package", "cm-scheduler"]);
         c
     })?;
     let target = std::env::var_os("CARGO_TARGET_DIR")

@@ -30,9 +30,11 @@ pub fn lease_delta() -> TimeDelta {
     TimeDelta::from_std(LEASE).unwrap()
 }
 
-/// Creates an unpaused message routine on `expr` (UTC) with `policy`.
+/// Creates an unpaused message routine on `expr` (UTC) with `policy`, under a name of its own
+/// (names are unique).
 pub async fn create(store: &PgStore, expr: &str, policy: MisfirePolicy) -> Routine {
-    create_named(store, "test routine", expr, policy).await
+    let name = format!("test routine {}", Uuid::new_v4().simple());
+    create_named(store, &name, expr, policy).await
 }
 
 /// Creates an unpaused message routine called `name` on `expr` (UTC) with `policy`.

@@ -1,0 +1,178 @@
+//! Connecting the command line to PostgreSQL, and keeping the database URL's secrets out of
+//! every message: its password, and query parameters such as `password` or `sslpassword`.
+
+use std::time::Duration;
+
+use anyhow::anyhow;
+use cm_store::PgStore;
+
+use super::Failure;
+
+/// How long the first connection may take before the command gives up: long enough for a
+/// server across a slow network, short enough that a person is not left waiting.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects to the database; `create` creates it first if it does not exist. One direct
+/// connection is tried first, so a refused connection, an unknown database or a rejected
+/// password is reported at once, in words, rather than as a pool timing out.
+pub(super) async fn connect(url: &str, create: bool) -> Result<PgStore, Failure> {
+    let shown = redact(url);
+    let fail = |e: cm_store::StoreError| {
+        Failure::Other(anyhow!(
+            "cannot connect to PostgreSQL at {shown}: {}",
+            e.explain()
+        ))
+    };
+    if create {
+        PgStore::create_database_if_missing(url)
+            .await
+            .map_err(fail)?;
+    } else {
+        match tokio::time::timeout(CONNECT_TIMEOUT, PgStore::check_connection(url)).await {
+            Ok(result) => result.map_err(fail)?,
+            Err(_) => {
+                return Err(Failure::Other(anyhow!(
+                    "cannot connect to PostgreSQL at {shown}: no answer within {}s",
+                    CONNECT_TIMEOUT.as_secs()
+                )));
+            }
+        }
+    }
+    PgStore::connect(url).await.map_err(fail)
+}
+
+/// Connects to a database that must already hold cm's schema: one without it is refused with
+/// the advice to run `cm-scheduler migrate`.
+pub(super) async fn connect_migrated(url: &str) -> Result<PgStore, Failure> {
+    let store = connect(url, false).await?;
+    store
+        .check_schema()
+        .await
+        .map_err(|e| Failure::Other(anyhow!("{}: {}", redact(url), e.explain())))?;
+    Ok(store)
+}
+
+/// Whether a URL query parameter holds a secret (`password`, `sslpassword`, a token, …).
+/// Paths to files that hold secrets (`passfile`, `sslkey`) are not secrets themselves.
+fn is_secret_parameter(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["password", "secret", "token"]
+        .iter()
+        .any(|word| key.contains(word))
+}
+
+/// Every secret the database URL holds, as written and percent-decoded: the user-info
+/// password, the values of secret query parameters, and `password=` in a `key=value`
+/// connection string.
+fn secrets(url: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut push = |raw: &str| {
+        if !raw.is_empty() {
+            found.push(raw.to_string());
+            let decoded: String = url::form_urlencoded::parse(format!("x={raw}").as_bytes())
+                .map(|(_, v)| v.into_owned())
+                .next()
+                .unwrap_or_default();
+            if !decoded.is_empty() && decoded != raw {
+                found.push(decoded);
+            }
+        }
+    };
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    if let Some((_, rest)) = base.split_once("://") {
+        let authority = rest.split('/').next().unwrap_or(rest);
+        if let Some((userinfo, _)) = authority.rsplit_once('@')
+            && let Some((_, password)) = userinfo.split_once(':')
+        {
+            push(password);
+        }
+        for pair in query.split(['&', '#']) {
+            if let Some((key, value)) = pair.split_once('=') {
+                let key: String = url::form_urlencoded::parse(format!("{key}=").as_bytes())
+                    .map(|(k, _)| k.into_owned())
+                    .next()
+                    .unwrap_or_default();
+                if is_secret_parameter(&key) {
+                    push(value);
+                }
+            }
+        }
+    } else {
+        for token in url.split_whitespace() {
+            if let Some((key, value)) = token.split_once('=')
+                && is_secret_parameter(key)
+            {
+                push(value.trim_matches(['\'', '"']));
+            }
+        }
+    }
+    // The longest first, so a secret that contains another is replaced whole.
+    found.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    found
+}
+
+/// `text` with every secret of the database URL replaced by `***`.
+pub(super) fn scrub(text: &str, url: &str) -> String {
+    let mut text = text.to_string();
+    for secret in secrets(url) {
+        text = text.replace(&secret, "***");
+    }
+    text
+}
+
+/// The database URL with its secrets replaced by `***`, for messages.
+pub(super) fn redact(url: &str) -> String {
+    // Only the parts after the scheme: a password such as "postgres" must not turn the scheme
+    // into "***://".
+    match url.split_once("://") {
+        Some((scheme, rest)) => format!("{scheme}://{}", scrub(rest, url)),
+        None => scrub(url, url),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(url: &str, expected: &str) {
+        assert_eq!(redact(url), expected, "{url}");
+    }
+
+    #[test]
+    fn every_secret_part_of_a_url_is_redacted() {
+        check(
+            "postgres://cm:s3cret@db:5432/cm",
+            "postgres://cm:***@db:5432/cm",
+        );
+        check(
+            "postgres://cm@db/cm?password=s3cret&sslmode=require",
+            "postgres://cm@db/cm?password=***&sslmode=require",
+        );
+        check(
+            "postgres://db/cm?sslmode=verify-full&sslpassword=k3y&passfile=/home/cm/.pgpass",
+            "postgres://db/cm?sslmode=verify-full&sslpassword=***&passfile=/home/cm/.pgpass",
+        );
+        check("postgres://cm:p%40ss@db/cm", "postgres://cm:***@db/cm");
+        check(
+            "postgres://postgres:postgres@db/cm",
+            "postgres://***:***@db/cm",
+        );
+        check(
+            "postgres://postgres@127.0.0.1:5432/cm",
+            "postgres://postgres@127.0.0.1:5432/cm",
+        );
+        check(
+            "host=db password=s3cret dbname=cm",
+            "host=db password=*** dbname=cm",
+        );
+        // Unparseable URLs are redacted all the same.
+        check(
+            "postgres://cm:s3cret@db:notaport/cm",
+            "postgres://cm:***@db:notaport/cm",
+        );
+        assert_eq!(
+            scrub("bad password \"p@ss\" for cm", "postgres://cm:p%40ss@db/cm"),
+            "bad password \"***\" for cm"
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! Reading the files `routine import` takes: JSON Lines (one routine a line, the fields of
+//! `routine create`) and classic crontabs. Each routine comes back with its line number, so
+//! every refusal can name the line it is about.
+
+use std::path::{Path, PathBuf};
+
+use cm_domain::{Schedule, Zone};
+use serde::Deserialize;
+
+/// A routine as a line of the file describes it, before the checks `routine create` makes.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct RoutineFields {
+    /// The line it is on (1-based).
+    pub line: usize,
+    pub name: String,
+    pub schedule: String,
+    pub timezone: String,
+    pub misfire: String,
+    pub message: Option<String>,
+    pub mission: Option<PathBuf>,
+    pub paused: bool,
+}
+
+/// A line of a JSON Lines import: the fields of `routine create`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonLine {
+    name: String,
+    schedule: String,
+    #[serde(default = "utc")]
+    timezone: String,
+    #[serde(default = "fire_once")]
+    misfire: String,
+    #[serde(default)]
+    message: Option<String>,
+    /// A mission file, relative to the import file's directory.
+    #[serde(default)]
+    mission: Option<PathBuf>,
+    #[serde(default)]
+    paused: bool,
+}
+
+fn utc() -> String {
+    "UTC".into()
+}
+
+fn fire_once() -> String {
+    "fire-once".into()
+}
+
+/// A line that cannot be imported: its number and what is wrong.
+pub(super) type LineError = (usize, String);
+
+/// Reads JSON Lines: one JSON object a line; blank lines are skipped. A `mission` path is read
+/// relative to `dir`, the directory of the file.
+pub(super) fn json_lines(text: &str, dir: &Path) -> Result<Vec<RoutineFields>, LineError> {
+    let mut routines = Vec::new();
+    for (index, raw) in text.lines().enumerate() {
+        let line = index + 1;
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let parsed: JsonLine = serde_json::from_str(raw).map_err(|e| {
+            // serde's column is within the line; its line is always 1.
+            let what = e.to_string();
+            let what = what.split(" at line ").next().unwrap_or(&what).to_string();
+            (line, format!("not a routine: {what}"))
+        })?;
+        routines.push(RoutineFields {
+            line,
+            name: parsed.name,
+            schedule: parsed.schedule,
+            timezone: parsed.timezone,
+            misfire: parsed.misfire,
+            message: parsed.message,
+            mission: parsed.mission.map(|path| dir.join(path)),
+            paused: parsed.paused,
+        });
+    }
+    Ok(routines)
+}
+
+/// The comment that names the entry below it.
+const NAME_COMMENT: &str = "cm:";
+
+/// Reads a classic (per-user) crontab: each entry becomes a message routine whose text is the
+/// entry's command, named by a `# cm: name=NAME` comment above it or else `{label}:{line}`.
+/// Entries are read in `zone` until a `CRON_TZ=` line names another. `@reboot`, environment
+/// assignments other than `CRON_TZ` (cm runs no shell, so they would mean nothing) and anything else
+/// that is not an entry are refused with their line.
+pub(super) fn crontab(
+    text: &str,
+    label: &str,
+    zone: &str,
+    misfire: &str,
+) -> Result<Vec<RoutineFields>, LineError> {
+    let mut zone = zone.to_string();
+    let mut routines = Vec::new();
+    // A `# cm: name=` comment waiting for its entry: (its line, the name).
+    let mut pending_name: Option<(usize, String)> = None;
+    for (index, raw) in text.lines().enumerate() {
+        let line = index + 1;
+        let trimmed = raw.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        if let Some(comment) = trimmed.strip_prefix('#') {
+            let Some(directive) = comment.trim_start().strip_prefix(NAME_COMMENT) else {
+                continue;
+            };
+            let Some(name) = directive.trim().strip_prefix("name=") else {
+                return Err((line, "a `# cm:` comment must read `# cm: name=NAME`".into()));
+            };
+            if let Some((earlier, _)) = pending_name {
+                return Err((
+                    line,
+                    format!(
+                        "a second `# cm: name=` comment; the one on line {earlier} names no entry"
+                    ),
+                ));
+            }
+            pending_name = Some((line, name.trim().to_string()));
+            continue;
+        }
+        if let Some((variable, value)) = assignment(trimmed) {
+            if variable != "CRON_TZ" {
+                return Err((
+                    line,
+                    format!(
+                        "the environment assignment {variable}= is not supported: cm runs no shell \
+                         (each entry's command becomes a message's text); remove the line"
+                    ),
+                ));
+            }
+            let value = value.trim().trim_matches(['"', '\'']);
+            Zone::parse(value).map_err(|e| (line, e.to_string()))?;
+            zone = value.to_string();
+            continue;
+        }
+        let (expression, command) = entry(trimmed).map_err(|e| (line, e))?;
+        Schedule::parse(&expression, &zone).map_err(|e| (line, e.to_string()))?;
+        let name = match pending_name.take() {
+            Some((_, name)) => name,
+            None => format!("{label}:{line}"),
+        };
+        routines.push(RoutineFields {
+            line,
+            name,
+            schedule: expression,
+            timezone: zone.clone(),
+            misfire: misfire.to_string(),
+            message: Some(command.to_string()),
+            mission: None,
+            paused: false,
+        });
+    }
+    if let Some((line, _)) = pending_name {
+        return Err((line, "this `# cm: name=` comment names no entry".into()));
+    }
+    Ok(routines)
+}
+
+/// `NAME=value` (or `NAME = value`): an environment assignment, as cron reads one.
+fn assignment(line: &str) -> Option<(&str, &str)> {
+    let (variable, value) = line.split_once('=')?;
+    let variable = variable.trim();
+    let mut chars = variable.chars();
+    let first = chars.next()?;
+    let identifier = (first.is_ascii_alphabetic() || first == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    identifier.then_some((variable, value))
+}
+
+/// An entry's five time fields (or `@` shorthand) and its command.
+fn entry(line: &str) -> Result<(String, &str), String> {
+    if line.starts_with('@') {
+        // A shorthand (`@daily`) is kept as written: the schedule parser knows them, and
+        // refuses `@reboot` and unknown ones with the reason.
+        let (word, command) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+        return command_of(word.to_string(), command);
+    }
+    let mut rest = line;
+    let mut fields = Vec::with_capacity(5);
+    for _ in 0..5 {
+        rest = rest.trim_start();
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        if end == 0 {
+            break;
+        }
+        fields.push(&rest[..end]);
+        rest = &rest[end..];
+    }
+    if fields.len() < 5 {
+        return Err(
+            "not a crontab entry (five time fields and a command), a comment or CRON_TZ=".into(),
+        );
+    }
+    command_of(fields.join(" "), rest)
+}
+
+fn command_of(expression: String, command: &str) -> Result<(String, &str), String> {
+    let command = command.trim();
+    if command.is_empty() {
+        return Err("the entry has no command".into());
+    }
+    Ok((expression, command))
+}

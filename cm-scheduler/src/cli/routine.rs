@@ -1,0 +1,558 @@
+//! The `routine` commands: create, update, import, list, show, pause, resume, delete, trigger and
+//! backfill. Every command that names a routine takes its id or its name.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use chrono::SecondsFormat;
+use clap::{Args, Subcommand};
+use cm_domain::{MisfirePolicy, RoutineName, Schedule, Zone};
+use cm_store::{
+    FireFilter, FireLedger, NewRoutine, PgStore, Routine, RoutineAction, RoutineCursor,
+    RoutineKind, RoutineStore, RoutineUpdate, StoreError,
+};
+use uuid::Uuid;
+
+use super::database::connect_migrated;
+use super::import::{self, RoutineFields};
+use super::listing::{self, Table, printable};
+use super::{Failure, input, mission_payload, parse_time};
+
+/// How many upcoming runs, fires and pending requests `routine show` prints.
+const SHOWN_RUNS: usize = 5;
+const SHOWN_FIRES: u32 = 10;
+const SHOWN_REQUESTS: u32 = 10;
+
+#[derive(Debug, Subcommand)]
+pub(super) enum RoutineCommand {
+    /// Creates a routine and prints its id.
+    Create(CreateArgs),
+    /// Changes a routine's settings (checked as create checks them) and prints its id. A new
+    /// schedule or zone moves its next run to the first occurrence after now; claims already
+    /// taken and its fire history are kept.
+    Update(UpdateArgs),
+    /// Creates routines from a file, all or none: JSON Lines with the fields of create, or a
+    /// crontab with --crontab. Prints one line per routine written.
+    Import(ImportArgs),
+    /// Lists routines in creation order, as a table (or JSON lines).
+    List {
+        /// As JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Shows one routine: its settings, next runs, pending requests and last fires.
+    Show {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+        /// As JSON (the stored routine).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pauses a routine: it is never due until resumed.
+    Pause {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+    },
+    /// Resumes a routine; its next run is computed from now.
+    Resume {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+    },
+    /// Deletes a routine and its fires.
+    Delete {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+    },
+    /// Fires a routine now, through the ledger (the next tick claims it; paused or not).
+    Trigger {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+    },
+    /// Fires a routine's occurrences in a past window that the ledger does not hold yet.
+    Backfill {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+        /// The window's start (RFC 3339), included.
+        #[arg(long)]
+        from: String,
+        /// The window's end (RFC 3339), included; not in the future.
+        #[arg(long)]
+        to: String,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("action").required(true).args(["message", "mission"])))]
+pub(super) struct CreateArgs {
+    /// A name for people: unique, no control characters, not a UUID.
+    #[arg(long)]
+    name: String,
+    /// A cron expression: 5 fields, or 6 with seconds first.
+    #[arg(long)]
+    schedule: String,
+    /// The IANA zone the schedule is read in.
+    #[arg(long, default_value = "UTC")]
+    timezone: String,
+    /// What to do with occurrences found late.
+    #[arg(long, default_value = "fire-once", value_parser = ["fire-once", "catch-up", "skip"])]
+    misfire: String,
+    /// A message routine posting this text.
+    #[arg(long)]
+    message: Option<String>,
+    /// A mission routine described by this JSON file (an object with a "repository").
+    #[arg(long)]
+    mission: Option<PathBuf>,
+    /// Create it paused.
+    #[arg(long)]
+    paused: bool,
+    /// Print the routine as JSON instead of its id.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("action").args(["message", "mission"])))]
+pub(super) struct UpdateArgs {
+    /// The routine's id or name.
+    #[arg(value_name = "ID|NAME")]
+    routine: String,
+    /// A new name.
+    #[arg(long)]
+    name: Option<String>,
+    /// A new cron expression.
+    #[arg(long)]
+    schedule: Option<String>,
+    /// A new IANA zone for the schedule.
+    #[arg(long)]
+    timezone: Option<String>,
+    /// A new misfire policy.
+    #[arg(long, value_parser = ["fire-once", "catch-up", "skip"])]
+    misfire: Option<String>,
+    /// Make it a message routine posting this text.
+    #[arg(long)]
+    message: Option<String>,
+    /// Make it a mission routine described by this JSON file.
+    #[arg(long)]
+    mission: Option<PathBuf>,
+    /// Print the routine as JSON instead of its id.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct ImportArgs {
+    /// The file (`-` reads standard input).
+    file: PathBuf,
+    /// The file is a classic crontab, not JSON Lines.
+    #[arg(long)]
+    crontab: bool,
+    /// A routine whose name exists already is updated instead of refused.
+    #[arg(long)]
+    upsert: bool,
+    /// With --crontab: the zone entries are read in until a CRON_TZ= line.
+    #[arg(long, default_value = "UTC", requires = "crontab")]
+    timezone: String,
+    /// With --crontab: the misfire policy of every entry.
+    #[arg(long, default_value = "fire-once", value_parser = ["fire-once", "catch-up", "skip"], requires = "crontab")]
+    misfire: String,
+}
+
+impl From<&CreateArgs> for RoutineFields {
+    fn from(args: &CreateArgs) -> Self {
+        RoutineFields {
+            line: 0,
+            name: args.name.clone(),
+            schedule: args.schedule.clone(),
+            timezone: args.timezone.clone(),
+            misfire: args.misfire.clone(),
+            message: args.message.clone(),
+            mission: args.mission.clone(),
+            paused: args.paused,
+        }
+    }
+}
+
+pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Failure> {
+    match command {
+        RoutineCommand::Create(args) => {
+            // Everything about the input is checked before the database is touched, so bad
+            // input writes nothing.
+            let new = new_routine(&RoutineFields::from(&args))?;
+            let store = connect_migrated(url).await?;
+            let routine = store.create_routine(new).await?;
+            print_created(&routine, args.json)
+        }
+        RoutineCommand::Update(args) => update(url, args).await,
+        RoutineCommand::Import(args) => import(url, args).await,
+        RoutineCommand::List { json } => list(url, json).await,
+        RoutineCommand::Show { routine, json } => {
+            let store = connect_migrated(url).await?;
+            let routine = find(&store, &routine).await?;
+            if json {
+                print_json(&routine)
+            } else {
+                show(&store, &routine).await
+            }
+        }
+        RoutineCommand::Pause { routine } => set_paused(url, &routine, true).await,
+        RoutineCommand::Resume { routine } => set_paused(url, &routine, false).await,
+        RoutineCommand::Delete { routine } => {
+            let store = connect_migrated(url).await?;
+            let id = find(&store, &routine).await?.id;
+            store.delete_routine(id).await?;
+            println!("deleted {id}");
+            Ok(())
+        }
+        RoutineCommand::Trigger { routine } => {
+            let store = connect_migrated(url).await?;
+            let id = find(&store, &routine).await?.id;
+            let at = store.trigger_routine(id).await?;
+            println!("{}", at.to_rfc3339_opts(SecondsFormat::Micros, true));
+            Ok(())
+        }
+        RoutineCommand::Backfill { routine, from, to } => {
+            let (from, to) = (parse_time(&from)?, parse_time(&to)?);
+            let store = connect_migrated(url).await?;
+            let routine = find(&store, &routine).await?;
+            let schedule = routine.parsed_schedule()?;
+            // The window is judged against the database's clock, the one the ticks use.
+            let now = store.ping().await?;
+            let occurrences = cm_domain::backfill_occurrences(&schedule, from, to, now)
+                .map_err(|e| input(e.to_string()))?;
+            let requested = store.request_occurrences(routine.id, &occurrences).await?;
+            println!(
+                "requested {requested} of {} occurrences ({} already in the ledger or requested)",
+                occurrences.len(),
+                occurrences.len() as u64 - requested
+            );
+            Ok(())
+        }
+    }
+}
+
+/// The routine a command names: by id when the text is a UUID, else by name (names are never
+/// UUIDs). A routine that does not exist is bad input.
+async fn find(store: &PgStore, reference: &str) -> Result<Routine, Failure> {
+    let routine = match Uuid::try_parse(reference.trim()) {
+        Ok(id) => store.get_routine(id).await?,
+        Err(_) => store.get_routine_by_name(reference.trim()).await?,
+    };
+    Ok(routine)
+}
+
+/// The id of the routine `reference` names, for `fires --routine`.
+pub(super) async fn find_id(store: &PgStore, reference: &str) -> Result<Uuid, Failure> {
+    Ok(find(store, reference).await?.id)
+}
+
+async fn set_paused(url: &str, reference: &str, paused: bool) -> Result<(), Failure> {
+    let store = connect_migrated(url).await?;
+    let id = find(&store, reference).await?.id;
+    let routine = store.set_routine_paused(id, paused).await?;
+    let mut table = Table::new(listing::ROUTINE_COLUMNS);
+    table.print_page(&[listing::routine_row(&routine)]);
+    Ok(())
+}
+
+fn print_created(routine: &Routine, json: bool) -> Result<(), Failure> {
+    if json {
+        print_json(routine)
+    } else {
+        println!("{}", routine.id);
+        Ok(())
+    }
+}
+
+fn print_json(routine: &Routine) -> Result<(), Failure> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(routine).map_err(anyhow::Error::from)?
+    );
+    Ok(())
+}
+
+fn name(text: &str) -> Result<String, Failure> {
+    RoutineName::parse(text)
+        .map(RoutineName::into_string)
+        .map_err(|e| input(e.to_string()))
+}
+
+fn misfire(text: &str) -> Result<MisfirePolicy, Failure> {
+    text.parse()
+        .map_err(|e: cm_domain::ParseMisfirePolicyError| input(e.to_string()))
+}
+
+/// What a routine does, from `--message` or `--mission`.
+fn action(message: Option<&str>, mission: Option<&PathBuf>) -> Result<RoutineAction, Failure> {
+    match (message, mission) {
+        (Some(text), None) => {
+            if text.is_empty() {
+                return Err(input("the message must not be empty"));
+            }
+            Ok(RoutineAction {
+                kind: RoutineKind::Message,
+                payload: serde_json::json!({ "text": text }),
+            })
+        }
+        (None, Some(path)) => Ok(RoutineAction {
+            kind: RoutineKind::Mission,
+            payload: mission_payload(path)?,
+        }),
+        _ => Err(input("give exactly one of --message and --mission")),
+    }
+}
+
+/// A routine to create, checked as `routine create` checks it.
+fn new_routine(fields: &RoutineFields) -> Result<NewRoutine, Failure> {
+    let name = name(&fields.name)?;
+    let zone = Zone::parse(&fields.timezone).map_err(|e| input(e.to_string()))?;
+    let schedule = Schedule::new(&fields.schedule, zone).map_err(|e| input(e.to_string()))?;
+    let misfire = misfire(&fields.misfire)?;
+    let action = action(fields.message.as_deref(), fields.mission.as_ref())?;
+    Ok(NewRoutine {
+        name,
+        schedule,
+        kind: action.kind,
+        payload: action.payload,
+        misfire,
+        paused: fields.paused,
+    })
+}
+
+async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
+    // Checked before the database is touched, as create checks them.
+    let zone = args
+        .timezone
+        .as_deref()
+        .map(Zone::parse)
+        .transpose()
+        .map_err(|e| input(e.to_string()))?;
+    if let Some(expression) = &args.schedule {
+        // Read in the new zone, or UTC for now: a field error does not depend on the zone, and
+        // the store reads it again in the routine's own zone under its lock.
+        Schedule::new(expression, zone.unwrap_or(Zone::UTC)).map_err(|e| input(e.to_string()))?;
+    }
+    let update = RoutineUpdate {
+        name: args.name.as_deref().map(name).transpose()?,
+        expression: args.schedule.clone(),
+        zone,
+        misfire: args.misfire.as_deref().map(misfire).transpose()?,
+        action: match (&args.message, &args.mission) {
+            (None, None) => None,
+            (message, mission) => Some(action(message.as_deref(), mission.as_ref())?),
+        },
+    };
+    if update == RoutineUpdate::default() {
+        return Err(input(
+            "nothing to change: give at least one of --name, --schedule, --timezone, --misfire, \
+             --message and --mission",
+        ));
+    }
+    let store = connect_migrated(url).await?;
+    let id = find(&store, &args.routine).await?.id;
+    let routine = store.update_routine(id, &update).await?;
+    print_created(&routine, args.json)
+}
+
+async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
+    let shown = args.file.display().to_string();
+    let text = if args.file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(&args.file)
+    }
+    .map_err(|e| input(format!("cannot read {shown}: {e}")))?;
+    let at_line = |line: usize, what: &str| input(format!("{shown}:{line}: {what}"));
+    let fields = if args.crontab {
+        let label = args
+            .file
+            .file_name()
+            .map_or_else(|| "stdin".into(), |n| n.to_string_lossy().into_owned());
+        import::crontab(&text, &label, &args.timezone, &args.misfire)
+    } else {
+        let dir = args.file.parent().unwrap_or(Path::new("."));
+        import::json_lines(&text, dir)
+    }
+    .map_err(|(line, what)| at_line(line, &what))?;
+
+    let mut routines = Vec::with_capacity(fields.len());
+    let mut lines: HashMap<String, usize> = HashMap::new();
+    for f in &fields {
+        let routine = new_routine(f).map_err(|e| match e {
+            Failure::Input(what) => at_line(f.line, &what),
+            other => other,
+        })?;
+        if let Some(first) = lines.insert(routine.name.clone(), f.line) {
+            return Err(at_line(
+                f.line,
+                &format!("the name {:?} is also on line {first}", routine.name),
+            ));
+        }
+        routines.push(routine);
+    }
+    if routines.is_empty() {
+        return Err(input(format!("{shown} holds no routine")));
+    }
+
+    let store = connect_migrated(url).await?;
+    let imported = match store.import_routines(&routines, args.upsert).await {
+        Err(StoreError::NameTaken(name)) => {
+            let line = lines.get(&name).copied().unwrap_or(0);
+            return Err(at_line(
+                line,
+                &format!("a routine named {name:?} already exists (--upsert updates it)"),
+            ));
+        }
+        other => other?,
+    };
+    for written in imported {
+        println!(
+            "{}  {}  {}",
+            if written.created {
+                "created"
+            } else {
+                "updated"
+            },
+            written.routine.id,
+            printable(&written.routine.name)
+        );
+    }
+    Ok(())
+}
+
+async fn list(url: &str, json: bool) -> Result<(), Failure> {
+    let store = connect_migrated(url).await?;
+    let mut table = Table::new(listing::ROUTINE_COLUMNS);
+    let mut after = None;
+    loop {
+        let page = store
+            .list_routines_page(after, listing::ROUTINE_PAGE)
+            .await?;
+        let Some(last) = page.last() else {
+            return Ok(());
+        };
+        after = Some(RoutineCursor::after(last));
+        if json {
+            listing::print_json_lines(&page)?;
+        } else {
+            let rows: Vec<Vec<String>> = page.iter().map(listing::routine_row).collect();
+            table.print_page(&rows);
+        }
+        if page.len() < listing::ROUTINE_PAGE as usize {
+            return Ok(());
+        }
+    }
+}
+
+/// `routine show`: settings (no payload beyond the message text or the mission's repository),
+/// the next runs in the routine's zone and in UTC, pending requests and the last fires.
+async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
+    let schedule = routine.parsed_schedule()?;
+    let zone = schedule.zone().tz();
+    println!("id          {}", routine.id);
+    println!("name        {}", printable(&routine.name));
+    println!("kind        {}", routine.kind);
+    match routine.kind {
+        RoutineKind::Message => println!(
+            "message     {}",
+            printable(routine.payload["text"].as_str().unwrap_or(""))
+        ),
+        RoutineKind::Mission => println!(
+            "repository  {}",
+            printable(routine.payload["repository"].as_str().unwrap_or(""))
+        ),
+    }
+    println!("schedule    {}", printable(&routine.schedule));
+    println!("timezone    {}", routine.timezone);
+    println!("misfire     {}", routine.misfire_policy);
+    println!(
+        "state       {}",
+        if routine.paused { "paused" } else { "active" }
+    );
+    println!("created     {}", listing::instant(routine.created_at));
+    println!("updated     {}", listing::instant(routine.updated_at));
+    println!(
+        "last run    {}",
+        routine.last_run_at.map_or("never".into(), listing::instant)
+    );
+
+    println!();
+    match routine.next_run_at {
+        None if routine.paused => println!("next runs: none while paused"),
+        None => println!("next runs: none (the schedule has no more occurrences)"),
+        Some(first) => {
+            let mut runs = vec![first];
+            while runs.len() < SHOWN_RUNS {
+                match runs.last().and_then(|t| schedule.next_after(*t)) {
+                    Some(next) => runs.push(next),
+                    None => break,
+                }
+            }
+            let mut table = Table::new(&["NEXT RUNS (LOCAL)", "UTC"]);
+            let rows: Vec<Vec<String>> = runs
+                .iter()
+                .map(|t| {
+                    vec![
+                        t.with_timezone(&zone)
+                            .format("%Y-%m-%d %H:%M:%S %Z")
+                            .to_string(),
+                        listing::instant(*t),
+                    ]
+                })
+                .collect();
+            table.print_page(&rows);
+        }
+    }
+
+    let requests = store.pending_requests(routine.id, SHOWN_REQUESTS).await?;
+    println!();
+    if requests.total == 0 {
+        println!("pending requests: none");
+    } else {
+        let mut table = Table::new(&["PENDING REQUESTS", "OCCURRENCE (UTC)", "REQUESTED AT (UTC)"]);
+        let rows: Vec<Vec<String>> = requests
+            .oldest
+            .iter()
+            .map(|r| {
+                vec![
+                    if r.is_trigger() {
+                        "trigger"
+                    } else {
+                        "backfill"
+                    }
+                    .into(),
+                    listing::instant(r.scheduled_at),
+                    listing::instant(r.requested_at),
+                ]
+            })
+            .collect();
+        table.print_page(&rows);
+        let more = requests.total - requests.oldest.len() as u64;
+        if more > 0 {
+            println!("… and {more} more");
+        }
+    }
+
+    let fires = store
+        .list_fires(&FireFilter {
+            routine_id: Some(routine.id),
+            limit: SHOWN_FIRES,
+            ..FireFilter::default()
+        })
+        .await?;
+    println!();
+    if fires.is_empty() {
+        println!("last fires: none");
+    } else {
+        let mut table = Table::new(listing::ROUTINE_FIRE_COLUMNS);
+        let rows: Vec<Vec<String>> = fires.iter().map(listing::routine_fire_row).collect();
+        table.print_page(&rows);
+    }
+    Ok(())
+}

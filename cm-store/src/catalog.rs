@@ -1,0 +1,353 @@
+//! What operators do with routines beyond creating them: finding one by name, reading the table
+//! a page at a time, editing one in place, importing many at once, and reading the requests a
+//! routine still has pending. The [`RoutineStore`](crate::RoutineStore) methods of `PgStore`
+//! delegate here.
+
+use chrono::{DateTime, Utc};
+use cm_domain::{MisfirePolicy, Schedule, Zone};
+use serde_json::Value;
+use sqlx::{Connection as _, PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::routines::{NewRoutine, Routine, RoutineKind};
+use crate::{MIGRATOR, PgStore, StoreError};
+
+/// Where a page of `routine list` ends: the next page starts after this routine, in
+/// `(created_at, id)` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutineCursor {
+    /// The last listed routine's creation time.
+    pub created_at: DateTime<Utc>,
+    /// The last listed routine's id.
+    pub id: Uuid,
+}
+
+impl RoutineCursor {
+    /// The cursor after `routine`.
+    pub fn after(routine: &Routine) -> RoutineCursor {
+        RoutineCursor {
+            created_at: routine.created_at,
+            id: routine.id,
+        }
+    }
+}
+
+/// What a routine does, changed as one: its kind and the payload that kind expects.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutineAction {
+    /// Message or mission.
+    pub kind: RoutineKind,
+    /// What the backend receives.
+    pub payload: Value,
+}
+
+/// A change to a routine; `None` leaves a setting as it is. A change of expression or zone
+/// recomputes the next run from the database's clock (unless the routine is paused); claims
+/// already taken and the fire history are untouched.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RoutineUpdate {
+    /// A new name (already checked with `cm_domain::RoutineName`).
+    pub name: Option<String>,
+    /// A new cron expression, read in the new zone if one is given, else in the current one.
+    pub expression: Option<String>,
+    /// A new zone for the (new or current) expression.
+    pub zone: Option<Zone>,
+    /// A new misfire policy.
+    pub misfire: Option<MisfirePolicy>,
+    /// A new kind and payload.
+    pub action: Option<RoutineAction>,
+}
+
+/// One routine an import wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImportedRoutine {
+    /// The routine as stored.
+    pub routine: Routine,
+    /// Whether the import created it (otherwise it updated the routine of that name).
+    pub created: bool,
+}
+
+/// An occurrence asked for by hand that no tick has claimed yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct PendingRequest {
+    /// The occurrence asked for.
+    pub scheduled_at: DateTime<Utc>,
+    /// When it was asked for.
+    pub requested_at: DateTime<Utc>,
+}
+
+impl PendingRequest {
+    /// Whether it is a manual trigger (an occurrence at the instant it was asked for) rather
+    /// than a backfilled past occurrence.
+    pub fn is_trigger(&self) -> bool {
+        self.scheduled_at == self.requested_at
+    }
+}
+
+/// A routine's pending requests: how many, and the oldest few.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingRequests {
+    /// How many are pending.
+    pub total: u64,
+    /// The oldest occurrences, at most the limit asked for.
+    pub oldest: Vec<PendingRequest>,
+}
+
+/// Maps a unique violation of the name constraint to [`StoreError::NameTaken`].
+pub(crate) fn name_conflict(e: sqlx::Error, name: &str) -> StoreError {
+    let taken = e.as_database_error().is_some_and(|d| {
+        d.kind() == sqlx::error::ErrorKind::UniqueViolation
+            && d.constraint() == Some("routines_name_key")
+    });
+    if taken {
+        StoreError::NameTaken(name.to_string())
+    } else {
+        e.into()
+    }
+}
+
+/// Inserts `routine`; unless paused, its first run is the schedule's first occurrence after
+/// `now`.
+pub(crate) async fn insert_routine(
+    conn: &mut PgConnection,
+    routine: &NewRoutine,
+    now: DateTime<Utc>,
+) -> Result<Routine, StoreError> {
+    let next_run_at = if routine.paused {
+        None
+    } else {
+        routine.schedule.next_after(now)
+    };
+    sqlx::query_as::<_, Routine>(
+        "INSERT INTO routines
+             (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         RETURNING *",
+    )
+    .bind(Uuid::new_v4())
+    .bind(&routine.name)
+    .bind(routine.schedule.expression())
+    .bind(routine.schedule.zone().name())
+    .bind(routine.kind.as_str())
+    .bind(&routine.payload)
+    .bind(routine.misfire.as_str())
+    .bind(routine.paused)
+    .bind(next_run_at)
+    .fetch_one(conn)
+    .await
+    .map_err(|e| name_conflict(e, &routine.name))
+}
+
+async fn db_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, StoreError> {
+    Ok(sqlx::query_scalar("SELECT now()").fetch_one(conn).await?)
+}
+
+/// Applies `update` to `current`, a row the caller holds locked, at the database instant `now`.
+async fn apply_update(
+    conn: &mut PgConnection,
+    current: &Routine,
+    update: &RoutineUpdate,
+    now: DateTime<Utc>,
+) -> Result<Routine, StoreError> {
+    let expression = update.expression.as_deref().unwrap_or(&current.schedule);
+    let zone = update.zone.map_or(current.timezone.as_str(), |z| z.name());
+    let next_run_at = if expression != current.schedule || zone != current.timezone {
+        let schedule = Schedule::parse(expression, zone)
+            .map_err(|e| StoreError::InvalidRoutine(e.to_string()))?;
+        if current.paused {
+            None
+        } else {
+            schedule.next_after(now)
+        }
+    } else {
+        current.next_run_at
+    };
+    let name = update.name.as_deref().unwrap_or(&current.name);
+    let (kind, payload) = match &update.action {
+        Some(action) => (action.kind, &action.payload),
+        None => (current.kind, &current.payload),
+    };
+    let misfire = update
+        .misfire
+        .map_or(current.misfire_policy.as_str(), |m| m.as_str());
+    sqlx::query_as::<_, Routine>(
+        "UPDATE routines
+         SET name = $2, schedule = $3, timezone = $4, kind = $5, payload = $6,
+             misfire_policy = $7, next_run_at = $8, updated_at = now()
+         WHERE id = $1
+         RETURNING *",
+    )
+    .bind(current.id)
+    .bind(name)
+    .bind(expression)
+    .bind(zone)
+    .bind(kind.as_str())
+    .bind(payload)
+    .bind(misfire)
+    .bind(next_run_at)
+    .fetch_one(conn)
+    .await
+    .map_err(|e| name_conflict(e, name))
+}
+
+pub(crate) async fn get_routine_by_name(pool: &PgPool, name: &str) -> Result<Routine, StoreError> {
+    sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE name = $1")
+        .bind(name)
+        .fetch_optional(pool)
+        .await?
+        .ok_or_else(|| StoreError::RoutineNameNotFound(name.to_string()))
+}
+
+pub(crate) async fn list_routines_page(
+    pool: &PgPool,
+    after: Option<RoutineCursor>,
+    limit: u32,
+) -> Result<Vec<Routine>, StoreError> {
+    // Two statements rather than one with `$1 IS NULL OR …`, so each keeps a plan that walks
+    // `routines_created_idx` from its start or from the cursor.
+    let limit = i64::from(limit);
+    let rows = match after {
+        None => {
+            sqlx::query_as::<_, Routine>("SELECT * FROM routines ORDER BY created_at, id LIMIT $1")
+                .bind(limit)
+                .fetch_all(pool)
+                .await?
+        }
+        Some(cursor) => {
+            sqlx::query_as::<_, Routine>(
+                "SELECT * FROM routines WHERE (created_at, id) > ($1, $2)
+                 ORDER BY created_at, id LIMIT $3",
+            )
+            .bind(cursor.created_at)
+            .bind(cursor.id)
+            .bind(limit)
+            .fetch_all(pool)
+            .await?
+        }
+    };
+    Ok(rows)
+}
+
+pub(crate) async fn update_routine(
+    pool: &PgPool,
+    id: Uuid,
+    update: &RoutineUpdate,
+) -> Result<Routine, StoreError> {
+    let mut tx = pool.begin().await?;
+    let current = sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::RoutineNotFound(id))?;
+    let now = db_now(&mut tx).await?;
+    let updated = apply_update(&mut tx, &current, update, now).await?;
+    tx.commit().await?;
+    Ok(updated)
+}
+
+pub(crate) async fn import_routines(
+    pool: &PgPool,
+    routines: &[NewRoutine],
+    upsert: bool,
+) -> Result<Vec<ImportedRoutine>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let now = db_now(&mut tx).await?;
+    let names: Vec<&str> = routines.iter().map(|r| r.name.as_str()).collect();
+    // Locked in name order, so two imports naming the same routines cannot deadlock.
+    let existing: Vec<Routine> =
+        sqlx::query_as("SELECT * FROM routines WHERE name = ANY($1) ORDER BY name FOR UPDATE")
+            .bind(&names)
+            .fetch_all(&mut *tx)
+            .await?;
+    let mut imported = Vec::with_capacity(routines.len());
+    for routine in routines {
+        let found = existing.iter().find(|r| r.name == routine.name);
+        let written = match found {
+            None => ImportedRoutine {
+                routine: insert_routine(&mut tx, routine, now).await?,
+                created: true,
+            },
+            Some(_) if !upsert => return Err(StoreError::NameTaken(routine.name.clone())),
+            Some(current) => {
+                // Pausing and resuming are their own commands: an import leaves them be.
+                let update = RoutineUpdate {
+                    name: None,
+                    expression: Some(routine.schedule.expression().to_string()),
+                    zone: Some(routine.schedule.zone()),
+                    misfire: Some(routine.misfire),
+                    action: Some(RoutineAction {
+                        kind: routine.kind,
+                        payload: routine.payload.clone(),
+                    }),
+                };
+                ImportedRoutine {
+                    routine: apply_update(&mut tx, current, &update, now).await?,
+                    created: false,
+                }
+            }
+        };
+        imported.push(written);
+    }
+    tx.commit().await?;
+    Ok(imported)
+}
+
+pub(crate) async fn pending_requests(
+    pool: &PgPool,
+    id: Uuid,
+    limit: u32,
+) -> Result<PendingRequests, StoreError> {
+    let total: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM routine_requests WHERE routine_id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await?;
+    let oldest = sqlx::query_as::<_, PendingRequest>(
+        "SELECT scheduled_at, requested_at FROM routine_requests
+         WHERE routine_id = $1 ORDER BY scheduled_at LIMIT $2",
+    )
+    .bind(id)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    Ok(PendingRequests {
+        total: u64::try_from(total).unwrap_or(0),
+        oldest,
+    })
+}
+
+impl PgStore {
+    /// Makes one connection to `url` and closes it, with no retry: a refused connection, an
+    /// unknown database or a rejected password is reported at once, where a pool would retry
+    /// until its acquire timeout and report only that it timed out.
+    pub async fn check_connection(url: &str) -> Result<(), StoreError> {
+        let conn = PgConnection::connect(url).await?;
+        conn.close().await?;
+        Ok(())
+    }
+
+    /// Checks that the database holds cm's schema, at least as new as this build's migrations:
+    /// [`StoreError::SchemaMissing`] or [`StoreError::SchemaOutdated`] otherwise.
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        let (has_routines, has_migrations): (bool, bool) = sqlx::query_as(
+            "SELECT to_regclass('routines') IS NOT NULL, to_regclass('_sqlx_migrations') IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        if !has_routines || !has_migrations {
+            return Err(StoreError::SchemaMissing);
+        }
+        let applied: Option<i64> =
+            sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+                .fetch_one(&self.pool)
+                .await?;
+        let expected = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+        match applied {
+            Some(applied) if applied >= expected => Ok(()),
+            applied => Err(StoreError::SchemaOutdated {
+                applied: applied.unwrap_or(0),
+                expected,
+            }),
+        }
+    }
+}

@@ -20,6 +20,7 @@
 //!   outlive its lease.
 //! - [`occurrence`]: one scheduled instant of a routine and its [`IdempotencyKey`].
 //! - [`backfill`]: the occurrences of a past window, asked for by hand.
+//! - [`mission`]: the mission file of a mission routine, validated field by field ([`Mission`]).
 //!
 //! # Example
 //!
@@ -40,6 +41,7 @@ pub mod backfill;
 pub mod claim;
 pub mod config;
 pub mod misfire;
+pub mod mission;
 pub mod occurrence;
 pub mod schedule;
 pub mod tick;
@@ -51,6 +53,7 @@ pub use claim::{
 };
 pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
 pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due};
+pub use mission::{Mission, MissionError};
 pub use occurrence::{IdempotencyKey, Occurrence, RoutineId};
 pub use schedule::{
     Field, MAX_EXPRESSION_CHARS, Occurrences, Schedule, ScheduleError, Zone, ZoneError,

@@ -4,6 +4,8 @@
 //! - `exactly_once`: several schedulers racing on one real database.
 //! - `crash`: whole `cm-scheduler` processes killed between claim and settle.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
+//! - `missions`: mission files and backend settings refused; schedulers killed mid-launch on
+//!   the fake Docker engine.
 //! - `support`: the database server and clean-up the whole-process tests share.
 
 #[path = "scheduler/support.rs"]
@@ -15,5 +17,7 @@ mod cli;
 mod crash;
 #[path = "scheduler/exactly_once.rs"]
 mod exactly_once;
+#[path = "scheduler/missions.rs"]
+mod missions;
 #[path = "scheduler/mock_loop.rs"]
 mod mock_loop;

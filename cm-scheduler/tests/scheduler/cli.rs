@@ -19,7 +19,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
 
 /// A URL nothing answers on: commands that need no database must not try it, and those that do
 /// must fail with exit code 1.
-const NOWHERE: &str = "postgres://postgres@127.0.0.1:1/x";
+pub(crate) const NOWHERE: &str = "postgres://postgres@127.0.0.1:1/x";
 
 /// What one run of the binary did.
 #[derive(Debug)]
@@ -77,7 +77,7 @@ fn run(mut command: Command) -> Run {
 }
 
 /// Asserts that `args` succeed and returns what they printed.
-fn ok(url: &str, args: &[&str]) -> String {
+pub(crate) fn ok(url: &str, args: &[&str]) -> String {
     let out = cm(url, args);
     assert_eq!(out.code, Some(0), "cm-scheduler {args:?} failed: {out:?}");
     out.stdout
@@ -85,7 +85,7 @@ fn ok(url: &str, args: &[&str]) -> String {
 
 /// Asserts that `args` exit with `code`, print nothing on stdout, and explain why in exactly one
 /// line on stderr that mentions `fragment`.
-fn check_fails(url: &str, args: &[&str], code: i32, fragment: &str) {
+pub(crate) fn check_fails(url: &str, args: &[&str], code: i32, fragment: &str) {
     let out = cm(url, args);
     assert_eq!(
         out.code,
@@ -142,7 +142,7 @@ fn check_next(expr: &str, zone: &str, after: &str, expected: &[&str]) {
 }
 
 impl TestDb {
-    async fn count(&self, table: &str) -> i64 {
+    pub(crate) async fn count(&self, table: &str) -> i64 {
         // The table names are the test's own constants, never input.
         sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
             .fetch_one(&self.pool)
@@ -178,16 +178,16 @@ struct RoutineRow {
 }
 
 /// A directory of mission files, removed when dropped.
-struct MissionFiles(PathBuf);
+pub(crate) struct MissionFiles(PathBuf);
 
 impl MissionFiles {
-    fn new() -> MissionFiles {
+    pub(crate) fn new() -> MissionFiles {
         let dir = std::env::temp_dir().join(format!("cm_cli_{}", Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("creating the mission files' directory");
         MissionFiles(dir)
     }
 
-    fn write(&self, name: &str, contents: &str) -> String {
+    pub(crate) fn write(&self, name: &str, contents: &str) -> String {
         let path = self.0.join(name);
         std::fs::write(&path, contents).expect("writing a mission file");
         path.display().to_string()
@@ -209,7 +209,7 @@ impl Drop for MissionFiles {
 }
 
 /// Parses the one line `routine create` prints.
-fn created_id(stdout: &str) -> Uuid {
+pub(crate) fn created_id(stdout: &str) -> Uuid {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines.len(),

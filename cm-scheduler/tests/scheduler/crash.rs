@@ -176,7 +176,7 @@ fn cli(url: &str, args: &[&str]) -> std::process::Output {
 }
 
 /// A `cm-scheduler run` process, killed when dropped so a failing test leaves nothing running.
-struct SchedulerProcess {
+pub(crate) struct SchedulerProcess {
     child: Child,
     log: PathBuf,
 }
@@ -185,6 +185,16 @@ impl SchedulerProcess {
     /// Starts `run` with `RUN_SETTINGS`; its log goes to a file, because a pipe nobody drains
     /// would block the process once full.
     fn start(db: &TestDb, instance_id: &str) -> SchedulerProcess {
+        SchedulerProcess::start_with(db, instance_id, &[], &[])
+    }
+
+    /// Starts `run` with `RUN_SETTINGS`, then `args`, with `env` added to its environment.
+    pub(crate) fn start_with(
+        db: &TestDb,
+        instance_id: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> SchedulerProcess {
         let log = std::env::temp_dir().join(format!("{}-{instance_id}.log", db.name));
         let file = File::create(&log).expect("creating the scheduler's log file");
         let child = Command::new(BIN)
@@ -192,6 +202,8 @@ impl SchedulerProcess {
             .arg(&db.url)
             .args(["run", "--instance-id", instance_id])
             .args(RUN_SETTINGS)
+            .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info,sqlx=warn")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("sharing the log file"))
@@ -201,12 +213,12 @@ impl SchedulerProcess {
         SchedulerProcess { child, log }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGKILL: the process gets no chance to settle anything.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         self.child.kill().expect("sending SIGKILL");
         self.child.wait().expect("reaping the killed scheduler");
     }
@@ -261,7 +273,7 @@ impl Drop for SchedulerProcess {
 }
 
 /// Polls `probe` every 50 ms until it answers, for at most `PATIENCE`.
-async fn eventually<T>(mut probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+pub(crate) async fn eventually<T>(mut probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Some(found) = probe().await {

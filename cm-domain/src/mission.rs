@@ -54,7 +54,7 @@ pub const MAX_LABELS: usize = 32;
 /// The most characters of a label's name and of its value, as Kubernetes allows.
 pub const MAX_LABEL_CHARS: usize = 63;
 
-/// The prefix of the environment variables and labels cm itself gives every mission.
+/// The prefix of the environment variables cm itself gives every mission.
 pub const RESERVED_ENV_PREFIX: &str = "CM_";
 /// The prefix of the labels cm itself gives every mission.
 pub const RESERVED_LABEL_PREFIX: &str = "cm.";

@@ -42,7 +42,7 @@ pub enum MissionBackend {
     None,
     /// A Docker container per occurrence (DOCKER_HOST, or the default socket).
     Docker,
-    /// A Kubernetes Job per occurrence.
+    /// A Kubernetes Job per occurrence: not built yet, refused at start.
     Kubernetes,
     /// A local process per occurrence: development only.
     Process,

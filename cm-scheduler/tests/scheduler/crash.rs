@@ -81,7 +81,7 @@ impl TestDb {
         );
     }
 
-    async fn fires(&self) -> Vec<FireRow> {
+    pub(crate) async fn fires(&self) -> Vec<FireRow> {
         sqlx::query_as(
             "SELECT routine_id, scheduled_at, status, claimant, attempt, error, claimed_at,
                     lease_expires_at
@@ -146,11 +146,11 @@ impl TestDb {
 }
 
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-struct FireRow {
+pub(crate) struct FireRow {
     routine_id: Uuid,
     scheduled_at: DateTime<Utc>,
-    status: String,
-    claimant: String,
+    pub(crate) status: String,
+    pub(crate) claimant: String,
     attempt: i32,
     error: Option<String>,
     claimed_at: DateTime<Utc>,
@@ -328,7 +328,19 @@ async fn b_takes_over(
     lock.rollback().await.expect("releasing the lock");
 
     let b = SchedulerProcess::start(db, "B");
-    let fire = settled(db, claimed, &b).await;
+    let fire = taken_over_by_b(db, claimed, &b, verb).await;
+    (b, fire)
+}
+
+/// Waits until B settles the occurrence `claimed` names, and asserts B took the expired claim
+/// over as attempt 2 and settled it `fired` (`verb` says what B had left to do).
+pub(crate) async fn taken_over_by_b(
+    db: &TestDb,
+    claimed: &FireRow,
+    b: &SchedulerProcess,
+    verb: &str,
+) -> FireRow {
+    let fire = settled(db, claimed, b).await;
     assert_eq!(
         (
             fire.status.as_str(),
@@ -340,7 +352,7 @@ async fn b_takes_over(
         "B should take the expired claim over as attempt 2 and {verb} it: {fire:?}; B's log:\n{}",
         b.log()
     );
-    (b, fire)
+    fire
 }
 
 async fn settled(db: &TestDb, claimed: &FireRow, b: &SchedulerProcess) -> FireRow {

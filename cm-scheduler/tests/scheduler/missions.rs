@@ -6,7 +6,7 @@
 use cm_dispatch::fakes::docker::{FakeDocker, StartFault};
 
 use crate::cli::{MissionFiles, NOWHERE, check_fails, created_id, ok};
-use crate::crash::{SchedulerProcess, eventually};
+use crate::crash::{SchedulerProcess, eventually, taken_over_by_b};
 use crate::support::TestDb;
 
 const IMAGE: &str = "registry.example.com/cm/mission-runner:1.4";
@@ -126,14 +126,6 @@ fn create<'a>(schedule: &'a str, path: &'a str) -> [&'a str; 8] {
     ]
 }
 
-#[derive(Debug, sqlx::FromRow)]
-struct Fire {
-    status: String,
-    attempt: i32,
-    claimant: String,
-    error: Option<String>,
-}
-
 /// Kills scheduler A while the fake withholds its answer to the first start (`fault` says
 /// whether the container started), lets B take the claim over after the lease, and checks the
 /// engine's log: one container created, started exactly once.
@@ -164,11 +156,7 @@ async fn killed_mid_launch(fault: StartFault) {
     // Well inside A's 3 s dispatch timeout: A dies mid-launch, before any settle.
     a.kill();
     ok(&db.url, &["routine", "pause", &routine.to_string()]);
-    let fires: Vec<Fire> =
-        sqlx::query_as("SELECT status, attempt, claimant, error FROM routine_fires")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let fires = db.fires().await;
     assert_eq!(fires.len(), 1, "{fires:?}");
     assert_eq!(
         (fires[0].status.as_str(), fires[0].claimant.as_str()),
@@ -176,27 +164,7 @@ async fn killed_mid_launch(fault: StartFault) {
     );
 
     let b = scheduler(&db, &fake, "B");
-    let fire = eventually(async || {
-        let fire: Fire =
-            sqlx::query_as("SELECT status, attempt, claimant, error FROM routine_fires")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
-        (fire.status != "claimed").then_some(fire)
-    })
-    .await
-    .unwrap_or_else(|| panic!("B never settled the occurrence; its log:\n{}", b.log()));
-    assert_eq!(
-        (
-            fire.status.as_str(),
-            fire.attempt,
-            fire.claimant.as_str(),
-            fire.error.as_deref()
-        ),
-        ("fired", 2, "B", None),
-        "B's log:\n{}",
-        b.log()
-    );
+    taken_over_by_b(&db, &fires[0], &b, "finish launching").await;
 
     let containers = fake.containers();
     assert_eq!(containers.len(), 1, "{containers:?}");

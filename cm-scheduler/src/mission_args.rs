@@ -136,6 +136,8 @@ pub enum MissionSetupError {
     Config(String),
     /// The runtime cannot be used as configured, such as a Docker socket that is not there
     /// (exit 1).
+    // Only the Docker backend can fail this way; a build without it never constructs it.
+    #[cfg_attr(not(feature = "docker"), allow(dead_code))]
     Runtime(String),
 }
 

@@ -16,12 +16,26 @@
 //! | [`OutboxDispatcher`] | message | a row in `outbox_messages` keyed by the occurrence; a second insert is a no-op. The default. |
 //! | [`MemoryDispatcher`] | any | an in-memory fake for tests: records every effect, deduplicated by key |
 //! | [`RoutedDispatcher`] | both | sends message routines to one backend and mission routines to another |
+//! | [`ProcessDispatcher`] | mission | a local child process per occurrence, guarded by a marker file created with `O_EXCL`; development only |
+//! | `DockerDispatcher` (feature `docker`) | mission | a container named by the key: Docker answers a second create with 409 |
 //!
-//! [`conformance::check_backend`] is the suite every backend passes.
+//! Mission backends share [`mission::Launch`] (the `CM_*` environment and `cm.*` labels every
+//! mission gets) and [`mission::MissionConfig`] (the operator's image, command and resources).
+//!
+//! [`conformance::check_backend`] is the suite every backend passes;
+//! [`mission_conformance::check_mission_backend`] adds the cases of mission backends.
+//! Fakes of the runtimes' HTTP APIs are in `fakes` (feature `fakes`).
 
 pub mod conformance;
+#[cfg(feature = "docker")]
+mod docker;
+#[cfg(feature = "fakes")]
+pub mod fakes;
 mod memory;
+pub mod mission;
+pub mod mission_conformance;
 mod outbox;
+mod process;
 mod routed;
 
 use std::time::Instant;
@@ -31,8 +45,11 @@ use cm_domain::{IdempotencyKey, Occurrence};
 use cm_store::{InClaimEffect, RoutineKind};
 use serde_json::Value;
 
+#[cfg(feature = "docker")]
+pub use docker::{DockerDispatcher, DockerSetupError};
 pub use memory::MemoryDispatcher;
 pub use outbox::OutboxDispatcher;
+pub use process::ProcessDispatcher;
 pub use routed::RoutedDispatcher;
 
 /// One attempt at one occurrence.

@@ -1,4 +1,10 @@
 //! cm-dispatch's integration tests: the conformance suite run against every backend.
+//!
+//! - this file: the message backends and the in-memory fake.
+//! - `missions`: the mission backends (process runner for real, Docker against its fake).
+
+#[path = "dispatch/missions.rs"]
+mod missions;
 
 use std::sync::Arc;
 

@@ -21,6 +21,7 @@
 //! - [`occurrence`]: one scheduled instant of a routine and its [`IdempotencyKey`].
 //! - [`backfill`]: the occurrences of a past window, asked for by hand.
 //! - [`name`]: routine names ([`RoutineName`]): unique handles people type, safe to print.
+//! - [`mission`]: the mission file of a mission routine, validated field by field ([`Mission`]).
 //!
 //! # Example
 //!
@@ -42,6 +43,7 @@ pub mod claim;
 pub mod config;
 pub mod misfire;
 pub mod name;
+pub mod mission;
 pub mod occurrence;
 pub mod schedule;
 pub mod tick;
@@ -54,6 +56,7 @@ pub use claim::{
 pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
 pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due};
 pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
+pub use mission::{Mission, MissionError};
 pub use occurrence::{IdempotencyKey, Occurrence, RoutineId};
 pub use schedule::{
     Field, MAX_EXPRESSION_CHARS, Occurrences, Schedule, ScheduleError, Zone, ZoneError,

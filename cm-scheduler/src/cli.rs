@@ -115,12 +115,11 @@ struct RunArgs {
     /// Where message routines go.
     #[arg(long, value_enum, default_value_t = MessageBackend::Outbox)]
     message_backend: MessageBackend,
-    /// Where mission routines go (none: their occurrences settle failed with that reason).
-    #[arg(long, value_enum, default_value_t = MissionBackend::None)]
-    mission_backend: MissionBackend,
     /// How the outbox backend writes its rows.
     #[arg(long, value_enum, default_value_t = OutboxMode::Transactional)]
     outbox_mode: OutboxMode,
+    #[command(flatten)]
+    mission: crate::mission_args::MissionArgs,
     /// Do not apply migrations on start.
     #[arg(long)]
     no_migrate: bool,
@@ -145,12 +144,6 @@ enum OutboxMode {
     /// By a dispatch after the claim, as an external backend's effect would be (idempotent,
     /// not transactional; for comparison and for testing the dispatch path).
     Dispatched,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum MissionBackend {
-    /// No mission backend.
-    None,
 }
 
 #[derive(Debug, Subcommand)]
@@ -383,25 +376,17 @@ fn parse_time(text: &str) -> Result<DateTime<Utc>, Failure> {
         })
 }
 
-/// Reads a mission description: a JSON object naming at least the repository to check out.
-/// Images, endpoints and credentials are operator configuration, never part of a routine.
+/// Reads and validates a mission file (`cm_domain::Mission`): every field is checked, and a
+/// refusal names the field. Images, endpoints and credentials are operator configuration, never
+/// part of a routine.
 fn mission_payload(path: &PathBuf) -> Result<serde_json::Value, Failure> {
     let shown = path.display();
     let text = std::fs::read_to_string(path)
         .map_err(|e| input(format!("cannot read mission file {shown}: {e}")))?;
-    let value: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| input(format!("mission file {shown} is not valid JSON: {e}")))?;
-    let Some(object) = value.as_object() else {
-        return Err(input(format!(
-            "mission file {shown} must hold a JSON object"
-        )));
-    };
-    match object.get("repository") {
-        Some(serde_json::Value::String(repo)) if !repo.trim().is_empty() => Ok(value),
-        _ => Err(input(format!(
-            "mission file {shown} must name a \"repository\" (a non-empty string)"
-        ))),
-    }
+    cm_domain::Mission::from_json(&text)
+        .map_err(|e| input(format!("mission file {shown}: {e}")))?;
+    // Validation passed, so the text is a JSON object; it is stored as written.
+    serde_json::from_str(&text).map_err(|e| input(format!("mission file {shown}: {e}")))
 }
 
 struct DatabaseReadiness(PgStore);
@@ -434,6 +419,12 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     }
     .validate()
     .map_err(|e| input(e.to_string()))?;
+    let mission = args.mission.dispatcher().map_err(|e| match e {
+        crate::mission_args::MissionSetupError::Config(message) => input(message),
+        crate::mission_args::MissionSetupError::Runtime(message) => {
+            Failure::Other(anyhow::anyhow!(message))
+        }
+    })?;
     let listener = match args.listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -458,9 +449,6 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             OutboxMode::Transactional => Arc::new(OutboxDispatcher::new(store.clone())),
             OutboxMode::Dispatched => Arc::new(OutboxDispatcher::dispatched(store.clone())),
         },
-    };
-    let mission: Option<Arc<dyn cm_dispatch::Dispatcher>> = match args.mission_backend {
-        MissionBackend::None => None,
     };
     let instance_id = args
         .instance_id

@@ -8,6 +8,8 @@
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
 //! - `operator`: editing, importing, naming and reading routines from the command line, and
 //!   errors (and secrets) as people see them.
+//! - `missions`: mission files and backend settings refused; schedulers killed mid-launch on
+//!   the fake Docker engine.
 //! - `support`: the database server and clean-up the whole-process tests share.
 
 #[path = "scheduler/support.rs"]
@@ -21,6 +23,8 @@ mod completer;
 mod crash;
 #[path = "scheduler/exactly_once.rs"]
 mod exactly_once;
+#[path = "scheduler/missions.rs"]
+mod missions;
 #[path = "scheduler/mock_loop.rs"]
 mod mock_loop;
 #[path = "scheduler/operator.rs"]

@@ -84,7 +84,7 @@ impl TestDb {
         );
     }
 
-    async fn fires(&self) -> Vec<FireRow> {
+    pub(crate) async fn fires(&self) -> Vec<FireRow> {
         sqlx::query_as(
             "SELECT routine_id, scheduled_at, status, claimant, attempt, error, claimed_at,
                     lease_expires_at
@@ -149,11 +149,11 @@ impl TestDb {
 }
 
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
-struct FireRow {
+pub(crate) struct FireRow {
     routine_id: Uuid,
     scheduled_at: DateTime<Utc>,
-    status: String,
-    claimant: String,
+    pub(crate) status: String,
+    pub(crate) claimant: String,
     attempt: i32,
     error: Option<String>,
     claimed_at: DateTime<Utc>,
@@ -179,7 +179,7 @@ fn cli(url: &str, args: &[&str]) -> std::process::Output {
 }
 
 /// A `cm-scheduler run` process, killed when dropped so a failing test leaves nothing running.
-struct SchedulerProcess {
+pub(crate) struct SchedulerProcess {
     child: Child,
     log: PathBuf,
 }
@@ -188,6 +188,16 @@ impl SchedulerProcess {
     /// Starts `run` with `RUN_SETTINGS`; its log goes to a file, because a pipe nobody drains
     /// would block the process once full.
     fn start(db: &TestDb, instance_id: &str) -> SchedulerProcess {
+        SchedulerProcess::start_with(db, instance_id, &[], &[])
+    }
+
+    /// Starts `run` with `RUN_SETTINGS`, then `args`, with `env` added to its environment.
+    pub(crate) fn start_with(
+        db: &TestDb,
+        instance_id: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> SchedulerProcess {
         let log = std::env::temp_dir().join(format!("{}-{instance_id}.log", db.name));
         let file = File::create(&log).expect("creating the scheduler's log file");
         let child = Command::new(BIN)
@@ -195,6 +205,8 @@ impl SchedulerProcess {
             .arg(&db.url)
             .args(["run", "--instance-id", instance_id])
             .args(RUN_SETTINGS)
+            .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info,sqlx=warn")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("sharing the log file"))
@@ -204,12 +216,12 @@ impl SchedulerProcess {
         SchedulerProcess { child, log }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGKILL: the process gets no chance to settle anything.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         self.child.kill().expect("sending SIGKILL");
         self.child.wait().expect("reaping the killed scheduler");
     }
@@ -264,7 +276,7 @@ impl Drop for SchedulerProcess {
 }
 
 /// Polls `probe` every 50 ms until it answers, for at most `PATIENCE`.
-async fn eventually<T>(mut probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+pub(crate) async fn eventually<T>(mut probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + PATIENCE;
     loop {
         if let Some(found) = probe().await {
@@ -319,7 +331,19 @@ async fn b_takes_over(
     lock.rollback().await.expect("releasing the lock");
 
     let b = SchedulerProcess::start(db, "B");
-    let fire = settled(db, claimed, &b).await;
+    let fire = taken_over_by_b(db, claimed, &b, verb).await;
+    (b, fire)
+}
+
+/// Waits until B settles the occurrence `claimed` names, and asserts B took the expired claim
+/// over as attempt 2 and settled it `fired` (`verb` says what B had left to do).
+pub(crate) async fn taken_over_by_b(
+    db: &TestDb,
+    claimed: &FireRow,
+    b: &SchedulerProcess,
+    verb: &str,
+) -> FireRow {
+    let fire = settled(db, claimed, b).await;
     assert_eq!(
         (
             fire.status.as_str(),
@@ -331,7 +355,7 @@ async fn b_takes_over(
         "B should take the expired claim over as attempt 2 and {verb} it: {fire:?}; B's log:\n{}",
         b.log()
     );
-    (b, fire)
+    fire
 }
 
 async fn settled(db: &TestDb, claimed: &FireRow, b: &SchedulerProcess) -> FireRow {

@@ -1,0 +1,346 @@
+//! A fake of the Docker Engine API: the routes the Docker backend uses, over TCP.
+//!
+//! It answers as the Engine API documents (v1.43 and later): `POST /containers/create` 201 with
+//! `{"Id", "Warnings"}`, 404 `No such image: …` when the image is absent, 409 `Conflict. The
+//! container name "/…" is already in use …` for a taken name; `POST /containers/{id}/start` 204,
+//! 304 when already started, 404 `No such container: …`; `GET /containers/{id}/json`;
+//! `POST /images/create` streaming pull progress; `GET /images/{name}/json`. Paths may carry the
+//! `/v1.NN` version prefix clients send.
+//!
+//! Tests set it up with [`FakeDocker::start`] (point `DOCKER_HOST` at [`FakeDocker::host`]),
+//! make starts fail or stall with [`FakeDocker::fault_next_start`], and read what happened with
+//! [`FakeDocker::calls`] and [`FakeDocker::containers`].
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{Value, json};
+
+use super::{Answer, Call, FakeRequest, Handler, Server};
+
+/// What the next `start` of a container does instead of starting it normally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartFault {
+    /// Answer 500 and leave the container created, never started.
+    Fail,
+    /// Never answer, and leave the container created: a scheduler killed now died between
+    /// create and start.
+    StallBeforeStart,
+    /// Start the container, then never answer: a scheduler killed now died after the start and
+    /// before it could settle.
+    StallAfterStart,
+}
+
+/// A container the fake holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    /// 64 hex digits.
+    pub id: String,
+    /// Its name, without Docker's leading `/`.
+    pub name: String,
+    /// The image it was created from.
+    pub image: String,
+    /// The command it was created with.
+    pub cmd: Vec<String>,
+    /// The user it runs as.
+    pub user: Option<String>,
+    /// Its environment, `NAME=value`.
+    pub env: Vec<String>,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its `HostConfig` as sent.
+    pub host_config: Value,
+    /// How many times it was started (a real engine starts a container once until it stops).
+    pub starts: usize,
+}
+
+impl Container {
+    /// The value of the environment variable `name`.
+    pub fn env_var(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    images: BTreeSet<String>,
+    containers: Vec<Container>,
+    calls: Vec<Call>,
+    start_faults: VecDeque<StartFault>,
+    pulls: usize,
+}
+
+/// The fake engine; it stops when dropped.
+pub struct FakeDocker {
+    state: Arc<Mutex<State>>,
+    server: Server,
+}
+
+struct Engine(Arc<Mutex<State>>);
+
+impl FakeDocker {
+    /// A fake engine on a free local port, holding `images`.
+    pub fn start(images: &[&str]) -> FakeDocker {
+        let state = Arc::new(Mutex::new(State {
+            images: images.iter().map(|s| (*s).to_owned()).collect(),
+            ..State::default()
+        }));
+        let server = Server::start(Arc::new(Engine(state.clone())));
+        FakeDocker { state, server }
+    }
+
+    /// The engine's address as `DOCKER_HOST` takes it: `tcp://127.0.0.1:PORT`.
+    pub fn host(&self) -> String {
+        format!("tcp://{}", self.server.addr)
+    }
+
+    /// Makes the next start of a container (one call) behave as `fault` says.
+    pub fn fault_next_start(&self, fault: StartFault) {
+        lock(&self.state).start_faults.push_back(fault);
+    }
+
+    /// Every call received, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        lock(&self.state).calls.clone()
+    }
+
+    /// Every container, in the order created.
+    pub fn containers(&self) -> Vec<Container> {
+        lock(&self.state).containers.clone()
+    }
+
+    /// The container named `name`.
+    pub fn container(&self, name: &str) -> Option<Container> {
+        self.containers().into_iter().find(|c| c.name == name)
+    }
+
+    /// How many images were pulled.
+    pub fn pulls(&self) -> usize {
+        lock(&self.state).pulls
+    }
+
+    /// Whether the engine holds `image`.
+    pub fn has_image(&self, image: &str) -> bool {
+        lock(&self.state).images.contains(image)
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A test thread that panicked must not hide the record from the others.
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn message(status: u16, text: String) -> Option<Answer> {
+    Some((status, json!({ "message": text }).to_string()))
+}
+
+impl Handler for Engine {
+    fn answer(&self, request: &FakeRequest) -> Option<Answer> {
+        let mut state = lock(&self.0);
+        let path = strip_version(&request.path).to_owned();
+        let index = state.calls.len();
+        state.calls.push(Call {
+            method: request.method.clone(),
+            path: path.clone(),
+            query: request
+                .query
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join("&"),
+            status: 0,
+        });
+        let answer = route(&mut state, request, &path);
+        if let Some((status, _)) = &answer {
+            state.calls[index].status = *status;
+        }
+        answer
+    }
+}
+
+/// `/v1.47/containers/create` -> `/containers/create`.
+fn strip_version(path: &str) -> &str {
+    match path.strip_prefix("/v1.") {
+        Some(rest) => rest.find('/').map_or(path, |slash| &rest[slash..]),
+        None => path,
+    }
+}
+
+fn route(state: &mut State, request: &FakeRequest, path: &str) -> Option<Answer> {
+    let method = request.method.as_str();
+    if method == "GET" && path == "/_ping" {
+        return Some((200, String::new()));
+    }
+    if method == "GET" && path == "/version" {
+        return Some((
+            200,
+            json!({ "Version": "27.5.1", "ApiVersion": "1.47", "MinAPIVersion": "1.24",
+                    "Os": "linux", "Arch": "amd64" })
+            .to_string(),
+        ));
+    }
+    if method == "POST" && path == "/containers/create" {
+        return create(state, request);
+    }
+    if method == "POST" && path == "/images/create" {
+        let image = request.param("fromImage").unwrap_or_default();
+        let image = match request.param("tag") {
+            Some(tag) if !tag.is_empty() => format!("{image}:{tag}"),
+            _ => image.to_owned(),
+        };
+        state.pulls += 1;
+        state.images.insert(image.clone());
+        let progress = [
+            json!({ "status": format!("Pulling from {image}") }),
+            json!({ "status": "Digest: sha256:0000000000000000000000000000000000000000000000000000000000000000" }),
+            json!({ "status": format!("Status: Downloaded newer image for {image}") }),
+        ];
+        let body: String = progress.iter().map(|p| format!("{p}\r\n")).collect();
+        return Some((200, body));
+    }
+    if let Some(image) = path
+        .strip_prefix("/images/")
+        .and_then(|p| p.strip_suffix("/json"))
+    {
+        return if state.images.contains(image) {
+            Some((
+                200,
+                json!({ "Id": format!("sha256:{}", hex_id()), "RepoTags": [image] }).to_string(),
+            ))
+        } else {
+            message(404, format!("No such image: {image}"))
+        };
+    }
+    let Some((target, action)) = path
+        .strip_prefix("/containers/")
+        .and_then(|rest| rest.rsplit_once('/'))
+    else {
+        return message(404, "page not found".into());
+    };
+    let Some(at) = state
+        .containers
+        .iter()
+        .position(|c| c.id == target || c.name == target || c.id.starts_with(target))
+    else {
+        return message(404, format!("No such container: {target}"));
+    };
+    match (method, action) {
+        ("POST", "start") => start(state, at),
+        ("GET", "json") => Some((200, inspect(&state.containers[at]).to_string())),
+        _ => message(404, "page not found".into()),
+    }
+}
+
+fn create(state: &mut State, request: &FakeRequest) -> Option<Answer> {
+    let body: Value = match serde_json::from_slice(&request.body) {
+        Ok(body) => body,
+        Err(e) => return message(400, format!("invalid JSON: {e}")),
+    };
+    let image = body["Image"].as_str().unwrap_or_default().to_owned();
+    if image.is_empty() {
+        return message(
+            400,
+            "config cannot be empty in order to create a container".into(),
+        );
+    }
+    if !state.images.contains(&image) {
+        return message(404, format!("No such image: {image}"));
+    }
+    let name = request.param("name").unwrap_or_default().to_owned();
+    if let Some(existing) = state.containers.iter().find(|c| c.name == name) {
+        return message(
+            409,
+            format!(
+                "Conflict. The container name \"/{name}\" is already in use by container \"{}\". \
+                 You have to remove (or rename) that container to be able to reuse that name.",
+                existing.id
+            ),
+        );
+    }
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let container = Container {
+        id: hex_id(),
+        name: if name.is_empty() {
+            hex_id()[..12].to_owned()
+        } else {
+            name
+        },
+        image,
+        cmd: strings(&body["Cmd"]),
+        user: body["User"].as_str().map(str::to_owned),
+        env: strings(&body["Env"]),
+        labels: body["Labels"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        host_config: body["HostConfig"].clone(),
+        starts: 0,
+    };
+    let answer = json!({ "Id": container.id, "Warnings": [] }).to_string();
+    state.containers.push(container);
+    Some((201, answer))
+}
+
+fn start(state: &mut State, at: usize) -> Option<Answer> {
+    if state.containers[at].starts > 0 {
+        return Some((304, String::new()));
+    }
+    match state.start_faults.pop_front() {
+        Some(StartFault::Fail) => message(500, "cannot start container: injected failure".into()),
+        Some(StartFault::StallBeforeStart) => None,
+        Some(StartFault::StallAfterStart) => {
+            state.containers[at].starts += 1;
+            None
+        }
+        None => {
+            state.containers[at].starts += 1;
+            Some((204, String::new()))
+        }
+    }
+}
+
+fn inspect(c: &Container) -> Value {
+    let running = c.starts > 0;
+    json!({
+        "Id": c.id,
+        "Name": format!("/{}", c.name),
+        "Image": format!("sha256:{}", "0".repeat(64)),
+        "State": {
+            "Status": if running { "running" } else { "created" },
+            "Running": running,
+            "Paused": false,
+            "Restarting": false,
+            "OOMKilled": false,
+            "Dead": false,
+            "Pid": if running { 4242 } else { 0 },
+            "ExitCode": 0,
+            "Error": "",
+            "StartedAt": if running { "2026-03-29T01:00:00.000000000Z" } else { "0001-01-01T00:00:00Z" },
+            "FinishedAt": "0001-01-01T00:00:00Z"
+        },
+        "Config": { "Image": c.image, "Env": c.env, "Labels": c.labels, "Cmd": c.cmd },
+        "HostConfig": c.host_config,
+    })
+}
+
+fn hex_id() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}

@@ -1,0 +1,153 @@
+//! Fakes of the mission runtimes' HTTP APIs, served inside tests (the `fakes` feature).
+//!
+//! Each fake answers the routes a backend uses with the real API's documented status codes and
+//! error bodies, enforces unique names as the real runtime does, and records every call so a
+//! test can count creates and starts. Each runs on a thread and runtime of its own, so a
+//! synchronous test, or one that blocks its runtime while it waits on a child process, is still
+//! answered; it stops when dropped.
+
+pub mod docker;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use tokio::sync::oneshot;
+
+/// One request a fake received, and what it answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// `GET`, `POST`, `DELETE`.
+    pub method: String,
+    /// The path without the API version prefix (`/containers/create`).
+    pub path: String,
+    /// The query string, decoded (`name=cm-...`).
+    pub query: String,
+    /// The status answered; 0 while the answer is withheld (a stalled call).
+    pub status: u16,
+}
+
+/// An answer: status and JSON body (empty for none).
+pub(crate) type Answer = (u16, String);
+
+/// A request as the fakes see it: method, path, query pairs and body, all read.
+pub(crate) struct FakeRequest {
+    pub method: String,
+    pub path: String,
+    pub query: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+impl FakeRequest {
+    /// The value of query parameter `name`.
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A fake's request handler: answers now, or never (a stalled call), as the fake decides.
+pub(crate) trait Handler: Send + Sync + 'static {
+    /// The answer to `request`, or `None` to withhold it until the client gives up.
+    fn answer(&self, request: &FakeRequest) -> Option<Answer>;
+}
+
+/// A running fake server; dropping it stops it.
+pub(crate) struct Server {
+    pub addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Server {
+    /// Serves `handler` on 127.0.0.1 at a free port.
+    pub fn start(handler: Arc<dyn Handler>) -> Server {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding a fake's port");
+        listener
+            .set_nonblocking(true)
+            .expect("making the fake's socket non-blocking");
+        let addr = listener.local_addr().expect("the fake's address");
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the fake");
+            runtime.block_on(async move {
+                let listener =
+                    tokio::net::TcpListener::from_std(listener).expect("the fake's listener");
+                let accept = async {
+                    loop {
+                        let Ok((stream, _)) = listener.accept().await else {
+                            continue;
+                        };
+                        let handler = handler.clone();
+                        tokio::spawn(async move {
+                            let service = hyper::service::service_fn(move |request| {
+                                let handler = handler.clone();
+                                async move { serve(handler.as_ref(), request).await }
+                            });
+                            let _ = hyper::server::conn::http1::Builder::new()
+                                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                                .await;
+                        });
+                    }
+                };
+                tokio::select! {
+                    _ = accept => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+        Server {
+            addr,
+            stop: Some(stop),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn serve(
+    handler: &dyn Handler,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    use http_body_util::BodyExt as _;
+    let method = request.method().to_string();
+    let path = request.uri().path().to_owned();
+    let query = url::form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let body = match request.into_body().collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => Bytes::new(),
+    };
+    let request = FakeRequest {
+        method,
+        path,
+        query,
+        body,
+    };
+    let Some((status, body)) = handler.answer(&request) else {
+        // Withheld: the client's deadline, or its death, ends the call.
+        std::future::pending::<()>().await;
+        unreachable!("a pending future never completes");
+    };
+    let mut response = Response::builder().status(status);
+    if !body.is_empty() {
+        response = response.header("content-type", "application/json");
+    }
+    Ok(response
+        .body(Full::new(Bytes::from(body)))
+        .expect("a fake's response is well formed"))
+}

@@ -1,0 +1,364 @@
+//! The mission backends: the process runner for real (a small script as the program), Docker
+//! against the fake Engine API; each through the mission conformance suite, then case by case.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::{TimeZone, Utc};
+use cm_dispatch::conformance::EffectProbe;
+use cm_dispatch::fakes::docker::{FakeDocker, StartFault};
+use cm_dispatch::mission::MissionConfig;
+use cm_dispatch::mission_conformance::{LaunchFaults, check_mission_backend, payload_of_task};
+use cm_dispatch::{Dispatch, DispatchError, Dispatcher, DockerDispatcher, ProcessDispatcher};
+use cm_domain::{IdempotencyKey, Occurrence};
+use cm_store::RoutineKind;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const IMAGE: &str = "registry.example.com/cm/mission-runner:1.4";
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        let dir = std::env::temp_dir().join(format!("cm_missions_{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The program the process runner starts: it records its launch, its task and its whole
+/// environment in the work directory (its current directory).
+const SCRIPT: &str = r#"
+echo "$CM_IDEMPOTENCY_KEY" >> launches
+printf '%s' "$CM_TASK" > "$CM_IDEMPOTENCY_KEY.task"
+env > "$CM_IDEMPOTENCY_KEY.env"
+"#;
+
+fn process_runner(dir: &Path) -> ProcessDispatcher {
+    let script = dir.join("mission.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    ProcessDispatcher::new("/bin/sh", vec![script.into()], dir.join("work")).unwrap()
+}
+
+/// Reads the script's records; waits for each started child to finish first (its `.exit`).
+struct ProcessProbe(PathBuf);
+
+impl ProcessProbe {
+    async fn settle(&self, key: &IdempotencyKey) {
+        let marker = self.0.join(format!("{key}.launched"));
+        let exit = self.0.join(format!("{key}.exit"));
+        let until = Instant::now() + Duration::from_secs(20);
+        // Only a marker with a pid stands for a started child.
+        let started = || std::fs::read_to_string(&marker).is_ok_and(|m| m.starts_with("pid "));
+        while started() && !exit.exists() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[async_trait]
+impl EffectProbe for ProcessProbe {
+    async fn effects(&self, key: &IdempotencyKey) -> Result<usize, String> {
+        self.settle(key).await;
+        let launches = std::fs::read_to_string(self.0.join("launches")).unwrap_or_default();
+        Ok(launches.lines().filter(|l| *l == key.as_str()).count())
+    }
+    async fn payload(&self, key: &IdempotencyKey) -> Result<Option<Value>, String> {
+        self.settle(key).await;
+        Ok(std::fs::read_to_string(self.0.join(format!("{key}.task")))
+            .ok()
+            .and_then(|task| payload_of_task(&task)))
+    }
+}
+
+fn mission_dispatch(payload: Value, attempt: u32) -> Dispatch {
+    Dispatch::new(
+        Occurrence::new(
+            Uuid::new_v4(),
+            Utc.with_ymd_and_hms(2026, 3, 29, 1, 0, 0).unwrap(),
+        ),
+        "nightly report",
+        RoutineKind::Mission,
+        payload,
+        attempt,
+        Instant::now() + Duration::from_secs(10),
+    )
+}
+
+fn mission() -> Value {
+    json!({ "repository": "git@git.example.com:team/repo.git", "ref": "main", "task": "report",
+            "env": { "REPORT_FORMAT": "markdown" }, "labels": { "team": "platform" } })
+}
+
+#[tokio::test]
+async fn process_runner_conforms() {
+    let dir = TempDir::new();
+    let runner = process_runner(&dir.0);
+    check_mission_backend(&runner, &ProcessProbe(dir.0.join("work")), None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn process_runner_gives_the_mission_its_environment_and_nothing_else() {
+    let dir = TempDir::new();
+    let runner = process_runner(&dir.0);
+    let dispatch = mission_dispatch(mission(), 1);
+    let receipt = runner.dispatch(&dispatch).await.unwrap();
+    assert!(receipt.detail.starts_with("pid "), "{receipt:?}");
+    let probe = ProcessProbe(dir.0.join("work"));
+    assert_eq!(probe.effects(&dispatch.idempotency_key).await, Ok(1));
+    let env = std::fs::read_to_string(dir.0.join(format!("work/{}.env", dispatch.idempotency_key)))
+        .unwrap();
+    let names: Vec<&str> = env
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        .collect();
+    for expected in [
+        "CM_ROUTINE_ID",
+        "CM_ROUTINE_NAME",
+        "CM_SCHEDULED_AT",
+        "CM_ATTEMPT",
+        "CM_IDEMPOTENCY_KEY",
+        "CM_REPOSITORY",
+        "CM_REF",
+        "CM_TASK",
+        "REPORT_FORMAT",
+        "PATH",
+    ] {
+        assert!(
+            names.contains(&expected),
+            "{expected} missing from {names:?}"
+        );
+    }
+    assert!(env.contains("CM_ROUTINE_NAME=nightly report\n"), "{env}");
+    assert!(
+        env.contains("CM_REPOSITORY=git@git.example.com:team/repo.git\n"),
+        "{env}"
+    );
+    // The scheduler's own environment (cargo sets dozens of variables for a test) stays out:
+    // it may hold the database's URL and credentials.
+    assert!(
+        !names.iter().any(|n| n.starts_with("CARGO")),
+        "the scheduler's environment leaked: {names:?}"
+    );
+}
+
+#[tokio::test]
+async fn process_runner_refuses_to_guess_after_a_crash_before_the_pid_was_written() {
+    let dir = TempDir::new();
+    let runner = process_runner(&dir.0);
+    let dispatch = mission_dispatch(mission(), 2);
+    // A scheduler died between creating the marker and recording the child's pid.
+    std::fs::write(runner.marker_path(dispatch.idempotency_key.as_str()), "").unwrap();
+    let err = runner.dispatch(&dispatch).await.unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Rejected(text) if text.contains("not launched again")),
+        "{err}"
+    );
+    let probe = ProcessProbe(dir.0.join("work"));
+    assert_eq!(probe.effects(&dispatch.idempotency_key).await, Ok(0));
+}
+
+#[tokio::test]
+async fn process_runner_that_cannot_start_its_program_leaves_no_marker() {
+    let dir = TempDir::new();
+    let runner =
+        ProcessDispatcher::new(dir.0.join("no-such-program"), vec![], dir.0.join("work")).unwrap();
+    let dispatch = mission_dispatch(mission(), 1);
+    let err = runner.dispatch(&dispatch).await.unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Unavailable(text) if text.contains("no-such-program")),
+        "{err}"
+    );
+    assert!(
+        !runner
+            .marker_path(dispatch.idempotency_key.as_str())
+            .exists()
+    );
+}
+
+#[tokio::test]
+async fn mission_backends_reject_an_invalid_mission_without_launching() {
+    let dir = TempDir::new();
+    let runner = process_runner(&dir.0);
+    let docker_fake = FakeDocker::start(&[IMAGE]);
+    let docker = docker_backend(&docker_fake, MissionConfig::default());
+    for payload in [
+        json!({ "repository": "file:///etc/passwd", "task": "x" }),
+        json!({ "repository": "https://h.example/r", "task": "x", "env": { "CM_TASK": "y" } }),
+        json!({ "text": "a message payload" }),
+    ] {
+        let dispatch = mission_dispatch(payload, 1);
+        for backend in [&runner as &dyn Dispatcher, &docker] {
+            let err = backend.dispatch(&dispatch).await.unwrap_err();
+            assert!(matches!(err, DispatchError::Rejected(_)), "{err}");
+        }
+        assert!(
+            !runner
+                .marker_path(dispatch.idempotency_key.as_str())
+                .exists()
+        );
+    }
+    assert_eq!(docker_fake.calls(), vec![], "nothing reached the engine");
+}
+
+fn docker_backend(fake: &FakeDocker, config: MissionConfig) -> DockerDispatcher {
+    DockerDispatcher::connect(&fake.host(), IMAGE.to_owned(), config).unwrap()
+}
+
+/// Counts started containers of a key in the fake engine.
+struct DockerProbe(Arc<FakeDocker>);
+
+#[async_trait]
+impl EffectProbe for DockerProbe {
+    async fn effects(&self, key: &IdempotencyKey) -> Result<usize, String> {
+        Ok(self.0.container(key.as_str()).map_or(0, |c| c.starts))
+    }
+    async fn payload(&self, key: &IdempotencyKey) -> Result<Option<Value>, String> {
+        Ok(self
+            .0
+            .container(key.as_str())
+            .and_then(|c| c.env_var("CM_TASK").and_then(payload_of_task)))
+    }
+}
+
+impl LaunchFaults for DockerProbe {
+    fn crash_after_create(&self) {
+        self.0.fault_next_start(StartFault::Fail);
+    }
+}
+
+#[tokio::test]
+async fn docker_backend_conforms() {
+    let fake = Arc::new(FakeDocker::start(&[IMAGE]));
+    let docker = docker_backend(&fake, MissionConfig::default());
+    let probe = DockerProbe(fake.clone());
+    check_mission_backend(&docker, &probe, Some(&probe))
+        .await
+        .unwrap();
+    // Every container of the suite was created once and started once.
+    let containers = fake.containers();
+    assert!(containers.len() >= 4, "{containers:?}");
+    assert!(containers.iter().all(|c| c.starts == 1), "{containers:?}");
+}
+
+#[tokio::test]
+async fn docker_containers_are_the_operators_and_carry_the_missions_environment() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    let config = MissionConfig::from_json(
+        r#"{"command": ["/usr/local/bin/run-mission", "--verbose"], "user": "1000:1000",
+            "docker": {"network": "missions", "memory_bytes": 2147483648, "nano_cpus": 1500000000}}"#,
+    )
+    .unwrap();
+    let docker = docker_backend(&fake, config);
+    let dispatch = mission_dispatch(mission(), 1);
+    let receipt = docker.dispatch(&dispatch).await.unwrap();
+    let c = fake
+        .container(dispatch.idempotency_key.as_str())
+        .expect("a container named by the key");
+    assert_eq!(
+        receipt.detail,
+        format!("container {} {}", &c.id[..12], c.name)
+    );
+    assert!(!receipt.duplicate);
+    assert_eq!(c.image, IMAGE);
+    assert_eq!(c.cmd, ["/usr/local/bin/run-mission", "--verbose"]);
+    assert_eq!(c.user.as_deref(), Some("1000:1000"));
+    assert_eq!(c.host_config["NetworkMode"], "missions");
+    assert_eq!(c.host_config["Memory"], 2147483648_i64);
+    assert_eq!(c.host_config["NanoCpus"], 1500000000_i64);
+    assert_eq!(c.env_var("CM_TASK"), Some("report"));
+    assert_eq!(c.env_var("CM_REF"), Some("main"));
+    assert_eq!(c.env_var("CM_ATTEMPT"), Some("1"));
+    assert_eq!(c.env_var("REPORT_FORMAT"), Some("markdown"));
+    assert_eq!(c.env_var("CM_SCHEDULED_AT"), Some("2026-03-29T01:00:00Z"));
+    assert_eq!(
+        c.labels["cm.routine-id"],
+        dispatch.occurrence.routine_id.to_string()
+    );
+    assert_eq!(c.labels["cm.scheduled-at"], "2026-03-29T01:00:00Z");
+    assert_eq!(c.labels["cm.attempt"], "1");
+    assert_eq!(c.labels["team"], "platform");
+    assert_eq!(c.starts, 1);
+}
+
+#[tokio::test]
+async fn docker_pulls_an_absent_image_then_launches() {
+    let fake = FakeDocker::start(&[]);
+    let docker = docker_backend(&fake, MissionConfig::default());
+    let dispatch = mission_dispatch(mission(), 1);
+    docker.dispatch(&dispatch).await.unwrap();
+    assert_eq!(fake.pulls(), 1);
+    assert!(fake.has_image(IMAGE));
+    let statuses: Vec<(String, u16)> = fake
+        .calls()
+        .into_iter()
+        .map(|c| (format!("{} {}", c.method, c.path), c.status))
+        .filter(|(call, _)| call != "GET /version")
+        .collect();
+    let name = dispatch.idempotency_key.to_string();
+    let start = format!(
+        "POST /containers/{}/start",
+        &fake.container(&name).unwrap().id
+    );
+    assert_eq!(
+        statuses,
+        [
+            ("POST /containers/create".to_owned(), 404),
+            ("POST /images/create".to_owned(), 200),
+            ("POST /containers/create".to_owned(), 201),
+            (start, 204),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn docker_start_that_stalls_past_the_deadline_fails_and_the_retry_starts_it_once() {
+    let fake = Arc::new(FakeDocker::start(&[IMAGE]));
+    let docker = docker_backend(&fake, MissionConfig::default());
+    fake.fault_next_start(StartFault::StallBeforeStart);
+    let mut first = mission_dispatch(mission(), 1);
+    first.deadline = Instant::now() + Duration::from_millis(500);
+    let err = docker.dispatch(&first).await.unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Unavailable(t) if t.contains("deadline")),
+        "{err}"
+    );
+    let name = first.idempotency_key.to_string();
+    assert_eq!(fake.container(&name).map(|c| c.starts), Some(0));
+
+    let mut retry = first.clone();
+    retry.attempt = 2;
+    retry.deadline = Instant::now() + Duration::from_secs(10);
+    let receipt = docker.dispatch(&retry).await.unwrap();
+    assert!(receipt.duplicate, "{receipt:?}");
+    assert_eq!(fake.containers().len(), 1);
+    assert_eq!(fake.container(&name).map(|c| c.starts), Some(1));
+}
+
+#[tokio::test]
+async fn docker_that_does_not_answer_is_unavailable() {
+    // A port nothing listens on.
+    let docker = DockerDispatcher::connect(
+        "tcp://127.0.0.1:1",
+        IMAGE.to_owned(),
+        MissionConfig::default(),
+    )
+    .unwrap();
+    let err = docker
+        .dispatch(&mission_dispatch(mission(), 1))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DispatchError::Unavailable(_)), "{err}");
+}

@@ -1,0 +1,173 @@
+//! The `run` flags that choose and configure the mission backend, and the backend they build.
+//!
+//! `--mission-backend none|docker|kubernetes|process`; `--mission-image` and `--mission-config
+//! FILE` (JSON, [`MissionConfig`]) for the container backends; `--mission-command PROG [ARG…]`
+//! and `--mission-workdir DIR` for the process runner. Everything here is the operator's: a
+//! routine's mission file never names an image, a command or a resource.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use cm_dispatch::Dispatcher;
+use cm_dispatch::mission::MissionConfig;
+
+/// The mission backend's flags, flattened into `run`'s.
+#[derive(Debug, Args)]
+pub struct MissionArgs {
+    /// Where mission routines go (none: their occurrences settle failed with that reason).
+    #[arg(long, value_enum, default_value_t = MissionBackend::None)]
+    pub mission_backend: MissionBackend,
+    /// The image every mission runs (docker, kubernetes); overrides the config file's "image".
+    #[arg(long)]
+    pub mission_image: Option<String>,
+    /// The operator's mission settings, a JSON file: command, user, resources, network,
+    /// namespace (see README, "Mission backends").
+    #[arg(long)]
+    pub mission_config: Option<PathBuf>,
+    /// The program the process backend runs, then its arguments; it takes the rest of the
+    /// command line, so give it last. No shell is involved.
+    #[arg(long, num_args = 1.., allow_hyphen_values = true, value_name = "PROG [ARG]...")]
+    pub mission_command: Vec<OsString>,
+    /// Where the process backend keeps its per-occurrence markers and logs.
+    #[arg(long, default_value = "cm-missions")]
+    pub mission_workdir: PathBuf,
+}
+
+/// The mission backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MissionBackend {
+    /// No mission backend.
+    None,
+    /// A Docker container per occurrence (DOCKER_HOST, or the default socket).
+    Docker,
+    /// A Kubernetes Job per occurrence: not built yet, refused at start.
+    Kubernetes,
+    /// A local process per occurrence: development only.
+    Process,
+}
+
+impl MissionArgs {
+    /// The backend the flags describe, or `None` for `--mission-backend none`. A refused
+    /// configuration is [`MissionSetupError::Config`], one line for the operator (the caller exits 2); a runtime
+    /// that cannot be used (no Docker socket) is [`MissionSetupError::Runtime`] (exit 1).
+    pub fn dispatcher(&self) -> Result<Option<Arc<dyn Dispatcher>>, MissionSetupError> {
+        let needs_image = matches!(
+            self.mission_backend,
+            MissionBackend::Docker | MissionBackend::Kubernetes
+        );
+        if !needs_image && (self.mission_image.is_some() || self.mission_config.is_some()) {
+            return Err(config(
+                "--mission-image and --mission-config need --mission-backend docker or kubernetes",
+            ));
+        }
+        if self.mission_backend != MissionBackend::Process && !self.mission_command.is_empty() {
+            return Err(config("--mission-command needs --mission-backend process"));
+        }
+        match self.mission_backend {
+            MissionBackend::None => Ok(None),
+            MissionBackend::Process => {
+                let Some((program, args)) = self.mission_command.split_first() else {
+                    return Err(config(
+                        "--mission-backend process needs --mission-command PROG",
+                    ));
+                };
+                let runner = cm_dispatch::ProcessDispatcher::new(
+                    program,
+                    args.to_vec(),
+                    &self.mission_workdir,
+                )
+                .map_err(|e| {
+                    config(format!(
+                        "cannot use --mission-workdir {}: {e}",
+                        self.mission_workdir.display()
+                    ))
+                })?;
+                tracing::warn!(
+                    workdir = %self.mission_workdir.display(),
+                    "the process mission backend is for development only"
+                );
+                Ok(Some(Arc::new(runner)))
+            }
+            MissionBackend::Docker => {
+                let (image, settings) = self.image_and_config()?;
+                docker(image, settings)
+            }
+            MissionBackend::Kubernetes => {
+                let (image, settings) = self.image_and_config()?;
+                kubernetes(image, settings)
+            }
+        }
+    }
+
+    fn image_and_config(&self) -> Result<(String, MissionConfig), MissionSetupError> {
+        let settings = match &self.mission_config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read --mission-config {}: {e}", path.display()))?;
+                MissionConfig::from_json(&text)
+                    .map_err(|e| format!("--mission-config {}: {e}", path.display()))?
+            }
+            None => MissionConfig::default(),
+        };
+        let image = self
+            .mission_image
+            .clone()
+            .or_else(|| settings.image.clone())
+            .filter(|image| !image.trim().is_empty())
+            .ok_or_else(|| {
+                config(format!(
+                    "--mission-backend {} needs --mission-image (or \"image\" in --mission-config)",
+                    self.mission_backend
+                        .to_possible_value()
+                        .map(|v| v.get_name().to_owned())
+                        .unwrap_or_default()
+                ))
+            })?;
+        Ok((image, settings))
+    }
+}
+
+/// Why the mission backend could not be set up.
+#[derive(Debug)]
+pub enum MissionSetupError {
+    /// The flags or the config file are wrong (exit 2).
+    Config(String),
+    /// The runtime cannot be used as configured, such as a Docker socket that is not there
+    /// (exit 1).
+    // Only the Docker backend can fail this way; a build without it never constructs it.
+    #[cfg_attr(not(feature = "docker"), allow(dead_code))]
+    Runtime(String),
+}
+
+/// A message alone is about the configuration.
+impl From<String> for MissionSetupError {
+    fn from(message: String) -> Self {
+        MissionSetupError::Config(message)
+    }
+}
+
+fn config(message: impl Into<String>) -> MissionSetupError {
+    MissionSetupError::Config(message.into())
+}
+
+type Backend = Result<Option<Arc<dyn Dispatcher>>, MissionSetupError>;
+
+#[cfg(feature = "docker")]
+fn docker(image: String, settings: MissionConfig) -> Backend {
+    let backend = cm_dispatch::DockerDispatcher::from_env(image, settings)
+        .map_err(|e| MissionSetupError::Runtime(e.to_string()))?;
+    Ok(Some(Arc::new(backend)))
+}
+
+#[cfg(not(feature = "docker"))]
+fn docker(_: String, _: MissionConfig) -> Backend {
+    Err(config(
+        "this cm-scheduler was built without the docker feature",
+    ))
+}
+
+fn kubernetes(_: String, _: MissionConfig) -> Backend {
+    Err(config("the kubernetes mission backend is not built yet"))
+}

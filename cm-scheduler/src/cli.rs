@@ -13,7 +13,8 @@ use cm_domain::{FireCap, FireStatus, Lease, MisfirePolicy, Schedule, SchedulerCo
 use cm_scheduler::Scheduler;
 use cm_scheduler::http::{Health, Readiness};
 use cm_store::{
-    FireFilter, FireLedger, NewRoutine, PgStore, Routine, RoutineKind, RoutineStore, StoreError,
+    FireCursor, FireFilter, FireLedger, NewRoutine, PgStore, Routine, RoutineKind, RoutineStore,
+    StoreError,
 };
 use uuid::Uuid;
 
@@ -50,6 +51,9 @@ enum Command {
         /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Resume after this cursor: the one a full page prints on its last line.
+        #[arg(long)]
+        cursor: Option<FireCursor>,
         /// As JSON lines.
         #[arg(long)]
         json: bool,
@@ -171,6 +175,11 @@ enum RoutineCommand {
         /// The window's end (RFC 3339), included; not in the future.
         #[arg(long)]
         to: String,
+        /// How long the schedulers keep settled fires (their `run --retention`): a window
+        /// starting earlier than this (less an hour) is refused, since a pruned slot would fire
+        /// again.
+        #[arg(long, default_value = "30days", value_parser = humantime::parse_duration)]
+        retention: Duration,
     },
 }
 
@@ -342,6 +351,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             routine,
             status,
             limit,
+            cursor,
             json,
         } => {
             let status = status
@@ -354,8 +364,13 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
                     routine_id: routine,
                     status,
                     limit,
+                    after: cursor,
                 })
                 .await?;
+            // A full page may have a next one: its last line says where it starts.
+            let next = (fires.len() == limit as usize)
+                .then(|| fires.last().map(FireCursor::after))
+                .flatten();
             for fire in fires {
                 if json {
                     println!(
@@ -376,6 +391,13 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
                             .unwrap_or_default()
                     );
                 }
+            }
+            match next {
+                Some(next) if json => {
+                    println!("{}", serde_json::json!({ "next_cursor": next.to_string() }))
+                }
+                Some(next) => println!("next page: --cursor {next}"),
+                None => {}
             }
             Ok(())
         }
@@ -503,14 +525,22 @@ async fn routine(url: &str, command: RoutineCommand) -> Result<(), Failure> {
             );
             Ok(())
         }
-        RoutineCommand::Backfill { id, from, to } => {
+        RoutineCommand::Backfill {
+            id,
+            from,
+            to,
+            retention,
+        } => {
             let (from, to) = (parse_time(&from)?, parse_time(&to)?);
+            if retention < cm_domain::config::MIN_RETENTION {
+                return Err(input("--retention must be at least a day, as for run"));
+            }
             let store = connect(url, false).await?;
             let routine = store.get_routine(id).await?;
             let schedule = routine.parsed_schedule()?;
             // The window is judged against the database's clock, the one the ticks use.
             let now = store.ping().await?;
-            let occurrences = cm_domain::backfill_occurrences(&schedule, from, to, now)
+            let occurrences = cm_domain::backfill_occurrences(&schedule, from, to, now, retention)
                 .map_err(|e| input(e.to_string()))?;
             let requested = store.request_occurrences(id, &occurrences).await?;
             println!(

@@ -8,7 +8,9 @@ use cm_dispatch::{Dispatch, Dispatcher};
 use cm_domain::{
     ClaimAction, ClaimOutcome, ConfigError, ErrorText, MisfireRules, SchedulerConfig, Settlement,
 };
-use cm_store::{ClaimDueParams, ClaimedFire, FireLedger, ReapParams, StoreError, TickClaim};
+use cm_store::{
+    ClaimDueParams, ClaimedFire, FireLedger, ReapParams, SettleOutcome, StoreError, TickClaim,
+};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
@@ -466,8 +468,14 @@ async fn settle(ledger: &dyn FireLedger, fire: &ClaimedFire, settlement: &Settle
     let mut backoff = Duration::from_millis(100);
     for attempt in 1..=3 {
         match ledger.settle_fire(&fire_ref, settlement).await {
-            Ok(true) => return Settled::Yes,
-            Ok(false) => {
+            Ok(SettleOutcome::Settled) => return Settled::Yes,
+            Ok(SettleOutcome::Gone) => {
+                info!(routine_id = %fire.occurrence.routine_id, scheduled_at = %fire.occurrence.scheduled_at,
+                    attempt = fire.row.attempt,
+                    "settle found nothing to settle: the routine was deleted while it was dispatched");
+                return Settled::Lost;
+            }
+            Ok(SettleOutcome::TakenOver) => {
                 warn!(routine_id = %fire.occurrence.routine_id, scheduled_at = %fire.occurrence.scheduled_at,
                     attempt = fire.row.attempt,
                     "settle matched nothing: the claim was taken over after its lease ran out");

@@ -4,6 +4,7 @@
 //! - `exactly_once`: several schedulers racing on one real database.
 //! - `crash`: whole `cm-scheduler` processes killed between claim and settle.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
+//! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
 //! - `support`: the database server and clean-up the whole-process tests share.
 
 #[path = "scheduler/support.rs"]
@@ -11,6 +12,8 @@ mod support;
 
 #[path = "scheduler/cli.rs"]
 mod cli;
+#[path = "scheduler/cli_hardening.rs"]
+mod cli_hardening;
 #[path = "scheduler/crash.rs"]
 mod crash;
 #[path = "scheduler/exactly_once.rs"]

@@ -41,6 +41,7 @@
 //! # Ok(()) }
 //! ```
 
+mod cursor;
 mod error;
 pub mod ledger;
 pub mod outbox;
@@ -50,12 +51,13 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 
+pub use cursor::{FireCursor, ParseFireCursorError};
 pub use error::StoreError;
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;
 pub use ledger::{
-    ClaimDueParams, ClaimedFire, Fire, FireFilter, FireLedger, FireRef, ReapParams, TickClaim,
-    UnusableRoutine,
+    ClaimDueParams, ClaimedFire, Fire, FireFilter, FireLedger, FireRef, ReapParams, SettleOutcome,
+    TickClaim, UnusableRoutine,
 };
 #[cfg(feature = "mock")]
 pub use outbox::MockOutboxStore;

@@ -77,7 +77,7 @@ fn run(mut command: Command) -> Run {
 }
 
 /// Asserts that `args` succeed and returns what they printed.
-fn ok(url: &str, args: &[&str]) -> String {
+pub(crate) fn ok(url: &str, args: &[&str]) -> String {
     let out = cm(url, args);
     assert_eq!(out.code, Some(0), "cm-scheduler {args:?} failed: {out:?}");
     out.stdout
@@ -85,7 +85,7 @@ fn ok(url: &str, args: &[&str]) -> String {
 
 /// Asserts that `args` exit with `code`, print nothing on stdout, and explain why in exactly one
 /// line on stderr that mentions `fragment`.
-fn check_fails(url: &str, args: &[&str], code: i32, fragment: &str) {
+pub(crate) fn check_fails(url: &str, args: &[&str], code: i32, fragment: &str) {
     let out = cm(url, args);
     assert_eq!(
         out.code,
@@ -209,7 +209,7 @@ impl Drop for MissionFiles {
 }
 
 /// Parses the one line `routine create` prints.
-fn created_id(stdout: &str) -> Uuid {
+pub(crate) fn created_id(stdout: &str) -> Uuid {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
         lines.len(),
@@ -621,6 +621,8 @@ async fn trigger_and_backfill_go_through_the_ledger() {
         "2025-06-01T10:00:00Z",
         "--to",
         "2025-06-01T12:00:00Z",
+        "--retention",
+        "1000days",
     ];
     assert_eq!(
         ok(url, &window).trim(),
@@ -706,6 +708,12 @@ async fn trigger_and_backfill_go_through_the_ledger() {
         ),
         (vec!["routine", "trigger", &missing], &missing),
     ] {
+        // A retention long enough for these past windows: refusing by retention is tested in
+        // `cli_hardening`.
+        let mut args = args;
+        if args[1] == "backfill" {
+            args.extend(["--retention", "1000days"]);
+        }
         check_fails(url, &args, 2, fragment);
     }
     assert_eq!(db.count("routine_requests").await, 4);

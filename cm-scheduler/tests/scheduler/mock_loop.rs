@@ -23,7 +23,8 @@ use cm_domain::{
 };
 use cm_scheduler::{Scheduler, Stats, TickError, TickReport};
 use cm_store::{
-    ClaimedFire, FireLedger, FireRef, MockFireLedger, RoutineKind, StoreError, TickClaim,
+    ClaimedFire, FireLedger, FireRef, MockFireLedger, RoutineKind, SettleOutcome, StoreError,
+    TickClaim,
 };
 use serde_json::json;
 use uuid::Uuid;
@@ -114,7 +115,7 @@ type Settles = Arc<Mutex<Vec<(FireRef, Settlement)>>>;
 /// `settle_fire` records each settle and answers with `answer()`.
 fn ledger(
     claims: Vec<TickClaim>,
-    answer: fn() -> Result<bool, StoreError>,
+    answer: fn() -> Result<SettleOutcome, StoreError>,
 ) -> (MockFireLedger, Settles) {
     let mut ledger = MockFireLedger::new();
     let count = claims.len();
@@ -176,21 +177,21 @@ struct Case {
     name: &'static str,
     rows: &'static [Row],
     dispatch_error: Option<&'static str>,
-    settle_answer: fn() -> Result<bool, StoreError>,
+    settle_answer: fn() -> Result<SettleOutcome, StoreError>,
     report: TickReport,
     dispatched: &'static [(u32, u32)],
     settled: &'static [(u32, u32, Expect)],
 }
 
-fn settled_ok() -> Result<bool, StoreError> {
-    Ok(true)
+fn settled_ok() -> Result<SettleOutcome, StoreError> {
+    Ok(SettleOutcome::Settled)
 }
 
-fn settle_lost() -> Result<bool, StoreError> {
-    Ok(false)
+fn settle_lost() -> Result<SettleOutcome, StoreError> {
+    Ok(SettleOutcome::TakenOver)
 }
 
-fn settle_broken() -> Result<bool, StoreError> {
+fn settle_broken() -> Result<SettleOutcome, StoreError> {
     Err(StoreError::Database(sqlx::Error::PoolTimedOut))
 }
 
@@ -504,7 +505,7 @@ async fn a_failing_dispatch_settles_failed_once_and_is_not_retried() {
                 && fire_ref.attempt == 1
                 && matches!(settlement, Settlement::Failed(e) if e.as_str() == "rejected: HTTP 400: bad payload")
         })
-        .returning(|_, _| Ok(true));
+        .returning(|_, _| Ok(SettleOutcome::Settled));
     let (dispatcher, calls) =
         counting_dispatcher(|| Err(DispatchError::Rejected("HTTP 400: bad payload".into())));
     let scheduler = scheduler(ledger, dispatcher);
@@ -553,7 +554,9 @@ async fn the_cap_is_asked_for_and_deferred_occurrences_are_counted_not_fired() {
                 && p.max_routines >= 3
         })
         .returning(move |_| Ok(queue.pop_front().unwrap()));
-    ledger.expect_settle_fire().returning(|_, _| Ok(true));
+    ledger
+        .expect_settle_fire()
+        .returning(|_, _| Ok(SettleOutcome::Settled));
     let (dispatcher, calls) = counting_dispatcher(receipt);
     let scheduler = scheduler(ledger, dispatcher);
 

@@ -231,6 +231,7 @@ pub async fn ledger(store: &PgStore, routine_id: Uuid) -> Vec<Fire> {
             routine_id: Some(routine_id),
             status: None,
             limit: 10_000,
+            after: None,
         })
         .await
         .unwrap();

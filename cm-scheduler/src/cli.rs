@@ -14,7 +14,7 @@ use cm_scheduler::Scheduler;
 use cm_scheduler::http::{Health, Readiness};
 use cm_store::{
     FireCursor, FireFilter, FireLedger, NewRoutine, PgStore, Routine, RoutineKind, RoutineStore,
-    StoreError,
+    StoreError, StoreOptions,
 };
 use uuid::Uuid;
 
@@ -668,10 +668,17 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         None => None,
     };
 
-    let store = connect(url, !args.no_migrate).await?;
     if !args.no_migrate {
-        store.migrate().await.context("applying migrations")?;
+        // Without the scheduler's timeouts: building an index on a large ledger takes longer
+        // than any claim statement may.
+        let migrator = connect(url, true).await?;
+        migrator.migrate().await.context("applying migrations")?;
     }
+    // Statement, lock and idle-in-transaction timeouts derived from the lease, so a claim never
+    // holds its routines' locks past the leases it wrote.
+    let store = PgStore::connect_with(url, &StoreOptions::for_lease(lease))
+        .await
+        .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?;
     let message: Arc<dyn cm_dispatch::Dispatcher> = match args.message_backend {
         MessageBackend::Outbox => Arc::new(OutboxDispatcher::new(store.clone())),
     };

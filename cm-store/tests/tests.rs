@@ -66,3 +66,7 @@ mod scale;
 // Deleting a routine while a tick claims it: one lock order, no deadlock.
 #[path = "store/delete.rs"]
 mod delete;
+
+// Server-side timeouts on the scheduler's connections: a blocked claim gives up.
+#[path = "store/timeouts.rs"]
+mod timeouts;

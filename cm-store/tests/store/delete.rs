@@ -3,14 +3,11 @@
 
 use std::time::Duration;
 
-use chrono::Datelike;
 use cm_domain::{ClaimOutcome, MisfirePolicy, Occurrence};
 use cm_store::{FireLedger, PgStore, RoutineStore, StoreError};
-use sqlx::{Connection as _, PgPool};
+use sqlx::PgPool;
 
-use crate::support::{
-    Seed, YEARLY, create, db_now, fire_count, jan1, params, seed_fire, set_next_run,
-};
+use crate::support::{YEARLY, create, due_and_held, fire_count, params};
 
 /// Waits until `n` sessions of this database wait on a lock.
 async fn lock_waiters(pool: &PgPool, n: i64) {
@@ -38,17 +35,7 @@ async fn deleting_a_routine_while_a_tick_claims_its_request_does_not_deadlock(po
     // before inserting the requested occurrence's row.
     let doomed = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
     let requested = store.trigger_routine(doomed.id).await.unwrap();
-    let busy = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
-    let busy_at = Occurrence::new(busy.id, jan1(db_now(&pool).await.year()));
-    set_next_run(&pool, busy.id, busy_at.scheduled_at).await;
-    seed_fire(&pool, busy_at, &Seed::claimed(300.0)).await;
-    let mut holder = pool.acquire().await.unwrap();
-    let mut held = holder.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM routine_fires WHERE routine_id = $1 FOR UPDATE")
-        .bind(busy.id)
-        .execute(&mut *held)
-        .await
-        .unwrap();
+    let (busy_at, held) = due_and_held(&store, &pool).await;
 
     let claim = tokio::spawn({
         let store = store.clone();

@@ -680,7 +680,9 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         .await
         .with_context(|| format!("cannot connect to PostgreSQL at {}", redact(url)))?;
     let message: Arc<dyn cm_dispatch::Dispatcher> = match args.message_backend {
-        MessageBackend::Outbox => Arc::new(OutboxDispatcher::new(store.clone())),
+        // The dispatch has its own pool, without the claim's timeouts: it is bounded by
+        // --dispatch-timeout, and may wait on the outbox's locks that long.
+        MessageBackend::Outbox => Arc::new(OutboxDispatcher::new(connect(url, false).await?)),
     };
     let mission: Option<Arc<dyn cm_dispatch::Dispatcher>> = match args.mission_backend {
         MissionBackend::None => None,

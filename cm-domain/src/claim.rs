@@ -272,15 +272,23 @@ impl Settlement {
     }
 }
 
-/// Error text bounded to [`MAX_ERROR_BYTES`] bytes, cut on a character boundary, so one
-/// runaway error message cannot bloat the ledger.
+/// Error text PostgreSQL stores: bounded to [`MAX_ERROR_BYTES`] bytes, cut on a character
+/// boundary, so one runaway error message cannot bloat the ledger; and free of NUL, the one
+/// character a PostgreSQL `text` value refuses, so a backend's error (a C library's message, a
+/// peer's binary reply) can never make the settle itself fail.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ErrorText(String);
 
 impl ErrorText {
-    /// Bounds `text`, marking a cut with a trailing `…`.
+    /// What a NUL in an error becomes: its escape, so the stored text still shows it was there.
+    const NUL_REPLACEMENT: &str = "\\0";
+
+    /// Replaces each NUL with `\0`, then bounds the text, marking a cut with a trailing `…`.
     pub fn new(text: impl Into<String>) -> Self {
         let mut text = text.into();
+        if text.contains('\0') {
+            text = text.replace('\0', Self::NUL_REPLACEMENT);
+        }
         if text.len() > MAX_ERROR_BYTES {
             const MARK: &str = "…";
             let mut end = MAX_ERROR_BYTES - MARK.len();
@@ -432,10 +440,23 @@ mod tests {
             assert_eq!(e.as_str().ends_with('…'), ends_with_mark);
         }
         check("short", 5, false);
+        check(&"\0".repeat(MAX_ERROR_BYTES), MAX_ERROR_BYTES, true);
         check(&"a".repeat(MAX_ERROR_BYTES), MAX_ERROR_BYTES, false);
         check(&"a".repeat(MAX_ERROR_BYTES + 1), MAX_ERROR_BYTES, true);
         // 'é' is two bytes; the cut lands inside one and must step back.
         check(&"é".repeat(MAX_ERROR_BYTES), MAX_ERROR_BYTES - 1, true);
         check(&"😀".repeat(MAX_ERROR_BYTES), MAX_ERROR_BYTES - 1, true);
+    }
+
+    #[test]
+    fn error_text_holds_no_nul() {
+        fn check(input: &str, stored: &str) {
+            assert_eq!(ErrorText::new(input).as_str(), stored, "{input:?}");
+        }
+        check("\0", "\\0");
+        check("bad reply \0\0 from peer", "bad reply \\0\\0 from peer");
+        check("no nul here", "no nul here");
+        // Other control characters are valid PostgreSQL text and are kept as they are.
+        check("tab\there\u{1}", "tab\there\u{1}");
     }
 }

@@ -48,7 +48,7 @@ pub mod occurrence;
 pub mod schedule;
 pub mod tick;
 
-pub use backfill::{BackfillError, MAX_BACKFILL, backfill_occurrences};
+pub use backfill::{BackfillError, MAX_BACKFILL, RETENTION_MARGIN, backfill_occurrences};
 pub use claim::{
     ClaimAction, ClaimOutcome, ClaimRow, ClaimToken, ErrorText, FireStatus, ParseFireStatusError,
     SettleError, Settlement,

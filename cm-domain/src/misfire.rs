@@ -1,21 +1,33 @@
 //! Misfire policies: what a routine does with occurrences found late (the scheduler was down,
 //! the clock jumped, the fleet was overloaded).
 //!
-//! An occurrence found no more than the grace period late is on time and always fires. Older
-//! ones are *misfires*, and the routine's [`MisfirePolicy`] decides which of them fire:
+//! Lateness is judged once per routine, by its oldest owed occurrence (its `next_run_at`):
 //!
-//! | policy | misfires that fire | the rest |
+//! - if that is no more than the grace period late, nothing has misfired: everything owed fires
+//!   as usual;
+//! - if it is later, the routine has misfired, and its [`MisfirePolicy`] decides for everything
+//!   it owes (every occurrence up to now, including those that are themselves within the grace):
+//!
+//! | policy | what fires | the rest |
 //! |---|---|---|
-//! | `fire-once` (default) | the latest | skipped, counted |
+//! | `fire-once` (default) | the latest owed occurrence, once | skipped, counted |
 //! | `catch-up` | all, oldest first, up to `max_backlog` (the latest ones) | older ones coalesce: skipped, counted |
 //! | `skip` | none | skipped, counted |
+//!
+//! So `fire-once` means at most one catch-up fire, as users of Quartz's "fire once now" and
+//! Kubernetes' CronJob read it: a 3-second routine back from a minute's outage fires once, not
+//! twenty times.
 //!
 //! [`plan_due`] walks a routine's occurrences from its due instant, computing each next one from
 //! the exact previous instant (so a walk through a fall-back overlap stays on the right pass).
 //! The walk is bounded by [`MisfireRules::max_scan`]: a routine that missed more occurrences
 //! than that (an every-second schedule after a week's outage) is walked over several ticks,
 //! each moving its clock forward past misfires that are certainly skipped, and fires once the
-//! walk reaches the end of the backlog. Nothing is dropped without being counted.
+//! walk reaches the end of the backlog. Nothing is dropped without being counted. Each of those
+//! ticks judges the oldest occurrence still owed, so once the walk has reached occurrences that
+//! are within the grace, the rest of the walk is on time and fires: a backlog that the walk
+//! bound splits can fire more than once under `fire-once`, at most what falls within one grace
+//! period (keep `max_scan` above the occurrences a grace period holds to avoid it).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -143,6 +155,9 @@ pub fn plan_due(
     let on_time_from = now
         .checked_sub_signed(grace)
         .unwrap_or(DateTime::<Utc>::MIN_UTC);
+    if due >= on_time_from {
+        return plan_on_time(due, schedule, now, rules.max_scan);
+    }
     let keep = match policy {
         MisfirePolicy::FireOnce => 1,
         MisfirePolicy::CatchUp => rules.max_backlog,
@@ -155,42 +170,55 @@ pub fn plan_due(
     // before anything is decided and leave the clock where it was, and the routine would never
     // fire again.
     let bound = rules.max_scan.max(keep.saturating_add(1));
-    let mut late: VecDeque<DateTime<Utc>> = VecDeque::new();
-    let mut on_time = Vec::new();
+    let mut kept: VecDeque<DateTime<Utc>> = VecDeque::new();
     let mut skipped = 0u64;
     let mut cursor = Some(due);
     let mut scanned = 0usize;
     while let Some(occurrence) = cursor.filter(|o| *o <= now) {
         if scanned == bound {
-            if on_time.is_empty() {
-                // Still inside the backlog: the kept misfires may yet be pushed out by later
-                // ones, so nothing fires; the clock moves to the oldest one still undecided.
-                return DuePlan {
-                    occurrences: Vec::new(),
-                    skipped,
-                    next_run_at: late.front().copied().or(Some(occurrence)),
-                };
-            }
-            // The backlog is decided; the remaining on-time occurrences come due next tick.
-            break;
+            // Still inside the backlog: the kept occurrences may yet be pushed out by later
+            // ones, so nothing fires; the clock moves to the oldest one still undecided.
+            return DuePlan {
+                occurrences: Vec::new(),
+                skipped,
+                next_run_at: kept.front().copied().or(Some(occurrence)),
+            };
         }
         scanned += 1;
-        if occurrence < on_time_from {
-            late.push_back(occurrence);
-            if late.len() > keep {
-                late.pop_front();
-                skipped += 1;
-            }
-        } else {
-            on_time.push(occurrence);
+        kept.push_back(occurrence);
+        if kept.len() > keep {
+            kept.pop_front();
+            skipped += 1;
         }
         cursor = schedule.next_after(occurrence);
     }
-    let mut occurrences: Vec<_> = late.into();
-    occurrences.extend(on_time);
+    DuePlan {
+        occurrences: kept.into(),
+        skipped,
+        next_run_at: cursor,
+    }
+}
+
+/// Plans a routine that has not misfired: every owed occurrence fires, at most `max_scan` (and
+/// at least one) of them this tick; the rest come due on the next.
+fn plan_on_time(
+    due: DateTime<Utc>,
+    schedule: &Schedule,
+    now: DateTime<Utc>,
+    max_scan: usize,
+) -> DuePlan {
+    let mut occurrences = Vec::new();
+    let mut cursor = Some(due);
+    while let Some(occurrence) = cursor.filter(|o| *o <= now) {
+        if occurrences.len() == max_scan.max(1) {
+            break;
+        }
+        occurrences.push(occurrence);
+        cursor = schedule.next_after(occurrence);
+    }
     DuePlan {
         occurrences,
-        skipped,
+        skipped: 0,
         next_run_at: cursor,
     }
 }
@@ -317,13 +345,15 @@ mod tests {
             3,
             "12:40:00",
         );
-        // 12:30 is on time at 12:30:30, so it fires too, after the latest misfire.
+        // 12:30 is itself on time at 12:30:30, but the routine misfired (its oldest owed
+        // occurrence, 12:00, is past the grace): the policy decides for all it owes, and only
+        // the latest fires.
         ten(
             "12:00:00",
             "12:30:30",
             "fire-once",
-            &["12:20:00", "12:30:00"],
-            2,
+            &["12:30:00"],
+            3,
             "12:40:00",
         );
         // A week down: 1008 occurrences, one fires.
@@ -335,6 +365,49 @@ mod tests {
             1007,
             "2026-01-08T12:00:00Z",
         );
+    }
+
+    #[test]
+    fn lateness_is_judged_once_by_the_oldest_owed_occurrence() {
+        // A 3-second routine after a minute's outage owes 21 occurrences, most of them within
+        // the grace. Its oldest is a minute and a half late, so it has misfired: fire-once fires
+        // once (the latest), skip none, catch-up all (under its backlog of 100).
+        let owed: Vec<_> = (0..=20)
+            .map(|i| t("12:00:00") + TimeDelta::seconds(3 * i))
+            .collect();
+        let owed: Vec<String> = owed.iter().map(|o| o.to_rfc3339()).collect();
+        let owed: Vec<&str> = owed.iter().map(String::as_str).collect();
+        let every_3s = |policy, backlog, fired: &[&str], skipped| {
+            check(
+                "*/3 * * * * *",
+                "UTC",
+                "12:00:00",
+                "12:01:00",
+                policy,
+                rules(30, backlog, MisfireRules::DEFAULT_MAX_SCAN),
+                fired,
+                skipped,
+                "12:01:03",
+            )
+        };
+        every_3s("fire-once", 100, &owed[20..], 20);
+        every_3s("skip", 100, &[], 21);
+        every_3s("catch-up", 100, &owed, 0);
+        every_3s("catch-up", 5, &owed[16..], 16);
+        // Within the grace (a minute) nothing has misfired: all 21 fire under every policy.
+        for policy in ["fire-once", "catch-up", "skip"] {
+            check(
+                "*/3 * * * * *",
+                "UTC",
+                "12:00:00",
+                "12:01:00",
+                policy,
+                R,
+                &owed,
+                0,
+                "12:01:03",
+            );
+        }
     }
 
     #[test]
@@ -350,8 +423,9 @@ mod tests {
     fn catch_up_beyond_the_backlog_coalesces_the_oldest() {
         let latest = ["12:20:00", "12:30:00", "12:40:00", "12:50:00", "13:00:00"];
         ten("12:00:00", "13:05:00", "catch-up", &latest, 2, "13:10:00");
+        // The backlog bounds everything owed, the on-time 12:40 included.
         let two = rules(60, 2, MisfireRules::DEFAULT_MAX_SCAN);
-        let fired = ["12:20:00", "12:30:00", "12:40:00"];
+        let fired = ["12:30:00", "12:40:00"];
         check(
             "*/10 * * * *",
             "UTC",
@@ -360,10 +434,10 @@ mod tests {
             "catch-up",
             two,
             &fired,
-            2,
+            3,
             "12:50:00",
         );
-        // A backlog of zero fires no misfire, like skip, but still fires what is on time.
+        // A backlog of zero fires nothing of a routine that misfired, like skip.
         let none = rules(60, 0, MisfireRules::DEFAULT_MAX_SCAN);
         check(
             "*/10 * * * *",
@@ -372,8 +446,8 @@ mod tests {
             "12:30:30",
             "catch-up",
             none,
-            &["12:30:00"],
-            3,
+            &[],
+            4,
             "12:40:00",
         );
     }
@@ -381,7 +455,8 @@ mod tests {
     #[test]
     fn skip_fires_no_misfire() {
         ten("12:00:00", "12:35:00", "skip", &[], 4, "12:40:00");
-        ten("12:00:00", "12:30:30", "skip", &["12:30:00"], 3, "12:40:00");
+        // 12:30 is within the grace, but the routine misfired: skip fires none of what it owes.
+        ten("12:00:00", "12:30:30", "skip", &[], 4, "12:40:00");
     }
 
     #[test]
@@ -477,8 +552,8 @@ mod tests {
             now,
             "fire-once",
             R,
-            &passes[3..],
-            3,
+            &passes[4..],
+            4,
             "2025-11-02T07:30:00Z",
         );
         // Starting on the second pass does not go back to the first.
@@ -547,9 +622,9 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         for (policy, backlog, max_scan, fired) in [
-            (MisfirePolicy::CatchUp, 3, 10, seconds(57, 60)),
-            (MisfirePolicy::CatchUp, 9, 10, seconds(51, 60)),
-            (MisfirePolicy::FireOnce, 3, 10, seconds(59, 60)),
+            (MisfirePolicy::CatchUp, 3, 10, seconds(58, 60)),
+            (MisfirePolicy::CatchUp, 9, 10, seconds(52, 60)),
+            (MisfirePolicy::FireOnce, 3, 10, seconds(60, 60)),
             (MisfirePolicy::Skip, 3, 10, seconds(60, 60)),
             (MisfirePolicy::Skip, 3, 1, seconds(60, 60)),
             (MisfirePolicy::CatchUp, 100, 10_000, seconds(0, 60)),
@@ -579,9 +654,9 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         for (policy, backlog, max_scan, fired) in [
-            (MisfirePolicy::FireOnce, 3, 1, seconds(59, 60)),
-            (MisfirePolicy::CatchUp, 3, 3, seconds(57, 60)),
-            (MisfirePolicy::CatchUp, 20, 10, seconds(40, 60)),
+            (MisfirePolicy::FireOnce, 3, 1, seconds(60, 60)),
+            (MisfirePolicy::CatchUp, 3, 3, seconds(58, 60)),
+            (MisfirePolicy::CatchUp, 20, 10, seconds(41, 60)),
         ] {
             let rules = rules(0, backlog, max_scan);
             let w = walk("* * * * * *", "12:00:00", "12:01:00", policy, rules, 1_000);

@@ -841,6 +841,29 @@ impl World {
                 );
                 self.fault(what);
             }
+            // Lateness is judged once per routine, by its oldest owed occurrence: on time, the
+            // plan skips nothing; misfired, its policy bounds what fires for everything owed.
+            let grace = TimeDelta::from_std(self.rules.grace).unwrap();
+            let policy = self.routines[index].policy;
+            let keep = match policy {
+                MisfirePolicy::FireOnce => 1,
+                MisfirePolicy::CatchUp => self.rules.max_backlog,
+                MisfirePolicy::Skip => 0,
+            };
+            let misfired = planned_from < open.now - grace;
+            if (!misfired && due_plan.skipped > 0)
+                || (misfired && due_plan.occurrences.len() > keep)
+            {
+                let what = format!(
+                    "plan_due under {policy} from {} at {} ({}) fires {} and skips {}",
+                    self.rel(planned_from),
+                    self.rel(open.now),
+                    if misfired { "misfired" } else { "on time" },
+                    due_plan.occurrences.len(),
+                    due_plan.skipped
+                );
+                self.fault(what);
+            }
             let skipped: Vec<_> = walked
                 .into_iter()
                 .filter(|t| !due_plan.occurrences.contains(t))

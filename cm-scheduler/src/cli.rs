@@ -21,7 +21,7 @@ use cm_dispatch::{OutboxDispatcher, RoutedDispatcher};
 use cm_domain::{FireCap, FireStatus, Lease, Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
 use cm_scheduler::http::{Health, Readiness};
-use cm_store::{FireFilter, FireLedger, PgStore, StoreError};
+use cm_store::{FireCursor, FireFilter, FireLedger, PgStore, StoreError, StoreOptions};
 
 use database::connect;
 use routine::RoutineCommand;
@@ -59,6 +59,9 @@ enum Command {
         /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Resume after this cursor: the one a full page prints on its last line.
+        #[arg(long)]
+        cursor: Option<FireCursor>,
         /// As JSON lines.
         #[arg(long)]
         json: bool,
@@ -293,8 +296,18 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             routine,
             status,
             limit,
+            cursor,
             json,
-        } => fires(&cli.database_url, routine.as_deref(), status, limit, json).await,
+        } => {
+            let page = FirePage {
+                routine: routine.as_deref(),
+                status,
+                limit,
+                cursor,
+                json,
+            };
+            fires(&cli.database_url, page).await
+        }
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
             clap_complete::generate(
@@ -308,19 +321,23 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-async fn fires(
-    url: &str,
-    routine: Option<&str>,
+/// What one `fires` command asks for.
+struct FirePage<'a> {
+    routine: Option<&'a str>,
     status: Option<String>,
     limit: u32,
+    cursor: Option<FireCursor>,
     json: bool,
-) -> Result<(), Failure> {
-    let status = status
+}
+
+async fn fires(url: &str, page: FirePage<'_>) -> Result<(), Failure> {
+    let status = page
+        .status
         .map(|s| s.parse::<FireStatus>())
         .transpose()
         .map_err(|e| input(e.to_string()))?;
     let store = database::connect_migrated(url).await?;
-    let routine_id = match routine {
+    let routine_id = match page.routine {
         Some(reference) => Some(routine::find_id(&store, reference).await?),
         None => None,
     };
@@ -328,14 +345,26 @@ async fn fires(
         .list_fires(&FireFilter {
             routine_id,
             status,
-            limit,
+            limit: page.limit,
+            after: page.cursor,
         })
         .await?;
-    if json {
+    // A full page may have a next one: its last line says where it starts.
+    let next = (fires.len() == page.limit as usize)
+        .then(|| fires.last().map(FireCursor::after))
+        .flatten();
+    if page.json {
         listing::print_json_lines(&fires)?;
     } else {
         let rows: Vec<Vec<String>> = fires.iter().map(listing::fire_row).collect();
         listing::Table::new(listing::FIRE_COLUMNS).print_page(&rows);
+    }
+    match next {
+        Some(next) if page.json => {
+            println!("{}", serde_json::json!({ "next_cursor": next.to_string() }))
+        }
+        Some(next) => println!("next page: --cursor {next}"),
+        None => {}
     }
     Ok(())
 }
@@ -434,20 +463,34 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         None => None,
     };
 
-    let store = connect(url, !args.no_migrate).await?;
+    // Set-up (migrating, or checking the schema) runs without the scheduler's timeouts:
+    // building an index on a large ledger takes longer than any claim statement may.
+    let setup = connect(url, !args.no_migrate).await?;
     if !args.no_migrate {
-        store
+        setup
             .migrate()
             .await
             .map_err(|e| anyhow::anyhow!("applying migrations: {}", e.explain()))?;
     } else {
         // Without the schema every tick would fail: say so now, with what to do.
-        store.check_schema().await?;
+        setup.check_schema().await?;
     }
+    // Statement, lock and idle-in-transaction timeouts derived from the lease, so a claim never
+    // holds its routines' locks past the leases it wrote.
+    let store = PgStore::connect_with(url, &StoreOptions::for_lease(lease))
+        .await
+        .with_context(|| {
+            format!(
+                "cannot connect to PostgreSQL at {}",
+                database::redact(url)
+            )
+        })?;
     let message: Arc<dyn cm_dispatch::Dispatcher> = match args.message_backend {
         MessageBackend::Outbox => match args.outbox_mode {
             OutboxMode::Transactional => Arc::new(OutboxDispatcher::new(store.clone())),
-            OutboxMode::Dispatched => Arc::new(OutboxDispatcher::dispatched(store.clone())),
+            // A dispatch has a pool of its own, without the claim's timeouts: it is bounded by
+            // --dispatch-timeout, and may wait on the outbox's locks that long.
+            OutboxMode::Dispatched => Arc::new(OutboxDispatcher::dispatched(setup.clone())),
         },
     };
     let instance_id = args

@@ -55,8 +55,8 @@ impl From<SettleOutcome> for Completed {
     fn from(outcome: SettleOutcome) -> Self {
         match outcome {
             SettleOutcome::Settled => Completed::Settled,
-            SettleOutcome::NotHeld => Completed::NotHeld,
-            SettleOutcome::RoutineDeleted => Completed::RoutineDeleted,
+            SettleOutcome::TakenOver => Completed::NotHeld,
+            SettleOutcome::Gone => Completed::RoutineDeleted,
         }
     }
 }

@@ -276,7 +276,7 @@ impl Scheduler {
             claimant: self.instance_id.clone(),
             lease: self.config.lease,
             cap: budget,
-            rules: self.misfire_rules(budget),
+            rules: MisfireRules::from(&self.config),
             // Lock a few more routines than the cap, so a routine whose occurrences are all
             // skipped or deferred does not keep the tick from others' oldest work.
             max_routines: u32::try_from(budget.get().saturating_mul(2)).unwrap_or(u32::MAX),
@@ -290,15 +290,6 @@ impl Scheduler {
         let report = self.start(claim, completer, wait).await;
         self.stats.tick_duration.observe(started.elapsed());
         Ok(report)
-    }
-
-    /// The misfire rules of a tick claiming at most `budget`: the walk through a routine's
-    /// owed occurrences is bounded by what the tick could take anyway (occurrences past the
-    /// budget would only be deferred), and by the default bound.
-    fn misfire_rules(&self, budget: FireCap) -> MisfireRules {
-        let mut rules = MisfireRules::from(&self.config);
-        rules.max_scan = rules.max_scan.min(budget.get()).max(1);
-        rules
     }
 
     async fn reap_and_start(

@@ -10,6 +10,7 @@
 //!   errors (and secrets) as people see them.
 //! - `missions`: mission files and backend settings refused; schedulers killed mid-launch on
 //!   the fake Docker engine.
+//! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
 //! - `support`: the database server and clean-up the whole-process tests share.
 
 #[path = "scheduler/support.rs"]
@@ -19,6 +20,8 @@ mod support;
 mod cli;
 #[path = "scheduler/completer.rs"]
 mod completer;
+#[path = "scheduler/cli_hardening.rs"]
+mod cli_hardening;
 #[path = "scheduler/crash.rs"]
 mod crash;
 #[path = "scheduler/exactly_once.rs"]

@@ -48,7 +48,7 @@ use sqlx::{Connection as _, FromRow, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::routines::RoutineKind;
-use crate::{PgStore, StoreError};
+use crate::{FireCursor, PgStore, StoreError};
 
 /// An effect the store writes itself, inside the claim's own transaction, instead of leaving the
 /// occurrence to a dispatch: what a database-local backend does.
@@ -197,16 +197,18 @@ pub struct FireSettle {
 /// The largest receipt kept on a row, in bytes; longer ones are cut on a character boundary.
 pub const MAX_RECEIPT_BYTES: usize = 1024;
 
-/// What a settle found, per row.
+/// What a settle found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
 pub enum SettleOutcome {
-    /// The row carried the claim's token and attempt and was `claimed`: it is settled now.
+    /// The claim was still this claimant's: the row is now `fired` or `failed`.
     Settled,
-    /// The row no longer carries the claim (its lease ran out and another claimant took it
-    /// over) or is already settled: nothing was written.
-    NotHeld,
-    /// The row is gone: its routine was deleted (with its fires) while the dispatch ran.
-    RoutineDeleted,
+    /// The row no longer carries the claim's token and attempt (its lease ran out and another
+    /// claimant took it over), or it is already settled. Nothing changed.
+    TakenOver,
+    /// The row is gone: its routine was deleted while the dispatch ran (a claimed row is never
+    /// pruned). Nothing changed, and there is nothing left to settle.
+    Gone,
 }
 
 /// Which fires to list.
@@ -218,6 +220,9 @@ pub struct FireFilter {
     pub status: Option<FireStatus>,
     /// At most this many, newest occurrence first.
     pub limit: u32,
+    /// Only fires after this one in the listing's order: the next page of a listing whose last
+    /// page ended there.
+    pub after: Option<FireCursor>,
 }
 
 impl Default for FireFilter {
@@ -227,6 +232,7 @@ impl Default for FireFilter {
             routine_id: None,
             status: None,
             limit: 100,
+            after: None,
         }
     }
 }
@@ -263,13 +269,13 @@ pub trait FireLedger: Send + Sync {
     /// Claims what is due now, in one transaction (see the module documentation).
     async fn claim_due(&self, params: &ClaimDueParams) -> Result<TickClaim, StoreError>;
 
-    /// Settles a claim. Returns `false`, changing nothing, when the row no longer carries the
-    /// claim's token and attempt (another claimant took it over) or is already settled.
+    /// Settles a claim, fenced on its token and attempt; see [`SettleOutcome`] for what a settle
+    /// that changed nothing means.
     async fn settle_fire(
         &self,
         fire: &FireRef,
         settlement: &Settlement,
-    ) -> Result<bool, StoreError>;
+    ) -> Result<SettleOutcome, StoreError>;
 
     /// Settles many claims in one statement, each row fenced on its claim's token and attempt
     /// as [`FireLedger::settle_fire`] does. Returns one outcome per entry, in order. Either every
@@ -280,7 +286,9 @@ pub trait FireLedger: Send + Sync {
     /// Two reapers never take the same row.
     async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError>;
 
-    /// Lists fires, newest occurrence first.
+    /// Lists fires, newest occurrence first (ties: routine id descending), from the filter's
+    /// cursor on. Each filter's order is served by an index, so a page reads about as many rows
+    /// as it returns however large the ledger is.
     async fn list_fires(&self, filter: &FireFilter) -> Result<Vec<Fire>, StoreError>;
 
     /// Deletes at most `limit` settled rows settled, and scheduled, longer than `retention` ago,
@@ -377,14 +385,19 @@ async fn take_requests(
     tx: &mut Transaction<'_, Postgres>,
     limit: usize,
 ) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
+    // Each request's routine is locked FOR KEY SHARE with it (what the claim's foreign key
+    // check takes anyway), skipping a routine being deleted: the claim then never waits on a
+    // routine while holding a request, the wait that deadlocked against `delete_routine`.
     Ok(sqlx::query_as(
         "DELETE FROM routine_requests
          WHERE (routine_id, scheduled_at) IN (
-             SELECT routine_id, scheduled_at FROM routine_requests
-             WHERE scheduled_at <= now()
-             ORDER BY scheduled_at, routine_id
+             SELECT q.routine_id, q.scheduled_at
+             FROM routine_requests q JOIN routines r ON r.id = q.routine_id
+             WHERE q.scheduled_at <= now()
+             ORDER BY q.scheduled_at, q.routine_id
              LIMIT $1
-             FOR UPDATE SKIP LOCKED)
+             FOR UPDATE OF q SKIP LOCKED
+             FOR KEY SHARE OF r SKIP LOCKED)
          RETURNING routine_id, scheduled_at",
     )
     .bind(i64::try_from(limit).unwrap_or(i64::MAX))
@@ -422,17 +435,10 @@ impl FireLedger for PgStore {
         let mut requested = take_requests(&mut tx, share).await?;
         let requests_may_remain = requested.len() == share;
 
-        let due: Vec<DueRoutine> = sqlx::query_as(
-            "SELECT id, schedule, timezone, misfire_policy, next_run_at
-             FROM routines
-             WHERE next_run_at <= now()
-             ORDER BY next_run_at, id
-             LIMIT $1
-             FOR UPDATE SKIP LOCKED",
-        )
-        .bind(i64::from(params.max_routines))
-        .fetch_all(&mut *tx)
-        .await?;
+        let due: Vec<DueRoutine> = sqlx::query_as(DUE_SQL)
+            .bind(i64::from(params.max_routines))
+            .fetch_all(&mut *tx)
+            .await?;
 
         let mut plans = Vec::with_capacity(due.len());
         let mut unusable = Vec::new();
@@ -644,9 +650,9 @@ impl FireLedger for PgStore {
                 if settled.contains(&(*id, *at)) {
                     SettleOutcome::Settled
                 } else if present.contains(&(*id, *at)) {
-                    SettleOutcome::NotHeld
+                    SettleOutcome::TakenOver
                 } else {
-                    SettleOutcome::RoutineDeleted
+                    SettleOutcome::Gone
                 }
             })
             .collect())
@@ -656,23 +662,21 @@ impl FireLedger for PgStore {
         &self,
         fire: &FireRef,
         settlement: &Settlement,
-    ) -> Result<bool, StoreError> {
-        let settled = sqlx::query(
-            "UPDATE routine_fires
-             SET status = $5, error = $6, completed_at = now()
-             WHERE routine_id = $1 AND scheduled_at = $2
-               AND claim_token = $3 AND attempt = $4 AND status = 'claimed'",
-        )
-        .bind(fire.occurrence.routine_id)
-        .bind(fire.occurrence.scheduled_at)
-        .bind(fire.token.0)
-        .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
-        .bind(settlement.status().as_str())
-        .bind(settlement.error())
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
-        Ok(settled == 1)
+    ) -> Result<SettleOutcome, StoreError> {
+        let (settled, present): (bool, bool) = sqlx::query_as(SETTLE_SQL)
+            .bind(fire.occurrence.routine_id)
+            .bind(fire.occurrence.scheduled_at)
+            .bind(fire.token.0)
+            .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
+            .bind(settlement.status().as_str())
+            .bind(settlement.error())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(match (settled, present) {
+            (true, _) => SettleOutcome::Settled,
+            (false, true) => SettleOutcome::TakenOver,
+            (false, false) => SettleOutcome::Gone,
+        })
     }
 
     async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError> {
@@ -726,20 +730,14 @@ impl FireLedger for PgStore {
     }
 
     async fn list_fires(&self, filter: &FireFilter) -> Result<Vec<Fire>, StoreError> {
-        let rows: Vec<FireRow> = sqlx::query_as(
-            "SELECT routine_id, scheduled_at, status, claimant, attempt, claimed_at,
-                    lease_expires_at, completed_at, error, receipt
-             FROM routine_fires
-             WHERE ($1::uuid IS NULL OR routine_id = $1)
-               AND ($2::text IS NULL OR status = $2)
-             ORDER BY scheduled_at DESC, routine_id
-             LIMIT $3",
-        )
-        .bind(filter.routine_id)
-        .bind(filter.status.map(FireStatus::as_str))
-        .bind(i64::from(filter.limit))
-        .fetch_all(&self.pool)
-        .await?;
+        let rows: Vec<FireRow> = sqlx::query_as(LIST_FIRES_SQL)
+            .bind(filter.routine_id)
+            .bind(filter.status.map(FireStatus::as_str))
+            .bind(filter.after.map(|c| c.scheduled_at))
+            .bind(filter.after.map(|c| c.routine_id))
+            .bind(i64::from(filter.limit))
+            .fetch_all(&self.pool)
+            .await?;
         Ok(rows.into_iter().map(Fire::from).collect())
     }
 }
@@ -774,6 +772,49 @@ impl From<FireRow> for Fire {
         }
     }
 }
+
+/// The tick's due query. `$1` is the most routines to lock. It reads `routines_due_idx`
+/// `(next_run_at, id)` in order and stops after `$1` rows, however many routines share the
+/// oldest instant.
+pub const DUE_SQL: &str = "
+SELECT id, schedule, timezone, misfire_policy, next_run_at
+FROM routines
+WHERE next_run_at <= now()
+ORDER BY next_run_at, id
+LIMIT $1
+FOR UPDATE SKIP LOCKED";
+
+/// Listing fires. `$1` the routine or NULL, `$2` the status or NULL, `$3`/`$4` the cursor's
+/// instant and routine or NULL, `$5` the limit. The order (scheduled_at, routine_id) descending
+/// is an index's backward scan: `routine_fires_scheduled_idx` without a filter,
+/// `routine_fires_status_scheduled_idx` with a status, the primary key with a routine. The
+/// cursor's row comparison resumes the scan; the redundant `scheduled_at <= $3` lets it start
+/// there on the primary key too, whose columns are in the other order.
+pub const LIST_FIRES_SQL: &str = "
+SELECT routine_id, scheduled_at, status, claimant, attempt, claimed_at,
+       lease_expires_at, completed_at, error, receipt
+FROM routine_fires
+WHERE ($1::uuid IS NULL OR routine_id = $1)
+  AND ($2::text IS NULL OR status = $2)
+  AND ($3::timestamptz IS NULL
+       OR ((scheduled_at, routine_id) < ($3, $4::uuid) AND scheduled_at <= $3))
+ORDER BY scheduled_at DESC, routine_id DESC
+LIMIT $5";
+
+/// The settle. `$1`/`$2` the occurrence, `$3`/`$4` the claim's token and attempt, `$5` the
+/// status, `$6` the error. Returns whether it settled the row and whether the row exists at
+/// all (the second reads the statement's snapshot, from before the update), so a settle that
+/// changed nothing tells a takeover from a deleted routine in the same round trip.
+const SETTLE_SQL: &str = "
+WITH settled AS (
+    UPDATE routine_fires
+    SET status = $5, error = $6, completed_at = now()
+    WHERE routine_id = $1 AND scheduled_at = $2
+      AND claim_token = $3 AND attempt = $4 AND status = 'claimed'
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM settled) AS settled,
+       EXISTS (SELECT 1 FROM routine_fires WHERE routine_id = $1 AND scheduled_at = $2) AS present";
 
 /// The claim's upsert clause, shared by both claim statements: on conflict the row is always
 /// updated, so it is always returned, and `xmax = 0` tells a real insert from an update. The
@@ -866,10 +907,11 @@ LEFT JOIN outbox o ON o.routine_id = c.routine_id AND o.scheduled_at = c.schedul
 );
 
 /// The reaper. `$1` is the most rows to take, `$2` the claimant, `$3` the claim token, `$4`
-/// the lease in seconds. The expired rows are found through `routine_fires_stuck_idx` (status,
-/// claimed_at) and locked with `SKIP LOCKED`, so two reapers never take the same row, and a row
-/// a claim statement holds is left to it.
-const REAP_SQL: &str = "
+/// the lease in seconds. The expired rows are found through `routine_fires_lease_idx` (the lease
+/// of `claimed` rows), so a pass reads the expired claims only, never the live ones; they are
+/// taken oldest claim first and locked with `SKIP LOCKED`, so two reapers never take the same
+/// row, and a row a claim statement holds is left to it.
+pub const REAP_SQL: &str = "
 WITH expired AS (
     SELECT routine_id, scheduled_at
     FROM routine_fires

@@ -43,18 +43,21 @@
 //! ```
 
 pub mod catalog;
+mod cursor;
 mod error;
 pub mod ledger;
+mod options;
 pub mod outbox;
 pub mod routines;
 
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 pub use catalog::{
     ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
 };
+pub use cursor::{FireCursor, ParseFireCursorError};
 pub use error::StoreError;
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;
@@ -63,6 +66,7 @@ pub use ledger::{
     InClaimWrites, MAX_RECEIPT_BYTES, ReapParams, SettleOutcome, TickClaim, UnusableRoutine,
     request_share,
 };
+pub use options::StoreOptions;
 #[cfg(feature = "mock")]
 pub use outbox::MockOutboxStore;
 pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
@@ -89,10 +93,25 @@ impl PgStore {
     /// seconds for a connection, so a tick against an unreachable database fails quickly and
     /// visibly instead of hanging.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, &StoreOptions::default()).await
+    }
+
+    /// Connects a pool to `url` with `options`: its size, and the statement, lock and
+    /// idle-in-transaction timeouts of every connection (see [`StoreOptions::for_lease`]).
+    pub async fn connect_with(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
+        let connect: PgConnectOptions = url.parse()?;
+        Self::connect_with_options(connect, options).await
+    }
+
+    /// [`PgStore::connect_with`] from parsed connection options.
+    pub async fn connect_with_options(
+        connect: PgConnectOptions,
+        options: &StoreOptions,
+    ) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
-            .max_connections(10)
-            .acquire_timeout(std::time::Duration::from_secs(5))
-            .connect(url)
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(options.apply(connect))
             .await?;
         Ok(PgStore { pool })
     }

@@ -178,7 +178,8 @@ pub trait RoutineStore: Send + Sync {
     /// from the database's clock, so a long pause does not produce misfires).
     async fn set_routine_paused(&self, id: Uuid, paused: bool) -> Result<Routine, StoreError>;
 
-    /// Deletes a routine and its ledger rows.
+    /// Deletes a routine, its pending requests and its ledger rows. A dispatch of it already in
+    /// flight finishes, and its settle finds the row gone ([`crate::SettleOutcome::Gone`]).
     async fn delete_routine(&self, id: Uuid) -> Result<(), StoreError>;
 
     /// Asks for occurrences of a routine to be fired by the next ticks, through the ledger:
@@ -342,14 +343,34 @@ impl RoutineStore for PgStore {
     }
 
     async fn delete_routine(&self, id: Uuid) -> Result<(), StoreError> {
-        let deleted = sqlx::query("DELETE FROM routines WHERE id = $1")
-            .bind(id)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
-        if deleted == 0 {
+        // Locks are taken in one order, the routine first: a tick's claim skips a routine
+        // locked here (its due query and its requests both use SKIP LOCKED on the routine), so
+        // once the routine is ours no claim can be holding one of its requests while waiting
+        // for it. Leaving the requests and fires to the foreign keys' cascade would lock the
+        // routine and then wait for a request a claim holds while that claim waits for the
+        // routine: a deadlock.
+        let mut tx = self.pool.begin().await?;
+        let locked: Option<Uuid> =
+            sqlx::query_scalar("SELECT id FROM routines WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if locked.is_none() {
             return Err(StoreError::RoutineNotFound(id));
         }
+        sqlx::query("DELETE FROM routine_requests WHERE routine_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM routine_fires WHERE routine_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM routines WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
         Ok(())
     }
 }

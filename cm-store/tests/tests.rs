@@ -66,3 +66,16 @@ mod in_claim;
 // The operator's reads and edits: unique names, pages, updates, imports, pending requests.
 #[path = "store/catalog.rs"]
 mod catalog;
+
+// The hot statements at scale: due query, reaper and listings read a page, not the table
+// (EXPLAIN ANALYZE on 100,000 rows).
+#[path = "store/scale.rs"]
+mod scale;
+
+// Deleting a routine while a tick claims it: one lock order, no deadlock.
+#[path = "store/delete.rs"]
+mod delete;
+
+// Server-side timeouts on the scheduler's connections: a blocked claim gives up.
+#[path = "store/timeouts.rs"]
+mod timeouts;

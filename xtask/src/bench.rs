@@ -440,7 +440,8 @@ async fn fire_directly(store: &PgStore, fire: ClaimedFire) -> anyhow::Result<()>
     ensure!(
         store
             .settle_fire(&fire.fire_ref(), &Settlement::Fired)
-            .await?,
+            .await?
+            == cm_store::SettleOutcome::Settled,
         "a baseline settle matched nothing"
     );
     Ok(())

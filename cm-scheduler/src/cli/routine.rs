@@ -84,6 +84,11 @@ pub(super) enum RoutineCommand {
         /// The window's end (RFC 3339), included; not in the future.
         #[arg(long)]
         to: String,
+        /// How long the schedulers keep settled fires (their `run --retention`): a window
+        /// starting earlier than this (less an hour) is refused, since a pruned slot would fire
+        /// again.
+        #[arg(long, default_value = "30days", value_parser = humantime::parse_duration)]
+        retention: std::time::Duration,
     },
 }
 
@@ -216,14 +221,22 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
             println!("{}", at.to_rfc3339_opts(SecondsFormat::Micros, true));
             Ok(())
         }
-        RoutineCommand::Backfill { routine, from, to } => {
+        RoutineCommand::Backfill {
+            routine,
+            from,
+            to,
+            retention,
+        } => {
             let (from, to) = (parse_time(&from)?, parse_time(&to)?);
+            if retention < cm_domain::config::MIN_RETENTION {
+                return Err(input("--retention must be at least a day, as for run"));
+            }
             let store = connect_migrated(url).await?;
             let routine = find(&store, &routine).await?;
             let schedule = routine.parsed_schedule()?;
             // The window is judged against the database's clock, the one the ticks use.
             let now = store.ping().await?;
-            let occurrences = cm_domain::backfill_occurrences(&schedule, from, to, now)
+            let occurrences = cm_domain::backfill_occurrences(&schedule, from, to, now, retention)
                 .map_err(|e| input(e.to_string()))?;
             let requested = store.request_occurrences(routine.id, &occurrences).await?;
             println!(

@@ -57,8 +57,8 @@ async fn a_batch_settles_together_and_reports_a_fenced_out_row() {
         .returning(|_| {
             Ok(vec![
                 SettleOutcome::Settled,
-                SettleOutcome::NotHeld,
-                SettleOutcome::RoutineDeleted,
+                SettleOutcome::TakenOver,
+                SettleOutcome::Gone,
             ])
         });
     let (completer, task) =

@@ -140,7 +140,7 @@ fn outcome(held: bool) -> SettleOutcome {
     if held {
         SettleOutcome::Settled
     } else {
-        SettleOutcome::NotHeld
+        SettleOutcome::TakenOver
     }
 }
 

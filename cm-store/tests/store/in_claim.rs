@@ -195,8 +195,8 @@ async fn a_batch_settle_is_fenced_and_tells_each_row_apart(pool: PgPool) {
         outcomes,
         [
             SettleOutcome::Settled,
-            SettleOutcome::NotHeld,
-            SettleOutcome::RoutineDeleted
+            SettleOutcome::TakenOver,
+            SettleOutcome::Gone
         ]
     );
     let first = fire_of(&store, fires[0].occurrence).await;
@@ -218,7 +218,7 @@ async fn a_batch_settle_is_fenced_and_tells_each_row_apart(pool: PgPool) {
         }])
         .await
         .unwrap();
-    assert_eq!(again, [SettleOutcome::NotHeld]);
+    assert_eq!(again, [SettleOutcome::TakenOver]);
     let b = &taken.fires[0];
     let failed = store
         .settle_fires(&[FireSettle {

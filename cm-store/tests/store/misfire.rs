@@ -96,7 +96,7 @@ async fn fire_once_fires_the_latest_misfire(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
-async fn fire_once_also_fires_what_is_within_the_grace(pool: PgPool) {
+async fn fire_once_fires_only_the_latest_even_when_some_are_within_the_grace(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let (routine, oldest) = outage(&store, &pool, MisfirePolicy::FireOnce).await;
     // Ninety seconds of grace always covers the current minute, and the one before it when the
@@ -107,12 +107,20 @@ async fn fire_once_also_fires_what_is_within_the_grace(pool: PgPool) {
         .await
         .unwrap();
 
+    // The oldest owed minute is past the grace, so the routine has misfired and the policy
+    // decides for all it owes, the minutes within the grace included: one fire, the latest.
     let (late, on_time) = owed(oldest, tick.now, &rules);
     assert!(!on_time.is_empty());
-    let mut expected = vec![*late.last().unwrap()];
-    expected.extend(&on_time);
-    assert_eq!(tick.skipped, u64::try_from(late.len() - 1).unwrap());
-    check(&store, &routine, &tick, &expected, next_minute(tick.now)).await;
+    let all = [late, on_time].concat();
+    assert_eq!(tick.skipped, u64::try_from(all.len() - 1).unwrap());
+    check(
+        &store,
+        &routine,
+        &tick,
+        &all[all.len() - 1..],
+        next_minute(tick.now),
+    )
+    .await;
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
@@ -212,7 +220,7 @@ async fn skip_fires_no_misfire(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
-async fn skip_still_fires_what_is_on_time(pool: PgPool) {
+async fn skip_fires_nothing_of_a_misfired_routine_even_within_the_grace(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let (routine, oldest) = outage(&store, &pool, MisfirePolicy::Skip).await;
     let rules = rules(90, 100);
@@ -223,8 +231,33 @@ async fn skip_still_fires_what_is_on_time(pool: PgPool) {
 
     let (late, on_time) = owed(oldest, tick.now, &rules);
     assert!(!on_time.is_empty());
-    assert_eq!(tick.skipped, u64::try_from(late.len()).unwrap());
-    check(&store, &routine, &tick, &on_time, next_minute(tick.now)).await;
+    assert_eq!(
+        tick.skipped,
+        u64::try_from(late.len() + on_time.len()).unwrap()
+    );
+    check(&store, &routine, &tick, &[], next_minute(tick.now)).await;
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn within_the_grace_everything_owed_fires_under_every_policy(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    // Fifteen minutes of grace cover the whole ten-minute outage: nothing has misfired.
+    let rules = rules(900, 100);
+    for policy in [
+        MisfirePolicy::FireOnce,
+        MisfirePolicy::CatchUp,
+        MisfirePolicy::Skip,
+    ] {
+        let (routine, oldest) = outage(&store, &pool, policy).await;
+        let tick = store
+            .claim_due(&claim_params("a", 25, rules))
+            .await
+            .unwrap();
+        let (late, on_time) = owed(oldest, tick.now, &rules);
+        assert!(late.is_empty(), "{policy}: {late:?}");
+        assert_eq!((tick.skipped, tick.deferred), (0, 0), "{policy}");
+        check(&store, &routine, &tick, &on_time, next_minute(tick.now)).await;
+    }
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]

@@ -89,3 +89,42 @@ async fn messages_are_read_in_insertion_order(pool: PgPool) {
     assert_eq!(rest, all[3..]);
     assert!(store.outbox_read(all[3].seq, 2).await.unwrap().is_empty());
 }
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn pruning_deletes_messages_older_than_the_retention_oldest_first(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let routine = Uuid::new_v4();
+    // Five messages written 1 to 5 days ago, and one now.
+    for day in 0..6 {
+        let occurrence = Occurrence::new(routine, jan1(2020) + TimeDelta::days(day));
+        assert!(
+            store
+                .outbox_insert(&message(occurrence, 1, "m"))
+                .await
+                .unwrap()
+        );
+        sqlx::query(
+            "UPDATE outbox_messages SET created_at = now() - make_interval(days => $2::int)
+             WHERE routine_id = $1 AND scheduled_at = $3",
+        )
+        .bind(routine)
+        .bind(i32::try_from(day).unwrap())
+        .bind(occurrence.scheduled_at)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let two_days = std::time::Duration::from_secs(2 * 86_400 + 60);
+    // Days 3, 4 and 5 are past the retention: two at a time, oldest first.
+    assert_eq!(store.outbox_prune(two_days, 2).await.unwrap(), 2);
+    let left: Vec<i64> = sqlx::query_scalar(
+        "SELECT extract(day FROM scheduled_at)::bigint FROM outbox_messages ORDER BY scheduled_at",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(left, [1, 2, 3, 4]);
+    assert_eq!(store.outbox_prune(two_days, 2).await.unwrap(), 1);
+    assert_eq!(store.outbox_prune(two_days, 2).await.unwrap(), 0);
+    assert_eq!(outbox_rows(&pool).await, 3);
+}

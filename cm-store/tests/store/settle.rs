@@ -2,7 +2,7 @@
 
 use cm_domain::claim::MAX_ERROR_BYTES;
 use cm_domain::{ClaimOutcome, ErrorText, FireStatus, MisfirePolicy, Settlement};
-use cm_store::{ClaimedFire, FireFilter, FireLedger, FireRef, PgStore};
+use cm_store::{ClaimedFire, FireFilter, FireLedger, FireRef, PgStore, SettleOutcome};
 use sqlx::PgPool;
 
 use crate::support::{due_yearly, expire_lease, fire_of, params, reap_params};
@@ -27,11 +27,12 @@ async fn the_holder_settles_once(pool: PgPool) {
     let fire = fresh_claim(&store, &pool).await;
     let claimed = fire_of(&store, fire.occurrence).await;
 
-    assert!(
+    assert_eq!(
         store
             .settle_fire(&fire.fire_ref(), &Settlement::Fired)
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::Settled
     );
     let fired = fire_of(&store, fire.occurrence).await;
     assert_eq!(fired.status, "fired");
@@ -45,17 +46,19 @@ async fn the_holder_settles_once(pool: PgPool) {
 
     // Settling is terminal: neither the same settle again nor a contradicting one changes the
     // row.
-    assert!(
-        !store
+    assert_eq!(
+        store
             .settle_fire(&fire.fire_ref(), &Settlement::Fired)
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::TakenOver
     );
-    assert!(
-        !store
+    assert_eq!(
+        store
             .settle_fire(&fire.fire_ref(), &failed("late failure"))
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::TakenOver
     );
     assert_eq!(fire_of(&store, fire.occurrence).await, fired);
 }
@@ -76,17 +79,19 @@ async fn a_stale_claimant_cannot_settle_the_row_taken_over(pool: PgPool) {
     let held = fire_of(&store, first.occurrence).await;
 
     // The stale claimant wakes up and reports: neither success nor failure lands.
-    assert!(
-        !store
+    assert_eq!(
+        store
             .settle_fire(&first.fire_ref(), &Settlement::Fired)
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::TakenOver
     );
-    assert!(
-        !store
+    assert_eq!(
+        store
             .settle_fire(&first.fire_ref(), &failed("stale"))
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::TakenOver
     );
     // Neither does the new token with the old attempt, nor the old token with the new attempt:
     // the fence is on both.
@@ -101,11 +106,12 @@ async fn a_stale_claimant_cannot_settle_the_row_taken_over(pool: PgPool) {
         },
     ];
     for fire_ref in &mixed {
-        assert!(
-            !store
+        assert_eq!(
+            store
                 .settle_fire(fire_ref, &Settlement::Fired)
                 .await
-                .unwrap()
+                .unwrap(),
+            SettleOutcome::TakenOver
         );
     }
     let unchanged = fire_of(&store, first.occurrence).await;
@@ -120,11 +126,12 @@ async fn a_stale_claimant_cannot_settle_the_row_taken_over(pool: PgPool) {
     );
 
     // The claimant holding attempt 2 settles normally.
-    assert!(
+    assert_eq!(
         store
             .settle_fire(&second.fire_ref(), &failed("target refused"))
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::Settled
     );
     let settled = fire_of(&store, first.occurrence).await;
     assert_eq!(settled.status, "failed");
@@ -137,22 +144,24 @@ async fn a_failure_keeps_its_error(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let fire = fresh_claim(&store, &pool).await;
     let text = "webhook answered 503: Service Unavailable";
-    assert!(
+    assert_eq!(
         store
             .settle_fire(&fire.fire_ref(), &failed(text))
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::Settled
     );
     let row = fire_of(&store, fire.occurrence).await;
     assert_eq!(row.status, "failed");
     assert_eq!(row.error.as_deref(), Some(text));
     assert!(row.completed_at.is_some());
     // A failure is terminal: a later success report does not turn it into a fire.
-    assert!(
-        !store
+    assert_eq!(
+        store
             .settle_fire(&fire.fire_ref(), &Settlement::Fired)
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::TakenOver
     );
     assert_eq!(fire_of(&store, fire.occurrence).await, row);
 }
@@ -181,11 +190,12 @@ async fn a_huge_error_is_bounded_and_accepted(pool: PgPool) {
     );
 
     let bounded = ErrorText::new(huge.clone());
-    assert!(
+    assert_eq!(
         store
             .settle_fire(&fire.fire_ref(), &Settlement::Failed(bounded.clone()))
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::Settled
     );
     let row = fire_of(&store, fire.occurrence).await;
     let kept = row.error.unwrap();
@@ -213,17 +223,19 @@ async fn listing_filters_and_orders_fires(pool: PgPool) {
     let tick = store.claim_due(&params("a")).await.unwrap();
     assert_eq!(tick.fires.len(), 3);
     let [one, two, three] = [&tick.fires[0], &tick.fires[1], &tick.fires[2]];
-    assert!(
+    assert_eq!(
         store
             .settle_fire(&one.fire_ref(), &Settlement::Fired)
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::Settled
     );
-    assert!(
+    assert_eq!(
         store
             .settle_fire(&two.fire_ref(), &failed("boom"))
             .await
-            .unwrap()
+            .unwrap(),
+        SettleOutcome::Settled
     );
 
     let list = |routine_id, status, limit| {
@@ -234,6 +246,7 @@ async fn listing_filters_and_orders_fires(pool: PgPool) {
                     routine_id,
                     status,
                     limit,
+                    after: None,
                 })
                 .await
                 .unwrap()
@@ -307,4 +320,40 @@ async fn pruning_deletes_only_settled_rows_past_the_retention(pool: PgPool) {
     assert_eq!(store.prune_settled(retention, 100).await.unwrap(), 0);
     // Left: the claimed row, the recent one, and the old one settled only recently.
     assert_eq!(crate::support::fire_count(&pool).await, 3);
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn an_error_holding_nul_settles_with_the_nul_escaped(pool: PgPool) {
+    // PostgreSQL text refuses NUL: stored raw, the settle would fail on every retry and the
+    // occurrence be dispatched again until abandoned.
+    let store = PgStore::new(pool.clone());
+    let fire = fresh_claim(&store, &pool).await;
+    assert_eq!(
+        store
+            .settle_fire(&fire.fire_ref(), &failed("peer said \0\u{1}bye\0"))
+            .await
+            .unwrap(),
+        SettleOutcome::Settled
+    );
+    let row = fire_of(&store, fire.occurrence).await;
+    assert_eq!(row.status, "failed");
+    assert_eq!(row.error.as_deref(), Some("peer said \\0\u{1}bye\\0"));
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_settle_after_the_routine_was_deleted_says_it_is_gone(pool: PgPool) {
+    use cm_store::RoutineStore as _;
+    let store = PgStore::new(pool.clone());
+    let fire = fresh_claim(&store, &pool).await;
+    store
+        .delete_routine(fire.occurrence.routine_id)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .settle_fire(&fire.fire_ref(), &Settlement::Fired)
+            .await
+            .unwrap(),
+        SettleOutcome::Gone
+    );
 }

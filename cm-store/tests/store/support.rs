@@ -246,6 +246,7 @@ pub async fn ledger(store: &PgStore, routine_id: Uuid) -> Vec<Fire> {
             routine_id: Some(routine_id),
             status: None,
             limit: 10_000,
+            after: None,
         })
         .await
         .unwrap();
@@ -282,4 +283,23 @@ pub async fn fire_count(pool: &PgPool) -> i64 {
         .fetch_one(pool)
         .await
         .unwrap()
+}
+
+/// A due yearly routine whose occurrence row (claimed by another instance, lease live) a second
+/// session holds locked `FOR UPDATE` until the returned transaction ends: a claim of it waits
+/// on that lock. Returns the occurrence and the holding transaction.
+pub async fn due_and_held(
+    store: &PgStore,
+    pool: &PgPool,
+) -> (Occurrence, sqlx::Transaction<'static, sqlx::Postgres>) {
+    let (routine, due) = due_yearly(store, pool, MisfirePolicy::FireOnce).await;
+    let occurrence = Occurrence::new(routine.id, due);
+    seed_fire(pool, occurrence, &Seed::claimed(300.0)).await;
+    let mut held = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM routine_fires WHERE routine_id = $1 FOR UPDATE")
+        .bind(routine.id)
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    (occurrence, held)
 }

@@ -1,0 +1,311 @@
+//! The hot queries at scale: the tick's due query, the reaper and the `fires` listing read on
+//! the order of the rows they return, not of the table. Each test builds a large table with one
+//! `INSERT … SELECT generate_series`, runs the store's own statement under `EXPLAIN (ANALYZE,
+//! BUFFERS, FORMAT JSON)` in a transaction it rolls back, and reads the plan: how many rows the
+//! scans produced and how many buffers the statement touched. Without the right index each of
+//! them reads the whole group (100,000 rows, thousands of buffers).
+
+use cm_domain::FireStatus;
+use cm_store::ledger::{DUE_SQL, LIST_FIRES_SQL, REAP_SQL};
+use cm_store::{FireCursor, FireFilter, FireLedger, PgStore};
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// How many rows each test builds: the group a statement must not read whole.
+const ROWS: i64 = 100_000;
+
+/// The page or batch size each statement asks for.
+const LIMIT: i64 = 100;
+
+/// What `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` reported.
+struct Plan(Value);
+
+impl Plan {
+    /// Every node of the plan, depth first.
+    fn nodes(&self) -> Vec<&Value> {
+        fn walk<'a>(node: &'a Value, out: &mut Vec<&'a Value>) {
+            out.push(node);
+            for child in node["Plans"].as_array().into_iter().flatten() {
+                walk(child, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.0[0]["Plan"], &mut out);
+        out
+    }
+
+    /// The most rows any node produced (per loop times loops).
+    fn most_rows(&self) -> f64 {
+        self.nodes()
+            .iter()
+            .map(|n| {
+                n["Actual Rows"].as_f64().unwrap_or(0.0) * n["Actual Loops"].as_f64().unwrap_or(1.0)
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// Shared buffers the whole statement touched (hit or read); the root counts its children.
+    fn buffers(&self) -> i64 {
+        let root = &self.0[0]["Plan"];
+        root["Shared Hit Blocks"].as_i64().unwrap_or(0)
+            + root["Shared Read Blocks"].as_i64().unwrap_or(0)
+    }
+
+    /// Asserts the statement read on the order of `LIMIT` rows, not the group of `ROWS`.
+    #[track_caller]
+    fn assert_reads_about_the_limit(&self, what: &str) {
+        let plan = serde_json::to_string_pretty(&self.0).unwrap();
+        assert!(
+            self.most_rows() <= (2 * LIMIT) as f64,
+            "{what}: a node produced {} rows for a limit of {LIMIT}:\n{plan}",
+            self.most_rows()
+        );
+        assert!(
+            self.buffers() < 1_000,
+            "{what}: {} buffers for a limit of {LIMIT}:\n{plan}",
+            self.buffers()
+        );
+    }
+}
+
+/// Runs `sql` with `bind` applied under EXPLAIN ANALYZE in a transaction that is rolled back, so
+/// a statement that locks or writes leaves nothing behind.
+async fn explain<F>(pool: &PgPool, sql: &str, bind: F) -> Plan
+where
+    F: for<'q> FnOnce(
+        sqlx::query::QueryScalar<'q, sqlx::Postgres, Value, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryScalar<
+        'q,
+        sqlx::Postgres,
+        Value,
+        sqlx::postgres::PgArguments,
+    >,
+{
+    let text = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}");
+    let mut tx = pool.begin().await.unwrap();
+    let plan = bind(sqlx::query_scalar(sqlx::AssertSqlSafe(text)))
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    Plan(plan)
+}
+
+/// Inserts one routine per row of `generate_series(1, ROWS)`, all due at the same instant an
+/// hour ago (a fleet of routines on `0 * * * *`), and returns nothing: the test reads them back.
+async fn routines_sharing_one_instant(pool: &PgPool) {
+    sqlx::query(
+        "INSERT INTO routines (id, name, schedule, kind, payload, next_run_at)
+         SELECT gen_random_uuid(), 'hourly ' || i, '0 * * * *', 'message', '{}',
+                date_trunc('hour', now()) - interval '1 hour'
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind(ROWS)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE routines").execute(pool).await.unwrap();
+}
+
+/// One routine, and `rows` ledger rows of it, one a minute back from the current minute, each
+/// `status` with a lease running out `lease_secs` from now. Returns the routine's id.
+async fn ledger_rows(pool: &PgPool, rows: i64, status: &str, lease_secs: f64) -> Uuid {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO routines (id, name, schedule, kind, payload) VALUES ($1, 'busy', '* * * * *', 'message', '{}')",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO routine_fires
+             (routine_id, scheduled_at, status, completed_at, error, claimant, claim_token,
+              lease_expires_at)
+         SELECT $1, date_trunc('minute', now()) - make_interval(mins => i::int), $2::text,
+                CASE WHEN $2::text = 'claimed' THEN NULL ELSE now() END,
+                CASE WHEN $2::text = 'failed' THEN 'seeded failure' END,
+                'seed', gen_random_uuid(), now() + make_interval(secs => $3)
+         FROM generate_series(1, $4) AS i",
+    )
+    .bind(id)
+    .bind(status)
+    .bind(lease_secs)
+    .bind(rows)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE routine_fires")
+        .execute(pool)
+        .await
+        .unwrap();
+    id
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_due_query_reads_the_limit_not_the_group_sharing_an_instant(pool: PgPool) {
+    routines_sharing_one_instant(&pool).await;
+    let plan = explain(&pool, DUE_SQL, |q| q.bind(LIMIT)).await;
+    plan.assert_reads_about_the_limit("due query");
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_reaper_reads_the_expired_claims_not_the_live_ones(pool: PgPool) {
+    // A hundred thousand live claims, and a few expired ones claimed after all of them: walking
+    // claims in claimed_at order would pass every live one first.
+    let routine = ledger_rows(&pool, ROWS, "claimed", 60.0).await;
+    sqlx::query(
+        "INSERT INTO routine_fires
+             (routine_id, scheduled_at, claimant, claim_token, claimed_at, lease_expires_at)
+         SELECT $1, now() + make_interval(days => i), 'crashed', gen_random_uuid(),
+                now() + interval '1 second', now() - interval '1 second'
+         FROM generate_series(1, 5) AS i",
+    )
+    .bind(routine)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let plan = explain(&pool, REAP_SQL, |q| {
+        q.bind(LIMIT)
+            .bind("reaper")
+            .bind(Uuid::new_v4())
+            .bind(60.0_f64)
+    })
+    .await;
+    plan.assert_reads_about_the_limit("reaper");
+    assert_eq!(
+        plan.0[0]["Plan"]["Actual Rows"].as_f64(),
+        Some(5.0),
+        "{:#}",
+        plan.0
+    );
+}
+
+/// Explains the listing for a filter, from `after`.
+async fn explain_listing(
+    pool: &PgPool,
+    routine: Option<Uuid>,
+    status: Option<&'static str>,
+    after: Option<FireCursor>,
+) -> Plan {
+    explain(pool, LIST_FIRES_SQL, move |q| {
+        q.bind(routine)
+            .bind(status)
+            .bind(after.map(|c| c.scheduled_at))
+            .bind(after.map(|c| c.routine_id))
+            .bind(LIMIT)
+    })
+    .await
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn every_listing_of_fires_reads_a_page_not_the_ledger(pool: PgPool) {
+    // A ledger of fired rows with a few failed ones among the oldest: `--status failed` must not
+    // walk the fired ones to find them.
+    let routine = ledger_rows(&pool, ROWS, "fired", -3600.0).await;
+    sqlx::query(
+        "UPDATE routine_fires SET status = 'failed', error = 'boom'
+         WHERE scheduled_at < date_trunc('minute', now()) - make_interval(mins => $1::int)",
+    )
+    .bind(i32::try_from(ROWS - 3 * LIMIT).unwrap())
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE routine_fires")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = PgStore::new(pool.clone());
+    let middle = store
+        .list_fires(&FireFilter {
+            limit: u32::try_from(ROWS / 2).unwrap(),
+            ..FireFilter::default()
+        })
+        .await
+        .unwrap();
+    let cursor = FireCursor::after(middle.last().unwrap());
+
+    for (routine, status, after) in [
+        (None, None, None),
+        (None, Some("failed"), None),
+        (None, Some("fired"), None),
+        (Some(routine), None, None),
+        (None, None, Some(cursor)),
+        (None, Some("fired"), Some(cursor)),
+        (Some(routine), None, Some(cursor)),
+    ] {
+        let plan = explain_listing(&pool, routine, status, after).await;
+        let what = format!("fires routine {routine:?} status {status:?} after {after:?}");
+        plan.assert_reads_about_the_limit(&what);
+    }
+    let failed = store
+        .list_fires(&FireFilter {
+            status: Some(FireStatus::Failed),
+            ..FireFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(failed.len(), 100);
+    assert!(failed.iter().all(|f| f.status == "failed"));
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn pages_from_a_cursor_cover_the_listing_once_in_order(pool: PgPool) {
+    // Three routines firing at the same five instants: ties on scheduled_at across pages.
+    for _ in 0..3 {
+        let routine = ledger_rows(&pool, 5, "fired", -3600.0).await;
+        sqlx::query(
+            "UPDATE routine_fires SET status = 'failed', error = 'boom'
+             WHERE routine_id = $1
+               AND scheduled_at = (SELECT min(scheduled_at) FROM routine_fires WHERE routine_id = $1)",
+        )
+        .bind(routine)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let store = PgStore::new(pool.clone());
+    for (status, total) in [
+        (None, 15),
+        (Some(FireStatus::Failed), 3),
+        (Some(FireStatus::Fired), 12),
+    ] {
+        let whole = store
+            .list_fires(&FireFilter {
+                status,
+                limit: 100,
+                ..FireFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(whole.len(), total);
+        let keys: Vec<_> = whole
+            .iter()
+            .map(|f| (f.scheduled_at, f.routine_id))
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort_by(|a, b| b.cmp(a));
+        assert_eq!(keys, sorted, "newest first, then routine id descending");
+        for limit in [1, 2, 4, 15] {
+            let mut paged = Vec::new();
+            let mut after = None;
+            loop {
+                let page = store
+                    .list_fires(&FireFilter {
+                        status,
+                        limit,
+                        after,
+                        ..FireFilter::default()
+                    })
+                    .await
+                    .unwrap();
+                assert!(page.len() <= limit as usize);
+                let Some(last) = page.last() else { break };
+                after = Some(FireCursor::after(last));
+                paged.extend(page);
+            }
+            assert_eq!(paged, whole, "status {status:?}, pages of {limit}");
+        }
+    }
+}

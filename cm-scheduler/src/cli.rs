@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use cm_dispatch::{OutboxDispatcher, RoutedDispatcher};
 use cm_domain::{FireCap, FireStatus, Lease, MisfirePolicy, Schedule, SchedulerConfig, Zone};
 use cm_scheduler::Scheduler;
-use cm_scheduler::http::{Health, Readiness};
+use cm_scheduler::http::{BearerToken, HttpState, Readiness};
 use cm_store::{
     FireFilter, FireLedger, NewRoutine, PgStore, Routine, RoutineKind, RoutineStore, StoreError,
 };
@@ -88,9 +88,16 @@ struct RunArgs {
     /// How long settled fires are kept before they are pruned (at least a day).
     #[arg(long, default_value = "30days", value_parser = humantime::parse_duration)]
     retention: Duration,
-    /// Serve /metrics, /livez and /readyz on this address.
+    /// Serve the status page, /metrics, /livez and /readyz on this address.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token the status page requires (needed when --listen is not
+    /// a loopback address; /metrics, /livez and /readyz stay open).
+    #[arg(long)]
+    http_token_file: Option<PathBuf>,
+    /// Pause a routine whose last N fires all failed, keeping the reason (0: never).
+    #[arg(long, default_value_t = 5)]
+    pause_after_failures: u32,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
@@ -542,8 +549,13 @@ fn print_routine_line(r: &Routine) {
                 "never".into()
             }
         });
+    let reason = r
+        .paused_reason
+        .as_deref()
+        .map(|reason| format!("  ({reason})"))
+        .unwrap_or_default();
     println!(
-        "{}  {:<8} {:<20} {:<24} {:<16} next {}",
+        "{}  {:<8} {:<20} {:<24} {:<16} next {}{reason}",
         r.id, r.kind, r.name, r.schedule, r.timezone, next
     );
 }
@@ -600,16 +612,98 @@ fn mission_payload(path: &PathBuf) -> Result<serde_json::Value, Failure> {
     }
 }
 
-struct DatabaseReadiness(PgStore);
+/// `/readyz`'s view of the database: waiting while the start-up has not reached it, then
+/// whether it answers a ping.
+struct DatabaseReadiness {
+    store: PgStore,
+    waiting: Arc<std::sync::Mutex<Option<String>>>,
+}
 
 #[async_trait::async_trait]
 impl Readiness for DatabaseReadiness {
-    async fn database_answers(&self) -> bool {
-        matches!(
-            tokio::time::timeout(Duration::from_secs(2), self.0.ping()).await,
-            Ok(Ok(_))
-        )
+    async fn check(&self) -> Result<(), String> {
+        if let Some(reason) = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Err(reason);
+        }
+        match tokio::time::timeout(Duration::from_secs(2), self.store.ping()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("the database does not answer: {e}")),
+            Err(_) => Err("the database did not answer within 2s".into()),
+        }
     }
+}
+
+/// Reads the status page's bearer token; one is required when the page is served on an
+/// address other than loopback.
+fn http_token(args: &RunArgs) -> Result<Option<BearerToken>, Failure> {
+    let Some(path) = &args.http_token_file else {
+        return match args.listen {
+            Some(addr) if !addr.ip().is_loopback() => Err(input(format!(
+                "--listen {addr} is not a loopback address: give --http-token-file with the \
+                 status page's bearer token"
+            ))),
+            _ => Ok(None),
+        };
+    };
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| input(format!("cannot read --http-token-file {shown}: {e}")))?;
+    BearerToken::new(&text)
+        .map(Some)
+        .ok_or_else(|| input(format!("--http-token-file {shown} is empty")))
+}
+
+/// Waits until the database answers (creating it and applying the migrations first unless
+/// `migrate` is false), retrying with backoff and keeping the reason for `/readyz`. Fails only
+/// when the database answers but refuses the migrations.
+async fn prepare_database(
+    url: &str,
+    store: &PgStore,
+    migrate: bool,
+    waiting: &std::sync::Mutex<Option<String>>,
+) -> Result<(), Failure> {
+    let set_waiting = |reason: Option<String>| {
+        *waiting.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+    };
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let reached = async {
+            if migrate {
+                PgStore::create_database_if_missing(url).await?;
+            }
+            store.ping().await
+        }
+        .await;
+        match reached {
+            Ok(_) if !migrate => break,
+            Ok(_) => match store.migrate().await {
+                Ok(()) => break,
+                // Refused by a database that answers: retrying will not help.
+                Err(e) if store.ping().await.is_ok() => {
+                    return Err(anyhow::Error::from(e).context("applying migrations").into());
+                }
+                Err(e) => {
+                    set_waiting(Some(format!("waiting for the database: {e}")));
+                    tracing::warn!(error = %e, retry_in = ?backoff, "applying migrations failed; retrying");
+                }
+            },
+            Err(e) => {
+                set_waiting(Some(format!("waiting for the database: {e}")));
+                tracing::warn!(error = %e, retry_in = ?backoff, database = %redact(url),
+                    "the database does not answer yet; retrying");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+    set_waiting(None);
+    tracing::info!(database = %redact(url), migrated = migrate, "the database answers");
+    Ok(())
 }
 
 async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
@@ -629,6 +723,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     }
     .validate()
     .map_err(|e| input(e.to_string()))?;
+    let token = http_token(&args)?;
     let listener = match args.listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -637,11 +732,18 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         ),
         None => None,
     };
+    // The recorder goes in before the scheduler's counters are made, so they record into it.
+    let metrics = match listener {
+        Some(_) => Some(
+            cm_scheduler::stats::install_prometheus().context("installing the metrics recorder")?,
+        ),
+        None => None,
+    };
 
-    let store = connect(url, !args.no_migrate).await?;
-    if !args.no_migrate {
-        store.migrate().await.context("applying migrations")?;
-    }
+    // The pool connects on first use: the process starts, and serves /livez, while the
+    // database is down.
+    let store = PgStore::connect_lazy(url)
+        .map_err(|e| input(format!("invalid --database-url {}: {e}", redact(url))))?;
     let message: Arc<dyn cm_dispatch::Dispatcher> = match args.message_backend {
         MessageBackend::Outbox => Arc::new(OutboxDispatcher::new(store.clone())),
     };
@@ -651,31 +753,73 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     let instance_id = args
         .instance_id
         .unwrap_or_else(cm_scheduler::default_instance_id);
-    let scheduler = Arc::new(
-        Scheduler::new(
-            Arc::new(store.clone()),
-            Arc::new(RoutedDispatcher::new(Some(message), mission)),
-            config.clone(),
-            instance_id,
-        )
-        .map_err(|e| input(e.to_string()))?,
-    );
+    let scheduler = Scheduler::new(
+        Arc::new(store.clone()),
+        Arc::new(RoutedDispatcher::new(Some(message), mission)),
+        config.clone(),
+        instance_id.clone(),
+    )
+    .map_err(|e| input(e.to_string()))?
+    .with_auto_pause(Arc::new(store.clone()), args.pause_after_failures);
+    let scheduler = Arc::new(scheduler);
 
-    if let Some(listener) = listener {
-        let health = Arc::new(Health {
+    let waiting = Arc::new(std::sync::Mutex::new(Some(
+        "waiting for the database: not reached yet".to_string(),
+    )));
+    if let (Some(listener), Some(metrics)) = (listener, metrics) {
+        let state = Arc::new(HttpState {
             stats: scheduler.stats(),
-            readiness: DatabaseReadiness(store.clone()),
+            readiness: Arc::new(DatabaseReadiness {
+                store: store.clone(),
+                waiting: waiting.clone(),
+            }),
             fresh_within: config.tick_interval * 3
                 + config.dispatch_timeout
                 + Duration::from_secs(5),
+            metrics: metrics.clone(),
+            status: Some(cm_scheduler::status::StatusPage {
+                reader: Arc::new(store.clone()),
+                instance_id: instance_id.clone(),
+                refresh: Duration::from_secs(5),
+            }),
+            token,
         });
-        tracing::info!(addr = %listener.local_addr().map_err(anyhow::Error::from)?, "serving /metrics, /livez and /readyz");
-        tokio::spawn(cm_scheduler::http::serve(listener, health));
+        let addr = listener.local_addr().map_err(anyhow::Error::from)?;
+        tracing::info!(%addr, "serving the status page, /metrics, /livez and /readyz");
+        let router = cm_scheduler::http::router(state);
+        tokio::spawn(async move {
+            if let Err(e) = cm_scheduler::http::serve(listener, router).await {
+                tracing::error!(error = %e, "the HTTP server stopped");
+            }
+        });
+        // Histograms are drained into their buckets here as well as on each scrape.
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                metrics.run_upkeep();
+            }
+        });
+    }
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let shutdown = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    tokio::select! {
+        prepared = prepare_database(url, &store, !args.no_migrate, &waiting) => prepared?,
+        () = shutdown(stopped.clone()) => {
+            tracing::info!("stopped before the database answered");
+            return Ok(());
+        }
     }
 
     let summary = scheduler
         .clone()
-        .spawn(shutdown_signal())
+        .spawn(shutdown(stopped))
         .await
         .context("the scheduler task failed")?;
     tracing::info!(

@@ -12,6 +12,7 @@ use cm_store::{ClaimDueParams, ClaimedFire, FireLedger, ReapParams, StoreError, 
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
+use crate::autopause::AutoPause;
 use crate::stats::{Stats, add};
 
 /// Why a tick or reaper pass failed. The loop logs it, counts it and keeps it for health; the
@@ -68,6 +69,7 @@ pub struct Scheduler {
     config: SchedulerConfig,
     instance_id: String,
     stats: Arc<Stats>,
+    auto_pause: Option<AutoPause>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -99,7 +101,22 @@ impl Scheduler {
             config: config.validate()?,
             instance_id: instance_id.into(),
             stats: Arc::new(Stats::default()),
+            auto_pause: None,
         })
+    }
+
+    /// Pauses, in the loop's periodic maintenance, every routine whose last `after_failures`
+    /// fires all failed (0: never), keeping the reason on the routine.
+    pub fn with_auto_pause(
+        mut self,
+        store: Arc<dyn cm_store::FailingRoutines>,
+        after_failures: u32,
+    ) -> Self {
+        self.auto_pause = (after_failures > 0).then_some(AutoPause {
+            store,
+            after_failures,
+        });
+        self
     }
 
     /// The instance id written on this scheduler's claims.
@@ -323,6 +340,9 @@ impl Scheduler {
             if last_reap.is_none_or(|at| at.elapsed() >= reap_every) {
                 ok &= self.record(self.reap().await, "reaper pass");
                 ok &= self.prune().await;
+                if let Some(auto_pause) = &self.auto_pause {
+                    ok &= auto_pause.pass(&self.stats).await;
+                }
                 last_reap = Some(Instant::now());
             }
             if ok {

@@ -24,9 +24,11 @@
 //! # Ok(()) }
 //! ```
 
+mod autopause;
 mod engine;
 pub mod http;
 pub mod stats;
+pub mod status;
 
 pub use engine::{RunSummary, Scheduler, TickError, TickReport, default_instance_id};
 pub use stats::Stats;

@@ -3,6 +3,9 @@
 //! - `mock_loop`: the tick loop against `mockall` doubles of the ledger and dispatcher.
 //! - `exactly_once`: several schedulers racing on one real database.
 //! - `crash`: whole `cm-scheduler` processes killed between claim and settle.
+//! - `http`: the endpoints and the status page through the router, against a real database.
+//! - `operate`: a running scheduler's health while its database comes and goes, and the
+//!   status page in headless Chromium.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
 //! - `support`: the database server and clean-up the whole-process tests share.
 
@@ -15,5 +18,9 @@ mod cli;
 mod crash;
 #[path = "scheduler/exactly_once.rs"]
 mod exactly_once;
+#[path = "scheduler/http.rs"]
+mod http;
 #[path = "scheduler/mock_loop.rs"]
 mod mock_loop;
+#[path = "scheduler/operate.rs"]
+mod operate;

@@ -6,12 +6,15 @@
 //! - `http`: the endpoints and the status page through the router, against a real database.
 //! - `operate`: a running scheduler's health while its database comes and goes, and the
 //!   status page in headless Chromium.
+//! - `autopause`: a failing routine pauses itself through the real loop.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
 //! - `support`: the database server and clean-up the whole-process tests share.
 
 #[path = "scheduler/support.rs"]
 mod support;
 
+#[path = "scheduler/autopause.rs"]
+mod autopause;
 #[path = "scheduler/cli.rs"]
 mod cli;
 #[path = "scheduler/crash.rs"]

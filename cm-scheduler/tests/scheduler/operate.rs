@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cm_domain::{MisfirePolicy, Schedule};
 use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
@@ -15,7 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::support::{SERVER, TestDb, drop_database};
+use crate::support::{SERVER, TestDb, drop_database, eventually_within};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
 /// How long any awaited state may take to appear.
@@ -149,22 +149,6 @@ impl Drop for Running {
 
 async fn eventually<T>(probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
     eventually_within(PATIENCE, probe).await
-}
-
-async fn eventually_within<T>(
-    patience: Duration,
-    mut probe: impl AsyncFnMut() -> Option<T>,
-) -> Option<T> {
-    let deadline = Instant::now() + patience;
-    loop {
-        if let Some(found) = probe().await {
-            return Some(found);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A TCP forwarder to the shared PostgreSQL. Closed, it hangs up on every connection, new and

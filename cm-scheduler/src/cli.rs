@@ -20,7 +20,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use cm_dispatch::{OutboxDispatcher, RoutedDispatcher};
 use cm_domain::{FireCap, FireStatus, Lease, Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
-use cm_scheduler::http::{Health, Readiness};
+use cm_scheduler::http::{BearerToken, HttpState, Readiness};
 use cm_store::{FireCursor, FireFilter, FireLedger, PgStore, StoreError, StoreOptions};
 
 use database::connect;
@@ -109,9 +109,16 @@ struct RunArgs {
     /// How long settled fires are kept before they are pruned (at least a day).
     #[arg(long, default_value = "30days", value_parser = humantime::parse_duration)]
     retention: Duration,
-    /// Serve /metrics, /livez and /readyz on this address.
+    /// Serve the status page, /metrics, /livez and /readyz on this address.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token the status page requires (needed when --listen is not
+    /// a loopback address; /metrics, /livez and /readyz stay open).
+    #[arg(long)]
+    http_token_file: Option<PathBuf>,
+    /// Pause a routine whose last N fires all failed, keeping the reason (0: never).
+    #[arg(long, default_value_t = 5)]
+    pause_after_failures: u32,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
@@ -418,16 +425,102 @@ fn mission_payload(path: &PathBuf) -> Result<serde_json::Value, Failure> {
     serde_json::from_str(&text).map_err(|e| input(format!("mission file {shown}: {e}")))
 }
 
-struct DatabaseReadiness(PgStore);
+/// `/readyz`'s view of the database: waiting while the start-up has not reached it, then
+/// whether it answers a ping.
+struct DatabaseReadiness {
+    store: PgStore,
+    waiting: Arc<std::sync::Mutex<Option<String>>>,
+}
 
 #[async_trait::async_trait]
 impl Readiness for DatabaseReadiness {
-    async fn database_answers(&self) -> bool {
-        matches!(
-            tokio::time::timeout(Duration::from_secs(2), self.0.ping()).await,
-            Ok(Ok(_))
-        )
+    async fn check(&self) -> Result<(), String> {
+        if let Some(reason) = self
+            .waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            return Err(reason);
+        }
+        match tokio::time::timeout(Duration::from_secs(2), self.store.ping()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("the database does not answer: {e}")),
+            Err(_) => Err("the database did not answer within 2s".into()),
+        }
     }
+}
+
+/// Reads the status page's bearer token; one is required when the page is served on an
+/// address other than loopback.
+fn http_token(args: &RunArgs) -> Result<Option<BearerToken>, Failure> {
+    let Some(path) = &args.http_token_file else {
+        return match args.listen {
+            Some(addr) if !addr.ip().is_loopback() => Err(input(format!(
+                "--listen {addr} is not a loopback address: give --http-token-file with the \
+                 status page's bearer token"
+            ))),
+            _ => Ok(None),
+        };
+    };
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| input(format!("cannot read --http-token-file {shown}: {e}")))?;
+    BearerToken::new(&text)
+        .map(Some)
+        .ok_or_else(|| input(format!("--http-token-file {shown} is empty")))
+}
+
+/// Waits until the database answers (creating it and applying the migrations first unless
+/// `migrate` is false), retrying with backoff and keeping the reason for `/readyz`. Fails only
+/// when the database answers but refuses the migrations.
+async fn prepare_database(
+    url: &str,
+    store: &PgStore,
+    migrate: bool,
+    waiting: &std::sync::Mutex<Option<String>>,
+) -> Result<(), Failure> {
+    let set_waiting = |reason: Option<String>| {
+        *waiting.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+    };
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let reached = async {
+            if migrate {
+                PgStore::create_database_if_missing(url).await?;
+            }
+            store.ping().await
+        }
+        .await;
+        match reached {
+            Ok(_) if !migrate => {
+                // Without the schema every tick would fail: say so now, with what to do.
+                store.check_schema().await?;
+                break;
+            }
+            Ok(_) => match store.migrate().await {
+                Ok(()) => break,
+                // Refused by a database that answers: retrying will not help.
+                Err(e) if store.ping().await.is_ok() => {
+                    return Err(anyhow::anyhow!("applying migrations: {}", e.explain()).into());
+                }
+                Err(e) => {
+                    set_waiting(Some(format!("waiting for the database: {e}")));
+                    tracing::warn!(error = %e, retry_in = ?backoff, "applying migrations failed; retrying");
+                }
+            },
+            Err(e) => {
+                set_waiting(Some(format!("waiting for the database: {e}")));
+                tracing::warn!(error = %e, retry_in = ?backoff, database = %database::redact(url),
+                    "the database does not answer yet; retrying");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+    set_waiting(None);
+    tracing::info!(database = %database::redact(url), migrated = migrate, "the database answers");
+    Ok(())
 }
 
 async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
@@ -454,6 +547,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             Failure::Other(anyhow::anyhow!(message))
         }
     })?;
+    let token = http_token(&args)?;
     let listener = match args.listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -462,29 +556,23 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         ),
         None => None,
     };
+    // The recorder goes in before the scheduler's counters are made, so they record into it.
+    let metrics = match listener {
+        Some(_) => Some(
+            cm_scheduler::stats::install_prometheus().context("installing the metrics recorder")?,
+        ),
+        None => None,
+    };
 
-    // Set-up (migrating, or checking the schema) runs without the scheduler's timeouts:
-    // building an index on a large ledger takes longer than any claim statement may.
-    let setup = connect(url, !args.no_migrate).await?;
-    if !args.no_migrate {
-        setup
-            .migrate()
-            .await
-            .map_err(|e| anyhow::anyhow!("applying migrations: {}", e.explain()))?;
-    } else {
-        // Without the schema every tick would fail: say so now, with what to do.
-        setup.check_schema().await?;
-    }
-    // Statement, lock and idle-in-transaction timeouts derived from the lease, so a claim never
-    // holds its routines' locks past the leases it wrote.
-    let store = PgStore::connect_with(url, &StoreOptions::for_lease(lease))
-        .await
-        .with_context(|| {
-            format!(
-                "cannot connect to PostgreSQL at {}",
-                database::redact(url)
-            )
-        })?;
+    // Both pools connect on first use: the process starts, and serves /livez, while the
+    // database is down. Set-up (migrating, or checking the schema) runs without the
+    // scheduler's timeouts, since building an index on a large ledger takes longer than any
+    // claim statement may; the scheduler's own pool has statement, lock and
+    // idle-in-transaction timeouts derived from the lease, so a claim never holds its
+    // routines' locks past the leases it wrote.
+    let invalid = |e: StoreError| input(format!("invalid --database-url {}: {e}", database::redact(url)));
+    let setup = PgStore::connect_lazy(url).map_err(invalid)?;
+    let store = PgStore::connect_lazy_with(url, &StoreOptions::for_lease(lease)).map_err(invalid)?;
     let message: Arc<dyn cm_dispatch::Dispatcher> = match args.message_backend {
         MessageBackend::Outbox => match args.outbox_mode {
             OutboxMode::Transactional => Arc::new(OutboxDispatcher::new(store.clone())),
@@ -496,31 +584,73 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     let instance_id = args
         .instance_id
         .unwrap_or_else(cm_scheduler::default_instance_id);
-    let scheduler = Arc::new(
-        Scheduler::new(
-            Arc::new(store.clone()),
-            Arc::new(RoutedDispatcher::new(Some(message), mission)),
-            config.clone(),
-            instance_id,
-        )
-        .map_err(|e| input(e.to_string()))?,
-    );
+    let scheduler = Scheduler::new(
+        Arc::new(store.clone()),
+        Arc::new(RoutedDispatcher::new(Some(message), mission)),
+        config.clone(),
+        instance_id.clone(),
+    )
+    .map_err(|e| input(e.to_string()))?
+    .with_auto_pause(Arc::new(store.clone()), args.pause_after_failures);
+    let scheduler = Arc::new(scheduler);
 
-    if let Some(listener) = listener {
-        let health = Arc::new(Health {
+    let waiting = Arc::new(std::sync::Mutex::new(Some(
+        "waiting for the database: not reached yet".to_string(),
+    )));
+    if let (Some(listener), Some(metrics)) = (listener, metrics) {
+        let state = Arc::new(HttpState {
             stats: scheduler.stats(),
-            readiness: DatabaseReadiness(store.clone()),
+            readiness: Arc::new(DatabaseReadiness {
+                store: store.clone(),
+                waiting: waiting.clone(),
+            }),
             // Ticks never wait for dispatches, so a healthy scheduler ticks every interval
             // however slow its targets are.
             fresh_within: config.tick_interval * 3 + Duration::from_secs(5),
+            metrics: metrics.clone(),
+            status: Some(cm_scheduler::status::StatusPage {
+                reader: Arc::new(store.clone()),
+                instance_id: instance_id.clone(),
+                refresh: Duration::from_secs(5),
+            }),
+            token,
         });
-        tracing::info!(addr = %listener.local_addr().map_err(anyhow::Error::from)?, "serving /metrics, /livez and /readyz");
-        tokio::spawn(cm_scheduler::http::serve(listener, health));
+        let addr = listener.local_addr().map_err(anyhow::Error::from)?;
+        tracing::info!(%addr, "serving the status page, /metrics, /livez and /readyz");
+        let router = cm_scheduler::http::router(state);
+        tokio::spawn(async move {
+            if let Err(e) = cm_scheduler::http::serve(listener, router).await {
+                tracing::error!(error = %e, "the HTTP server stopped");
+            }
+        });
+        // Histograms are drained into their buckets here as well as on each scrape.
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                metrics.run_upkeep();
+            }
+        });
+    }
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let shutdown = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    tokio::select! {
+        prepared = prepare_database(url, &setup, !args.no_migrate, &waiting) => prepared?,
+        () = shutdown(stopped.clone()) => {
+            tracing::info!("stopped before the database answered");
+            return Ok(());
+        }
     }
 
     let summary = scheduler
         .clone()
-        .spawn(shutdown_signal())
+        .spawn(shutdown(stopped))
         .await
         .context("the scheduler task failed")?;
     tracing::info!(

@@ -36,6 +36,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
 use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
+use crate::autopause::AutoPause;
 use crate::stats::{Stats, add};
 
 /// Why a tick or reaper pass failed. The loop logs it, counts it and keeps it for health; the
@@ -113,6 +114,7 @@ pub struct Scheduler {
     /// The kinds the store settles inside the claim (their backend is database-local).
     in_claim: InClaimWrites,
     completion: Completion,
+    auto_pause: Option<AutoPause>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -154,12 +156,27 @@ impl Scheduler {
             stats: Arc::new(Stats::default()),
             in_claim,
             completion: Completion::default(),
+            auto_pause: None,
         })
     }
 
     /// The same scheduler writing settles the given way (batched by default).
     pub fn with_completion(mut self, completion: Completion) -> Self {
         self.completion = completion;
+        self
+    }
+
+    /// Pauses, in the loop's periodic maintenance, every routine whose last `after_failures`
+    /// fires all failed (0: never), keeping the reason on the routine.
+    pub fn with_auto_pause(
+        mut self,
+        store: Arc<dyn cm_store::FailingRoutines>,
+        after_failures: u32,
+    ) -> Self {
+        self.auto_pause = (after_failures > 0).then_some(AutoPause {
+            store,
+            after_failures,
+        });
         self
     }
 
@@ -574,8 +591,8 @@ impl Scheduler {
         }
     }
 
-    /// Takes expired claims over and prunes old fires every half lease (at least every tick
-    /// interval), beside the ticks.
+    /// Takes expired claims over, prunes old fires and pauses failing routines every half lease
+    /// (at least every tick interval), beside the ticks.
     async fn reap_loop(&self, mut stopped: watch::Receiver<bool>, completer: &Arc<dyn Completer>) {
         let every = (self.config.lease.duration() / 2).max(self.config.tick_interval);
         let mut interval = tokio::time::interval(every);
@@ -589,6 +606,9 @@ impl Scheduler {
             let result = self.reap_and_start(completer, None).await;
             self.record(result, "reaper pass");
             self.prune().await;
+            if let Some(auto_pause) = &self.auto_pause {
+                auto_pause.pass(&self.stats).await;
+            }
         }
     }
 

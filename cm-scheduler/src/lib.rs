@@ -25,9 +25,11 @@
 //! ```
 
 pub mod completer;
+mod autopause;
 mod engine;
 pub mod http;
 pub mod stats;
+pub mod status;
 
 pub use engine::{Completion, RunSummary, Scheduler, TickError, TickReport, default_instance_id};
 pub use stats::Stats;

@@ -1,38 +1,98 @@
 //! What the loop counts: fires by outcome, deferrals, misfires, reaped retries, tick errors,
-//! tick duration and lateness. Read by `/metrics`, `/readyz` and the run summary.
+//! tick duration and lateness.
+//!
+//! Every figure is kept twice: in this scheduler's own atomics, which the status page,
+//! `/readyz` and the run summary read (several schedulers may share one process, in tests or
+//! in a service embedding the loop), and in the process's [`metrics`] recorder, which
+//! `/metrics` renders through `metrics-exporter-prometheus` when the binary installed one
+//! ([`install_prometheus`]). Without an installed recorder the second copy costs nothing.
 
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// A fixed-bucket histogram of seconds, in the Prometheus style (cumulative on output).
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// A counter: this scheduler's own value, and the same increments in the metrics recorder.
+#[derive(Debug)]
+pub struct Counter {
+    value: AtomicU64,
+    recorded: metrics::Counter,
+}
+
+impl Counter {
+    fn new(name: &'static str, outcome: Option<&'static str>) -> Self {
+        let recorded = match outcome {
+            Some(outcome) => metrics::counter!(name, "outcome" => outcome),
+            None => metrics::counter!(name),
+        };
+        // Registered at zero, so a scrape lists every series from the start.
+        recorded.increment(0);
+        Counter {
+            value: AtomicU64::new(0),
+            recorded,
+        }
+    }
+}
+
+/// A gauge: this scheduler's current value, mirrored in the metrics recorder.
+#[derive(Debug)]
+pub struct Gauge {
+    value: AtomicU64,
+    recorded: metrics::Gauge,
+}
+
+impl Gauge {
+    fn new(name: &'static str) -> Self {
+        let recorded = metrics::gauge!(name);
+        recorded.set(0.0);
+        Gauge {
+            value: AtomicU64::new(0),
+            recorded,
+        }
+    }
+
+    fn add(&self, delta: i64) {
+        let now = if delta >= 0 {
+            self.value.fetch_add(delta.unsigned_abs(), Ordering::Relaxed) + delta.unsigned_abs()
+        } else {
+            self.value.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed) - delta.unsigned_abs()
+        };
+        self.recorded.set(now as f64);
+    }
+
+    /// The current value.
+    pub fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
+    }
+}
+
+/// A histogram of seconds: this scheduler's count, sum and maximum, and every observation in
+/// the metrics recorder (bucketed there as [`install_prometheus`] configures).
 #[derive(Debug)]
 pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<AtomicU64>,
-    sum_micros: AtomicU64,
     count: AtomicU64,
+    sum_micros: AtomicU64,
+    max_micros: AtomicU64,
+    recorded: metrics::Histogram,
 }
 
 impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
+    fn new(name: &'static str) -> Self {
         Histogram {
-            bounds,
-            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
-            sum_micros: AtomicU64::new(0),
             count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+            max_micros: AtomicU64::new(0),
+            recorded: metrics::histogram!(name),
         }
     }
 
     /// Records one observation.
     pub fn observe(&self, value: Duration) {
-        let secs = value.as_secs_f64();
-        if let Some(i) = self.bounds.iter().position(|b| secs <= *b) {
-            self.counts[i].fetch_add(1, Ordering::Relaxed);
-        }
+        self.recorded.record(value.as_secs_f64());
         let micros = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
         self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        self.max_micros.fetch_max(micros, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -41,70 +101,126 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (bound, count) in self.bounds.iter().zip(&self.counts) {
-            cumulative += count.load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        let total = self.count();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {total}");
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {total}");
+    /// The mean observation, if any was recorded.
+    pub fn mean(&self) -> Option<Duration> {
+        let count = self.count();
+        (count > 0).then(|| Duration::from_micros(self.sum_micros.load(Ordering::Relaxed) / count))
+    }
+
+    /// The largest observation (zero before the first).
+    pub fn max(&self) -> Duration {
+        Duration::from_micros(self.max_micros.load(Ordering::Relaxed))
     }
 }
 
+/// Bucket bounds of `cm_tick_duration_seconds`.
 const DURATION_BOUNDS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
+/// Bucket bounds of `cm_fire_lateness_seconds`.
 const LATENESS_BOUNDS: &[f64] = &[
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
 ];
+
+const FIRES: &str = "cm_fires_total";
+const TICKS: &str = "cm_ticks_total";
+const TICK_ERRORS: &str = "cm_tick_errors_total";
+const DEFERRED: &str = "cm_deferred_total";
+const SKIPPED: &str = "cm_misfires_skipped_total";
+const PRUNED: &str = "cm_pruned_total";
+const REAPED: &str = "cm_reaped_total";
+const SATURATED: &str = "cm_ticks_saturated_total";
+const OVERRUNS: &str = "cm_tick_overruns_total";
+const DISPATCHING: &str = "cm_dispatches_in_flight";
+const TICK_DURATION: &str = "cm_tick_duration_seconds";
+const LATENESS: &str = "cm_fire_lateness_seconds";
+
+/// A Prometheus recorder with cm's histogram buckets, not installed (tests record into it
+/// with [`metrics::with_local_recorder`]).
+pub fn prometheus_recorder() -> Result<metrics_exporter_prometheus::PrometheusRecorder, BuildError>
+{
+    Ok(PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(TICK_DURATION.into()), DURATION_BOUNDS)?
+        .set_buckets_for_metric(Matcher::Full(LATENESS.into()), LATENESS_BOUNDS)?
+        .build_recorder())
+}
+
+/// Installs the process-wide Prometheus recorder that `/metrics` renders, with cm's metric
+/// descriptions. Call it once, before creating the scheduler whose figures it should carry.
+pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
+    let recorder = prometheus_recorder()?;
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder)?;
+    describe();
+    Ok(handle)
+}
+
+/// Describes cm's metrics to the current recorder (the `# HELP` lines).
+pub fn describe() {
+    use metrics::{describe_counter, describe_histogram};
+    describe_counter!(FIRES, "Occurrences by how their claim ended.");
+    describe_counter!(TICKS, "Ticks run.");
+    describe_counter!(TICK_ERRORS, "Ticks and reaper passes that failed.");
+    describe_counter!(DEFERRED, "Occurrences the per-tick cap deferred.");
+    describe_counter!(SKIPPED, "Misfires skipped by policy.");
+    describe_counter!(PRUNED, "Settled fires deleted after their retention.");
+    describe_counter!(REAPED, "Expired claims taken over by the reaper.");
+    describe_counter!(
+        SATURATED,
+        "Ticks that claimed nothing because the in-flight set was full."
+    );
+    describe_counter!(OVERRUNS, "Ticks that took longer than the tick interval.");
+    metrics::describe_gauge!(DISPATCHING, "Dispatches running now.");
+    describe_histogram!(TICK_DURATION, "Time one tick took.");
+    describe_histogram!(
+        LATENESS,
+        "Dispatch start minus the occurrence's scheduled instant."
+    );
+}
 
 /// Counters and gauges of one scheduler.
 #[derive(Debug)]
 pub struct Stats {
     /// Ticks attempted (failed ones included).
-    pub ticks: AtomicU64,
+    pub ticks: Counter,
     /// Ticks (or reaper passes) that failed.
-    pub tick_errors: AtomicU64,
+    pub tick_errors: Counter,
     /// Occurrences dispatched and settled `fired`.
-    pub fired: AtomicU64,
+    pub fired: Counter,
     /// Occurrences settled `failed` after a dispatch error or timeout.
-    pub failed: AtomicU64,
+    pub failed: Counter,
     /// Occurrences settled `failed` without dispatch: too many attempts crashed.
-    pub abandoned: AtomicU64,
+    pub abandoned: Counter,
     /// Claims found held by another live claimant.
-    pub in_flight: AtomicU64,
+    pub in_flight: Counter,
     /// Claims found already settled.
-    pub already_settled: AtomicU64,
+    pub already_settled: Counter,
     /// Settles that matched nothing: the lease ran out and another claimant took over.
-    pub lost_settles: AtomicU64,
+    pub lost_settles: Counter,
     /// Settles that could not be written (the database failed); the reaper retries those.
-    pub settle_errors: AtomicU64,
+    pub settle_errors: Counter,
     /// Claims left undispatched because the claim itself used up their lease.
-    pub unstarted: AtomicU64,
+    pub unstarted: Counter,
     /// Dispatch tasks that panicked (their claims are retried after the lease, like a crash).
-    pub dispatch_panics: AtomicU64,
+    pub dispatch_panics: Counter,
     /// Occurrences the cap deferred.
-    pub deferred: AtomicU64,
+    pub deferred: Counter,
     /// Misfires skipped by policy.
-    pub skipped: AtomicU64,
+    pub skipped: Counter,
     /// Expired claims the reaper took over.
-    pub reaped: AtomicU64,
+    pub reaped: Counter,
     /// Settled fires deleted after their retention.
-    pub pruned: AtomicU64,
+    pub pruned: Counter,
     /// Dispatches that hit a transient error of cm's own database and were left `claimed` for
     /// a retry after their lease, instead of being settled `failed`.
-    pub left_for_retry: AtomicU64,
+    pub left_for_retry: Counter,
     /// Ticks that claimed nothing because every place in the in-flight set was taken.
-    pub saturated_ticks: AtomicU64,
+    pub saturated_ticks: Counter,
     /// Ticks that took longer than the tick interval (the next tick waited for the next
     /// boundary).
-    pub tick_overruns: AtomicU64,
-    /// Dispatches running now (a gauge).
-    pub dispatching: AtomicU64,
+    pub tick_overruns: Counter,
+    /// Dispatches running now.
+    pub dispatching: Gauge,
     /// Seconds each tick took.
     pub tick_duration: Histogram,
     /// Dispatch start minus `scheduled_at`.
@@ -115,28 +231,29 @@ pub struct Stats {
 
 impl Default for Stats {
     fn default() -> Self {
+        let outcome = |name| Counter::new(FIRES, Some(name));
         Stats {
-            ticks: AtomicU64::new(0),
-            tick_errors: AtomicU64::new(0),
-            fired: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-            abandoned: AtomicU64::new(0),
-            in_flight: AtomicU64::new(0),
-            already_settled: AtomicU64::new(0),
-            lost_settles: AtomicU64::new(0),
-            settle_errors: AtomicU64::new(0),
-            unstarted: AtomicU64::new(0),
-            dispatch_panics: AtomicU64::new(0),
-            deferred: AtomicU64::new(0),
-            skipped: AtomicU64::new(0),
-            reaped: AtomicU64::new(0),
-            pruned: AtomicU64::new(0),
-            left_for_retry: AtomicU64::new(0),
-            saturated_ticks: AtomicU64::new(0),
-            tick_overruns: AtomicU64::new(0),
-            dispatching: AtomicU64::new(0),
-            tick_duration: Histogram::new(DURATION_BOUNDS),
-            lateness: Histogram::new(LATENESS_BOUNDS),
+            ticks: Counter::new(TICKS, None),
+            tick_errors: Counter::new(TICK_ERRORS, None),
+            fired: outcome("fired"),
+            failed: outcome("failed"),
+            abandoned: outcome("abandoned"),
+            in_flight: outcome("in_flight"),
+            already_settled: outcome("already_settled"),
+            lost_settles: outcome("lost_settle"),
+            settle_errors: outcome("settle_error"),
+            unstarted: outcome("unstarted"),
+            dispatch_panics: outcome("dispatch_panic"),
+            deferred: Counter::new(DEFERRED, None),
+            skipped: Counter::new(SKIPPED, None),
+            reaped: Counter::new(REAPED, None),
+            pruned: Counter::new(PRUNED, None),
+            left_for_retry: outcome("left_for_retry"),
+            saturated_ticks: Counter::new(SATURATED, None),
+            tick_overruns: Counter::new(OVERRUNS, None),
+            dispatching: Gauge::new(DISPATCHING),
+            tick_duration: Histogram::new(TICK_DURATION),
+            lateness: Histogram::new(LATENESS),
             last_success: Mutex::new(None),
             last_error: Mutex::new(None),
         }
@@ -144,19 +261,20 @@ impl Default for Stats {
 }
 
 /// Adds `n` to a counter.
-pub(crate) fn add(counter: &AtomicU64, n: u64) {
-    counter.fetch_add(n, Ordering::Relaxed);
+pub(crate) fn add(counter: &Counter, n: u64) {
+    counter.value.fetch_add(n, Ordering::Relaxed);
+    counter.recorded.increment(n);
 }
 
 impl Stats {
     /// Records a dispatch starting (the in-flight gauge).
     pub(crate) fn dispatch_started(&self) {
-        add(&self.dispatching, 1);
+        self.dispatching.add(1);
     }
 
     /// Records a dispatch ending, settled or not.
     pub(crate) fn dispatch_ended(&self) {
-        self.dispatching.fetch_sub(1, Ordering::Relaxed);
+        self.dispatching.add(-1);
     }
 
     /// Records a tick that succeeded.
@@ -184,97 +302,7 @@ impl Stats {
     }
 
     /// A counter's value.
-    pub fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
-
-    /// The counters in the Prometheus text format.
-    pub fn render_prometheus(&self) -> String {
-        let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, value: &AtomicU64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                Stats::get(value)
-            );
-        };
-        let _ = writeln!(
-            out,
-            "# HELP cm_fires_total Occurrences by how their claim ended.\n# TYPE cm_fires_total counter"
-        );
-        for (outcome, value) in [
-            ("fired", &self.fired),
-            ("failed", &self.failed),
-            ("abandoned", &self.abandoned),
-            ("in_flight", &self.in_flight),
-            ("already_settled", &self.already_settled),
-            ("lost_settle", &self.lost_settles),
-            ("settle_error", &self.settle_errors),
-            ("unstarted", &self.unstarted),
-            ("dispatch_panic", &self.dispatch_panics),
-            ("left_for_retry", &self.left_for_retry),
-        ] {
-            let _ = writeln!(
-                out,
-                "cm_fires_total{{outcome=\"{outcome}\"}} {}",
-                Stats::get(value)
-            );
-        }
-        counter(&mut out, "cm_ticks_total", "Ticks run.", &self.ticks);
-        counter(
-            &mut out,
-            "cm_tick_errors_total",
-            "Ticks and reaper passes that failed.",
-            &self.tick_errors,
-        );
-        counter(
-            &mut out,
-            "cm_deferred_total",
-            "Occurrences the per-tick cap deferred.",
-            &self.deferred,
-        );
-        counter(
-            &mut out,
-            "cm_misfires_skipped_total",
-            "Misfires skipped by policy.",
-            &self.skipped,
-        );
-        counter(
-            &mut out,
-            "cm_pruned_total",
-            "Settled fires deleted after their retention.",
-            &self.pruned,
-        );
-        counter(
-            &mut out,
-            "cm_reaped_total",
-            "Expired claims taken over by the reaper.",
-            &self.reaped,
-        );
-        counter(
-            &mut out,
-            "cm_ticks_saturated_total",
-            "Ticks that claimed nothing because the in-flight set was full.",
-            &self.saturated_ticks,
-        );
-        counter(
-            &mut out,
-            "cm_tick_overruns_total",
-            "Ticks that took longer than the tick interval.",
-            &self.tick_overruns,
-        );
-        let _ = writeln!(
-            out,
-            "# HELP cm_dispatches_in_flight Dispatches running now.\n# TYPE cm_dispatches_in_flight gauge\ncm_dispatches_in_flight {}",
-            Stats::get(&self.dispatching)
-        );
-        self.tick_duration
-            .render(&mut out, "cm_tick_duration_seconds", "Time one tick took.");
-        self.lateness.render(
-            &mut out,
-            "cm_fire_lateness_seconds",
-            "Dispatch start minus the occurrence's scheduled instant.",
-        );
-        out
+    pub fn get(counter: &Counter) -> u64 {
+        counter.value.load(Ordering::Relaxed)
     }
 }

@@ -5,6 +5,10 @@
 //! - `completer`: batched and inline settles against a ledger double.
 //! - `exactly_once`: several schedulers racing on one real database.
 //! - `crash`: whole `cm-scheduler` processes killed between claim and settle.
+//! - `http`: the endpoints and the status page through the router, against a real database.
+//! - `operate`: a running scheduler's health while its database comes and goes, and the
+//!   status page in headless Chromium.
+//! - `autopause`: a failing routine pauses itself through the real loop.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
 //! - `operator`: editing, importing, naming and reading routines from the command line, and
 //!   errors (and secrets) as people see them.
@@ -16,6 +20,8 @@
 #[path = "scheduler/support.rs"]
 mod support;
 
+#[path = "scheduler/autopause.rs"]
+mod autopause;
 #[path = "scheduler/cli.rs"]
 mod cli;
 #[path = "scheduler/completer.rs"]
@@ -28,7 +34,11 @@ mod crash;
 mod exactly_once;
 #[path = "scheduler/missions.rs"]
 mod missions;
-#[path = "scheduler/mock_loop.rs"]
-mod mock_loop;
 #[path = "scheduler/operator.rs"]
 mod operator;
+#[path = "scheduler/http.rs"]
+mod http;
+#[path = "scheduler/mock_loop.rs"]
+mod mock_loop;
+#[path = "scheduler/operate.rs"]
+mod operate;

@@ -8,6 +8,8 @@
 //! - [`ledger`]: the occurrence ledger, `routine_fires`: the tick's claim, settling, the reaper
 //!   and listing fires ([`FireLedger`]).
 //! - [`outbox`]: the message outbox ([`OutboxStore`]).
+//! - [`status`]: the bounded read-only queries of the status page ([`StatusReader`]).
+//! - [`autopause`]: pausing routines whose last fires all failed ([`FailingRoutines`]).
 //!
 //! [`PgStore`] implements all three traits on a connection pool. Callers depend on the traits,
 //! so a test about the caller (the scheduler's loop) can use the `mockall` doubles behind the
@@ -44,11 +46,13 @@
 
 pub mod catalog;
 mod cursor;
+pub mod autopause;
 mod error;
 pub mod ledger;
 mod options;
 pub mod outbox;
 pub mod routines;
+pub mod status;
 
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
@@ -58,6 +62,9 @@ pub use catalog::{
     ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
 };
 pub use cursor::{FireCursor, ParseFireCursorError};
+#[cfg(feature = "mock")]
+pub use autopause::MockFailingRoutines;
+pub use autopause::{AutoPaused, FailingRoutines};
 pub use error::StoreError;
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;
@@ -73,6 +80,7 @@ pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
 #[cfg(feature = "mock")]
 pub use routines::MockRoutineStore;
 pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
+pub use status::{FailedFire, LastFire, OpenClaims, RoutineSummary, StatusReader};
 
 /// The schema's migrations, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
@@ -113,6 +121,28 @@ impl PgStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_with(options.apply(connect))
             .await?;
+        Ok(PgStore { pool })
+    }
+
+    /// A pool like [`PgStore::connect`]'s that connects on first use instead of now, so a
+    /// process can start while the database is down; statements fail until it answers, and
+    /// the pool reconnects by itself. Fails only when `url` cannot be parsed.
+    pub fn connect_lazy(url: &str) -> Result<Self, StoreError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(std::time::Duration::from_secs(5))
+            .connect_lazy(url)?;
+        Ok(PgStore { pool })
+    }
+
+    /// [`PgStore::connect_lazy`] with [`StoreOptions`]: the pool connects on first use, and
+    /// every connection it opens gets the options' timeouts.
+    pub fn connect_lazy_with(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
+        let connect: PgConnectOptions = url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_lazy_with(options.apply(connect));
         Ok(PgStore { pool })
     }
 

@@ -98,6 +98,9 @@ pub struct Routine {
     pub misfire_policy: String,
     /// Whether it is paused.
     pub paused: bool,
+    /// Why cm paused it by itself (its last fires all failed); `None` when it runs or a person
+    /// paused it.
+    pub paused_reason: Option<String>,
     /// Its next occurrence; `None` while paused or when the schedule has no more.
     pub next_run_at: Option<DateTime<Utc>>,
     /// When a tick last claimed occurrences of it.
@@ -276,7 +279,8 @@ impl RoutineStore for PgStore {
             routine.parsed_schedule()?.next_after(now)
         };
         let row = sqlx::query_as::<_, Routine>(
-            "UPDATE routines SET paused = $2, next_run_at = $3, updated_at = now()
+            "UPDATE routines
+             SET paused = $2, next_run_at = $3, paused_reason = NULL, updated_at = now()
              WHERE id = $1 RETURNING *",
         )
         .bind(id)

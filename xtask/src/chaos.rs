@@ -36,9 +36,9 @@ use uuid::Uuid;
 
 use crate::database_url;
 
-const USAGE: &str = "usage: cargo xtask chaos [--database-url URL] [--routines N] [--processes N]
-                          [--duration SECONDS] [--seed N] [--db-restarts N]
-                          [--pg-cluster VERSION/NAME] [--keep]";
+const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-url URL] [--routines N]
+                          [--processes N] [--duration SECONDS] [--seed N] [--db-restarts N]
+                          [--terminate-backends N] [--pg-cluster VERSION/NAME] [--keep]";
 
 /// The server the chaos database is created on. Not `DATABASE_URL`: `.cargo/config.toml` sets
 /// that for every process cargo runs, so it would silently win over what the user meant.
@@ -83,6 +83,7 @@ struct Options {
     duration: Duration,
     seed: u64,
     db_restarts: u32,
+    terminate_backends: u32,
     pg_cluster: Option<String>,
     keep: bool,
 }
@@ -96,8 +97,22 @@ impl Options {
             duration: Duration::from_secs(60),
             seed,
             db_restarts: 1,
+            terminate_backends: 2,
             pg_cluster: None,
             keep: false,
+        }
+    }
+
+    /// `--short`, the run CI makes on every change: under two minutes in all, with every kind
+    /// of fault (SIGKILLs, one PostgreSQL restart, the schedulers' connections terminated).
+    fn short(self) -> Self {
+        Options {
+            routines: 10,
+            processes: 3,
+            duration: Duration::from_secs(40),
+            db_restarts: 1,
+            terminate_backends: 2,
+            ..self
         }
     }
 }
@@ -127,6 +142,10 @@ fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<Option<Optio
             }
             "--seed" => options.seed = number(flag, value(&mut it, flag)?)?,
             "--db-restarts" => options.db_restarts = number(flag, value(&mut it, flag)?)?,
+            "--terminate-backends" => {
+                options.terminate_backends = number(flag, value(&mut it, flag)?)?;
+            }
+            "--short" => options = options.short(),
             "--pg-cluster" => options.pg_cluster = Some(value(&mut it, flag)?.to_string()),
             "--keep" => options.keep = true,
             "-h" | "--help" => return Ok(None),
@@ -204,6 +223,27 @@ fn plan_db_restarts(rng: &mut Rng, duration: Duration, count: u32) -> Vec<(Durat
             (at, mode)
         })
         .collect()
+}
+
+/// When, after the start of the chaos, the schedulers' connections are terminated: spread
+/// evenly, at a quarter and three quarters of the run for two.
+fn plan_terminations(duration: Duration, count: u32) -> Vec<Duration> {
+    (0..count)
+        .map(|i| duration * (2 * i + 1) / (2 * count))
+        .collect()
+}
+
+/// `pg_terminate_backend` on every other connection to the chaos database (the schedulers',
+/// and this run's own idle ones, which its pool replaces): what a failover or an operator's
+/// kill looks like to a client. Returns how many were cut.
+async fn terminate_backends(pool: &PgPool) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+         FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(pool)
+    .await?)
 }
 
 /// When the next kill happens after `from`, and whether it is aimed. Half of the kills are aimed
@@ -783,6 +823,7 @@ struct Report {
     aimed_kills: u32,
     same_id_restarts: u32,
     db_restarts: Vec<(RestartMode, Duration)>,
+    backends_terminated: Vec<i64>,
     died_on_their_own: Vec<String>,
     drained_in: Option<Duration>,
     terminations: Vec<Termination>,
@@ -991,6 +1032,8 @@ fn exercise(
     let chaos_end = chaos_start + options.duration;
     let restarts = plan_db_restarts(&mut rng, options.duration, options.db_restarts);
     let mut next_restart = 0;
+    let terminations = plan_terminations(options.duration, options.terminate_backends);
+    let mut next_termination = 0;
     let (mut kill_at, mut aimed) = next_kill(&mut rng, chaos_start);
     let say = |what: String| {
         eprintln!("chaos: {:6.2}s {what}", chaos_start.elapsed().as_secs_f64());
@@ -1007,8 +1050,8 @@ fn exercise(
         if let (Some(cluster), Some((at, mode))) = (cluster, restarts.get(next_restart))
             && now >= chaos_start + *at
         {
-            // A scheduler that is still connecting when the server goes away exits 1 (it cannot
-            // start without a database); leave the newest one time to connect first.
+            // Leave the newest scheduler time to connect first, so the outage hits schedulers
+            // that are running (one still starting waits for the database by itself).
             if let Some(spawned) = fleet.last_spawn {
                 std::thread::sleep(
                     (spawned + Duration::from_millis(1500)).saturating_duration_since(now),
@@ -1022,6 +1065,17 @@ fn exercise(
             // The same reason the other way round: no process starts until the server is back
             // and settled.
             kill_at = kill_at.max(Instant::now() + Duration::from_secs(1));
+            continue;
+        }
+        if let Some(at) = terminations.get(next_termination)
+            && now >= chaos_start + *at
+        {
+            let cut = rt.block_on(terminate_backends(&pool))?;
+            say(format!(
+                "pg_terminate_backend cut {cut} connections to the chaos database"
+            ));
+            report.backends_terminated.push(cut);
+            next_termination += 1;
             continue;
         }
         if now >= kill_at {
@@ -1040,6 +1094,9 @@ fn exercise(
         }
         let mut wake = kill_at.min(chaos_end);
         if let Some((at, _)) = restarts.get(next_restart) {
+            wake = wake.min(chaos_start + *at);
+        }
+        if let Some(at) = terminations.get(next_termination) {
             wake = wake.min(chaos_start + *at);
         }
         // Short naps, so a scheduler that dies on its own is noticed and replaced quickly.
@@ -1118,12 +1175,13 @@ fn print_summary(
     println!("chaos summary");
     println!("  seed             {}", options.seed);
     println!(
-        "  command          cargo xtask chaos --seed {} --routines {} --processes {} --duration {} --db-restarts {}",
+        "  command          cargo xtask chaos --seed {} --routines {} --processes {} --duration {} --db-restarts {} --terminate-backends {}",
         options.seed,
         options.routines,
         options.processes,
         options.duration.as_secs(),
-        options.db_restarts
+        options.db_restarts,
+        options.terminate_backends
     );
     println!(
         "  database         {db_name} ({})",
@@ -1141,6 +1199,11 @@ fn print_summary(
         } else {
             format!(" ({outages})")
         }
+    );
+    println!(
+        "  backends cut     {} pg_terminate_backend passes ({} connections)",
+        report.backends_terminated.len(),
+        report.backends_terminated.iter().sum::<i64>()
     );
     println!(
         "  occurrences      {} owed over {} routines; {} ledger rows",
@@ -1233,6 +1296,8 @@ mod tests {
                 "42",
                 "--db-restarts",
                 "2",
+                "--terminate-backends",
+                "3",
                 "--pg-cluster",
                 "15/main",
                 "--keep",
@@ -1250,9 +1315,32 @@ mod tests {
                 duration: Duration::from_secs(30),
                 seed: 42,
                 db_restarts: 2,
+                terminate_backends: 3,
                 pg_cluster: Some("15/main".into()),
                 keep: true,
             }
+        );
+    }
+
+    #[test]
+    fn short_is_a_small_run_with_every_fault_that_later_flags_adjust() {
+        let options = parse_args(&args(&["--short", "--db-restarts", "0"]), 7)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            options,
+            Options {
+                routines: 10,
+                duration: Duration::from_secs(40),
+                db_restarts: 0,
+                ..Options::defaults(7)
+            }
+        );
+        let short = Options::defaults(7).short();
+        assert_eq!((short.db_restarts, short.terminate_backends), (1, 2));
+        assert_eq!(
+            plan_terminations(short.duration, 2),
+            [Duration::from_secs(10), Duration::from_secs(30)]
         );
     }
 

@@ -8,10 +8,11 @@
 //!   [--duration SECONDS] [--database-url URL]`: fires per second and lateness beside the raw
 //!   cost of the same SQL, in a fresh database it drops afterwards (`docs/BENCHMARKS.md`). Run
 //!   it built in release: `cargo run --release -p xtask -- bench`.
-//! - `chaos [--routines N] [--processes N] [--duration SECONDS] [--seed N] [--db-restarts N]
-//!   [--keep] [--database-url URL]`: scheduler processes killed with SIGKILL at random and
-//!   PostgreSQL restarted under them, then a ledger check that nothing was lost or doubled
-//!   (`docs/CHAOS.md`).
+//! - `chaos [--short] [--routines N] [--processes N] [--duration SECONDS] [--seed N]
+//!   [--db-restarts N] [--terminate-backends N] [--keep] [--database-url URL]`: scheduler
+//!   processes killed with SIGKILL at random, PostgreSQL restarted and their connections
+//!   terminated under them, then a ledger check that nothing was lost or doubled
+//!   (`docs/CHAOS.md`; `--short` is CI's run, under two minutes).
 //!
 //! The tidy checks (the domain is pure, every source file says what it is for) are ordinary
 //! tests in this crate, so `cargo test --workspace` runs them.

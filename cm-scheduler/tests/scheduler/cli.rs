@@ -351,6 +351,13 @@ async fn bad_input_exits_2_with_one_line_and_writes_nothing() {
         (argv(&["run", "--lease", "2s", "--dispatch-timeout", "2s"]), "lease"),
         (argv(&["run", "--lease", "0s"]), "lease"),
         (argv(&["run", "--tick-interval", "soon"]), "soon"),
+        // The status page on a non-loopback address needs a token, from a readable file.
+        (argv(&["run", "--listen", "0.0.0.0:0"]), "--http-token-file"),
+        (
+            argv(&["run", "--listen", "0.0.0.0:0", "--http-token-file", "/nonexistent/token"]),
+            "/nonexistent/token",
+        ),
+        (argv(&["run", "--listen", "127.0.0.1:0", "--http-token-file", "/dev/null"]), "empty"),
     ];
     for (args, fragment) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

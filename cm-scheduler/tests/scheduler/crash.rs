@@ -276,17 +276,8 @@ impl Drop for SchedulerProcess {
 }
 
 /// Polls `probe` every 50 ms until it answers, for at most `PATIENCE`.
-pub(crate) async fn eventually<T>(mut probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(found) = probe().await {
-            return Some(found);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+pub(crate) async fn eventually<T>(probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    crate::support::eventually_within(PATIENCE, probe).await
 }
 
 /// Waits until scheduler A, started while the test holds the outbox lock, holds a claim and its

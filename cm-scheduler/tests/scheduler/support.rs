@@ -74,3 +74,20 @@ impl Drop for TestDb {
         drop_database(&self.name);
     }
 }
+
+/// Polls `probe` every 50 ms until it answers, for at most `patience`.
+pub async fn eventually_within<T>(
+    patience: std::time::Duration,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        if let Some(found) = probe().await {
+            return Some(found);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,122 @@
+//! Failing routines stop themselves, through the real loop against the real database: a
+//! routine whose last N fires all failed is paused with the reason kept, a healthy one beside
+//! it keeps running, and a resumed routine starts with a clean record.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
+use cm_domain::{Lease, MisfirePolicy, Schedule, SchedulerConfig};
+use cm_scheduler::Scheduler;
+use cm_store::{
+    FailingRoutines, FireFilter, FireLedger, NewRoutine, PgStore, RoutineKind, RoutineStore,
+};
+use serde_json::json;
+use sqlx::PgPool;
+
+const AFTER: u32 = 3;
+
+fn every_second(name: &str, kind: RoutineKind) -> NewRoutine {
+    NewRoutine {
+        name: name.into(),
+        schedule: Schedule::parse("* * * * * *", "UTC").unwrap(),
+        kind,
+        payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
+        misfire: MisfirePolicy::FireOnce,
+        paused: false,
+    }
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_routine_whose_last_fires_all_failed_is_paused_with_its_reason(pool: PgPool) {
+    let store = PgStore::new(pool);
+    // With no mission backend, every occurrence of the mission routine settles failed.
+    let broken = store
+        .create_routine(every_second("broken-mission", RoutineKind::Mission))
+        .await
+        .unwrap();
+    let healthy = store
+        .create_routine(every_second("healthy-message", RoutineKind::Message))
+        .await
+        .unwrap();
+    let config = SchedulerConfig {
+        tick_interval: Duration::from_millis(100),
+        // Maintenance (reaper, pruning, the automatic pause) runs every half lease.
+        lease: Lease::new(Duration::from_secs(1)).unwrap(),
+        dispatch_timeout: Duration::from_millis(500),
+        ..SchedulerConfig::default()
+    };
+    let scheduler = Arc::new(
+        Scheduler::new(
+            Arc::new(store.clone()),
+            Arc::new(RoutedDispatcher::new(
+                Some(Arc::new(MemoryDispatcher::new())),
+                None,
+            )),
+            config,
+            "autopause-test",
+        )
+        .unwrap()
+        .with_auto_pause(Arc::new(store.clone()), AFTER),
+    );
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = scheduler.clone().spawn(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    });
+
+    let mut paused = None;
+    for _ in 0..150 {
+        let routine = store.get_routine(broken.id).await.unwrap();
+        if routine.paused {
+            paused = Some(routine);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send(true).unwrap();
+    let summary = run.await.expect("the loop does not panic");
+    let paused = paused.expect("the failing routine was never paused");
+
+    let reason = paused.paused_reason.clone().unwrap_or_default();
+    assert!(reason.contains("its last 3 fires failed"), "{reason:?}");
+    assert!(
+        reason.contains("no mission backend is configured"),
+        "{reason:?}"
+    );
+    assert_eq!(paused.next_run_at, None);
+    // It was paused on the evidence: its newest fires all failed, at least N of them.
+    let fires = store
+        .list_fires(&FireFilter {
+            routine_id: Some(broken.id),
+            status: None,
+            limit: AFTER,
+        })
+        .await
+        .unwrap();
+    assert_eq!(fires.len(), AFTER as usize);
+    assert!(fires.iter().all(|f| f.status == "failed"), "{fires:?}");
+    // The healthy routine beside it kept running and firing.
+    let healthy = store.get_routine(healthy.id).await.unwrap();
+    assert!(!healthy.paused && healthy.paused_reason.is_none());
+    assert!(summary.fired >= 1, "{summary:?}");
+
+    // Resuming clears the reason, and the failures before it no longer count.
+    let resumed = store.set_routine_paused(broken.id, false).await.unwrap();
+    assert!(
+        !resumed.paused && resumed.paused_reason.is_none(),
+        "{resumed:?}"
+    );
+    let again = store
+        .pause_failing_routines(AFTER, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "{again:?}");
+    // 0 disables the pause.
+    assert!(
+        store
+            .pause_failing_routines(0, Duration::from_secs(3600))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -1,0 +1,429 @@
+//! Operating a running `cm-scheduler run --listen`: health while the database is down at start
+//! and goes away mid-run (through a TCP forwarder the test opens and closes, never stopping the
+//! shared server), and the status page loaded in headless Chromium.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use cm_domain::{MisfirePolicy, Schedule};
+use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::support::{SERVER, TestDb, drop_database, eventually_within};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
+/// How long any awaited state may take to appear.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A `cm-scheduler run --listen` process, killed when dropped; its log goes to a file.
+struct Running {
+    child: Child,
+    log: PathBuf,
+    addr: String,
+}
+
+impl Running {
+    fn start(url: &str, extra: &[&str]) -> Running {
+        // A free port: bound, read, released, then given to the scheduler.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("finding a free port")
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let log = std::env::temp_dir().join(format!("cm-operate-{}.log", Uuid::new_v4().simple()));
+        let file = File::create(&log).expect("creating the log file");
+        let child = Command::new(BIN)
+            .env_remove("DATABASE_URL")
+            .args(["--database-url", url, "run", "--listen", &addr])
+            .args([
+                "--tick-interval",
+                "200ms",
+                "--lease",
+                "4s",
+                "--dispatch-timeout",
+                "2s",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info,sqlx=warn")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("sharing the log file"))
+            .stderr(file)
+            .spawn()
+            .expect("starting cm-scheduler run");
+        Running { child, log, addr }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn assert_alive(&mut self) {
+        let status = self.child.try_wait().expect("polling the scheduler");
+        assert!(
+            status.is_none(),
+            "the scheduler exited ({status:?}); its log:\n{}",
+            self.log()
+        );
+    }
+
+    /// GET `path` over a fresh connection: the status code and body (0 when nothing answers).
+    async fn get(&self, path: &str) -> (u16, String) {
+        let Ok(mut stream) = TcpStream::connect(&self.addr).await else {
+            return (0, String::new());
+        };
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.addr
+        );
+        let mut response = Vec::new();
+        let read = async {
+            stream.write_all(request.as_bytes()).await?;
+            stream.read_to_end(&mut response).await
+        };
+        if tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .is_err()
+        {
+            return (0, String::new());
+        }
+        let text = String::from_utf8_lossy(&response);
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (code, body)
+    }
+
+    /// Waits until `path` answers `code` with a body containing `fragment`; returns the body.
+    async fn await_answer(&self, path: &str, code: u16, fragment: &str) -> String {
+        let mut last = (0, String::new());
+        let found = eventually(async || {
+            last = self.get(path).await;
+            (last.0 == code && last.1.contains(fragment)).then(|| last.1.clone())
+        })
+        .await;
+        found.unwrap_or_else(|| {
+            panic!(
+                "{path} never answered {code} with {fragment:?}; last {last:?}; the log:\n{}",
+                self.log()
+            )
+        })
+    }
+
+    /// SIGTERM, then the exit status within ten seconds.
+    async fn terminate(&mut self) -> Option<ExitStatus> {
+        let sent = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM failed");
+        eventually_within(Duration::from_secs(10), async || {
+            self.child.try_wait().expect("polling the scheduler")
+        })
+        .await
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
+async fn eventually<T>(probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    eventually_within(PATIENCE, probe).await
+}
+
+/// A TCP forwarder to the shared PostgreSQL. Closed, it hangs up on every connection, new and
+/// established, as a database that went away would look to its clients.
+struct Forwarder {
+    port: u16,
+    open: watch::Sender<bool>,
+}
+
+impl Forwarder {
+    async fn start() -> Forwarder {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the forwarder");
+        let port = listener
+            .local_addr()
+            .expect("the forwarder's address")
+            .port();
+        let (open, watching) = watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let mut watching = watching.clone();
+                if !*watching.borrow() {
+                    continue;
+                }
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect("127.0.0.1:5432").await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = watching.wait_for(|open| !*open) => {}
+                    }
+                });
+            }
+        });
+        Forwarder { port, open }
+    }
+
+    fn set_open(&self, open: bool) {
+        self.open.send_replace(open);
+    }
+}
+
+/// Drops a database this test created by other means than `TestDb`.
+struct DropOnExit(String);
+
+impl Drop for DropOnExit {
+    fn drop(&mut self) {
+        drop_database(&self.0);
+    }
+}
+
+async fn fired_count(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE status = 'fired'")
+        .fetch_one(pool)
+        .await
+        .unwrap_or(0)
+}
+
+fn every_second(name: &str, kind: RoutineKind, zone: &str) -> NewRoutine {
+    NewRoutine {
+        name: name.into(),
+        schedule: Schedule::parse("* * * * * *", zone).unwrap(),
+        kind,
+        payload: match kind {
+            RoutineKind::Message => json!({ "text": "payload text not to show" }),
+            RoutineKind::Mission => json!({ "repository": "https://git.example.com/hidden.git" }),
+        },
+        misfire: MisfirePolicy::FireOnce,
+        paused: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_waits_for_the_database_at_start_and_mid_run() {
+    let forwarder = Forwarder::start().await;
+    let name = format!("cm_test_{}", Uuid::new_v4().simple());
+    let _cleanup = DropOnExit(name.clone());
+    // The database does not exist yet either: the scheduler creates and migrates it once the
+    // server answers.
+    let url = format!("postgres://postgres@127.0.0.1:{}/{name}", forwarder.port);
+    let mut scheduler = Running::start(&url, &[]);
+
+    // Down at start: alive, unready with the reason, retrying.
+    scheduler.await_answer("/livez", 200, "ok").await;
+    scheduler
+        .await_answer("/readyz", 503, "waiting for the database")
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    scheduler.assert_alive();
+    scheduler
+        .await_answer("/readyz", 503, "waiting for the database")
+        .await;
+    let log = scheduler.log();
+    assert!(
+        log.contains("the database does not answer yet; retrying"),
+        "{log}"
+    );
+    assert!(log.contains("retry_in"), "the log shows no backoff: {log}");
+
+    // The database answers: migrated, ready, firing.
+    forwarder.set_open(true);
+    scheduler.await_answer("/readyz", 200, "ready").await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&format!("{SERVER}/{name}"))
+        .await
+        .expect("the scheduler created the database");
+    let store = PgStore::new(pool.clone());
+    store
+        .create_routine(every_second("heartbeat", RoutineKind::Message, "UTC"))
+        .await
+        .unwrap();
+    let before = eventually(async || {
+        let n = fired_count(&pool).await;
+        (n > 0).then_some(n)
+    })
+    .await
+    .expect("no fire after the database came up");
+
+    // It goes away mid-run: ticks fail and are counted, unready with the reason, still alive.
+    forwarder.set_open(false);
+    scheduler
+        .await_answer("/readyz", 503, "the database does not answer")
+        .await;
+    scheduler
+        .await_answer("/metrics", 200, "cm_tick_errors_total ")
+        .await;
+    let errors = eventually(async || {
+        let (_, metrics) = scheduler.get("/metrics").await;
+        let errors: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("cm_tick_errors_total "))
+            .and_then(|v| v.trim().parse().ok())?;
+        (errors > 0).then_some(errors)
+    })
+    .await;
+    assert!(
+        errors.is_some(),
+        "failed ticks were not counted; log:\n{}",
+        scheduler.log()
+    );
+    scheduler.assert_alive();
+
+    // Back again: ready and firing by itself.
+    forwarder.set_open(true);
+    scheduler.await_answer("/readyz", 200, "ready").await;
+    let after = eventually(async || {
+        let n = fired_count(&pool).await;
+        (n > before + 1).then_some(n)
+    })
+    .await;
+    assert!(
+        after.is_some(),
+        "no fire after the database came back; log:\n{}",
+        scheduler.log()
+    );
+
+    let status = scheduler.terminate().await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}; log:\n{}",
+        scheduler.log()
+    );
+    pool.close().await;
+}
+
+/// Runs headless Chromium on `args` and returns what it printed.
+fn chromium(profile: &std::path::Path, args: &[&str]) -> String {
+    let browser = std::env::var("CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let output = Command::new(&browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {browser} ({e}): install it (apt-get install -y chromium) or set CHROMIUM")
+        });
+    assert!(
+        output.status.success(),
+        "{browser} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_in_a_real_browser() {
+    let db = TestDb::new().await;
+    let store = PgStore::new(db.pool.clone());
+    let digest = store
+        .create_routine(every_second("digest", RoutineKind::Message, "Asia/Tokyo"))
+        .await
+        .unwrap();
+    let audit = store
+        .create_routine(every_second("audit", RoutineKind::Mission, "UTC"))
+        .await
+        .unwrap();
+    let scheduler = Running::start(&db.url, &["--pause-after-failures", "0"]);
+    // Both kinds of outcome are in the ledger before the browser looks.
+    let settled = eventually(async || {
+        let (fired, failed): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'fired'), count(*) FILTER (WHERE status = 'failed')
+             FROM routine_fires",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .ok()?;
+        (fired > 0 && failed > 0).then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "no fires; log:\n{}", scheduler.log());
+
+    let profile = std::env::temp_dir().join(format!("cm-chromium-{}", Uuid::new_v4().simple()));
+    let base = format!("http://{}", scheduler.addr);
+    let index = chromium(&profile, &["--dump-dom", &format!("{base}/")]);
+    for shown in [
+        "<table id=\"routines\">",
+        &format!("<a href=\"/routines/{}\">digest</a>", digest.id),
+        ">audit</a>",
+        "Asia/Tokyo",
+        " JST</td>",
+        "<span class=\"fired\">fired</span>",
+        "<span class=\"failed\">failed</span>",
+        "no mission backend is configured",
+        "In flight (this / all)",
+        "Last good tick",
+    ] {
+        assert!(
+            index.contains(shown),
+            "{shown:?} missing from the DOM:\n{index}"
+        );
+    }
+    let page = chromium(
+        &profile,
+        &["--dump-dom", &format!("{base}/routines/{}", audit.id)],
+    );
+    for shown in [
+        "<h1>audit</h1>",
+        "<table id=\"next-runs\">",
+        "<table id=\"fires\">",
+        "contents not shown",
+    ] {
+        assert!(
+            page.contains(shown),
+            "{shown:?} missing from the routine's DOM:\n{page}"
+        );
+    }
+    for dom in [&index, &page] {
+        assert!(
+            !dom.contains("hidden.git") && !dom.contains("payload text"),
+            "a payload shows:\n{dom}"
+        );
+    }
+    // A phone-sized screenshot of the page, kept where CM_STATUS_SCREENSHOT says (the docs'
+    // picture is made this way), else checked and thrown away.
+    let shot = std::env::var("CM_STATUS_SCREENSHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| profile.join("status.png"));
+    let size = std::env::var("CM_STATUS_SCREENSHOT_SIZE").unwrap_or_else(|_| "390,844".into());
+    chromium(
+        &profile,
+        &[
+            &format!("--screenshot={}", shot.display()),
+            &format!("--window-size={size}"),
+            &format!("{base}/"),
+        ],
+    );
+    let png = std::fs::read(&shot).expect("the screenshot was written");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    let _ = std::fs::remove_dir_all(&profile);
+}

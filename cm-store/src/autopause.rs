@@ -1,0 +1,83 @@
+//! Routines that stop themselves: one whose last N fires all failed is paused, with the reason
+//! kept in `routines.paused_reason` until it is resumed.
+
+use async_trait::async_trait;
+use sqlx::FromRow;
+use std::time::Duration;
+use uuid::Uuid;
+
+use crate::{PgStore, StoreError};
+
+/// A routine the store paused because its last fires all failed.
+#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+pub struct AutoPaused {
+    /// The routine.
+    pub id: Uuid,
+    /// Its name.
+    pub name: String,
+    /// The reason kept on it.
+    pub reason: String,
+}
+
+/// Pausing routines whose last fires all failed.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait FailingRoutines: Send + Sync {
+    /// Pauses every running routine whose newest `after_failures` fires (claimed since it was
+    /// created or last resumed) all settled `failed`, keeping the reason and the latest error.
+    /// Only routines with a failure settled within `window` are examined, so a pass stays
+    /// bounded however many routines exist. Returns the routines it paused.
+    async fn pause_failing_routines(
+        &self,
+        after_failures: u32,
+        window: Duration,
+    ) -> Result<Vec<AutoPaused>, StoreError>;
+}
+
+#[async_trait]
+impl FailingRoutines for PgStore {
+    async fn pause_failing_routines(
+        &self,
+        after_failures: u32,
+        window: Duration,
+    ) -> Result<Vec<AutoPaused>, StoreError> {
+        if after_failures == 0 {
+            return Ok(Vec::new());
+        }
+        // `updated_at` moves on pause and resume (never on a claim), so a resumed routine
+        // starts with a clean record. A routine a tick holds locked is skipped this pass.
+        Ok(sqlx::query_as(
+            "WITH recent AS (
+                 SELECT DISTINCT routine_id FROM routine_fires
+                 WHERE status = 'failed' AND completed_at > now() - make_interval(secs => $2)
+             ),
+             failing AS (
+                 SELECT r.id, last.error
+                 FROM routines r
+                 JOIN recent ON recent.routine_id = r.id
+                 CROSS JOIN LATERAL (
+                     SELECT count(*) AS fires,
+                            count(*) FILTER (WHERE f.status = 'failed') AS failed,
+                            (array_agg(f.error ORDER BY f.scheduled_at DESC))[1] AS error
+                     FROM (SELECT status, error, scheduled_at FROM routine_fires
+                           WHERE routine_id = r.id AND claimed_at >= r.updated_at
+                           ORDER BY scheduled_at DESC
+                           LIMIT $1) f
+                 ) last
+                 WHERE NOT r.paused AND last.fires = $1 AND last.failed = $1
+                 FOR UPDATE OF r SKIP LOCKED
+             )
+             UPDATE routines r
+             SET paused = true, next_run_at = NULL, updated_at = now(),
+                 paused_reason = left(format('paused by cm: its last %s fires failed; the latest: %s',
+                                             $1, failing.error), 1000)
+             FROM failing
+             WHERE r.id = failing.id AND NOT r.paused
+             RETURNING r.id, r.name, r.paused_reason AS reason",
+        )
+        .bind(i64::from(after_failures))
+        .bind(window.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}

@@ -16,13 +16,19 @@
 //! | [`OutboxDispatcher`] | message | a row in `outbox_messages` keyed by the occurrence; a second insert is a no-op. The default. |
 //! | [`MemoryDispatcher`] | any | an in-memory fake for tests: records every effect, deduplicated by key |
 //! | [`RoutedDispatcher`] | both | sends message routines to one backend and mission routines to another |
+//! | `WebhookDispatcher` (feature `webhook`) | message | an HTTP POST signed per Standard Webhooks 1.0; `webhook-id` is the key; a 409 answer is a duplicate |
+//! | `NatsDispatcher` (feature `nats`) | message | a JetStream publish with `Nats-Msg-Id` set to the key, so the stream drops a duplicate |
 //!
 //! [`conformance::check_backend`] is the suite every backend passes.
 
 pub mod conformance;
 mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;
 mod outbox;
 mod routed;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
 use std::time::Instant;
 
@@ -32,8 +38,12 @@ use cm_store::RoutineKind;
 use serde_json::Value;
 
 pub use memory::MemoryDispatcher;
+#[cfg(feature = "nats")]
+pub use nats::NatsDispatcher;
 pub use outbox::OutboxDispatcher;
 pub use routed::RoutedDispatcher;
+#[cfg(feature = "webhook")]
+pub use webhook::WebhookDispatcher;
 
 /// One attempt at one occurrence.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +84,21 @@ impl Dispatch {
             attempt,
             deadline,
         }
+    }
+
+    /// What a message backend sends about this dispatch: the routine, the occurrence (RFC 3339
+    /// UTC), the attempt and the payload. The webhook body's `data` and the NATS message body.
+    pub fn message_data(&self) -> Value {
+        serde_json::json!({
+            "routine_id": self.occurrence.routine_id,
+            "routine_name": self.routine_name,
+            "scheduled_at": self
+                .occurrence
+                .scheduled_at
+                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            "attempt": self.attempt,
+            "payload": self.payload,
+        })
     }
 }
 

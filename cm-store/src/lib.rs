@@ -7,8 +7,10 @@
 //! - [`ledger`]: the occurrence ledger, `routine_fires`: the tick's claim, settling, the reaper
 //!   and listing fires ([`FireLedger`]).
 //! - [`outbox`]: the message outbox ([`OutboxStore`]).
+//! - [`consumer`]: the outbox's consumer contract: leased batches in `seq` order,
+//!   acknowledgement, the backlog, pruning ([`OutboxConsumer`]).
 //!
-//! [`PgStore`] implements all three traits on a connection pool. Callers depend on the traits,
+//! [`PgStore`] implements all four traits on a connection pool. Callers depend on the traits,
 //! so a test about the caller (the scheduler's loop) can use the `mockall` doubles behind the
 //! `mock` feature instead of a database.
 //!
@@ -41,6 +43,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod consumer;
 mod error;
 pub mod ledger;
 pub mod outbox;
@@ -50,6 +53,9 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 
+#[cfg(feature = "mock")]
+pub use consumer::MockOutboxConsumer;
+pub use consumer::{OutboxBacklog, OutboxConsumer, OutboxDelivery, OutboxPending, OutboxTake};
 pub use error::StoreError;
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;

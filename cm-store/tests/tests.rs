@@ -57,3 +57,8 @@ mod outbox;
 // Occurrences asked for by hand (trigger, backfill) go through the same ledger.
 #[path = "store/requests.rs"]
 mod requests;
+
+// The outbox's consumer contract: leased batches in `seq` order shared by several consumers, a
+// crashed consumer's batch taken again, acknowledgement, the backlog, pruning.
+#[path = "store/consumer.rs"]
+mod consumer;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use cm_dispatch::{OutboxDispatcher, RoutedDispatcher};
+use cm_dispatch::RoutedDispatcher;
 use cm_domain::{FireCap, FireStatus, Lease, MisfirePolicy, Schedule, SchedulerConfig, Zone};
 use cm_scheduler::Scheduler;
 use cm_scheduler::http::{Health, Readiness};
@@ -16,6 +16,9 @@ use cm_store::{
     FireFilter, FireLedger, NewRoutine, PgStore, Routine, RoutineKind, RoutineStore, StoreError,
 };
 use uuid::Uuid;
+
+mod backends;
+mod outbox;
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/cm";
 
@@ -57,6 +60,8 @@ enum Command {
     /// Schedule arithmetic, without a database.
     #[command(subcommand)]
     Schedule(ScheduleCommand),
+    /// Shows the message outbox: what consumers have not acknowledged yet.
+    Outbox(outbox::OutboxArgs),
 }
 
 #[derive(Debug, Args)]
@@ -94,9 +99,8 @@ struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
-    /// Where message routines go.
-    #[arg(long, value_enum, default_value_t = MessageBackend::Outbox)]
-    message_backend: MessageBackend,
+    #[command(flatten)]
+    messages: backends::MessageArgs,
     /// Where mission routines go (none: their occurrences settle failed with that reason).
     #[arg(long, value_enum, default_value_t = MissionBackend::None)]
     mission_backend: MissionBackend,
@@ -109,12 +113,6 @@ struct RunArgs {
 enum LogFormat {
     Human,
     Json,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum MessageBackend {
-    /// Rows in the database's outbox_messages table.
-    Outbox,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -337,6 +335,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Run(args) => run(&cli.database_url, args).await,
+        Command::Outbox(args) => outbox::show(&cli.database_url, args).await,
         Command::Routine(command) => routine(&cli.database_url, command).await,
         Command::Fires {
             routine,
@@ -629,6 +628,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     }
     .validate()
     .map_err(|e| input(e.to_string()))?;
+    let messages = args.messages.plan(&config)?;
     let listener = match args.listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -642,9 +642,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     if !args.no_migrate {
         store.migrate().await.context("applying migrations")?;
     }
-    let message: Arc<dyn cm_dispatch::Dispatcher> = match args.message_backend {
-        MessageBackend::Outbox => Arc::new(OutboxDispatcher::new(store.clone())),
-    };
+    let message = messages.build(&store).await?;
     let mission: Option<Arc<dyn cm_dispatch::Dispatcher>> = match args.mission_backend {
         MissionBackend::None => None,
     };
@@ -658,7 +656,8 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             config.clone(),
             instance_id,
         )
-        .map_err(|e| input(e.to_string()))?,
+        .map_err(|e| input(e.to_string()))?
+        .with_outbox_pruning(Arc::new(store.clone())),
     );
 
     if let Some(listener) = listener {

@@ -8,7 +8,9 @@ use cm_dispatch::{Dispatch, Dispatcher};
 use cm_domain::{
     ClaimAction, ClaimOutcome, ConfigError, ErrorText, MisfireRules, SchedulerConfig, Settlement,
 };
-use cm_store::{ClaimDueParams, ClaimedFire, FireLedger, ReapParams, StoreError, TickClaim};
+use cm_store::{
+    ClaimDueParams, ClaimedFire, FireLedger, OutboxConsumer, ReapParams, StoreError, TickClaim,
+};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
@@ -68,6 +70,7 @@ pub struct Scheduler {
     config: SchedulerConfig,
     instance_id: String,
     stats: Arc<Stats>,
+    outbox: Option<Arc<dyn OutboxConsumer>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -99,7 +102,15 @@ impl Scheduler {
             config: config.validate()?,
             instance_id: instance_id.into(),
             stats: Arc::new(Stats::default()),
+            outbox: None,
         })
+    }
+
+    /// The same scheduler, also pruning outbox messages acknowledged longer than the retention
+    /// ago in its prune pass.
+    pub fn with_outbox_pruning(mut self, outbox: Arc<dyn OutboxConsumer>) -> Self {
+        self.outbox = Some(outbox);
+        self
     }
 
     /// The instance id written on this scheduler's claims.
@@ -264,6 +275,14 @@ impl Scheduler {
     /// Deletes settled fires older than the retention, a bounded batch per pass so a large
     /// backlog of old rows never makes one pass long. Returns whether the pass succeeded.
     async fn prune(&self) -> bool {
+        if let Some(outbox) = &self.outbox
+            && let Err(e) = outbox.outbox_prune_acked(self.config.retention, 1000).await
+        {
+            error!(error = %e, "pruning acknowledged outbox messages failed");
+            self.stats
+                .tick_failed(format!("pruning the outbox failed: {e}"));
+            return false;
+        }
         match self.ledger.prune_settled(self.config.retention, 1000).await {
             Ok(pruned) => {
                 add(&self.stats.pruned, pruned);

@@ -4,6 +4,7 @@
 //! - `exactly_once`: several schedulers racing on one real database.
 //! - `crash`: whole `cm-scheduler` processes killed between claim and settle.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
+//! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
 //! - `support`: the database server and clean-up the whole-process tests share.
 
 #[path = "scheduler/support.rs"]
@@ -17,3 +18,5 @@ mod crash;
 mod exactly_once;
 #[path = "scheduler/mock_loop.rs"]
 mod mock_loop;
+#[path = "scheduler/slow_target.rs"]
+mod slow_target;

@@ -96,9 +96,12 @@ pub trait OutboxConsumer: Send + Sync {
     async fn outbox_backlog(&self, limit: u32) -> Result<OutboxBacklog, StoreError>;
 
     /// Deletes at most `limit` messages acknowledged longer than `retention` ago. Returns how
-    /// many.
+    /// many. A pass that finds the table locked for more than a second deletes nothing.
     async fn outbox_prune_acked(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
 }
+
+/// How long a prune pass waits for a lock on the outbox before it gives up for this pass.
+const PRUNE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
 
 #[async_trait]
 impl OutboxConsumer for PgStore {
@@ -171,8 +174,12 @@ impl OutboxConsumer for PgStore {
 
     async fn outbox_prune_acked(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
         // Like the ledger's pruning: a row is also what makes a retried dispatch write nothing,
-        // so only rows of occurrences older than the retention go.
-        Ok(sqlx::query(
+        // so only rows of occurrences older than the retention go. Pruning is housekeeping run
+        // inside the scheduler's loop: if something holds the table locked, this pass waits at
+        // most PRUNE_LOCK_TIMEOUT and prunes nothing, leaving the rows to the next pass.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(PRUNE_LOCK_TIMEOUT).execute(&mut *tx).await?;
+        let deleted = sqlx::query(
             "DELETE FROM outbox_messages
              WHERE seq IN (SELECT seq FROM outbox_messages
                            WHERE acked_at IS NOT NULL
@@ -184,8 +191,18 @@ impl OutboxConsumer for PgStore {
         )
         .bind(retention.as_secs_f64())
         .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await?
-        .rows_affected())
+        .execute(&mut *tx)
+        .await;
+        match deleted {
+            Ok(done) => {
+                tx.commit().await?;
+                Ok(done.rows_affected())
+            }
+            // lock_not_available: the table is locked; nothing pruned this pass.
+            Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03") => {
+                Ok(0)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }

@@ -1,8 +1,30 @@
 //! The conformance suite every backend passes, fakes included.
 //!
-//! One function, [`check_backend`], drives a backend through the cases the scheduler relies on
-//! and asks an [`EffectProbe`] (which reads the backend's target: a table, a fake's memory, a
-//! fake HTTP server's log) how many effects each occurrence produced.
+//! One function, [`check_backend`], drives a backend through the cases the scheduler relies on.
+//! The test harness gives it the backend and an [`EffectProbe`]: the harness's hold on the
+//! backend's target (a table, a fake's memory, an HTTP receiver inside the test, a JetStream
+//! stream). The probe counts the effects each occurrence produced, and makes the target
+//! misbehave on request: stall (never answer) or fail (refuse with a text of the suite's
+//! choosing). The cases:
+//!
+//! 1. the first dispatch of an occurrence produces one effect, with the payload;
+//! 2. the same occurrence dispatched again (attempt 2, after a crash) produces no second effect
+//!    and is reported as a duplicate;
+//! 3. a different occurrence has its own key and its own effect;
+//! 4. against a stalled target, a dispatch returns an error by its deadline, not later
+//!    (within [`DEADLINE_SLACK`]);
+//! 5. a target's refusal is reported as an error carrying the target's text, and the secret the
+//!    backend holds ([`EffectProbe::secret`]) appears nowhere in it;
+//! 6. once the target behaves again, a new occurrence goes through.
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn run(backend: &dyn cm_dispatch::Dispatcher, probe: &dyn cm_dispatch::conformance::EffectProbe) {
+//! use cm_dispatch::conformance::check_backend;
+//! check_backend(backend, probe, cm_store::RoutineKind::Message).await.unwrap();
+//! # }
+//! ```
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +37,14 @@ use uuid::Uuid;
 
 use crate::{Dispatch, Dispatcher};
 
-/// Reads a backend's target to count what dispatches produced.
+/// How late past its deadline a dispatch against a stalled target may return: room for a busy
+/// machine's scheduling, far less than any dispatch timeout.
+pub const DEADLINE_SLACK: Duration = Duration::from_millis(750);
+
+/// How long the suite gives a dispatch against a stalled target.
+const STALL_DEADLINE: Duration = Duration::from_millis(1500);
+
+/// The harness's hold on a backend's target: it counts effects and makes the target misbehave.
 #[async_trait]
 pub trait EffectProbe: Send + Sync {
     /// How many effects the target holds for `key` (0 or 1 for a correct backend).
@@ -23,6 +52,27 @@ pub trait EffectProbe: Send + Sync {
 
     /// The payload the target received for `key`, if it keeps one.
     async fn payload(&self, key: &IdempotencyKey) -> Result<Option<serde_json::Value>, String>;
+
+    /// From now on the target takes dispatches but never answers (a hung server, a held lock).
+    async fn stall(&self) -> Result<(), String>;
+
+    /// From now on the target refuses every dispatch with an error whose text contains
+    /// `reason` (an HTTP 4xx with it in the body, a database error raising it).
+    async fn fail(&self, reason: &str) -> Result<(), String>;
+
+    /// The target behaves again.
+    async fn heal(&self) -> Result<(), String>;
+
+    /// A secret the backend was configured with (a signing key, a password) that must never
+    /// appear in an error; `None` if it holds none.
+    fn secret(&self) -> Option<String>;
+
+    /// Whether this probe can make its target stall and refuse. The deadline and refusal cases
+    /// run only when it can; a target that cannot be made to (a local process runner, which
+    /// has nothing to wait on) skips them, and its own tests cover its failures.
+    fn injects_faults(&self) -> bool {
+        true
+    }
 }
 
 /// Runs the suite against `backend` dispatching routines of `kind`. Returns the first broken
@@ -95,9 +145,127 @@ pub async fn check_backend(
     )
     .await?;
 
+    if second.idempotency_key == first.idempotency_key {
+        return Err("two occurrences of one routine share an idempotency key".into());
+    }
+
     // A key nobody dispatched has no effect.
     let never = Occurrence::new(routine_id, at(59)).idempotency_key();
-    expect_effects(probe, &never, 0, "for an occurrence never dispatched").await
+    expect_effects(probe, &never, 0, "for an occurrence never dispatched").await?;
+
+    if !probe.injects_faults() {
+        return Ok(());
+    }
+    check_deadline(backend, probe, kind, routine_id).await?;
+    check_refusal(backend, probe, kind, routine_id).await?;
+
+    // Healed, the target takes a new occurrence again.
+    probe.heal().await?;
+    let after = dispatch(3, 1, json!({ "text": "after" }));
+    let after = Dispatch {
+        deadline: Instant::now() + Duration::from_secs(10),
+        ..after
+    };
+    backend
+        .dispatch(&after)
+        .await
+        .map_err(|e| format!("a dispatch after the target healed failed: {e}"))?;
+    expect_effects(probe, &after.idempotency_key, 1, "after the target healed").await
+}
+
+/// Against a stalled target, a dispatch ends with an error by its deadline.
+async fn check_deadline(
+    backend: &dyn Dispatcher,
+    probe: &dyn EffectProbe,
+    kind: RoutineKind,
+    routine_id: Uuid,
+) -> Result<(), String> {
+    probe.stall().await?;
+    let started = Instant::now();
+    let stalled = Dispatch::new(
+        Occurrence::new(
+            routine_id,
+            Utc.with_ymd_and_hms(2026, 3, 29, 2, 0, 0).unwrap(),
+        ),
+        "conformance",
+        kind,
+        json!({ "text": "stalled" }),
+        1,
+        started + STALL_DEADLINE,
+    );
+    // The suite's own bound, so a backend that ignores its deadline fails instead of hanging.
+    let outcome = tokio::time::timeout(
+        STALL_DEADLINE + Duration::from_secs(10),
+        backend.dispatch(&stalled),
+    )
+    .await;
+    let took = started.elapsed();
+    probe.heal().await?;
+    match outcome {
+        Err(_) => Err(format!(
+            "a dispatch to a stalled target was still running {took:?} after it began, \
+             past its {STALL_DEADLINE:?} deadline"
+        )),
+        Ok(Ok(receipt)) => Err(format!(
+            "a dispatch to a stalled target succeeded ({})",
+            receipt.detail
+        )),
+        Ok(Err(_)) if took > STALL_DEADLINE + DEADLINE_SLACK => Err(format!(
+            "a dispatch to a stalled target returned after {took:?}, past its \
+             {STALL_DEADLINE:?} deadline"
+        )),
+        Ok(Err(_)) => {
+            let effects = probe.effects(&stalled.idempotency_key).await?;
+            if effects > 1 {
+                return Err(format!("{effects} effects for a stalled dispatch"));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A target's refusal comes back as an error carrying the target's words and no secret.
+async fn check_refusal(
+    backend: &dyn Dispatcher,
+    probe: &dyn EffectProbe,
+    kind: RoutineKind,
+    routine_id: Uuid,
+) -> Result<(), String> {
+    let reason = format!("conformance refusal {}", Uuid::new_v4().simple());
+    probe.fail(&reason).await?;
+    let refused = Dispatch::new(
+        Occurrence::new(
+            routine_id,
+            Utc.with_ymd_and_hms(2026, 3, 29, 2, 1, 0).unwrap(),
+        ),
+        "conformance",
+        kind,
+        json!({ "text": "refused" }),
+        1,
+        Instant::now() + Duration::from_secs(10),
+    );
+    let outcome = backend.dispatch(&refused).await;
+    probe.heal().await?;
+    let error = match outcome {
+        Ok(receipt) => {
+            return Err(format!(
+                "a dispatch the target refused succeeded ({})",
+                receipt.detail
+            ));
+        }
+        Err(e) => e.to_string(),
+    };
+    if !error.contains(&reason) {
+        return Err(format!(
+            "the error of a refused dispatch does not carry the target's reason {reason:?}: {error}"
+        ));
+    }
+    if let Some(secret) = probe.secret().filter(|s| !s.is_empty())
+        && error.contains(&secret)
+    {
+        return Err("the error of a refused dispatch contains the backend's secret".into());
+    }
+    expect_effects(probe, &refused.idempotency_key, 0, "for a refused dispatch").await
 }
 
 async fn expect_effects(

@@ -18,6 +18,8 @@
 //! | [`RoutedDispatcher`] | both | sends message routines to one backend and mission routines to another |
 //! | [`ProcessDispatcher`] | mission | a local child process per occurrence, guarded by a marker file created with `O_EXCL`; development only |
 //! | `DockerDispatcher` (feature `docker`) | mission | a container named by the key: Docker answers a second create with 409 |
+//! | `WebhookDispatcher` (feature `webhook`) | message | an HTTP POST signed per Standard Webhooks 1.0; `webhook-id` is the key; a 409 answer is a duplicate |
+//! | `NatsDispatcher` (feature `nats`) | message | a JetStream publish with `Nats-Msg-Id` set to the key, so the stream drops a duplicate |
 //!
 //! Mission backends share [`mission::Launch`] (the `CM_*` environment and `cm.*` labels every
 //! mission gets) and [`mission::MissionConfig`] (the operator's image, command and resources).
@@ -34,9 +36,13 @@ pub mod fakes;
 mod memory;
 pub mod mission;
 pub mod mission_conformance;
+#[cfg(feature = "nats")]
+pub mod nats;
 mod outbox;
 mod process;
 mod routed;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
 use std::time::Instant;
 
@@ -48,9 +54,13 @@ use serde_json::Value;
 #[cfg(feature = "docker")]
 pub use docker::{DockerDispatcher, DockerSetupError};
 pub use memory::MemoryDispatcher;
+#[cfg(feature = "nats")]
+pub use nats::NatsDispatcher;
 pub use outbox::OutboxDispatcher;
 pub use process::ProcessDispatcher;
 pub use routed::RoutedDispatcher;
+#[cfg(feature = "webhook")]
+pub use webhook::WebhookDispatcher;
 
 /// One attempt at one occurrence.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,6 +101,21 @@ impl Dispatch {
             attempt,
             deadline,
         }
+    }
+
+    /// What a message backend sends about this dispatch: the routine, the occurrence (RFC 3339
+    /// UTC), the attempt and the payload. The webhook body's `data` and the NATS message body.
+    pub fn message_data(&self) -> Value {
+        serde_json::json!({
+            "routine_id": self.occurrence.routine_id,
+            "routine_name": self.routine_name,
+            "scheduled_at": self
+                .occurrence
+                .scheduled_at
+                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            "attempt": self.attempt,
+            "payload": self.payload,
+        })
     }
 }
 

@@ -24,6 +24,7 @@ struct State {
     calls: Vec<Dispatch>,
     fail_with: Option<String>,
     delay: Duration,
+    stalled: bool,
 }
 
 impl MemoryDispatcher {
@@ -40,6 +41,14 @@ impl MemoryDispatcher {
     /// Makes every later dispatch take `delay` before it answers.
     pub fn set_delay(&self, delay: Duration) {
         self.lock().delay = delay;
+    }
+
+    /// Makes every later dispatch meet a target that never answers (or a healthy one again with
+    /// `false`): the dispatch waits until its deadline and fails there, as a backend that honours
+    /// [`Dispatch::deadline`] does. Unlike [`MemoryDispatcher::set_delay`], which models a
+    /// backend that takes its time whatever the deadline.
+    pub fn stall(&self, stalled: bool) {
+        self.lock().stalled = stalled;
     }
 
     /// The effect produced for `key`, if any.
@@ -66,9 +75,18 @@ impl MemoryDispatcher {
 #[async_trait]
 impl Dispatcher for MemoryDispatcher {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
-        let delay = self.lock().delay;
+        let (delay, stalled) = {
+            let state = self.lock();
+            (state.delay, state.stalled)
+        };
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
+        }
+        if stalled {
+            tokio::time::sleep_until(tokio::time::Instant::from_std(dispatch.deadline)).await;
+            return Err(DispatchError::Unavailable(
+                "the memory target did not answer by the deadline".into(),
+            ));
         }
         let mut state = self.lock();
         state.calls.push(dispatch.clone());

@@ -61,9 +61,19 @@ impl<S: OutboxStore> Dispatcher for OutboxDispatcher<S> {
             attempt: dispatch.attempt,
             payload: dispatch.payload.clone(),
         };
+        // Each insert is abandoned at the deadline (a lock held on the table, a database that
+        // stopped answering); a retry of the occurrence finds the row if it was written after all.
+        let deadline = tokio::time::Instant::from_std(dispatch.deadline);
         let mut backoff = FIRST_BACKOFF;
         loop {
-            match self.store.outbox_insert(&message).await {
+            let inserted = tokio::time::timeout_at(deadline, self.store.outbox_insert(&message))
+                .await
+                .map_err(|_| {
+                    DispatchError::Unavailable(
+                        "the outbox insert did not finish by the dispatch deadline".into(),
+                    )
+                })?;
+            match inserted {
                 Ok(inserted) => {
                     return Ok(Receipt {
                         duplicate: !inserted,

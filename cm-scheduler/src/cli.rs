@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use cm_dispatch::{OutboxDispatcher, RoutedDispatcher};
+use cm_dispatch::RoutedDispatcher;
 use cm_domain::{FireCap, FireStatus, Lease, Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
 use cm_scheduler::http::{BearerToken, HttpState, Readiness};
@@ -25,6 +25,9 @@ use cm_store::{FireCursor, FireFilter, FireLedger, PgStore, StoreError, StoreOpt
 
 use database::connect;
 use routine::RoutineCommand;
+
+mod backends;
+mod outbox;
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/cm";
 
@@ -75,6 +78,8 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
+    /// Shows the message outbox: what consumers have not acknowledged yet.
+    Outbox(outbox::OutboxArgs),
 }
 
 #[derive(Debug, Args)]
@@ -122,12 +127,8 @@ struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
-    /// Where message routines go.
-    #[arg(long, value_enum, default_value_t = MessageBackend::Outbox)]
-    message_backend: MessageBackend,
-    /// How the outbox backend writes its rows.
-    #[arg(long, value_enum, default_value_t = OutboxMode::Transactional)]
-    outbox_mode: OutboxMode,
+    #[command(flatten)]
+    messages: backends::MessageArgs,
     #[command(flatten)]
     mission: crate::mission_args::MissionArgs,
     /// Do not apply migrations on start.
@@ -139,21 +140,6 @@ struct RunArgs {
 enum LogFormat {
     Human,
     Json,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum MessageBackend {
-    /// Rows in the database's outbox_messages table.
-    Outbox,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum OutboxMode {
-    /// In the claim's own transaction: a fire and its message exist together or not at all.
-    Transactional,
-    /// By a dispatch after the claim, as an external backend's effect would be (idempotent,
-    /// not transactional; for comparison and for testing the dispatch path).
-    Dispatched,
 }
 
 #[derive(Debug, Subcommand)]
@@ -298,6 +284,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Run(args) => run(&cli.database_url, args).await,
+        Command::Outbox(args) => outbox::show(&cli.database_url, args).await,
         Command::Routine(command) => routine::routine(&cli.database_url, command).await,
         Command::Fires {
             routine,
@@ -548,6 +535,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         }
     })?;
     let token = http_token(&args)?;
+    let messages = args.messages.plan(&config)?;
     let listener = match args.listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -573,14 +561,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     let invalid = |e: StoreError| input(format!("invalid --database-url {}: {e}", database::redact(url)));
     let setup = PgStore::connect_lazy(url).map_err(invalid)?;
     let store = PgStore::connect_lazy_with(url, &StoreOptions::for_lease(lease)).map_err(invalid)?;
-    let message: Arc<dyn cm_dispatch::Dispatcher> = match args.message_backend {
-        MessageBackend::Outbox => match args.outbox_mode {
-            OutboxMode::Transactional => Arc::new(OutboxDispatcher::new(store.clone())),
-            // A dispatch has a pool of its own, without the claim's timeouts: it is bounded by
-            // --dispatch-timeout, and may wait on the outbox's locks that long.
-            OutboxMode::Dispatched => Arc::new(OutboxDispatcher::dispatched(setup.clone())),
-        },
-    };
+    let message = messages.build(&store, &setup).await?;
     let instance_id = args
         .instance_id
         .unwrap_or_else(cm_scheduler::default_instance_id);
@@ -591,7 +572,8 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         instance_id.clone(),
     )
     .map_err(|e| input(e.to_string()))?
-    .with_auto_pause(Arc::new(store.clone()), args.pause_after_failures);
+    .with_auto_pause(Arc::new(store.clone()), args.pause_after_failures)
+    .with_outbox_pruning(Arc::new(store.clone()));
     let scheduler = Arc::new(scheduler);
 
     let waiting = Arc::new(std::sync::Mutex::new(Some(

@@ -28,8 +28,8 @@ use cm_domain::{
     SchedulerConfig, Settlement,
 };
 use cm_store::{
-    ClaimDueParams, ClaimedFire, FireLedger, FireSettle, InClaimWrites, ReapParams, RoutineKind,
-    StoreError, TickClaim,
+    ClaimDueParams, ClaimedFire, FireLedger, FireSettle, InClaimWrites, OutboxConsumer, ReapParams,
+    RoutineKind, StoreError, TickClaim,
 };
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -115,6 +115,7 @@ pub struct Scheduler {
     in_claim: InClaimWrites,
     completion: Completion,
     auto_pause: Option<AutoPause>,
+    outbox: Option<Arc<dyn OutboxConsumer>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -157,12 +158,20 @@ impl Scheduler {
             in_claim,
             completion: Completion::default(),
             auto_pause: None,
+            outbox: None,
         })
     }
 
     /// The same scheduler writing settles the given way (batched by default).
     pub fn with_completion(mut self, completion: Completion) -> Self {
         self.completion = completion;
+        self
+    }
+
+    /// The same scheduler, also pruning outbox messages acknowledged longer than the retention
+    /// ago in its prune pass.
+    pub fn with_outbox_pruning(mut self, outbox: Arc<dyn OutboxConsumer>) -> Self {
+        self.outbox = Some(outbox);
         self
     }
 
@@ -489,6 +498,14 @@ impl Scheduler {
     /// Deletes settled fires older than the retention, a bounded batch per pass so a large
     /// backlog of old rows never makes one pass long. Returns whether the pass succeeded.
     async fn prune(&self) -> bool {
+        if let Some(outbox) = &self.outbox
+            && let Err(e) = outbox.outbox_prune_acked(self.config.retention, 1000).await
+        {
+            error!(error = %e, "pruning acknowledged outbox messages failed");
+            self.stats
+                .tick_failed(format!("pruning the outbox failed: {e}"));
+            return false;
+        }
         match self.ledger.prune_settled(self.config.retention, 1000).await {
             Ok(pruned) => {
                 add(&self.stats.pruned, pruned);

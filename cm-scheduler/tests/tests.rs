@@ -15,6 +15,7 @@
 //! - `missions`: mission files and backend settings refused; schedulers killed mid-launch on
 //!   the fake Docker engine.
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
+//! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
 //! - `support`: the database server and clean-up the whole-process tests share.
 
 #[path = "scheduler/support.rs"]
@@ -42,3 +43,5 @@ mod http;
 mod mock_loop;
 #[path = "scheduler/operate.rs"]
 mod operate;
+#[path = "scheduler/slow_target.rs"]
+mod slow_target;

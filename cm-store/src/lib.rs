@@ -10,8 +10,10 @@
 //! - [`outbox`]: the message outbox ([`OutboxStore`]).
 //! - [`status`]: the bounded read-only queries of the status page ([`StatusReader`]).
 //! - [`autopause`]: pausing routines whose last fires all failed ([`FailingRoutines`]).
+//! - [`consumer`]: the outbox's consumer contract: leased batches in `seq` order,
+//!   acknowledgement, the backlog, pruning ([`OutboxConsumer`]).
 //!
-//! [`PgStore`] implements all three traits on a connection pool. Callers depend on the traits,
+//! [`PgStore`] implements all four traits on a connection pool. Callers depend on the traits,
 //! so a test about the caller (the scheduler's loop) can use the `mockall` doubles behind the
 //! `mock` feature instead of a database.
 //!
@@ -47,6 +49,7 @@
 pub mod catalog;
 mod cursor;
 pub mod autopause;
+pub mod consumer;
 mod error;
 pub mod ledger;
 mod options;
@@ -65,6 +68,9 @@ pub use cursor::{FireCursor, ParseFireCursorError};
 #[cfg(feature = "mock")]
 pub use autopause::MockFailingRoutines;
 pub use autopause::{AutoPaused, FailingRoutines};
+#[cfg(feature = "mock")]
+pub use consumer::MockOutboxConsumer;
+pub use consumer::{OutboxBacklog, OutboxConsumer, OutboxDelivery, OutboxPending, OutboxTake};
 pub use error::StoreError;
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;

@@ -79,3 +79,8 @@ mod delete;
 // Server-side timeouts on the scheduler's connections: a blocked claim gives up.
 #[path = "store/timeouts.rs"]
 mod timeouts;
+
+// The outbox's consumer contract: leased batches in `seq` order shared by several consumers, a
+// crashed consumer's batch taken again, acknowledgement, the backlog, pruning.
+#[path = "store/consumer.rs"]
+mod consumer;

@@ -19,10 +19,12 @@ use serde_json::{Value, json};
 use super::{Answer, Call, FakeRequest, Handler, Server};
 
 /// What the next `start` of a container does instead of starting it normally.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartFault {
     /// Answer 500 and leave the container created, never started.
     Fail,
+    /// Answer 500 with this message, as the engine refusing the start for a reason of its own.
+    Refuse(String),
     /// Never answer, and leave the container created: a scheduler killed now died between
     /// create and start.
     StallBeforeStart,
@@ -301,6 +303,7 @@ fn start(state: &mut State, at: usize) -> Option<Answer> {
     }
     match state.start_faults.pop_front() {
         Some(StartFault::Fail) => message(500, "cannot start container: injected failure".into()),
+        Some(StartFault::Refuse(reason)) => message(500, reason),
         Some(StartFault::StallBeforeStart) => None,
         Some(StartFault::StallAfterStart) => {
             state.containers[at].starts += 1;

@@ -79,6 +79,23 @@ impl EffectProbe for ProcessProbe {
             .ok()
             .and_then(|task| payload_of_task(&task)))
     }
+    // A launched child is the whole effect: there is no target to stall or refuse, and the
+    // runner's own failures (a program that cannot start) have tests of their own here.
+    fn injects_faults(&self) -> bool {
+        false
+    }
+    async fn stall(&self) -> Result<(), String> {
+        Err("the process runner has no target to stall".into())
+    }
+    async fn fail(&self, _reason: &str) -> Result<(), String> {
+        Err("the process runner has no target to refuse".into())
+    }
+    async fn heal(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn secret(&self) -> Option<String> {
+        None
+    }
 }
 
 fn mission_dispatch(payload: Value, attempt: u32) -> Dispatch {
@@ -230,6 +247,23 @@ impl EffectProbe for DockerProbe {
             .0
             .container(key.as_str())
             .and_then(|c| c.env_var("CM_TASK").and_then(payload_of_task)))
+    }
+    /// The next start never answers (the container stays created, never started).
+    async fn stall(&self) -> Result<(), String> {
+        self.0.fault_next_start(StartFault::StallBeforeStart);
+        Ok(())
+    }
+    /// The next start is refused with `reason`.
+    async fn fail(&self, reason: &str) -> Result<(), String> {
+        self.0.fault_next_start(StartFault::Refuse(reason.to_owned()));
+        Ok(())
+    }
+    /// Faults are spent by the start they hit; nothing is left to clear.
+    async fn heal(&self) -> Result<(), String> {
+        Ok(())
+    }
+    fn secret(&self) -> Option<String> {
+        None
     }
 }
 

@@ -90,6 +90,7 @@ async fn a_routine_whose_last_fires_all_failed_is_paused_with_its_reason(pool: P
             routine_id: Some(broken.id),
             status: None,
             limit: AFTER,
+            after: None,
         })
         .await
         .unwrap();

@@ -763,3 +763,84 @@ async fn trigger_and_backfill_go_through_the_ledger() {
         "requested 0 of 3 occurrences (3 already in the ledger or requested)"
     );
 }
+
+#[tokio::test]
+async fn message_backend_flags_are_checked_before_anything_is_written() {
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let good = files.write("good.secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n");
+    let malformed = files.write("malformed.secret", "s3cr3t-canary-value");
+    let bad_base64 = files.write("bad-base64.secret", "whsec_s3cr3t canary!");
+    let missing = files.path("missing.secret");
+    let webhook = |rest: &[&str]| -> Vec<String> {
+        ["run", "--message-backend", "webhook"]
+            .iter()
+            .chain(rest)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    #[rustfmt::skip]
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (webhook(&["--webhook-url", "http://127.0.0.1:9/h", "--webhook-secret-file", &missing]), "webhook secret file"),
+        (webhook(&["--webhook-url", "http://127.0.0.1:9/h", "--webhook-secret-file", &malformed]), "whsec_"),
+        (webhook(&["--webhook-url", "http://127.0.0.1:9/h", "--webhook-secret-file", &bad_base64]), "whsec_"),
+        (webhook(&["--webhook-url", "http://127.0.0.1:9/h", "--webhook-secret-file", files.dir().to_str().unwrap()]), "webhook secret file"),
+        (webhook(&["--webhook-secret-file", &good]), "--webhook-url"),
+        (webhook(&["--webhook-url", "http://127.0.0.1:9/h"]), "--webhook-secret-file"),
+        (webhook(&["--webhook-url", "ftp://127.0.0.1/h", "--webhook-secret-file", &good]), "--webhook-url"),
+        (webhook(&["--webhook-url", "not a url", "--webhook-secret-file", &good]), "--webhook-url"),
+        (argv(&["run", "--webhook-url", "http://127.0.0.1:9/h"]), "--webhook-url"),
+        (argv(&["run", "--message-backend", "nats"]), "--nats-url"),
+        (argv(&["run", "--message-backend", "nats", "--nats-url", "nats://127.0.0.1:4222", "--nats-credentials-file", &missing]), "credentials"),
+        (argv(&["run", "--message-backend", "nats", "--nats-url", "nats://127.0.0.1:4222", "--nats-stream", "A.B"]), "stream name"),
+        (argv(&["run", "--message-backend", "kafka"]), "kafka"),
+    ];
+    for (args, fragment) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        check_fails(&db.url, &args, 2, fragment);
+        // The secret file's content is never repeated.
+        let out = cm(&db.url, &args);
+        assert!(!out.stderr.contains("s3cr3t"), "{args:?}: {}", out.stderr);
+    }
+    assert_eq!(db.count("routine_fires").await, 0);
+}
+
+#[tokio::test]
+async fn outbox_shows_what_consumers_have_not_acknowledged() {
+    let db = TestDb::new().await;
+    let empty = ok(&db.url, &["outbox"]);
+    assert_eq!(empty.lines().next(), Some("pending 0  leased 0  oldest -"));
+    for (minute, acked) in [(0, true), (1, false), (2, false)] {
+        sqlx::query(
+            "INSERT INTO outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload, acked_at)
+             VALUES ($1, '2026-01-01T00:00:00Z'::timestamptz + make_interval(mins => $2), $3, 1, '{}',
+                     CASE WHEN $4 THEN now() END)",
+        )
+        .bind(Uuid::new_v4())
+        .bind(minute)
+        .bind(format!("key-{minute}"))
+        .bind(acked)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&db.url, &["outbox", "--json"])).unwrap();
+    assert_eq!(json["pending"], 2);
+    assert_eq!(json["leased"], 0);
+    let keys: Vec<_> = json["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["idempotency_key"].clone())
+        .collect();
+    assert_eq!(keys, ["key-1", "key-2"]);
+    let text = ok(&db.url, &["outbox", "--limit", "1"]);
+    let lines: Vec<_> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with("pending 2  leased 0  oldest 20"),
+        "{text}"
+    );
+    assert!(lines[1].contains("2026-01-01T00:01:00Z"), "{text}");
+}

@@ -45,8 +45,8 @@ async fn mission_files_are_refused_field_by_field_and_write_nothing() {
     );
 }
 
-#[test]
-fn mission_backend_settings_are_refused_at_start() {
+#[tokio::test]
+async fn mission_backend_settings_are_refused_at_start() {
     let files = MissionFiles::new();
     let unknown = files.write("unknown.json", r#"{"docker": {"netwrk": "x"}}"#);
     let no_image = files.write("no-image.json", r#"{"command": ["run"]}"#);
@@ -72,11 +72,13 @@ fn mission_backend_settings_are_refused_at_start() {
         check_fails(NOWHERE, &args, 2, fragment);
     }
 
-    // Good settings pass the mission checks and fail only on the database (exit 1):
-    // `--mission-command` takes the rest of the line, hyphens included. (Docker's good settings
-    // are run by the whole-process tests below, which give it an engine.)
+    // Good settings pass the mission checks, and the scheduler then waits for the database
+    // (which never answers here) instead of exiting: `--mission-command` takes the rest of the
+    // line, hyphens included. (Docker's good settings are run by the whole-process tests below,
+    // which give it an engine.)
     let workdir = format!("{}.d", files.write("workdir-marker", ""));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
+    let log = files.write("good-settings.log", "");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
         .env_remove("RUST_LOG")
         .args([
             "--database-url",
@@ -94,12 +96,20 @@ fn mission_backend_settings_are_refused_at_start() {
             "exit 0",
         ])
         .stdin(std::process::Stdio::null())
-        .output()
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let waited = crate::support::eventually_within(std::time::Duration::from_secs(20), async || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("does not answer yet").then_some(text)
+    })
+    .await;
+    let still_running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(waited.is_some() && still_running, "{stderr}");
     assert!(stderr.contains("development only"), "{stderr}");
-    assert!(stderr.contains("cannot reach PostgreSQL"), "{stderr}");
 }
 
 /// A `cm-scheduler run` with the Docker mission backend on `fake`.
@@ -131,7 +141,7 @@ fn create<'a>(schedule: &'a str, path: &'a str) -> [&'a str; 8] {
 /// engine's log: one container created, started exactly once.
 async fn killed_mid_launch(fault: StartFault) {
     let fake = FakeDocker::start(&[IMAGE]);
-    fake.fault_next_start(fault);
+    fake.fault_next_start(fault.clone());
     let db = TestDb::new().await;
     let files = MissionFiles::new();
     let mission = files.write(

@@ -128,6 +128,8 @@ async fn update_changes_settings_in_place_and_keeps_history() {
             "2020-01-01T09:00:00Z",
             "--to",
             "2020-01-01T09:00:00Z",
+            "--retention",
+            "4000days",
         ],
     );
     let before = db.stored("report").await;
@@ -573,6 +575,8 @@ async fn names_are_unique_printable_handles() {
             "2025-01-01T00:00:00Z",
             "--to",
             "2025-01-01T01:00:00Z",
+            "--retention",
+            "4000days",
         ],
     );
     assert_eq!(db.count("routine_requests").await, 3);
@@ -624,6 +628,8 @@ async fn show_prints_settings_next_runs_requests_and_fires() {
             "2025-01-03T00:00:00Z",
             "--to",
             "2025-01-03T23:00:00Z",
+            "--retention",
+            "4000days",
         ],
     );
 

@@ -1,0 +1,157 @@
+//! The NATS backend against the JetStream server at 127.0.0.1:4222 (`NATS_URL` overrides it).
+//!
+//! Each test uses a stream and subject prefix of its own and deletes the stream at the end.
+
+use std::time::{Duration, Instant};
+
+use chrono::{TimeZone, Utc};
+use cm_dispatch::nats::{NatsConfig, NatsConfigError};
+use cm_dispatch::{Dispatch, Dispatcher, NatsDispatcher};
+use cm_domain::Occurrence;
+use cm_store::RoutineKind;
+use serde_json::json;
+
+fn server() -> String {
+    std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
+}
+
+fn config(window: Duration) -> NatsConfig {
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    NatsConfig {
+        url: server(),
+        subject_prefix: format!("cmtest.{unique}"),
+        stream: format!("CMTEST_{unique}"),
+        credentials_file: None,
+        duplicate_window: window,
+    }
+}
+
+/// The server's view of a stream, read with a client of the test's own.
+async fn jetstream() -> async_nats::jetstream::Context {
+    async_nats::jetstream::new(async_nats::connect(server()).await.unwrap())
+}
+
+fn dispatch(routine_id: uuid::Uuid, minute: u32, attempt: u32) -> Dispatch {
+    Dispatch::new(
+        Occurrence::new(
+            routine_id,
+            Utc.with_ymd_and_hms(2026, 3, 29, 1, minute, 0).unwrap(),
+        ),
+        "standup",
+        RoutineKind::Message,
+        json!({ "text": "standup in 5" }),
+        attempt,
+        Instant::now() + Duration::from_secs(10),
+    )
+}
+
+#[tokio::test]
+async fn a_second_publish_of_one_occurrence_is_stored_once() {
+    let config = config(Duration::from_secs(180));
+    let nats = NatsDispatcher::connect(&config).await.unwrap();
+    let js = jetstream().await;
+    let routine = uuid::Uuid::new_v4();
+
+    let first = nats.dispatch(&dispatch(routine, 0, 1)).await.unwrap();
+    let again = nats.dispatch(&dispatch(routine, 0, 2)).await.unwrap();
+    let other = nats.dispatch(&dispatch(routine, 1, 1)).await.unwrap();
+
+    let mut stream = js.get_stream(&config.stream).await.unwrap();
+    let info = stream.info().await.unwrap().clone();
+    js.delete_stream(&config.stream).await.unwrap();
+
+    assert!(!first.duplicate);
+    assert_eq!(
+        first.detail,
+        format!("jetstream stream {} seq 1", config.stream)
+    );
+    assert!(again.duplicate);
+    assert_eq!(
+        again.detail,
+        format!("jetstream stream {} seq 1 duplicate", config.stream)
+    );
+    assert!(!other.duplicate);
+    assert_eq!(
+        other.detail,
+        format!("jetstream stream {} seq 2", config.stream)
+    );
+    assert_eq!(info.state.messages, 2, "two occurrences, three publishes");
+    assert_eq!(info.config.duplicate_window, Duration::from_secs(180));
+    assert_eq!(
+        info.config.subjects,
+        vec![format!("{}.>", config.subject_prefix)]
+    );
+}
+
+#[tokio::test]
+async fn a_message_carries_its_key_subject_and_body() {
+    let config = config(Duration::from_secs(120));
+    let nats = NatsDispatcher::connect(&config).await.unwrap();
+    let js = jetstream().await;
+    let d = dispatch(uuid::Uuid::new_v4(), 5, 1);
+    nats.dispatch(&d).await.unwrap();
+
+    let stream = js.get_stream(&config.stream).await.unwrap();
+    let message = stream.get_raw_message(1).await.unwrap();
+    js.delete_stream(&config.stream).await.unwrap();
+
+    assert_eq!(
+        message.subject.as_str(),
+        format!("{}.{}", config.subject_prefix, d.occurrence.routine_id)
+    );
+    let headers = message.headers;
+    assert_eq!(
+        headers
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .map(|v| v.as_str()),
+        Some(d.idempotency_key.as_str())
+    );
+    let body: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
+    assert_eq!(body, d.message_data());
+}
+
+#[tokio::test]
+async fn an_existing_stream_with_a_short_window_is_widened() {
+    let config = config(Duration::from_secs(600));
+    let js = jetstream().await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: config.stream.clone(),
+        subjects: vec![format!("{}.>", config.subject_prefix)],
+        duplicate_window: Duration::from_secs(30),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let connected = NatsDispatcher::connect(&config).await;
+    let mut stream = js.get_stream(&config.stream).await.unwrap();
+    let window = stream.info().await.unwrap().config.duplicate_window;
+    js.delete_stream(&config.stream).await.unwrap();
+    connected.unwrap();
+    assert_eq!(window, Duration::from_secs(600));
+}
+
+#[tokio::test]
+async fn bad_names_and_a_missing_credentials_file_are_refused_at_start() {
+    fn check(result: Result<NatsDispatcher, NatsConfigError>, fragment: &str) {
+        let err = result.unwrap_err().to_string();
+        assert!(err.contains(fragment), "{err}");
+    }
+    let mut bad = config(Duration::from_secs(60));
+    bad.stream = "CM.X".into();
+    check(
+        NatsDispatcher::connect(&bad).await,
+        "invalid JetStream stream name",
+    );
+    let mut bad = config(Duration::from_secs(60));
+    bad.subject_prefix = "cm.*".into();
+    check(
+        NatsDispatcher::connect(&bad).await,
+        "invalid NATS subject prefix",
+    );
+    let mut bad = config(Duration::from_secs(60));
+    bad.credentials_file = Some("/nonexistent/cm.creds".into());
+    check(
+        NatsDispatcher::connect(&bad).await,
+        "cannot read the NATS credentials file",
+    );
+}

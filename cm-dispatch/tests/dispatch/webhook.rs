@@ -1,0 +1,281 @@
+//! The webhook backend against a real HTTP receiver that verifies signatures independently.
+
+use std::time::{Duration, Instant};
+
+use chrono::{TimeZone, Utc};
+use cm_dispatch::conformance::check_backend;
+use cm_dispatch::webhook::{RetryPolicy, WebhookSecret};
+use cm_dispatch::{Dispatch, DispatchError, Dispatcher, WebhookDispatcher};
+use cm_domain::Occurrence;
+use cm_store::RoutineKind;
+use serde_json::json;
+
+use crate::receiver::{Answer, Receiver, SECRET};
+
+/// Quick retries, so a test with several retries stays short.
+const QUICK: RetryPolicy = RetryPolicy {
+    initial_backoff: Duration::from_millis(20),
+    max_backoff: Duration::from_millis(100),
+};
+
+fn backend(url: &str) -> WebhookDispatcher {
+    WebhookDispatcher::new(url, WebhookSecret::parse(SECRET).unwrap())
+        .unwrap()
+        .with_retry(QUICK)
+}
+
+fn dispatch(within: Duration) -> Dispatch {
+    Dispatch::new(
+        Occurrence::new(
+            uuid::Uuid::new_v4(),
+            Utc.with_ymd_and_hms(2026, 3, 29, 1, 30, 0).unwrap(),
+        ),
+        "standup",
+        RoutineKind::Message,
+        json!({ "text": "standup in 5" }),
+        2,
+        Instant::now() + within,
+    )
+}
+
+#[tokio::test]
+async fn webhook_backend_conforms() {
+    let receiver = Receiver::start().await;
+    check_backend(
+        &backend(&receiver.url("/hook")),
+        &receiver,
+        RoutineKind::Message,
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_delivery_carries_the_standard_webhooks_contract() {
+    let receiver = Receiver::start().await;
+    let d = dispatch(Duration::from_secs(10));
+    let receipt = backend(&receiver.url("/hook")).dispatch(&d).await.unwrap();
+    assert_eq!(
+        (receipt.duplicate, receipt.detail.as_str()),
+        (false, "HTTP 204")
+    );
+
+    let deliveries = receiver.deliveries();
+    assert_eq!(deliveries.len(), 1);
+    let got = &deliveries[0];
+    assert!(got.signature_valid, "{got:?}");
+    assert_eq!(got.id, d.idempotency_key.as_str());
+    assert_eq!(got.idempotency_key, d.idempotency_key.as_str());
+    assert!((Utc::now().timestamp() - got.timestamp).abs() <= 5);
+    assert_eq!(got.body["type"], "cm.routine.fired");
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(got.body["timestamp"].as_str().unwrap()).is_ok(),
+        "{}",
+        got.body
+    );
+    assert_eq!(
+        got.body["data"],
+        json!({
+            "routine_id": d.occurrence.routine_id,
+            "routine_name": "standup",
+            "scheduled_at": "2026-03-29T01:30:00Z",
+            "attempt": 2,
+            "payload": { "text": "standup in 5" },
+        })
+    );
+}
+
+/// What one dispatch against a scripted receiver must come to.
+struct Case {
+    name: &'static str,
+    script: Vec<Answer>,
+    /// `Ok(detail)` or `Err(a fragment of the error)`.
+    expected: Result<&'static str, &'static str>,
+    /// How many requests the receiver gets.
+    sends: usize,
+}
+
+async fn check(case: Case) {
+    let receiver = Receiver::start().await;
+    receiver.script(case.script);
+    let d = dispatch(Duration::from_secs(5));
+    let outcome = backend(&receiver.url("/hook")).dispatch(&d).await;
+    let deliveries = receiver.deliveries();
+    match (&outcome, case.expected) {
+        (Ok(receipt), Ok(detail)) => assert_eq!(receipt.detail, detail, "{}", case.name),
+        (Err(e), Err(fragment)) => {
+            assert!(e.to_string().contains(fragment), "{}: {e}", case.name);
+        }
+        _ => panic!("{}: got {outcome:?}", case.name),
+    }
+    assert_eq!(
+        deliveries.len(),
+        case.sends,
+        "{}: {deliveries:?}",
+        case.name
+    );
+    for delivery in &deliveries {
+        // Every send, retries included, is the same occurrence, validly signed.
+        assert_eq!(delivery.path, "/hook", "{}", case.name);
+        assert_eq!(delivery.id, d.idempotency_key.as_str(), "{}", case.name);
+        assert!(delivery.signature_valid, "{}: {delivery:?}", case.name);
+        assert_eq!(delivery.body["data"]["attempt"], 2, "{}", case.name);
+    }
+}
+
+#[tokio::test]
+async fn answers_decide_fired_retried_or_failed() {
+    let cases = [
+        Case {
+            name: "2xx",
+            script: vec![Answer::new(200, "ok")],
+            expected: Ok("HTTP 200"),
+            sends: 1,
+        },
+        Case {
+            name: "409 is the receiver already having it",
+            script: vec![Answer::new(409, "dup")],
+            expected: Ok("HTTP 409 already received"),
+            sends: 1,
+        },
+        Case {
+            name: "other 4xx fails at once",
+            script: vec![Answer::new(422, "payload has no channel")],
+            expected: Err("rejected: HTTP 422 Unprocessable Entity: payload has no channel"),
+            sends: 1,
+        },
+        Case {
+            name: "5xx then 2xx is retried",
+            script: vec![
+                Answer::new(503, "busy"),
+                Answer::new(500, "oops"),
+                Answer::new(202, ""),
+            ],
+            expected: Ok("HTTP 202"),
+            sends: 3,
+        },
+        Case {
+            name: "408 is retried",
+            script: vec![Answer::new(408, ""), Answer::new(204, "")],
+            expected: Ok("HTTP 204"),
+            sends: 2,
+        },
+        Case {
+            name: "a redirect is not followed",
+            script: vec![Answer::new(307, "").header("location", "/elsewhere")],
+            expected: Err("HTTP 307 Temporary Redirect (redirects are not followed)"),
+            sends: 1,
+        },
+    ];
+    for case in cases {
+        check(case).await;
+    }
+}
+
+#[tokio::test]
+async fn a_429_waits_as_long_as_retry_after_says() {
+    let receiver = Receiver::start().await;
+    receiver.script([
+        Answer::new(429, "slow down").header("retry-after", "1"),
+        Answer::new(204, ""),
+    ]);
+    let d = dispatch(Duration::from_secs(10));
+    // A backoff ceiling above the Retry-After, so it is the header that sets the wait.
+    let webhook = WebhookDispatcher::new(
+        &receiver.url("/hook"),
+        WebhookSecret::parse(SECRET).unwrap(),
+    )
+    .unwrap()
+    .with_retry(RetryPolicy {
+        initial_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_secs(5),
+    });
+    let receipt = webhook.dispatch(&d).await.unwrap();
+    assert_eq!(receipt.detail, "HTTP 204");
+    let deliveries = receiver.deliveries();
+    assert_eq!(deliveries.len(), 2);
+    let waited = deliveries[1].at - deliveries[0].at;
+    assert!(
+        waited >= Duration::from_millis(950),
+        "waited only {waited:?}"
+    );
+    assert!(deliveries.iter().all(|d| d.signature_valid));
+}
+
+#[tokio::test]
+async fn retries_stop_at_the_deadline_with_the_last_answer() {
+    let receiver = Receiver::start().await;
+    receiver.script((0..1000).map(|_| Answer::new(503, "still down")));
+    let d = dispatch(Duration::from_millis(800));
+    let started = Instant::now();
+    let err = backend(&receiver.url("/hook"))
+        .dispatch(&d)
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, DispatchError::Unavailable(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("HTTP 503 Service Unavailable: still down"),
+        "{err}"
+    );
+    assert!(
+        took <= Duration::from_millis(800 + 500),
+        "returned after {took:?}"
+    );
+    assert!(receiver.deliveries().len() >= 2, "it did not retry");
+}
+
+#[tokio::test]
+async fn an_unreachable_endpoint_is_retried_until_the_deadline() {
+    // A port nothing listens on: bind one, then free it.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let d = dispatch(Duration::from_millis(600));
+    let started = Instant::now();
+    let err = backend(&format!("http://127.0.0.1:{port}/hook"))
+        .dispatch(&d)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+    assert!(started.elapsed() <= Duration::from_millis(600 + 500));
+}
+
+#[tokio::test]
+async fn errors_hold_no_secret_and_a_bounded_excerpt() {
+    let receiver = Receiver::start().await;
+    let key = SECRET.trim_start_matches("whsec_");
+    // A receiver that echoes everything it knows, at length.
+    let echo = format!(
+        "denied: secret {SECRET} key {key} token tok3n-value pass p4ss-value {}",
+        "x".repeat(10_000)
+    );
+    receiver.script([Answer::new(403, &echo)]);
+    let url = receiver
+        .url("/hook?token=tok3n-value")
+        .replace("http://", "http://user:p4ss-value@");
+    let err = backend(&url)
+        .dispatch(&dispatch(Duration::from_secs(5)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("rejected: HTTP 403 Forbidden: denied: secret ***"),
+        "{err}"
+    );
+    for secret in [SECRET, key, "tok3n-value", "p4ss-value", "127.0.0.1"] {
+        assert!(!err.contains(secret), "{secret} in {err}");
+    }
+    assert!(
+        err.chars().count() < 300,
+        "{} characters",
+        err.chars().count()
+    );
+    let shown = backend(&url).shown_url();
+    assert!(
+        !shown.contains("p4ss-value") && !shown.contains("tok3n-value"),
+        "{shown}"
+    );
+}

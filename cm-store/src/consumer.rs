@@ -1,0 +1,208 @@
+//! The outbox's consumer contract: taking batches of pending messages under a lease, in `seq`
+//! order, acknowledging them, looking at the backlog, and pruning acknowledged rows.
+//!
+//! # How a consumer reads the outbox
+//!
+//! ```text
+//! loop {
+//!     batch = outbox_take(consumer, limit, lease)   // pending rows, oldest seq first, leased to it
+//!     deliver each message (dropping any whose idempotency key the target already has)
+//!     outbox_ack(consumer, seqs of the batch)       // never taken again
+//! }
+//! ```
+//!
+//! Several consumers share the table: a take picks rows with `FOR UPDATE SKIP LOCKED` and leases
+//! them in the same statement, so two consumers never hold one pending row at once. A consumer
+//! that crashes holds its batch only until the lease runs out; the next take after that takes it
+//! again (`deliveries` counts how often). Delivery is therefore at least once, never lost: a
+//! consumer slower than its lease may see its batch also delivered by another, and the
+//! occurrence's idempotency key is how the target drops the second. Acknowledging is idempotent.
+//! Acknowledged rows are deleted after the scheduler's retention (the same as the ledger's, so a
+//! retried dispatch inside that window still finds its row and writes nothing).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::outbox::OutboxRow;
+use crate::{PgStore, StoreError};
+
+/// What a consumer asks of one take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxTake {
+    /// Who takes the batch (written on the rows, for operators and acknowledgement).
+    pub consumer: String,
+    /// The most rows in the batch.
+    pub limit: u32,
+    /// How long the batch is the consumer's; after it, the batch is presumed crashed.
+    pub lease: Duration,
+}
+
+/// A message taken by a consumer.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize)]
+pub struct OutboxDelivery {
+    /// The message.
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub message: OutboxRow,
+    /// How many times it has been taken, this time included (above 1: an earlier consumer
+    /// did not acknowledge it within its lease).
+    pub deliveries: i32,
+}
+
+/// A pending (unacknowledged) message, as `cm-scheduler outbox` shows it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize)]
+pub struct OutboxPending {
+    /// The message.
+    #[sqlx(flatten)]
+    #[serde(flatten)]
+    pub message: OutboxRow,
+    /// How many times it has been taken.
+    pub deliveries: i32,
+    /// The consumer holding it, if its lease is live.
+    pub leased_by: Option<String>,
+    /// Until when, if its lease is live.
+    pub lease_expires_at: Option<DateTime<Utc>>,
+}
+
+/// What the outbox holds that consumers have not acknowledged.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct OutboxBacklog {
+    /// Unacknowledged messages.
+    pub pending: i64,
+    /// Of those, how many a consumer holds under a live lease.
+    pub leased: i64,
+    /// When the oldest unacknowledged message was written.
+    pub oldest: Option<DateTime<Utc>>,
+    /// The oldest unacknowledged messages, in `seq` order, at most the limit asked.
+    pub messages: Vec<OutboxPending>,
+}
+
+/// The outbox's consumer side.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait OutboxConsumer: Send + Sync {
+    /// Takes up to `take.limit` pending messages, oldest `seq` first: those never taken, and
+    /// those whose consumer's lease ran out. They are leased to `take.consumer` until the lease
+    /// is over. An empty batch means nothing is pending or every pending row is leased.
+    async fn outbox_take(&self, take: &OutboxTake) -> Result<Vec<OutboxDelivery>, StoreError>;
+
+    /// Acknowledges delivered messages: they are never taken again. Returns how many were
+    /// acknowledged now; a message already acknowledged counts 0 and is left as it was.
+    async fn outbox_ack(&self, consumer: &str, seqs: &[i64]) -> Result<u64, StoreError>;
+
+    /// The unacknowledged backlog, listing at most `limit` messages.
+    async fn outbox_backlog(&self, limit: u32) -> Result<OutboxBacklog, StoreError>;
+
+    /// Deletes at most `limit` messages acknowledged longer than `retention` ago. Returns how
+    /// many. A pass that finds the table locked for more than a second deletes nothing.
+    async fn outbox_prune_acked(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
+}
+
+/// How long a prune pass waits for a lock on the outbox before it gives up for this pass.
+const PRUNE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
+
+#[async_trait]
+impl OutboxConsumer for PgStore {
+    async fn outbox_take(&self, take: &OutboxTake) -> Result<Vec<OutboxDelivery>, StoreError> {
+        let mut rows: Vec<OutboxDelivery> = sqlx::query_as(
+            "UPDATE outbox_messages o
+             SET leased_by = $1, lease_expires_at = now() + make_interval(secs => $3),
+                 deliveries = o.deliveries + 1
+             FROM (SELECT seq FROM outbox_messages
+                   WHERE acked_at IS NULL
+                     AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+                   ORDER BY seq
+                   LIMIT $2
+                   FOR UPDATE SKIP LOCKED) taken
+             WHERE o.seq = taken.seq
+             RETURNING o.seq, o.routine_id, o.scheduled_at, o.idempotency_key, o.attempt,
+                       o.payload, o.created_at, o.deliveries",
+        )
+        .bind(&take.consumer)
+        .bind(i64::from(take.limit))
+        .bind(take.lease.as_secs_f64())
+        .fetch_all(&self.pool)
+        .await?;
+        // RETURNING follows no order; the contract is seq order.
+        rows.sort_by_key(|r| r.message.seq);
+        Ok(rows)
+    }
+
+    async fn outbox_ack(&self, consumer: &str, seqs: &[i64]) -> Result<u64, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE outbox_messages
+             SET acked_at = now(), acked_by = $1, leased_by = NULL, lease_expires_at = NULL
+             WHERE seq = ANY($2) AND acked_at IS NULL",
+        )
+        .bind(consumer)
+        .bind(seqs)
+        .execute(&self.pool)
+        .await?
+        .rows_affected())
+    }
+
+    async fn outbox_backlog(&self, limit: u32) -> Result<OutboxBacklog, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let (pending, leased, oldest): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(
+            "SELECT count(*),
+                    count(*) FILTER (WHERE lease_expires_at > now()),
+                    min(created_at)
+             FROM outbox_messages WHERE acked_at IS NULL",
+        )
+        .fetch_one(&mut *tx)
+        .await?;
+        let messages = sqlx::query_as(
+            "SELECT seq, routine_id, scheduled_at, idempotency_key, attempt, payload, created_at,
+                    deliveries,
+                    CASE WHEN lease_expires_at > now() THEN leased_by END AS leased_by,
+                    CASE WHEN lease_expires_at > now() THEN lease_expires_at END AS lease_expires_at
+             FROM outbox_messages WHERE acked_at IS NULL ORDER BY seq LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(OutboxBacklog {
+            pending,
+            leased,
+            oldest,
+            messages,
+        })
+    }
+
+    async fn outbox_prune_acked(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
+        // Like the ledger's pruning: a row is also what makes a retried dispatch write nothing,
+        // so only rows of occurrences older than the retention go. Pruning is housekeeping run
+        // inside the scheduler's loop: if something holds the table locked, this pass waits at
+        // most PRUNE_LOCK_TIMEOUT and prunes nothing, leaving the rows to the next pass.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(PRUNE_LOCK_TIMEOUT).execute(&mut *tx).await?;
+        let deleted = sqlx::query(
+            "DELETE FROM outbox_messages
+             WHERE seq IN (SELECT seq FROM outbox_messages
+                           WHERE acked_at IS NOT NULL
+                             AND acked_at < now() - make_interval(secs => $1)
+                             AND scheduled_at < now() - make_interval(secs => $1)
+                           ORDER BY acked_at
+                           LIMIT $2
+                           FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(retention.as_secs_f64())
+        .bind(i64::from(limit))
+        .execute(&mut *tx)
+        .await;
+        match deleted {
+            Ok(done) => {
+                tx.commit().await?;
+                Ok(done.rows_affected())
+            }
+            // lock_not_available: the table is locked; nothing pruned this pass.
+            Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03") => {
+                Ok(0)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}

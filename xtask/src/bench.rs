@@ -74,9 +74,17 @@ const ROUND: [Step; 5] = [
 
 /// Runs the bench and prints its Markdown report to stdout (progress goes to stderr).
 pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let Some(options) = Options::parse(args)? else {
-        println!("{USAGE}");
-        return Ok(());
+    let options = match Options::parse(args) {
+        Ok(Some(options)) => options,
+        Ok(None) => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+        // Bad input: one line, exit 2, nothing created.
+        Err(e) => {
+            eprintln!("xtask bench: {e:#}");
+            std::process::exit(2);
+        }
     };
     STARTED.get_or_init(Instant::now);
     if cfg!(debug_assertions) {

@@ -111,7 +111,7 @@ impl Options {
             }
             let value = args
                 .next()
-                .with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
+                .with_context(|| format!("{flag} needs a value (see --help)"))?;
             let number = || -> anyhow::Result<u32> {
                 let n: u32 = value
                     .parse()
@@ -138,7 +138,7 @@ impl Options {
                 "--lateness-seconds" => options.lateness_seconds = number()?,
                 "--stall-seconds" => options.stall_seconds = number()?,
                 "--database-url" => options.database_url = value.clone(),
-                _ => bail!("unknown flag {flag}\n{USAGE}"),
+                _ => bail!("unknown flag {flag} (see --help)"),
             }
         }
         ensure!(

@@ -4,9 +4,3 @@ ALTER TABLE routines
     ADD COLUMN paused_reason TEXT CHECK (octet_length(paused_reason) <= 4096),
     ADD CONSTRAINT routines_paused_reason_only_when_paused
         CHECK (paused OR paused_reason IS NULL);
-
--- Recent failures across routines (the status page, the automatic pause): failed rows, newest
--- settle first.
-CREATE INDEX routine_fires_failed_idx
-    ON routine_fires (completed_at DESC)
-    WHERE status = 'failed';

@@ -240,7 +240,7 @@ pub async fn routine(State(state): State<Arc<HttpState>>, Path(id): Path<Uuid>) 
             div.scroll { table id="fires" {
                 thead { tr {
                     th { "Occurrence (UTC)" } th { "Status" } th { "Attempt" } th { "Claimant" }
-                    th { "Settled" } th { "Error" }
+                    th { "Settled" } th { "Receipt" } th { "Error" }
                 } }
                 tbody { @for f in &fires {
                     tr {
@@ -249,6 +249,7 @@ pub async fn routine(State(state): State<Arc<HttpState>>, Path(id): Path<Uuid>) 
                         td { (f.attempt) }
                         td.muted { (f.claimant) }
                         td { (f.completed_at.map(utc).unwrap_or_default()) }
+                        td.muted { (f.receipt.as_deref().unwrap_or("")) }
                         td.error { (f.error.as_deref().unwrap_or("")) }
                     }
                 } }

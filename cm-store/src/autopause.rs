@@ -49,7 +49,7 @@ impl FailingRoutines for PgStore {
         Ok(sqlx::query_as(
             "WITH recent AS (
                  SELECT DISTINCT routine_id FROM routine_fires
-                 WHERE status = 'failed' AND completed_at > now() - make_interval(secs => $2)
+                 WHERE status = 'failed' AND scheduled_at > now() - make_interval(secs => $2)
              ),
              failing AS (
                  SELECT r.id, last.error

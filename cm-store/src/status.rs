@@ -154,7 +154,7 @@ impl StatusReader for PgStore {
              FROM routine_fires f
              JOIN routines r ON r.id = f.routine_id
              WHERE f.status = 'failed'
-             ORDER BY f.completed_at DESC
+             ORDER BY f.scheduled_at DESC, f.routine_id DESC
              LIMIT $1",
         )
         .bind(i64::from(limit.min(MAX_PAGE)))

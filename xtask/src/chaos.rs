@@ -404,7 +404,8 @@ impl Termination {
     }
 }
 
-fn scheduler_command(binary: &Path, url: &str) -> Command {
+/// A `cm-scheduler` command on the database `url`, with the product's default log settings.
+pub(crate) fn scheduler_command(binary: &Path, url: &str) -> Command {
     let mut c = Command::new(binary);
     c.arg("--database-url").arg(url);
     // The URL is always passed; removing DATABASE_URL (set by `.cargo/config.toml` for cargo's
@@ -432,7 +433,8 @@ fn scheduler_output(binary: &Path, url: &str, args: &[&str]) -> anyhow::Result<S
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-fn log_tail(path: &Path, lines: usize) -> String {
+/// The last `lines` lines of a log file, indented, for an error message.
+pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..]

@@ -4,10 +4,11 @@
 //!   by default) with a demo routine and shows its fires as they happen (the README's first
 //!   command).
 //! - `ci`: what CI runs: formatting, clippy with warnings as errors, and the whole test suite.
-//! - `bench [--routines N] [--backlog-seconds S] [--rounds N] [--cap N] [--lateness-routines N]
-//!   [--duration SECONDS] [--database-url URL]`: fires per second and lateness beside the raw
-//!   cost of the same SQL, in a fresh database it drops afterwards (`docs/BENCHMARKS.md`). Run
-//!   it built in release: `cargo run --release -p xtask -- bench`.
+//! - `bench [--quick] [--batch N] [--tick DURATION] [--engine-args "FLAGS"] [--rounds N] ...`:
+//!   fires per second of two `cm-scheduler` processes beside raw-SQL baselines (pgbench) of the
+//!   same work, and lateness with and without a stalled dispatch, in fresh databases it drops
+//!   afterwards (`docs/BENCHMARKS.md`; `--help` lists every flag). Run it built in release:
+//!   `cargo run --release -p xtask -- bench`.
 //! - `chaos [--short] [--routines N] [--processes N] [--duration SECONDS] [--seed N]
 //!   [--db-restarts N] [--terminate-backends N] [--keep] [--database-url URL]`: scheduler
 //!   processes killed with SIGKILL at random, PostgreSQL restarted and their connections

@@ -281,10 +281,11 @@ async fn docker_backend_conforms() {
     check_mission_backend(&docker, &probe, Some(&probe))
         .await
         .unwrap();
-    // Every container of the suite was created once and started once.
+    // Every container of the suite was created once.
     let containers = fake.containers();
     assert!(containers.len() >= 4, "{containers:?}");
-    assert!(containers.iter().all(|c| c.starts == 1), "{containers:?}");
+    // None was started twice; the stalled and the refused one were never started.
+    assert!(containers.iter().all(|c| c.starts <= 1), "{containers:?}");
 }
 
 #[tokio::test]

@@ -113,7 +113,7 @@ async fn routines_sharing_one_instant(pool: &PgPool) {
 async fn ledger_rows(pool: &PgPool, rows: i64, status: &str, lease_secs: f64) -> Uuid {
     let id = Uuid::new_v4();
     sqlx::query(
-        "INSERT INTO routines (id, name, schedule, kind, payload) VALUES ($1, 'busy', '* * * * *', 'message', '{}')",
+        "INSERT INTO routines (id, name, schedule, kind, payload) VALUES ($1, 'busy ' || $1::text, '* * * * *', 'message', '{}')",
     )
     .bind(id)
     .execute(pool)

@@ -1,0 +1,23 @@
+-- The same occurrences with claim, outbox rows, settle and advance in ONE transaction (a transactional
+-- outbox inside the claim): the ceiling a database-local backend can reach with the claim's row shape.
+-- One transaction is one batch of :batch occurrences (pgbench -D batch=N); tps x batch = occurrences/s.
+\set n random(1, 20001 - :batch)
+\set last :n + :batch - 1
+\set k random(1, 2000000000)
+BEGIN;
+WITH c AS (
+  INSERT INTO routine_fires (routine_id, scheduled_at, claimant, claim_token, lease_expires_at)
+  SELECT id, to_timestamp(:k), 'bench', '00000000-0000-0000-0000-000000000001', now() + interval '60 s'
+  FROM ids WHERE n BETWEEN :n AND :last
+  ON CONFLICT (routine_id, scheduled_at) DO UPDATE SET claimant = routine_fires.claimant
+  RETURNING (xmax = 0) AS fresh, routine_id, scheduled_at)
+INSERT INTO outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload)
+  SELECT c.routine_id, c.scheduled_at, c.routine_id || '/' || :k, 1, r.payload
+  FROM c JOIN routines r ON r.id = c.routine_id WHERE c.fresh
+  ON CONFLICT DO NOTHING;
+UPDATE routine_fires SET status = 'fired', completed_at = now()
+  WHERE routine_id IN (SELECT id FROM ids WHERE n BETWEEN :n AND :last) AND scheduled_at = to_timestamp(:k)
+    AND status = 'claimed';
+UPDATE routines SET next_run_at = now() + interval '1 minute', last_run_at = now()
+  WHERE id IN (SELECT id FROM ids WHERE n BETWEEN :n AND :last);
+COMMIT;

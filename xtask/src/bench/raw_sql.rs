@@ -1,0 +1,280 @@
+//! The raw-SQL baselines: the outbox path's statements run by `pgbench`, with no scheduler around
+//! them, against a throwaway database whose schema is recreated before each script.
+//!
+//! The scripts and the schema live in `xtask/bench/` and are compiled into the bench, so it needs
+//! no file beside the binary. One pgbench transaction is one batch of `batch` occurrences
+//! (`pgbench -D batch=N`), so occurrences per second are `tps × batch`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::{Context, bail, ensure};
+
+/// The schema the scripts run against: simplified copies of the product's tables, 20,000 routines.
+const SCHEMA: &str = include_str!("../../bench/schema.sql");
+
+/// One shape of the outbox path's SQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Script {
+    /// Claim + advance in one transaction, then outbox rows + fenced settle in a second.
+    TwoTx,
+    /// Claim, outbox rows, settle and advance in one transaction.
+    OneTx,
+    /// One transaction: ledger rows inserted settled, outbox rows for the fresh ones, routines
+    /// advanced. The baseline the engine's ratio is taken against.
+    Lean,
+}
+
+impl Script {
+    /// Every script, in the order a round starts from.
+    pub const ALL: [Script; 3] = [Script::TwoTx, Script::OneTx, Script::Lean];
+
+    /// The name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Script::TwoTx => "raw SQL, two transactions (`two_tx.sql`)",
+            Script::OneTx => "raw SQL, one transaction (`one_tx.sql`)",
+            Script::Lean => "raw SQL, lean (`lean.sql`)",
+        }
+    }
+
+    fn file_name(self) -> &'static str {
+        match self {
+            Script::TwoTx => "two_tx.sql",
+            Script::OneTx => "one_tx.sql",
+            Script::Lean => "lean.sql",
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Script::TwoTx => include_str!("../../bench/two_tx.sql"),
+            Script::OneTx => include_str!("../../bench/one_tx.sql"),
+            Script::Lean => include_str!("../../bench/lean.sql"),
+        }
+    }
+}
+
+/// What one pgbench run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct SqlRun {
+    /// Transactions (batches) committed.
+    pub transactions: u64,
+    /// pgbench's `tps`, without the initial connection time.
+    pub tps: f64,
+    /// Occurrences per transaction.
+    pub batch: usize,
+}
+
+impl SqlRun {
+    /// Occurrences per second.
+    pub fn rate(&self) -> f64 {
+        self.tps * self.batch as f64
+    }
+}
+
+/// How long pgbench runs.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Length {
+    /// `-T`: for this many seconds.
+    Seconds(u32),
+    /// `-t`: this many transactions per client (the tests' single batches).
+    #[cfg(test)]
+    Transactions(u32),
+}
+
+/// The scripts written out for pgbench, and the database they run against.
+#[derive(Debug)]
+pub(super) struct RawSql {
+    dir: PathBuf,
+    url: String,
+}
+
+/// The versions of `pgbench` and `psql`, or a clear error saying they are missing.
+pub(super) fn tool_versions() -> anyhow::Result<String> {
+    let mut versions = Vec::new();
+    for tool in ["pgbench", "psql"] {
+        let output = Command::new(tool).arg("--version").output();
+        match output {
+            Ok(o) if o.status.success() => {
+                versions.push(String::from_utf8_lossy(&o.stdout).trim().to_string());
+            }
+            _ => bail!(
+                "`{tool}` is missing: the raw-SQL baselines need pgbench and psql, which come \
+                 with PostgreSQL's client tools (on Debian: apt-get install postgresql-client)"
+            ),
+        }
+    }
+    Ok(versions.join(", "))
+}
+
+impl RawSql {
+    /// Writes the schema and the scripts into `dir`, for runs against the database `url`.
+    pub fn new(dir: &Path, url: &str) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+        };
+        write("schema.sql", SCHEMA)?;
+        for script in Script::ALL {
+            write(script.file_name(), script.text())?;
+        }
+        Ok(RawSql {
+            dir: dir.to_path_buf(),
+            url: url.to_string(),
+        })
+    }
+
+    /// Recreates the schema, then runs `script` with two clients on two threads.
+    pub fn run(&self, script: Script, batch: usize, length: Length) -> anyhow::Result<SqlRun> {
+        // Recreated every time: the tables grow during a run, and a grown table is slower.
+        let schema = self.dir.join("schema.sql");
+        checked(
+            Command::new("psql")
+                .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
+                .arg(&schema)
+                .arg(&self.url)
+                // The schema drops its tables first; the notices that they did not exist are noise.
+                .env("PGOPTIONS", "-c client_min_messages=warning"),
+            "psql (the raw-SQL schema)",
+        )?;
+        let length = match length {
+            Length::Seconds(s) => ["-T".to_string(), s.to_string()],
+            #[cfg(test)]
+            Length::Transactions(t) => ["-t".to_string(), t.to_string()],
+        };
+        let output = checked(
+            Command::new("pgbench")
+                .args(["-n", "-c", "2", "-j", "2"])
+                .args(length)
+                .arg("-D")
+                .arg(format!("batch={batch}"))
+                .arg("-f")
+                .arg(self.dir.join(script.file_name()))
+                .arg(&self.url),
+            "pgbench",
+        )?;
+        let (transactions, tps) = parse_pgbench(&String::from_utf8_lossy(&output.stdout))?;
+        ensure!(transactions > 0, "pgbench committed no transaction");
+        Ok(SqlRun {
+            transactions,
+            tps,
+            batch,
+        })
+    }
+}
+
+/// Runs `command`, and fails with its stderr unless it succeeds.
+fn checked(command: &mut Command, what: &str) -> anyhow::Result<Output> {
+    let output = command
+        .env_remove("DATABASE_URL")
+        .output()
+        .with_context(|| format!("starting {what}"))?;
+    if !output.status.success() {
+        bail!(
+            "{what} failed with {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(output)
+}
+
+/// The transactions committed and the `tps` of a pgbench report; a report with failed
+/// transactions is refused, since its rate would count work that was not done.
+fn parse_pgbench(report: &str) -> anyhow::Result<(u64, f64)> {
+    let field = |prefix: &str| {
+        report
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(prefix))
+            .map(str::trim)
+            .with_context(|| format!("no `{prefix}` line in pgbench's report:\n{report}"))
+    };
+    let transactions: u64 = field("number of transactions actually processed:")?
+        .split(['/', ' '])
+        .next()
+        .unwrap_or("")
+        .parse()
+        .context("pgbench's transaction count")?;
+    if let Ok(failed) = field("number of failed transactions:") {
+        ensure!(
+            failed.starts_with("0 "),
+            "pgbench reports failed transactions: {failed}"
+        );
+    }
+    let tps: f64 = field("tps =")?
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .parse()
+        .context("pgbench's tps")?;
+    Ok((transactions, tps))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::PgPool;
+
+    #[test]
+    fn the_report_gives_transactions_and_tps() {
+        let report = "pgbench (15.20 (Debian 15.20-0+deb12u1))\n\
+            transaction type: lean.sql\n\
+            number of clients: 2\n\
+            number of transactions actually processed: 46\n\
+            number of failed transactions: 0 (0.000%)\n\
+            latency average = 129.1 ms\n\
+            initial connection time = 3.6 ms\n\
+            tps = 15.598619 (without initial connection time)\n";
+        assert_eq!(parse_pgbench(report).unwrap(), (46, 15.598619));
+        let with_total = report.replace("processed: 46", "processed: 46/46");
+        assert_eq!(parse_pgbench(&with_total).unwrap(), (46, 15.598619));
+        let failed = report.replace("transactions: 0 (0.000%)", "transactions: 3 (6.122%)");
+        assert!(parse_pgbench(&failed).is_err());
+        assert!(parse_pgbench("pgbench: error: connection refused").is_err());
+        assert_eq!(
+            SqlRun {
+                transactions: 46,
+                tps: 15.5,
+                batch: 200
+            }
+            .rate(),
+            3100.0
+        );
+    }
+
+    /// Each script does one batch's work: one pgbench transaction per client fires `batch`
+    /// occurrences (the two clients pick different instants), each `fired` with its outbox row.
+    #[sqlx::test]
+    async fn each_script_fires_a_batch_with_its_outbox_rows(pool: PgPool) {
+        let server = std::env::var("DATABASE_URL").unwrap();
+        let name = pool.connect_options().get_database().unwrap().to_string();
+        let url = crate::database_url(&server, &name).unwrap();
+        let dir = std::env::temp_dir().join(format!("cm-bench-test-{name}"));
+        let raw = RawSql::new(&dir, &url).unwrap();
+        for script in Script::ALL {
+            // Blocking is fine here: the test has nothing else to run meanwhile.
+            let run = raw.run(script, 50, Length::Transactions(1)).unwrap();
+            assert_eq!(run.transactions, 2, "{script:?}");
+            let (fired, other, outbox, missing): (i64, i64, i64, i64) = sqlx::query_as(
+                "SELECT
+                     (SELECT count(*) FROM routine_fires WHERE status = 'fired'),
+                     (SELECT count(*) FROM routine_fires WHERE status <> 'fired'),
+                     (SELECT count(*) FROM outbox_messages),
+                     (SELECT count(*) FROM routine_fires f WHERE NOT EXISTS (
+                          SELECT 1 FROM outbox_messages o
+                          WHERE o.routine_id = f.routine_id AND o.scheduled_at = f.scheduled_at))",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(
+                (fired, other, outbox, missing),
+                (100, 0, 100, 0),
+                "{script:?}"
+            );
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -42,8 +42,8 @@ pub mod backfill;
 pub mod claim;
 pub mod config;
 pub mod misfire;
-pub mod name;
 pub mod mission;
+pub mod name;
 pub mod occurrence;
 pub mod schedule;
 pub mod tick;
@@ -55,8 +55,8 @@ pub use claim::{
 };
 pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
 pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due};
-pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
 pub use mission::{Mission, MissionError};
+pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
 pub use occurrence::{IdempotencyKey, Occurrence, RoutineId};
 pub use schedule::{
     Field, MAX_EXPRESSION_CHARS, Occurrences, Schedule, ScheduleError, Zone, ZoneError,

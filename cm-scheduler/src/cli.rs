@@ -558,9 +558,15 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     // claim statement may; the scheduler's own pool has statement, lock and
     // idle-in-transaction timeouts derived from the lease, so a claim never holds its
     // routines' locks past the leases it wrote.
-    let invalid = |e: StoreError| input(format!("invalid --database-url {}: {e}", database::redact(url)));
+    let invalid = |e: StoreError| {
+        input(format!(
+            "invalid --database-url {}: {e}",
+            database::redact(url)
+        ))
+    };
     let setup = PgStore::connect_lazy(url).map_err(invalid)?;
-    let store = PgStore::connect_lazy_with(url, &StoreOptions::for_lease(lease)).map_err(invalid)?;
+    let store =
+        PgStore::connect_lazy_with(url, &StoreOptions::for_lease(lease)).map_err(invalid)?;
     let message = messages.build(&store, &setup).await?;
     let instance_id = args
         .instance_id

@@ -35,9 +35,12 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
-use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
 use crate::autopause::AutoPause;
+use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
 use crate::stats::{Stats, add};
+
+/// How many settled fires one prune statement deletes.
+const PRUNE_BATCH: u32 = 10_000;
 
 /// Why a tick or reaper pass failed. The loop logs it, counts it and keeps it for health; the
 /// next tick tries again.
@@ -495,8 +498,9 @@ impl Scheduler {
         report
     }
 
-    /// Deletes settled fires older than the retention, a bounded batch per pass so a large
-    /// backlog of old rows never makes one pass long. Returns whether the pass succeeded.
+    /// Deletes acknowledged outbox messages and settled fires older than the retention, in
+    /// bounded batches so a large backlog of old rows never makes one pass long. Returns whether
+    /// the pass succeeded.
     async fn prune(&self) -> bool {
         if let Some(outbox) = &self.outbox
             && let Err(e) = outbox.outbox_prune_acked(self.config.retention, 1000).await
@@ -506,20 +510,36 @@ impl Scheduler {
                 .tick_failed(format!("pruning the outbox failed: {e}"));
             return false;
         }
-        match self.ledger.prune_settled(self.config.retention, 1000).await {
-            Ok(pruned) => {
-                add(&self.stats.pruned, pruned);
-                if pruned > 0 {
-                    debug!(pruned, "pruned settled fires past their retention");
+        // Batches of PRUNE_BATCH rows until a batch comes back short or a quarter of the lease
+        // is spent: a pass keeps up with thousands of fires a second (PRUNE_BATCH is deleted in
+        // well under a second), and never holds the maintenance loop for long.
+        let budget = self.config.lease.duration() / 4;
+        let started = Instant::now();
+        let mut total = 0;
+        loop {
+            match self
+                .ledger
+                .prune_settled(self.config.retention, PRUNE_BATCH)
+                .await
+            {
+                Ok(pruned) => {
+                    add(&self.stats.pruned, pruned);
+                    total += pruned;
+                    if pruned < u64::from(PRUNE_BATCH) || started.elapsed() >= budget {
+                        break;
+                    }
                 }
-                true
-            }
-            Err(e) => {
-                error!(error = %e, "pruning settled fires failed");
-                self.stats.tick_failed(format!("pruning failed: {e}"));
-                false
+                Err(e) => {
+                    error!(error = %e, "pruning settled fires failed");
+                    self.stats.tick_failed(format!("pruning failed: {e}"));
+                    return false;
+                }
             }
         }
+        if total > 0 {
+            debug!(pruned = total, "pruned settled fires past their retention");
+        }
+        true
     }
 
     /// How long a dispatch of a claim taken after `claimed_from` may run: the dispatch timeout,

@@ -24,8 +24,8 @@
 //! # Ok(()) }
 //! ```
 
-pub mod completer;
 mod autopause;
+pub mod completer;
 mod engine;
 pub mod http;
 pub mod stats;

@@ -54,9 +54,13 @@ impl Gauge {
 
     fn add(&self, delta: i64) {
         let now = if delta >= 0 {
-            self.value.fetch_add(delta.unsigned_abs(), Ordering::Relaxed) + delta.unsigned_abs()
+            self.value
+                .fetch_add(delta.unsigned_abs(), Ordering::Relaxed)
+                + delta.unsigned_abs()
         } else {
-            self.value.fetch_sub(delta.unsigned_abs(), Ordering::Relaxed) - delta.unsigned_abs()
+            self.value
+                .fetch_sub(delta.unsigned_abs(), Ordering::Relaxed)
+                - delta.unsigned_abs()
         };
         self.recorded.set(now as f64);
     }

@@ -25,23 +25,23 @@ mod support;
 mod autopause;
 #[path = "scheduler/cli.rs"]
 mod cli;
-#[path = "scheduler/completer.rs"]
-mod completer;
 #[path = "scheduler/cli_hardening.rs"]
 mod cli_hardening;
+#[path = "scheduler/completer.rs"]
+mod completer;
 #[path = "scheduler/crash.rs"]
 mod crash;
 #[path = "scheduler/exactly_once.rs"]
 mod exactly_once;
-#[path = "scheduler/missions.rs"]
-mod missions;
-#[path = "scheduler/operator.rs"]
-mod operator;
 #[path = "scheduler/http.rs"]
 mod http;
+#[path = "scheduler/missions.rs"]
+mod missions;
 #[path = "scheduler/mock_loop.rs"]
 mod mock_loop;
 #[path = "scheduler/operate.rs"]
 mod operate;
+#[path = "scheduler/operator.rs"]
+mod operator;
 #[path = "scheduler/slow_target.rs"]
 mod slow_target;

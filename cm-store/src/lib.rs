@@ -46,10 +46,10 @@
 //! # Ok(()) }
 //! ```
 
-pub mod catalog;
-mod cursor;
 pub mod autopause;
+pub mod catalog;
 pub mod consumer;
+mod cursor;
 mod error;
 pub mod ledger;
 mod options;
@@ -61,16 +61,16 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-pub use catalog::{
-    ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
-};
-pub use cursor::{FireCursor, ParseFireCursorError};
 #[cfg(feature = "mock")]
 pub use autopause::MockFailingRoutines;
 pub use autopause::{AutoPaused, FailingRoutines};
+pub use catalog::{
+    ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
+};
 #[cfg(feature = "mock")]
 pub use consumer::MockOutboxConsumer;
 pub use consumer::{OutboxBacklog, OutboxConsumer, OutboxDelivery, OutboxPending, OutboxTake};
+pub use cursor::{FireCursor, ParseFireCursorError};
 pub use error::StoreError;
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;

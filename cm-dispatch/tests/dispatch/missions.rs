@@ -255,7 +255,8 @@ impl EffectProbe for DockerProbe {
     }
     /// The next start is refused with `reason`.
     async fn fail(&self, reason: &str) -> Result<(), String> {
-        self.0.fault_next_start(StartFault::Refuse(reason.to_owned()));
+        self.0
+            .fault_next_start(StartFault::Refuse(reason.to_owned()));
         Ok(())
     }
     /// Faults are spent by the start they hit; nothing is left to clear.

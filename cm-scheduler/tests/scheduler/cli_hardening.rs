@@ -129,7 +129,11 @@ async fn fires_pages_through_a_cursor() {
         }
     }
     assert_eq!(shown.len(), 5, "{shown:?}");
-    let whole: Vec<String> = ok(url, &["fires"]).lines().skip(1).map(String::from).collect();
+    let whole: Vec<String> = ok(url, &["fires"])
+        .lines()
+        .skip(1)
+        .map(String::from)
+        .collect();
     assert_eq!(shown, whole);
 
     // JSON form: the cursor is a last line of its own.

@@ -99,11 +99,12 @@ async fn mission_backend_settings_are_refused_at_start() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let waited = crate::support::eventually_within(std::time::Duration::from_secs(20), async || {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        text.contains("does not answer yet").then_some(text)
-    })
-    .await;
+    let waited =
+        crate::support::eventually_within(std::time::Duration::from_secs(20), async || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            text.contains("does not answer yet").then_some(text)
+        })
+        .await;
     let still_running = child.try_wait().unwrap().is_none();
     let _ = child.kill();
     let _ = child.wait();

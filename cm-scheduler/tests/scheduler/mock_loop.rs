@@ -1027,3 +1027,31 @@ async fn a_database_down_through_the_deadline_leaves_the_claim_for_a_retry() {
     assert_eq!(Stats::get(&scheduler.stats().left_for_retry), 1);
     assert_eq!(Stats::get(&scheduler.stats().failed), 0);
 }
+
+/// The maintenance pass prunes in batches until a batch comes back short, so retention keeps
+/// up with a ledger that grows by thousands of rows a second.
+#[tokio::test]
+async fn pruning_repeats_full_batches_until_one_comes_back_short() {
+    let mut ledger = MockFireLedger::new();
+    ledger.expect_claim_due().returning(|_| Ok(claim(&[], 0)));
+    ledger
+        .expect_reap_expired()
+        .returning(|_| Ok(claim(&[], 0)));
+    let batches = Arc::new(Mutex::new(VecDeque::from([10_000u64, 10_000, 5])));
+    let left = batches.clone();
+    ledger
+        .expect_prune_settled()
+        .times(3)
+        .withf(|_, limit| *limit == 10_000)
+        .returning(move |_, _| Ok(left.lock().unwrap().pop_front().unwrap_or(0)));
+    let scheduler = Arc::new(scheduler(ledger, mock_dispatcher()));
+    // One maintenance pass falls in the run (the next is half a lease, 500 ms, later).
+    let summary = scheduler
+        .clone()
+        .spawn(tokio::time::sleep(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    assert_eq!(summary.tick_errors, 0, "{summary:?}");
+    assert_eq!(Stats::get(&scheduler.stats().pruned), 20_005);
+    assert!(batches.lock().unwrap().is_empty());
+}

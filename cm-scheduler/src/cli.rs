@@ -99,9 +99,10 @@ struct RunArgs {
     /// The longest one dispatch may run; must be shorter than the lease.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     dispatch_timeout: Duration,
-    /// The most dispatches running at once; a tick claims no more than it can start.
-    #[arg(long, default_value_t = SchedulerConfig::DEFAULT_MAX_IN_FLIGHT)]
-    max_in_flight: usize,
+    /// The most dispatches running at once; a tick claims no more than it can start [default:
+    /// 100, or the cap if larger, so a tick can always claim a whole cap].
+    #[arg(long)]
+    max_in_flight: Option<usize>,
     /// How many claims an occurrence may have before it is settled failed.
     #[arg(long, default_value_t = 3)]
     max_attempts: u32,
@@ -520,7 +521,9 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         max_fires_per_tick: cap,
         lease,
         dispatch_timeout: args.dispatch_timeout,
-        max_in_flight: args.max_in_flight,
+        max_in_flight: args
+            .max_in_flight
+            .unwrap_or(SchedulerConfig::DEFAULT_MAX_IN_FLIGHT.max(cap.get())),
         max_attempts: args.max_attempts,
         misfire_grace: args.misfire_grace,
         max_backlog: args.max_backlog,

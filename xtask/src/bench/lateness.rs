@@ -104,6 +104,9 @@ pub(super) async fn run(
     let config = SchedulerConfig {
         tick_interval: tick,
         max_fires_per_tick: FireCap::new(options.lateness_cap).context("the cap is at least 1")?,
+        // Room for a whole tick's claims beside the stalled routine's held dispatches (one a
+        // second for the stall's length): a tick claims no more than it can start.
+        max_in_flight: options.lateness_cap + 2 * options.stall_seconds as usize,
         // A grace and a backlog far beyond a stall, so nothing is skipped by policy and a gap in
         // the ledger can only be a loss.
         misfire_grace: Duration::from_secs(3600),

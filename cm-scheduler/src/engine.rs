@@ -229,51 +229,35 @@ impl Scheduler {
     /// One tick, whole: claim what is due (at most the cap, and no more than there is room to
     /// start), dispatch it, and wait until every dispatch is settled.
     pub async fn tick(&self) -> Result<TickReport, TickError> {
-        let (completer, task) = self.completer();
-        let mut dispatches = JoinSet::new();
-        let result = self
-            .claim_and_start(&completer, Some(&mut dispatches))
-            .await;
-        let mut report = match result {
-            Ok(report) => report,
-            Err(e) => {
-                drop(completer);
-                if let Some(task) = task {
-                    task.finish().await;
-                }
-                return Err(e);
-            }
-        };
-        collect(&mut dispatches, &mut report).await;
-        drop(completer);
-        if let Some(task) = task {
-            task.finish().await;
-        }
-        Ok(report)
+        self.whole_pass(Pass::Tick).await
     }
 
     /// One reaper pass, whole: take over claims whose lease ran out (their claimant crashed)
     /// and fire them again, or abandon those that crashed too often; wait until settled.
     pub async fn reap(&self) -> Result<TickReport, TickError> {
+        self.whole_pass(Pass::Reap).await
+    }
+
+    /// Runs one pass with a completer of its own and waits for its dispatches and their
+    /// settles, so the report is final.
+    async fn whole_pass(&self, pass: Pass) -> Result<TickReport, TickError> {
         let (completer, task) = self.completer();
         let mut dispatches = JoinSet::new();
-        let result = self.reap_and_start(&completer, Some(&mut dispatches)).await;
-        let mut report = match result {
-            Ok(report) => report,
-            Err(e) => {
-                drop(completer);
-                if let Some(task) = task {
-                    task.finish().await;
-                }
-                return Err(e);
+        let mut result = match pass {
+            Pass::Tick => {
+                self.claim_and_start(&completer, Some(&mut dispatches))
+                    .await
             }
+            Pass::Reap => self.reap_and_start(&completer, Some(&mut dispatches)).await,
         };
-        collect(&mut dispatches, &mut report).await;
+        if let Ok(report) = &mut result {
+            collect(&mut dispatches, report).await;
+        }
         drop(completer);
         if let Some(task) = task {
             task.finish().await;
         }
-        Ok(report)
+        result
     }
 
     /// Claims what is due and starts its dispatches. With `wait`, the dispatch tasks go there
@@ -673,6 +657,12 @@ impl Scheduler {
     ) -> tokio::task::JoinHandle<RunSummary> {
         tokio::spawn(async move { self.run(shutdown).await })
     }
+}
+
+/// Which pass [`Scheduler::whole_pass`] runs.
+enum Pass {
+    Tick,
+    Reap,
 }
 
 /// Joins the dispatches of a whole tick and adds their ends to its report.

@@ -47,7 +47,7 @@ enum Command {
     /// Applies the schema's migrations (creating the database if it does not exist).
     Migrate,
     /// Runs a scheduler until SIGINT or SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Creates and manages routines.
     #[command(subcommand)]
     Routine(RoutineCommand),
@@ -284,7 +284,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             println!("migrations applied");
             Ok(())
         }
-        Command::Run(args) => run(&cli.database_url, args).await,
+        Command::Run(args) => run(&cli.database_url, *args).await,
         Command::Outbox(args) => outbox::show(&cli.database_url, args).await,
         Command::Routine(command) => routine::routine(&cli.database_url, command).await,
         Command::Fires {

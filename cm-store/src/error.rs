@@ -90,22 +90,6 @@ fn is_transient_sqlstate(code: &str) -> bool {
         )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::is_transient_sqlstate;
-
-    #[test]
-    fn transient_sqlstates() {
-        for code in [
-            "08006", "08001", "40001", "40P01", "53300", "57014", "55P03", "57P01",
-        ] {
-            assert!(is_transient_sqlstate(code), "{code}");
-        }
-        for code in ["23505", "23503", "22021", "42P01", "42703", "P0001"] {
-            assert!(!is_transient_sqlstate(code), "{code}");
-        }
-    }
-}
 
 impl StoreError {
     /// The error in one line for people: the database's own message without PostgreSQL's
@@ -142,5 +126,22 @@ fn explain_sqlx(e: &sqlx::Error) -> String {
             "no database connection came free in time (is PostgreSQL overloaded or gone?)".into()
         }
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_transient_sqlstate;
+
+    #[test]
+    fn transient_sqlstates() {
+        for code in [
+            "08006", "08001", "40001", "40P01", "53300", "57014", "55P03", "57P01",
+        ] {
+            assert!(is_transient_sqlstate(code), "{code}");
+        }
+        for code in ["23505", "23503", "22021", "42P01", "42703", "P0001"] {
+            assert!(!is_transient_sqlstate(code), "{code}");
+        }
     }
 }

@@ -90,7 +90,6 @@ fn is_transient_sqlstate(code: &str) -> bool {
         )
 }
 
-
 impl StoreError {
     /// The error in one line for people: the database's own message without PostgreSQL's
     /// internals (its source file, line and function), and what to do where that is known

@@ -442,9 +442,20 @@ impl FireLedger for PgStore {
 
         let mut plans = Vec::with_capacity(due.len());
         let mut unusable = Vec::new();
+        // Parsing an expression costs far more than walking it, and many routines share one
+        // (every hour, every minute): each distinct (expression, zone) is parsed once a claim.
+        let mut parsed: std::collections::HashMap<
+            (&str, &str),
+            Result<cm_domain::Schedule, String>,
+        > = std::collections::HashMap::new();
         for routine in &due {
-            let schedule = cm_domain::Schedule::parse(&routine.schedule, &routine.timezone)
-                .map_err(|e| e.to_string());
+            let schedule = parsed
+                .entry((routine.schedule.as_str(), routine.timezone.as_str()))
+                .or_insert_with(|| {
+                    cm_domain::Schedule::parse(&routine.schedule, &routine.timezone)
+                        .map_err(|e| e.to_string())
+                })
+                .clone();
             let policy = routine
                 .misfire_policy
                 .parse::<cm_domain::MisfirePolicy>()

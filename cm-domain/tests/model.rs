@@ -23,6 +23,11 @@
 //!   there, so it is what exercises the InFlight, Settled and Retry outcomes of a claim.
 //! - How a tick writes `next_run_at` after such a race is a setup choice ([`RoutineUpdate`]):
 //!   never backwards, or last writer wins.
+//! - A routine's backend is external (a dispatch under the claim's lease, settled afterwards)
+//!   or database-local, as the transactional outbox of message routines is: there a fresh
+//!   claim inserts the row already `fired` and writes its effect in the same statement
+//!   ([`ClaimOutcome::SettledInClaim`]); a row that exists (a retry after a crash) goes through
+//!   the dispatch path like any other.
 //! - The abandon settle (too many attempts) runs in the transaction of the claim or reap that
 //!   found it; a dispatch that is still pending when its lease runs out has been stopped by its
 //!   timeout, produces no effect, and is settled failed (fenced) whenever its scheduler gets to
@@ -106,6 +111,11 @@ struct RoutineSetup {
     /// How long before the clock's start the routine was created, so a case can start with
     /// misfires already owed.
     created_secs_before: u64,
+    /// Whether the routine's backend is database-local (the transactional outbox of message
+    /// routines): a fresh claim inserts the row already `fired` and writes the effect in the
+    /// same statement. Otherwise the backend is external (a webhook, a container) and the
+    /// effect is a dispatch under the claim's lease.
+    in_claim: bool,
 }
 
 /// How a tick writes a routine's `next_run_at`. With one tick at a time both are the same; they
@@ -161,12 +171,16 @@ fn setup_strategy() -> impl Strategy<Value = Setup> {
             MisfirePolicy::Skip,
         ]),
         0u64..=30,
+        prop::bool::weighted(0.2),
     )
-        .prop_map(|(schedule, policy, created_secs_before)| RoutineSetup {
-            schedule,
-            policy,
-            created_secs_before,
-        });
+        .prop_map(
+            |(schedule, policy, created_secs_before, in_claim)| RoutineSetup {
+                schedule,
+                policy,
+                created_secs_before,
+                in_claim,
+            },
+        );
     (
         (
             prop::sample::select(starts()),
@@ -338,6 +352,10 @@ enum Bug {
     /// The tick moves a routine's clock to its misfire plan's next run, forgetting that the cap
     /// deferred some of its occurrences.
     DeferralDropped,
+    /// The claim statement of a database-local backend writes its effect for every occurrence it
+    /// names, not only for the rows it inserted: a second tick that meets a settled row writes a
+    /// second message.
+    InClaimOnExistingRow,
 }
 
 /// One row of `routine_fires`.
@@ -430,6 +448,8 @@ struct Routine {
     /// Whether two ticks ever planned this routine from the same read; the exact count form of
     /// "owed" only holds when they did not.
     racy: bool,
+    /// Whether a fresh claim settles it in the claim's own statement ([`RoutineSetup::in_claim`]).
+    in_claim: bool,
 }
 
 /// What a dispatch a scheduler holds is doing.
@@ -501,6 +521,7 @@ struct Stats {
     retry: u64,
     in_flight: u64,
     settled: u64,
+    settled_in_claim: u64,
     reaped: u64,
     abandoned: u64,
     fenced_out: u64,
@@ -520,6 +541,7 @@ impl Stats {
         self.retry += o.retry;
         self.in_flight += o.in_flight;
         self.settled += o.settled;
+        self.settled_in_claim += o.settled_in_claim;
         self.reaped += o.reaped;
         self.abandoned += o.abandoned;
         self.fenced_out += o.fenced_out;
@@ -588,6 +610,7 @@ impl World {
                     skipped_total: 0,
                     skipped: BTreeSet::new(),
                     racy: false,
+                    in_claim: r.in_claim,
                 }
             })
             .collect();
@@ -763,9 +786,41 @@ impl World {
         // INSERT … ON CONFLICT (routine_id, scheduled_at) DO UPDATE … WHERE status = 'claimed'
         // AND lease_expires_at <= now() RETURNING (xmax = 0) AS inserted, …
         let mut returned = Vec::with_capacity(open.plan.claims.len());
+        let mut in_claim_effects = 0;
         for occurrence in &open.plan.claims {
             let take_live = self.bug == Bug::ClaimTakesLiveLease;
+            let in_claim = self
+                .routines
+                .iter()
+                .any(|r| r.id == occurrence.routine_id && r.in_claim);
             let (inserted, row) = match self.fires.get_mut(occurrence) {
+                // A database-local backend: the row is inserted `fired` and its effect (the
+                // outbox row) is written by the same statement, at the transaction's clock.
+                None if in_claim => {
+                    let row = Fire {
+                        status: FireStatus::Fired,
+                        claimant: claimant.clone(),
+                        token,
+                        attempt: 1,
+                        lease_from: open.now,
+                        lease_until: until,
+                        error: None,
+                    };
+                    self.fires.insert(*occurrence, row.clone());
+                    self.effects.push(Effect {
+                        occurrence: *occurrence,
+                        claimant: claimant.clone(),
+                        token,
+                        attempt: 1,
+                        lease_from: open.now,
+                        lease_until: until,
+                        at: open.now,
+                        step: self.step,
+                    });
+                    self.stats.effects += 1;
+                    in_claim_effects += 1;
+                    (true, row)
+                }
                 None => {
                     let row = Fire {
                         status: FireStatus::Claimed,
@@ -780,6 +835,18 @@ impl World {
                     (true, row)
                 }
                 Some(row) => {
+                    if in_claim && self.bug == Bug::InClaimOnExistingRow {
+                        self.effects.push(Effect {
+                            occurrence: *occurrence,
+                            claimant: claimant.clone(),
+                            token,
+                            attempt: row.attempt,
+                            lease_from: open.now,
+                            lease_until: until,
+                            at: open.now,
+                            step: self.step,
+                        });
+                    }
                     if row.status == FireStatus::Claimed
                         && (lease_expired(row.lease_until, open.now) || take_live)
                     {
@@ -897,7 +964,7 @@ impl World {
         let tick = self.ticks.len();
         self.ticks.push(TickRecord {
             claims: open.plan.claims.len(),
-            dispatched: 0,
+            dispatched: in_claim_effects,
         });
         self.log(format!(
             "{claimant} claims {} at {} (token {}), defers {}",
@@ -914,8 +981,7 @@ impl World {
                 ClaimOutcome::Retry { .. } => self.stats.retry += 1,
                 ClaimOutcome::InFlight { .. } => self.stats.in_flight += 1,
                 ClaimOutcome::Settled(_) => self.stats.settled += 1,
-                // The model's backend is external: a claim never inserts a row settled.
-                ClaimOutcome::SettledInClaim(_) => unreachable!("the model inserts rows claimed"),
+                ClaimOutcome::SettledInClaim(_) => self.stats.settled_in_claim += 1,
             }
             self.log(format!("  {} -> {outcome:?}", self.occ(&occurrence)));
             self.act(s, occurrence, &row, outcome, Some(tick));
@@ -1560,6 +1626,7 @@ fn claim_protocol_holds_for_racing_crashing_schedulers() {
             ("Retry", stats.retry),
             ("InFlight", stats.in_flight),
             ("Settled", stats.settled),
+            ("SettledInClaim", stats.settled_in_claim),
             ("reaped", stats.reaped),
             ("abandoned", stats.abandoned),
             ("fenced-out settles", stats.fenced_out),
@@ -1729,4 +1796,14 @@ fn model_catches_an_unfenced_settle() {
 #[test]
 fn model_catches_a_tick_that_drops_deferred_occurrences() {
     assert_caught(Bug::DeferralDropped, &["[owed]"]);
+}
+
+/// A database-local claim that writes its message for rows that already exist doubles the
+/// effect of an occurrence another tick already fired.
+#[test]
+fn model_catches_an_in_claim_write_for_an_existing_row() {
+    assert_caught(
+        Bug::InClaimOnExistingRow,
+        &["[overlap]", "[dispatch-after-settle]", "[attempt-order]"],
+    );
 }

@@ -28,7 +28,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{SecondsFormat, Utc};
+use chrono::{DateTime, NaiveDateTime, SecondsFormat, Utc};
 use rand::Rng as _;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
@@ -229,7 +229,7 @@ impl WebhookDispatcher {
             .headers()
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after);
+            .and_then(|v| parse_retry_after(v, Utc::now()));
         let mut excerpt = Vec::new();
         while excerpt.len() < EXCERPT_BYTES {
             match response.chunk().await {
@@ -368,10 +368,25 @@ fn judge(answer: Answer) -> Verdict {
     }
 }
 
-/// A `Retry-After` in seconds (the HTTP-date form is rare from webhook receivers and is
-/// treated as absent, so the backoff applies).
-fn parse_retry_after(value: &str) -> Option<Duration> {
-    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+/// A `Retry-After` (RFC 9110 §10.2.3): delay seconds, or an HTTP-date in any of the three forms
+/// a recipient must accept (IMF-fixdate, RFC 850, asctime), read as the time left until it by
+/// this host's clock. A date in the past means "now"; anything else unreadable is treated as
+/// absent, so the backoff applies.
+fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let date = DateTime::parse_from_rfc2822(value)
+        .map(|d| d.with_timezone(&Utc))
+        .or_else(|_| {
+            NaiveDateTime::parse_from_str(value, "%A, %d-%b-%y %H:%M:%S GMT").map(|d| d.and_utc())
+        })
+        .or_else(|_| {
+            NaiveDateTime::parse_from_str(value, "%a %b %e %H:%M:%S %Y").map(|d| d.and_utc())
+        })
+        .ok()?;
+    Some((date - now).to_std().unwrap_or(Duration::ZERO))
 }
 
 #[async_trait]
@@ -447,6 +462,30 @@ mod tests {
         check("whsec_", false);
         check("whsec_not base64!", false);
         check("", false);
+    }
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_any_http_date() {
+        let now = DateTime::parse_from_rfc3339("1994-11-06T08:49:30Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let check = |value: &str, expected: Option<u64>| {
+            assert_eq!(
+                parse_retry_after(value, now),
+                expected.map(Duration::from_secs),
+                "{value:?}"
+            );
+        };
+        check("120", Some(120));
+        check(" 0 ", Some(0));
+        check("Sun, 06 Nov 1994 08:49:37 GMT", Some(7));
+        check("Sunday, 06-Nov-94 08:49:37 GMT", Some(7));
+        check("Sun Nov  6 08:49:37 1994", Some(7));
+        // A date already past: retry now, not never.
+        check("Sun, 06 Nov 1994 08:49:00 GMT", Some(0));
+        check("-5", None);
+        check("soon", None);
+        check("", None);
     }
 
     #[test]

@@ -203,6 +203,37 @@ async fn a_429_waits_as_long_as_retry_after_says() {
 }
 
 #[tokio::test]
+async fn a_503_with_an_http_date_retry_after_waits_until_that_date() {
+    let receiver = Receiver::start().await;
+    // Two seconds ahead at whole-second resolution: at least one second is left to wait.
+    let at = chrono::Utc::now() + chrono::TimeDelta::seconds(2);
+    let date = at.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+    receiver.script([
+        Answer::new(503, "maintenance").header("retry-after", &date),
+        Answer::new(200, ""),
+    ]);
+    let d = dispatch(Duration::from_secs(10));
+    let webhook = WebhookDispatcher::new(
+        &receiver.url("/hook"),
+        WebhookSecret::parse(SECRET).unwrap(),
+    )
+    .unwrap()
+    .with_retry(RetryPolicy {
+        initial_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_secs(5),
+    });
+    let receipt = webhook.dispatch(&d).await.unwrap();
+    assert_eq!(receipt.detail, "HTTP 200");
+    let deliveries = receiver.deliveries();
+    assert_eq!(deliveries.len(), 2);
+    let waited = deliveries[1].at - deliveries[0].at;
+    assert!(
+        waited >= Duration::from_millis(950),
+        "waited only {waited:?} for {date}"
+    );
+}
+
+#[tokio::test]
 async fn retries_stop_at_the_deadline_with_the_last_answer() {
     let receiver = Receiver::start().await;
     receiver.script((0..1000).map(|_| Answer::new(503, "still down")));

@@ -4,7 +4,8 @@
 //! - `receiver`: a real HTTP server on 127.0.0.1 that verifies Standard Webhooks signatures
 //!   with its own implementation of the scheme, records deliveries and answers as scripted.
 //! - `webhook`: the webhook backend against that receiver (feature `webhook`).
-//! - `nats`: the NATS backend against the JetStream server at 127.0.0.1:4222 (feature `nats`).
+//! - `nats`: the NATS backend against the JetStream server at 127.0.0.1:4222 (feature `nats`),
+//!   through the conformance suite with `nats_proxy` between them to stall and refuse publishes.
 //! - `missions`: the mission backends (process runner for real, Docker against its fake).
 
 #[path = "dispatch/missions.rs"]
@@ -15,6 +16,9 @@ mod conformance;
 #[cfg(feature = "nats")]
 #[path = "dispatch/nats.rs"]
 mod nats;
+#[cfg(feature = "nats")]
+#[path = "dispatch/nats_proxy.rs"]
+mod nats_proxy;
 #[cfg(feature = "webhook")]
 #[path = "dispatch/receiver.rs"]
 pub mod receiver;

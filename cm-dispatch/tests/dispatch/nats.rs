@@ -4,12 +4,16 @@
 
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use chrono::{TimeZone, Utc};
+use cm_dispatch::conformance::{EffectProbe, check_backend};
 use cm_dispatch::nats::{NatsConfig, NatsConfigError};
 use cm_dispatch::{Dispatch, Dispatcher, NatsDispatcher};
-use cm_domain::Occurrence;
+use cm_domain::{IdempotencyKey, Occurrence};
 use cm_store::RoutineKind;
-use serde_json::json;
+use serde_json::{Value, json};
+
+use crate::nats_proxy::{Mode, NatsProxy};
 
 fn server() -> String {
     std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into())
@@ -154,4 +158,94 @@ async fn bad_names_and_a_missing_credentials_file_are_refused_at_start() {
         NatsDispatcher::connect(&bad).await,
         "cannot read the NATS credentials file",
     );
+}
+
+/// The conformance suite's hold on JetStream: the stream itself counts effects (messages with the
+/// key as `Nats-Msg-Id`), and the proxy in front of the server stalls or refuses publishes.
+struct NatsProbe {
+    proxy: NatsProxy,
+    jetstream: async_nats::jetstream::Context,
+    stream: String,
+}
+
+impl NatsProbe {
+    /// The bodies of the stream's messages published under `key`.
+    async fn messages(&self, key: &IdempotencyKey) -> Result<Vec<Value>, String> {
+        let mut stream = self
+            .jetstream
+            .get_stream(&self.stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        let state = stream
+            .info()
+            .await
+            .map_err(|e| e.to_string())?
+            .state
+            .clone();
+        let mut found = Vec::new();
+        for seq in state.first_sequence..=state.last_sequence {
+            let Ok(message) = stream.get_raw_message(seq).await else {
+                continue;
+            };
+            let id = message
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str().to_owned());
+            if id.as_deref() == Some(key.as_str()) {
+                found.push(serde_json::from_slice(&message.payload).map_err(|e| e.to_string())?);
+            }
+        }
+        Ok(found)
+    }
+}
+
+#[async_trait]
+impl EffectProbe for NatsProbe {
+    async fn effects(&self, key: &IdempotencyKey) -> Result<usize, String> {
+        Ok(self.messages(key).await?.len())
+    }
+    async fn payload(&self, key: &IdempotencyKey) -> Result<Option<Value>, String> {
+        Ok(self
+            .messages(key)
+            .await?
+            .first()
+            .map(|body| body["payload"].clone()))
+    }
+    async fn stall(&self) -> Result<(), String> {
+        self.proxy.set(Mode::Stall);
+        Ok(())
+    }
+    async fn fail(&self, reason: &str) -> Result<(), String> {
+        self.proxy.set(Mode::Refuse(reason.to_owned()));
+        Ok(())
+    }
+    async fn heal(&self) -> Result<(), String> {
+        self.proxy.set(Mode::Pass);
+        Ok(())
+    }
+    fn secret(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The whole conformance suite, stall and refusal included: the backend talks to the real
+/// server through a proxy that can swallow publishes or answer them with a JetStream error.
+#[tokio::test]
+async fn nats_backend_conforms() {
+    let mut config = config(Duration::from_secs(120));
+    let upstream = server()
+        .trim_start_matches("nats://")
+        .trim_end_matches('/')
+        .to_owned();
+    let proxy = NatsProxy::start(upstream, config.subject_prefix.clone()).await;
+    config.url = proxy.url();
+    let nats = NatsDispatcher::connect(&config).await.unwrap();
+    let probe = NatsProbe {
+        proxy,
+        jetstream: jetstream().await,
+        stream: config.stream.clone(),
+    };
+    let outcome = check_backend(&nats, &probe, RoutineKind::Message).await;
+    probe.jetstream.delete_stream(&config.stream).await.unwrap();
+    outcome.unwrap();
 }

@@ -6,9 +6,13 @@
 //! - `webhook`: the webhook backend against that receiver (feature `webhook`).
 //! - `nats`: the NATS backend against the JetStream server at 127.0.0.1:4222 (feature `nats`).
 //! - `missions`: the mission backends (process runner for real, Docker against its fake).
+//! - `kubernetes`: the Kubernetes mission backend against the fake API server.
 
 #[path = "dispatch/missions.rs"]
 mod missions;
+
+#[path = "dispatch/kubernetes.rs"]
+mod kubernetes;
 
 #[path = "dispatch/conformance.rs"]
 mod conformance;

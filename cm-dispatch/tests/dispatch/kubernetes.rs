@@ -489,3 +489,30 @@ async fn kubernetes_rejects_an_invalid_mission_without_a_call() {
     }
     assert_eq!(fake.calls(), vec![], "nothing reached the API server");
 }
+
+/// A self-signed certificate for 127.0.0.1 (valid until 2126), as a kubeconfig's
+/// `certificate-authority-data` carries a cluster's CA.
+const CA_DATA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJrakNDQVRpZ0F3SUJBZ0lVUUphblIwVEVrSUJmUmY3Z3lSNFV4Wk5sMHdZd0NnWUlLb1pJemowRUF3SXcKRlRFVE1CRUdBMVVFQXd3S1kyMHRkR1Z6ZEMxallUQWdGdzB5TmpFeE16QXlNRFF5TXpoYUdBOHlNVEkyTVRFdwpOakl3TkRJek9Gb3dGVEVUTUJFR0ExVUVBd3dLWTIwdGRHVnpkQzFqWVRCWk1CTUdCeXFHU000OUFnRUdDQ3FHClNNNDlBd0VIQTBJQUJGdlBKVEI3T3hLandvRUdUNDBuU1J1NllGMVBaYUxKQ25NNzRGTUE5RlI3U3hvT3FadnIKckFnYWhDbGY3Q2dITTRJeFZ2clMxR2ZkQk1aa1FBcXRVSG1qWkRCaU1CMEdBMVVkRGdRV0JCUWRudldtay9NdwpLSjI0bmQ0UythMURhdDJVSkRBZkJnTlZIU01FR0RBV2dCUWRudldtay9Nd0tKMjRuZDRTK2ExRGF0MlVKREFQCkJnTlZIUk1CQWY4RUJUQURBUUgvTUE4R0ExVWRFUVFJTUFhSEJIOEFBQUV3Q2dZSUtvWkl6ajBFQXdJRFNBQXcKUlFJZ09GVHB6NVcxT0k2RURVUGNPaklRSG9rb3Q2R3NoSzAxQ2JGUWRpdVRYYWdDSVFEeGxIbzk3MkpsNmFObgpMdjhIZzhmcjFYOStIeFNCK2xUSmFLMktkWEs1S2c9PQotLS0tLUVORCBDRVJUSUZJQ0FURS0tLS0tCg==";
+
+#[tokio::test]
+async fn kubernetes_over_https_builds_its_tls_client_from_the_kubeconfig() {
+    // What a real cluster's kubeconfig looks like: https, the CA inline, a token. Building the
+    // client builds its TLS configuration (rustls with the ring provider, nothing installed by
+    // hand); nothing listens on the port, so the dispatch fails as unreachable, not as a panic
+    // or a refusal.
+    let file = Kubeconfig::write(&format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: {CA_DATA}\nusers:\n- name: u\n  user:\n    token: {TOKEN}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+    ));
+    let kube =
+        KubernetesDispatcher::from_kubeconfig(&file.0, IMAGE.to_owned(), MissionConfig::default())
+            .await
+            .unwrap();
+    let err = kube
+        .dispatch(&dispatch(mission(), 1, Duration::from_millis(800)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Unavailable(t) if t.contains("deadline") && !t.contains(TOKEN)),
+        "{err}"
+    );
+}

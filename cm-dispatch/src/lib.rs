@@ -18,6 +18,7 @@
 //! | [`RoutedDispatcher`] | both | sends message routines to one backend and mission routines to another |
 //! | [`ProcessDispatcher`] | mission | a local child process per occurrence, guarded by a marker file created with `O_EXCL`; development only |
 //! | `DockerDispatcher` (feature `docker`) | mission | a container named by the key: Docker answers a second create with 409 |
+//! | `KubernetesDispatcher` (feature `kubernetes`) | mission | a Job named by the key: the API server answers a second create with 409 `AlreadyExists` |
 //! | `WebhookDispatcher` (feature `webhook`) | message | an HTTP POST signed per Standard Webhooks 1.0; `webhook-id` is the key; a 409 answer is a duplicate |
 //! | `NatsDispatcher` (feature `nats`) | message | a JetStream publish with `Nats-Msg-Id` set to the key, so the stream drops a duplicate |
 //!
@@ -33,6 +34,8 @@ pub mod conformance;
 mod docker;
 #[cfg(feature = "fakes")]
 pub mod fakes;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 mod memory;
 pub mod mission;
 pub mod mission_conformance;
@@ -53,6 +56,8 @@ use serde_json::Value;
 
 #[cfg(feature = "docker")]
 pub use docker::{DockerDispatcher, DockerSetupError};
+#[cfg(feature = "kubernetes")]
+pub use kubernetes::{KubernetesDispatcher, KubernetesSetupError};
 pub use memory::MemoryDispatcher;
 #[cfg(feature = "nats")]
 pub use nats::NatsDispatcher;

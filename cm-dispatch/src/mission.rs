@@ -61,7 +61,7 @@ pub struct DockerConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesConfig {
-    /// The namespace Jobs are created in.
+    /// The namespace Jobs are created in (the kubeconfig context's namespace is not used).
     #[serde(default = "default_namespace")]
     pub namespace: String,
     /// The service account the mission's pod runs as; the namespace's default when absent.
@@ -75,7 +75,8 @@ pub struct KubernetesConfig {
     #[serde(default = "default_active_deadline")]
     pub active_deadline_seconds: i64,
     /// How long a finished Job is kept before Kubernetes deletes it (`ttlSecondsAfterFinished`).
-    /// It must exceed the scheduler's retention of fires in spirit: a deleted Job frees its name.
+    /// Keep it well past the time a retry of an occurrence can still come (a lease and a tick):
+    /// a deleted Job frees its name, and a create after that would launch the mission again.
     #[serde(default = "default_ttl")]
     pub ttl_seconds_after_finished: i32,
     /// CPU request and limit (a Kubernetes quantity, `"500m"`).

@@ -7,9 +7,13 @@
 //! - `nats`: the NATS backend against the JetStream server at 127.0.0.1:4222 (feature `nats`),
 //!   through the conformance suite with `nats_proxy` between them to stall and refuse publishes.
 //! - `missions`: the mission backends (process runner for real, Docker against its fake).
+//! - `kubernetes`: the Kubernetes mission backend against the fake API server.
 
 #[path = "dispatch/missions.rs"]
 mod missions;
+
+#[path = "dispatch/kubernetes.rs"]
+mod kubernetes;
 
 #[path = "dispatch/conformance.rs"]
 mod conformance;

@@ -531,7 +531,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     }
     .validate()
     .map_err(|e| input(e.to_string()))?;
-    let mission = args.mission.dispatcher().map_err(|e| match e {
+    let mission = args.mission.dispatcher().await.map_err(|e| match e {
         crate::mission_args::MissionSetupError::Config(message) => input(message),
         crate::mission_args::MissionSetupError::Runtime(message) => {
             Failure::Other(anyhow::anyhow!(message))

@@ -42,7 +42,7 @@ pub enum MissionBackend {
     None,
     /// A Docker container per occurrence (DOCKER_HOST, or the default socket).
     Docker,
-    /// A Kubernetes Job per occurrence: not built yet, refused at start.
+    /// A Kubernetes Job per occurrence (KUBECONFIG, ~/.kube/config, or in-cluster).
     Kubernetes,
     /// A local process per occurrence: development only.
     Process,
@@ -52,7 +52,7 @@ impl MissionArgs {
     /// The backend the flags describe, or `None` for `--mission-backend none`. A refused
     /// configuration is [`MissionSetupError::Config`], one line for the operator (the caller exits 2); a runtime
     /// that cannot be used (no Docker socket) is [`MissionSetupError::Runtime`] (exit 1).
-    pub fn dispatcher(&self) -> Result<Option<Arc<dyn Dispatcher>>, MissionSetupError> {
+    pub async fn dispatcher(&self) -> Result<Option<Arc<dyn Dispatcher>>, MissionSetupError> {
         let needs_image = matches!(
             self.mission_backend,
             MissionBackend::Docker | MissionBackend::Kubernetes
@@ -96,7 +96,7 @@ impl MissionArgs {
             }
             MissionBackend::Kubernetes => {
                 let (image, settings) = self.image_and_config()?;
-                kubernetes(image, settings)
+                kubernetes(image, settings).await
             }
         }
     }
@@ -134,10 +134,10 @@ impl MissionArgs {
 pub enum MissionSetupError {
     /// The flags or the config file are wrong (exit 2).
     Config(String),
-    /// The runtime cannot be used as configured, such as a Docker socket that is not there
-    /// (exit 1).
-    // Only the Docker backend can fail this way; a build without it never constructs it.
-    #[cfg_attr(not(feature = "docker"), allow(dead_code))]
+    /// The runtime cannot be used as configured, such as a Docker socket that is not there or
+    /// no Kubernetes configuration to be found (exit 1).
+    // Only the container backends can fail this way; a build without both never constructs it.
+    #[cfg_attr(not(any(feature = "docker", feature = "kubernetes")), allow(dead_code))]
     Runtime(String),
 }
 
@@ -168,6 +168,21 @@ fn docker(_: String, _: MissionConfig) -> Backend {
     ))
 }
 
-fn kubernetes(_: String, _: MissionConfig) -> Backend {
-    Err(config("the kubernetes mission backend is not built yet"))
+#[cfg(feature = "kubernetes")]
+async fn kubernetes(image: String, settings: MissionConfig) -> Backend {
+    use cm_dispatch::KubernetesSetupError;
+    let backend = cm_dispatch::KubernetesDispatcher::from_env(image, settings)
+        .await
+        .map_err(|e| match e {
+            KubernetesSetupError::Config(message) => MissionSetupError::Config(message),
+            KubernetesSetupError::Cluster(_) => MissionSetupError::Runtime(e.to_string()),
+        })?;
+    Ok(Some(Arc::new(backend)))
+}
+
+#[cfg(not(feature = "kubernetes"))]
+async fn kubernetes(_: String, _: MissionConfig) -> Backend {
+    Err(config(
+        "this cm-scheduler was built without the kubernetes feature",
+    ))
 }

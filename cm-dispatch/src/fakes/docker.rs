@@ -12,11 +12,11 @@
 //! [`FakeDocker::calls`] and [`FakeDocker::containers`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use super::{Answer, Call, FakeRequest, Handler, Server};
+use super::{Answer, Call, FakeRequest, Handler, Server, lock};
 
 /// What the next `start` of a container does instead of starting it normally.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,11 +129,6 @@ impl FakeDocker {
     }
 }
 
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    // A test thread that panicked must not hide the record from the others.
-    state.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn message(status: u16, text: String) -> Option<Answer> {
     Some((status, json!({ "message": text }).to_string()))
 }
@@ -143,17 +138,7 @@ impl Handler for Engine {
         let mut state = lock(&self.0);
         let path = strip_version(&request.path).to_owned();
         let index = state.calls.len();
-        state.calls.push(Call {
-            method: request.method.clone(),
-            path: path.clone(),
-            query: request
-                .query
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join("&"),
-            status: 0,
-        });
+        state.calls.push(Call::received(request, &path));
         let answer = route(&mut state, request, &path);
         if let Some((status, _)) = &answer {
             state.calls[index].status = *status;

@@ -1,4 +1,5 @@
-//! Fakes of the mission runtimes' HTTP APIs, served inside tests (the `fakes` feature).
+//! Fakes of the mission runtimes' HTTP APIs, served inside tests (the `fakes` feature): the
+//! Docker Engine API ([`docker`]) and the Kubernetes API's Jobs ([`kubernetes`]).
 //!
 //! Each fake answers the routes a backend uses with the real API's documented status codes and
 //! error bodies, enforces unique names as the real runtime does, and records every call so a
@@ -7,6 +8,7 @@
 //! answered; it stops when dropped.
 
 pub mod docker;
+pub mod kubernetes;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,6 +32,29 @@ pub struct Call {
     pub status: u16,
 }
 
+impl Call {
+    /// `request`, received at `path`, not answered yet.
+    pub(crate) fn received(request: &FakeRequest, path: &str) -> Call {
+        Call {
+            method: request.method.clone(),
+            path: path.to_owned(),
+            query: request
+                .query
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join("&"),
+            status: 0,
+        }
+    }
+}
+
+/// A fake's state, even after a test thread panicked holding it: a panic must not hide the
+/// record from the others.
+pub(crate) fn lock<T>(state: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// An answer: status and JSON body (empty for none).
 pub(crate) type Answer = (u16, String);
 
@@ -38,6 +63,8 @@ pub(crate) struct FakeRequest {
     pub method: String,
     pub path: String,
     pub query: Vec<(String, String)>,
+    /// The `Authorization` header, if any.
+    pub authorization: Option<String>,
     pub body: Bytes,
 }
 
@@ -128,6 +155,11 @@ async fn serve(
     let query = url::form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
         .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect();
+    let authorization = request
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let body = match request.into_body().collect().await {
         Ok(body) => body.to_bytes(),
         Err(_) => Bytes::new(),
@@ -136,6 +168,7 @@ async fn serve(
         method,
         path,
         query,
+        authorization,
         body,
     };
     let Some((status, body)) = handler.answer(&request) else {

@@ -98,7 +98,7 @@ impl EffectProbe for ProcessProbe {
     }
 }
 
-fn mission_dispatch(payload: Value, attempt: u32) -> Dispatch {
+pub(crate) fn mission_dispatch(payload: Value, attempt: u32) -> Dispatch {
     Dispatch::new(
         Occurrence::new(
             Uuid::new_v4(),
@@ -112,7 +112,7 @@ fn mission_dispatch(payload: Value, attempt: u32) -> Dispatch {
     )
 }
 
-fn mission() -> Value {
+pub(crate) fn mission() -> Value {
     json!({ "repository": "git@git.example.com:team/repo.git", "ref": "main", "task": "report",
             "env": { "REPORT_FORMAT": "markdown" }, "labels": { "team": "platform" } })
 }

@@ -150,8 +150,8 @@ impl TestDb {
 
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
 pub(crate) struct FireRow {
-    routine_id: Uuid,
-    scheduled_at: DateTime<Utc>,
+    pub(crate) routine_id: Uuid,
+    pub(crate) scheduled_at: DateTime<Utc>,
     pub(crate) status: String,
     pub(crate) claimant: String,
     attempt: i32,

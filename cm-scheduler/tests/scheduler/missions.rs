@@ -1,12 +1,15 @@
 //! Missions through the binary: mission files refused field by field, mission backend settings
-//! refused at start, and whole schedulers launching containers on the fake Docker engine,
-//! killed with SIGKILL mid-launch, with the fake's call log showing one container started per
-//! occurrence.
+//! refused at start, and whole schedulers launching containers on the fake Docker engine and
+//! Jobs on the fake Kubernetes API, killed with SIGKILL mid-launch, with the fake's call log
+//! showing one container started, or one Job created, per occurrence.
 
 use cm_dispatch::fakes::docker::{FakeDocker, StartFault};
+use cm_dispatch::fakes::kubernetes::{CreateFault, FakeKubernetes};
+use cm_domain::{IdempotencyKey, Occurrence};
+use uuid::Uuid;
 
 use crate::cli::{MissionFiles, NOWHERE, check_fails, created_id, ok};
-use crate::crash::{SchedulerProcess, eventually, taken_over_by_b};
+use crate::crash::{FireRow, SchedulerProcess, eventually, taken_over_by_b};
 use crate::support::TestDb;
 
 const IMAGE: &str = "registry.example.com/cm/mission-runner:1.4";
@@ -50,6 +53,7 @@ async fn mission_backend_settings_are_refused_at_start() {
     let files = MissionFiles::new();
     let unknown = files.write("unknown.json", r#"{"docker": {"netwrk": "x"}}"#);
     let no_image = files.write("no-image.json", r#"{"command": ["run"]}"#);
+    let named_user = files.write("named-user.json", r#"{"user": "mission"}"#);
     let missing = files.write("dir-marker", "");
     let missing = format!("{missing}.absent");
     let run = |rest: &[&str]| -> Vec<String> {
@@ -62,6 +66,10 @@ async fn mission_backend_settings_are_refused_at_start() {
         (run(&["--mission-backend", "docker", "--mission-config", &no_image]), "--mission-image"),
         (run(&["--mission-backend", "docker", "--mission-image", IMAGE, "--mission-config", &unknown]), "netwrk"),
         (run(&["--mission-backend", "docker", "--mission-image", IMAGE, "--mission-config", &missing]), "--mission-config"),
+        (run(&["--mission-backend", "kubernetes"]), "--mission-image"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &unknown]), "netwrk"),
+        // Kubernetes runs a container as a number, never as a name from the image's passwd.
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &named_user]), "numeric user"),
         (run(&["--mission-backend", "process"]), "--mission-command"),
         (run(&["--mission-image", IMAGE]), "--mission-backend"),
         (run(&["--mission-backend", "docker", "--mission-image", IMAGE, "--mission-command", "/bin/true"]), "--mission-command"),
@@ -137,34 +145,31 @@ fn create<'a>(schedule: &'a str, path: &'a str) -> [&'a str; 8] {
     ]
 }
 
-/// Kills scheduler A while the fake withholds its answer to the first start (`fault` says
-/// whether the container started), lets B take the claim over after the lease, and checks the
-/// engine's log: one container created, started exactly once.
-async fn killed_mid_launch(fault: StartFault) {
-    let fake = FakeDocker::start(&[IMAGE]);
-    fake.fault_next_start(fault.clone());
-    let db = TestDb::new().await;
-    let files = MissionFiles::new();
+/// A mission routine `m` firing every 5 seconds.
+fn mission_routine(db: &TestDb, files: &MissionFiles) -> Uuid {
     let mission = files.write(
         "mission.json",
         r#"{"repository": "https://git.example.com/team/repo.git", "task": "report"}"#,
     );
-    let routine = created_id(&ok(&db.url, &create("*/5 * * * * *", &mission)));
+    created_id(&ok(&db.url, &create("*/5 * * * * *", &mission)))
+}
 
-    let mut a = scheduler(&db, &fake, "A");
-    let stalled = eventually(async || {
-        fake.calls()
-            .iter()
-            .any(|c| c.path.ends_with("/start") && c.status == 0)
-            .then_some(())
-    })
-    .await;
+/// Kills scheduler A as soon as `stalled` says the fake withholds its answer to A's `step`
+/// (well inside A's 3 s dispatch timeout: A dies mid-launch, before any settle), pauses the
+/// routine so nothing else fires, and returns the one fire, still claimed by A.
+async fn kill_when_stalled(
+    db: &TestDb,
+    a: &mut SchedulerProcess,
+    routine: Uuid,
+    step: &str,
+    stalled: impl Fn() -> bool,
+) -> FireRow {
+    let reached = eventually(async || stalled().then_some(())).await;
     assert!(
-        stalled.is_some(),
-        "A never reached the start; its log:\n{}",
+        reached.is_some(),
+        "A never reached the {step}; its log:\n{}",
         a.log()
     );
-    // Well inside A's 3 s dispatch timeout: A dies mid-launch, before any settle.
     a.kill();
     ok(&db.url, &["routine", "pause", &routine.to_string()]);
     let fires = db.fires().await;
@@ -173,9 +178,29 @@ async fn killed_mid_launch(fault: StartFault) {
         (fires[0].status.as_str(), fires[0].claimant.as_str()),
         ("claimed", "A")
     );
+    fires.into_iter().next().unwrap()
+}
+
+/// Kills scheduler A while the fake withholds its answer to the first start (`fault` says
+/// whether the container started), lets B take the claim over after the lease, and checks the
+/// engine's log: one container created, started exactly once.
+async fn killed_mid_launch(fault: StartFault) {
+    let fake = FakeDocker::start(&[IMAGE]);
+    fake.fault_next_start(fault.clone());
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let routine = mission_routine(&db, &files);
+
+    let mut a = scheduler(&db, &fake, "A");
+    let claimed = kill_when_stalled(&db, &mut a, routine, "start", || {
+        fake.calls()
+            .iter()
+            .any(|c| c.path.ends_with("/start") && c.status == 0)
+    })
+    .await;
 
     let b = scheduler(&db, &fake, "B");
-    taken_over_by_b(&db, &fires[0], &b, "finish launching").await;
+    taken_over_by_b(&db, &claimed, &b, "finish launching").await;
 
     let containers = fake.containers();
     assert_eq!(containers.len(), 1, "{containers:?}");
@@ -212,4 +237,110 @@ async fn a_scheduler_killed_between_create_and_start_launches_one_container() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_killed_after_start_before_settle_launches_one_container() {
     killed_mid_launch(StartFault::StallAfterStart).await;
+}
+
+const KUBE_TOKEN: &str = "kube-token-0b5e7d2a91c4";
+
+/// A `cm-scheduler run` with the Kubernetes mission backend, finding the cluster as an operator
+/// points it at one: a kubeconfig file named by `KUBECONFIG`.
+fn kube_scheduler(
+    db: &TestDb,
+    kubeconfig: &str,
+    settings: &str,
+    instance_id: &str,
+) -> SchedulerProcess {
+    SchedulerProcess::start_with(
+        db,
+        instance_id,
+        &[
+            "--mission-backend",
+            "kubernetes",
+            "--mission-image",
+            IMAGE,
+            "--mission-config",
+            settings,
+        ],
+        &[("KUBECONFIG", kubeconfig)],
+    )
+}
+
+/// Kills scheduler A while the fake API server withholds its answer to the first Job create
+/// (`fault` says whether the Job was stored first), lets B take the claim over after the lease,
+/// and checks the server's log: one Job created for the occurrence, named by its key, and the
+/// fire settled `fired` with that Job's name and uid as its receipt.
+async fn killed_mid_create(fault: CreateFault) {
+    let fake = FakeKubernetes::start(&["missions"], KUBE_TOKEN);
+    fake.fault_next_create(fault.clone());
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let kubeconfig = files.write("kubeconfig", &fake.kubeconfig("default"));
+    let settings = files.write(
+        "missions.json",
+        r#"{"kubernetes": {"namespace": "missions", "service_account": "cm-missions"}}"#,
+    );
+    let routine = mission_routine(&db, &files);
+
+    let mut a = kube_scheduler(&db, &kubeconfig, &settings, "A");
+    let claimed = kill_when_stalled(&db, &mut a, routine, "create", || {
+        fake.calls()
+            .iter()
+            .any(|c| c.method == "POST" && c.status == 0)
+    })
+    .await;
+    let stored_by_a = fake.jobs().len();
+    assert_eq!(
+        stored_by_a,
+        usize::from(fault == CreateFault::StallAfterCreate),
+        "{:?}",
+        fake.jobs()
+    );
+
+    let b = kube_scheduler(&db, &kubeconfig, &settings, "B");
+    let fire = taken_over_by_b(&db, &claimed, &b, "finish launching").await;
+
+    let jobs = fake.jobs();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let key = IdempotencyKey::for_occurrence(&Occurrence::new(fire.routine_id, fire.scheduled_at));
+    assert_eq!(jobs[0].name, key.as_str());
+    assert_eq!(jobs[0].namespace, "missions");
+    assert_eq!(jobs[0].env_var("CM_IDEMPOTENCY_KEY"), Some(key.as_str()));
+    let calls: Vec<(String, u16)> = fake
+        .calls()
+        .into_iter()
+        .map(|c| {
+            (
+                format!("{} {}", c.method, c.path.replace(key.as_str(), "NAME")),
+                c.status,
+            )
+        })
+        .collect();
+    let create = "POST /apis/batch/v1/namespaces/missions/jobs".to_owned();
+    let expected = match fault {
+        // A's create never reached the store: B's is the one create.
+        CreateFault::StallBeforeCreate => vec![(create.clone(), 0), (create, 201)],
+        // A's create was stored: B's is refused as AlreadyExists, and B reads the Job.
+        _ => vec![
+            (create.clone(), 0),
+            (create, 409),
+            (
+                "GET /apis/batch/v1/namespaces/missions/jobs/NAME".to_owned(),
+                200,
+            ),
+        ],
+    };
+    assert_eq!(calls, expected);
+    // `fires` shows which Job carried the occurrence out.
+    let receipt = format!("job missions/{} uid {}", jobs[0].name, jobs[0].uid);
+    let listed = ok(&db.url, &["fires", "--routine", &routine.to_string()]);
+    assert!(listed.contains(&receipt), "{receipt} not in:\n{listed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_killed_before_its_job_was_stored_launches_one_job() {
+    killed_mid_create(CreateFault::StallBeforeCreate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_killed_after_its_job_was_stored_launches_one_job() {
+    killed_mid_create(CreateFault::StallAfterCreate).await;
 }

@@ -1,0 +1,467 @@
+//! A fake of the Kubernetes API's Jobs: the routes the Kubernetes backend uses, over HTTP.
+//!
+//! It answers as the API server documents: `POST /apis/batch/v1/namespaces/{ns}/jobs` 201
+//! with the Job as stored (`metadata.uid`, `resourceVersion`, `creationTimestamp`, the
+//! generated selector and pod template labels, `status: {}`); `GET
+//! /apis/batch/v1/namespaces/{ns}/jobs/{name}` 200 with it. Every error is a `Status` object
+//! (`kind: Status`, `status: Failure`, `message`, `reason`, `details`, `code`) as the server
+//! sends: 409 `AlreadyExists` for a taken name (`jobs.batch "NAME" already exists`), 404
+//! `NotFound` for a Job or namespace that is not there, 422 `Invalid` for a name that is not a
+//! DNS-1123 label (a Job's name is its pods' `job-name` label value, so at most 63), a label
+//! value Kubernetes refuses, a `restartPolicy` other than `Never`/`OnFailure`, or a container
+//! without a name or image; 401 `Unauthorized` for a request without the configured bearer
+//! token.
+//!
+//! Tests set it up with [`FakeKubernetes::start`], write a kubeconfig pointing at it with
+//! [`FakeKubernetes::kubeconfig`], make creates fail, be refused or stall with
+//! [`FakeKubernetes::fault_next_create`], and read what happened with
+//! [`FakeKubernetes::calls`] and [`FakeKubernetes::jobs`].
+//!
+//! What it does not do: run the Jobs (no controller makes pods, `status` stays empty), watch,
+//! list, patch, delete, or expire Jobs after `ttlSecondsAfterFinished`.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+
+use super::{Answer, Call, FakeRequest, Handler, Server, lock};
+
+/// What the next create of a Job does instead of creating it normally.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateFault {
+    /// Answer 500 `InternalError` and create nothing (etcd failing for a moment).
+    Fail,
+    /// Answer `code` with a `Status` carrying `message`, and create nothing: an admission
+    /// webhook or quota refusing (403), a server overloaded (429, 503).
+    Refuse {
+        /// The HTTP status code.
+        code: u16,
+        /// The Status's message.
+        message: String,
+    },
+    /// Never answer, and create nothing: a scheduler killed now died before the Job existed.
+    StallBeforeCreate,
+    /// Create the Job, then never answer: a scheduler killed now died after the Job existed
+    /// and before it learnt so.
+    StallAfterCreate,
+}
+
+/// A Job the fake holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredJob {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The uid the server gave it.
+    pub uid: String,
+    /// The whole object as stored and answered.
+    pub object: Value,
+}
+
+impl StoredJob {
+    /// The first container of its pod template.
+    pub fn container(&self) -> &Value {
+        &self.object["spec"]["template"]["spec"]["containers"][0]
+    }
+
+    /// The value of the environment variable `name` of its first container.
+    pub fn env_var(&self, name: &str) -> Option<&str> {
+        self.container()["env"]
+            .as_array()?
+            .iter()
+            .find(|e| e["name"] == name)?["value"]
+            .as_str()
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    namespaces: BTreeSet<String>,
+    token: String,
+    jobs: Vec<StoredJob>,
+    calls: Vec<Call>,
+    create_faults: VecDeque<CreateFault>,
+    resource_version: u64,
+}
+
+/// The fake API server; it stops when dropped.
+pub struct FakeKubernetes {
+    state: Arc<Mutex<State>>,
+    server: Server,
+}
+
+struct ApiServer(Arc<Mutex<State>>);
+
+impl FakeKubernetes {
+    /// A fake API server on a free local port, with `namespaces`, that accepts requests bearing
+    /// `token`.
+    pub fn start(namespaces: &[&str], token: &str) -> FakeKubernetes {
+        let state = Arc::new(Mutex::new(State {
+            namespaces: namespaces.iter().map(|s| (*s).to_owned()).collect(),
+            token: token.to_owned(),
+            resource_version: 1000,
+            ..State::default()
+        }));
+        let server = Server::start(Arc::new(ApiServer(state.clone())));
+        FakeKubernetes { state, server }
+    }
+
+    /// The server's URL: `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.server.addr)
+    }
+
+    /// A kubeconfig file's text whose current context is this server, with the token, and
+    /// `namespace` as the context's namespace.
+    pub fn kubeconfig(&self, namespace: &str) -> String {
+        let token = lock(&self.state).token.clone();
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+             users:\n- name: cm\n  user:\n    token: {token}\ncontexts:\n- name: fake\n  context:\n\
+             \x20   cluster: fake\n    user: cm\n    namespace: {namespace}\ncurrent-context: fake\n",
+            self.url()
+        )
+    }
+
+    /// Makes the next create of a Job (one call) behave as `fault` says.
+    pub fn fault_next_create(&self, fault: CreateFault) {
+        lock(&self.state).create_faults.push_back(fault);
+    }
+
+    /// Drops the faults not yet spent.
+    pub fn clear_faults(&self) {
+        lock(&self.state).create_faults.clear();
+    }
+
+    /// Stores `object` as the Job `name` in `namespace`, as someone else created it, and
+    /// returns its uid.
+    pub fn put_job(&self, namespace: &str, name: &str, mut object: Value) -> String {
+        let uid = uuid::Uuid::new_v4().to_string();
+        object["metadata"]["name"] = json!(name);
+        object["metadata"]["namespace"] = json!(namespace);
+        object["metadata"]["uid"] = json!(uid);
+        lock(&self.state).jobs.push(StoredJob {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            uid: uid.clone(),
+            object,
+        });
+        uid
+    }
+
+    /// Every call received, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        lock(&self.state).calls.clone()
+    }
+
+    /// Every Job, in the order created.
+    pub fn jobs(&self) -> Vec<StoredJob> {
+        lock(&self.state).jobs.clone()
+    }
+
+    /// The Job `name` in `namespace`.
+    pub fn job(&self, namespace: &str, name: &str) -> Option<StoredJob> {
+        self.jobs()
+            .into_iter()
+            .find(|j| j.namespace == namespace && j.name == name)
+    }
+}
+
+/// The reason the API server gives with a code.
+fn reason(code: u16) -> &'static str {
+    match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        408 => "Timeout",
+        409 => "AlreadyExists",
+        410 => "Gone",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "",
+    }
+}
+
+/// A `Status` answer, as `metav1.Status` is serialized.
+fn status(code: u16, message: String, details: Option<Value>) -> Option<Answer> {
+    let mut body = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason(code),
+        "code": code,
+    });
+    if let Some(details) = details {
+        body["details"] = details;
+    }
+    Some((code, body.to_string()))
+}
+
+fn job_details(name: &str) -> Value {
+    json!({ "name": name, "group": "batch", "kind": "jobs" })
+}
+
+impl Handler for ApiServer {
+    fn answer(&self, request: &FakeRequest) -> Option<Answer> {
+        let mut state = lock(&self.0);
+        let index = state.calls.len();
+        state.calls.push(Call::received(request, &request.path));
+        let expected = format!("Bearer {}", state.token);
+        let answer = if request.authorization.as_deref() != Some(expected.as_str()) {
+            status(401, "Unauthorized".into(), None)
+        } else {
+            route(&mut state, request)
+        };
+        if let Some((code, _)) = &answer {
+            state.calls[index].status = *code;
+        }
+        answer
+    }
+}
+
+fn route(state: &mut State, request: &FakeRequest) -> Option<Answer> {
+    let segments: Vec<&str> = request.path.trim_matches('/').split('/').collect();
+    match (request.method.as_str(), segments.as_slice()) {
+        ("POST", ["apis", "batch", "v1", "namespaces", ns, "jobs"]) => create(state, ns, request),
+        ("GET", ["apis", "batch", "v1", "namespaces", ns, "jobs", name]) => {
+            match state
+                .jobs
+                .iter()
+                .find(|j| j.namespace == *ns && j.name == *name)
+            {
+                Some(job) => Some((200, job.object.to_string())),
+                None => status(
+                    404,
+                    format!("jobs.batch \"{name}\" not found"),
+                    Some(job_details(name)),
+                ),
+            }
+        }
+        _ => status(
+            404,
+            "the server could not find the requested resource".into(),
+            Some(
+                json!({ "causes": [{ "reason": "UnexpectedServerResponse", "message": "404 page not found" }] }),
+            ),
+        ),
+    }
+}
+
+fn create(state: &mut State, namespace: &str, request: &FakeRequest) -> Option<Answer> {
+    let mut job: Value = match serde_json::from_slice(&request.body) {
+        Ok(job) => job,
+        Err(e) => {
+            return status(
+                400,
+                format!("the object provided is unrecognized: {e}"),
+                None,
+            );
+        }
+    };
+    if job["kind"] != "Job" || job["apiVersion"] != "batch/v1" {
+        return status(
+            400,
+            format!(
+                "the API version in the data ({}) does not match the expected API version (batch/v1)",
+                job["apiVersion"]
+            ),
+            None,
+        );
+    }
+    if let Some(ns) = job["metadata"]["namespace"].as_str()
+        && ns != namespace
+    {
+        return status(
+            400,
+            "the namespace of the provided object does not match the namespace sent on the request"
+                .into(),
+            None,
+        );
+    }
+    if !state.namespaces.contains(namespace) {
+        return status(
+            404,
+            format!("namespaces \"{namespace}\" not found"),
+            Some(json!({ "name": namespace, "kind": "namespaces" })),
+        );
+    }
+    let name = job["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if let Some(invalid) = invalid(&job, &name) {
+        return status(
+            422,
+            format!("Job.batch \"{name}\" is invalid: {invalid}"),
+            Some(json!({ "name": name, "group": "batch", "kind": "Job",
+                         "causes": [{ "reason": "FieldValueInvalid", "message": invalid }] })),
+        );
+    }
+    let fault = state.create_faults.pop_front();
+    match &fault {
+        Some(CreateFault::Fail) => {
+            return status(
+                500,
+                "Internal error occurred: injected failure".into(),
+                Some(json!({ "causes": [{ "message": "injected failure" }] })),
+            );
+        }
+        Some(CreateFault::Refuse { code, message }) => {
+            let message = if *code == 403 {
+                format!("jobs.batch \"{name}\" is forbidden: {message}")
+            } else {
+                message.clone()
+            };
+            return status(*code, message, Some(job_details(&name)));
+        }
+        Some(CreateFault::StallBeforeCreate) => return None,
+        Some(CreateFault::StallAfterCreate) | None => {}
+    }
+    if state
+        .jobs
+        .iter()
+        .any(|j| j.namespace == namespace && j.name == name)
+    {
+        return status(
+            409,
+            format!("jobs.batch \"{name}\" already exists"),
+            Some(job_details(&name)),
+        );
+    }
+    let uid = uuid::Uuid::new_v4().to_string();
+    state.resource_version += 1;
+    // What the API server's defaulting and the Job strategy add on create.
+    let meta = &mut job["metadata"];
+    meta["namespace"] = json!(namespace);
+    meta["uid"] = json!(uid);
+    meta["resourceVersion"] = json!(state.resource_version.to_string());
+    meta["generation"] = json!(1);
+    meta["creationTimestamp"] =
+        json!(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    let spec = &mut job["spec"];
+    spec["selector"] = json!({ "matchLabels": { "batch.kubernetes.io/controller-uid": uid } });
+    for (field, default) in [
+        ("parallelism", json!(1)),
+        ("completions", json!(1)),
+        ("completionMode", json!("NonIndexed")),
+        ("suspend", json!(false)),
+        ("podReplacementPolicy", json!("TerminatingOrFailed")),
+    ] {
+        if spec[field].is_null() {
+            spec[field] = default;
+        }
+    }
+    let template_labels = &mut spec["template"]["metadata"]["labels"];
+    if !template_labels.is_object() {
+        *template_labels = json!({});
+    }
+    for key in ["batch.kubernetes.io/controller-uid", "controller-uid"] {
+        template_labels[key] = json!(uid);
+    }
+    for key in ["batch.kubernetes.io/job-name", "job-name"] {
+        template_labels[key] = json!(name);
+    }
+    job["status"] = json!({});
+    let answer = job.to_string();
+    state.jobs.push(StoredJob {
+        namespace: namespace.to_owned(),
+        name,
+        uid,
+        object: job,
+    });
+    match fault {
+        Some(CreateFault::StallAfterCreate) => None,
+        _ => Some((201, answer)),
+    }
+}
+
+/// What the API server's validation would refuse in `job`, as its message says it.
+fn invalid(job: &Value, name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("metadata.name: Required value: name or generateName is required".into());
+    }
+    if !dns_label(name) {
+        return Some(format!(
+            "metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 label must consist \
+             of lower case alphanumeric characters or '-', and must start and end with an \
+             alphanumeric character, and be at most 63 characters"
+        ));
+    }
+    for (field, labels) in [
+        ("metadata.labels", &job["metadata"]["labels"]),
+        (
+            "spec.template.metadata.labels",
+            &job["spec"]["template"]["metadata"]["labels"],
+        ),
+    ] {
+        for (key, value) in labels.as_object().into_iter().flatten() {
+            let value = value.as_str().unwrap_or("\u{0}");
+            if !label_value(value) {
+                return Some(format!(
+                    "{field}: Invalid value: \"{value}\": a valid label must be an empty string \
+                     or consist of alphanumeric characters, '-', '_' or '.', and must start and \
+                     end with an alphanumeric character (key {key})"
+                ));
+            }
+        }
+    }
+    let pod = &job["spec"]["template"]["spec"];
+    match pod["restartPolicy"].as_str() {
+        Some("Never" | "OnFailure") => {}
+        other => {
+            return Some(format!(
+                "spec.template.spec.restartPolicy: Unsupported value: {}: supported values: \
+                 \"OnFailure\", \"Never\"",
+                other.map_or("\"\"".to_owned(), |p| format!("\"{p}\""))
+            ));
+        }
+    }
+    let containers = pod["containers"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if containers.is_empty() {
+        return Some("spec.template.spec.containers: Required value".into());
+    }
+    for (i, c) in containers.iter().enumerate() {
+        if c["name"].as_str().is_none_or(str::is_empty) {
+            return Some(format!(
+                "spec.template.spec.containers[{i}].name: Required value"
+            ));
+        }
+        if c["image"].as_str().is_none_or(str::is_empty) {
+            return Some(format!(
+                "spec.template.spec.containers[{i}].image: Required value"
+            ));
+        }
+    }
+    None
+}
+
+fn dns_label(name: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|&c| alnum(c) || c == b'-')
+        && alnum(b[0])
+        && alnum(b[b.len() - 1])
+}
+
+fn label_value(value: &str) -> bool {
+    let b = value.as_bytes();
+    b.is_empty()
+        || (b.len() <= 63
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric())
+}

@@ -1,0 +1,530 @@
+//! The Kubernetes mission backend: one Job per occurrence, named by its idempotency key.
+//!
+//! A dispatch creates the Job [`job_name`] derives from the key, in the operator's namespace.
+//! The API server refuses a second object of one name (409, reason `AlreadyExists`), so a retry
+//! of the occurrence after a crash, or a second scheduler, cannot launch a second mission: on
+//! `AlreadyExists` the backend reads the Job and reports the occurrence as already launched,
+//! with that Job's name and uid.
+//!
+//! Unlike a Docker container, a Job has no "created but not started" state: the create is
+//! atomic, and the Job controller starts its pod. A crash after the create was written (the
+//! answer lost) leaves a launched mission, which the Retry finds by name; a crash before it
+//! leaves nothing, and the Retry creates it.
+//!
+//! Answers are handled as the API documents them: `AlreadyExists` is a launch already made; any
+//! other 4xx but 408 and 429 (a forbidden namespace, an invalid spec, an exceeded quota) fails
+//! the dispatch at once with the server's message; 5xx, 408, 429 and connection failures are
+//! tried again with backoff until the dispatch's deadline, then fail with the last answer. The
+//! client's own retries are off, so every try is this backend's, within the deadline.
+//!
+//! The cluster is the one `kube::Config::infer` finds: `KUBECONFIG` or `~/.kube/config`, else
+//! the in-cluster service account. Tested against a fake of the API
+//! ([`crate::fakes::kubernetes`]); no cluster was available where it was built.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, PodSpec, PodTemplateSpec, ResourceRequirements, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use sha2::{Digest as _, Sha256};
+use tokio::time::Instant;
+
+use crate::mission::{Launch, MissionConfig};
+use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
+
+/// The annotation holding the occurrence's key on every Job, whatever its name.
+pub const KEY_ANNOTATION: &str = "cm.idempotency-key";
+
+/// The name of the mission's container in the Job's pod.
+pub const CONTAINER_NAME: &str = "mission";
+
+/// The field manager cm writes Jobs as.
+const FIELD_MANAGER: &str = "cm-scheduler";
+
+/// The first pause between tries of a failing call; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Launches each mission as a Kubernetes Job.
+#[derive(Clone)]
+pub struct KubernetesDispatcher {
+    jobs: Api<Job>,
+    namespace: String,
+    image: String,
+    config: MissionConfig,
+    user: Option<(i64, Option<i64>)>,
+}
+
+impl std::fmt::Debug for KubernetesDispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The client holds credentials: only the settings are shown.
+        f.debug_struct("KubernetesDispatcher")
+            .field("namespace", &self.namespace)
+            .field("image", &self.image)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the Kubernetes backend could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum KubernetesSetupError {
+    /// The operator's settings cannot be expressed as a Job.
+    #[error("{0}")]
+    Config(String),
+    /// No cluster configuration was found, or its client could not be built.
+    #[error("cannot use the Kubernetes API: {0}")]
+    Cluster(String),
+}
+
+impl KubernetesDispatcher {
+    /// A backend talking to the cluster `kube::Config::infer` finds (`KUBECONFIG`,
+    /// `~/.kube/config`, or the in-cluster service account), running `image` with the
+    /// operator's `config`. It reads the configuration now and connects on the first dispatch.
+    pub async fn from_env(
+        image: String,
+        config: MissionConfig,
+    ) -> Result<Self, KubernetesSetupError> {
+        let user = numeric_user(config.user.as_deref())?;
+        let cluster = kube::Config::infer()
+            .await
+            .map_err(|e| KubernetesSetupError::Cluster(e.to_string()))?;
+        KubernetesDispatcher::with_config(cluster, image, config, user)
+    }
+
+    /// A backend talking to the current context of the kubeconfig file at `path`, as if
+    /// `KUBECONFIG` named it alone.
+    pub async fn from_kubeconfig(
+        path: &std::path::Path,
+        image: String,
+        config: MissionConfig,
+    ) -> Result<Self, KubernetesSetupError> {
+        let user = numeric_user(config.user.as_deref())?;
+        let cluster_error = |e: kube::config::KubeconfigError| {
+            KubernetesSetupError::Cluster(format!("kubeconfig {}: {e}", path.display()))
+        };
+        let file = kube::config::Kubeconfig::read_from(path).map_err(cluster_error)?;
+        let cluster =
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(cluster_error)?;
+        KubernetesDispatcher::with_config(cluster, image, config, user)
+    }
+
+    /// A backend talking to the cluster `cluster` describes.
+    pub fn connect(
+        cluster: kube::Config,
+        image: String,
+        config: MissionConfig,
+    ) -> Result<Self, KubernetesSetupError> {
+        let user = numeric_user(config.user.as_deref())?;
+        KubernetesDispatcher::with_config(cluster, image, config, user)
+    }
+
+    fn with_config(
+        mut cluster: kube::Config,
+        image: String,
+        config: MissionConfig,
+        user: Option<(i64, Option<i64>)>,
+    ) -> Result<Self, KubernetesSetupError> {
+        // Every try is this backend's, bounded by the dispatch's deadline.
+        cluster.default_retry = false;
+        let client = kube::Client::try_from(cluster)
+            .map_err(|e| KubernetesSetupError::Cluster(e.to_string()))?;
+        let namespace = config.kubernetes.namespace.clone();
+        Ok(KubernetesDispatcher {
+            jobs: Api::namespaced(client, &namespace),
+            namespace,
+            image,
+            config,
+            user,
+        })
+    }
+
+    /// The Job that launches `launch`, named `name`.
+    pub fn job(&self, launch: &Launch, name: &str) -> Job {
+        let k8s = &self.config.kubernetes;
+        // Every cm label is an annotation; those Kubernetes accepts as labels are labels too
+        // (a label value cannot hold the `:` of cm.scheduled-at).
+        let mut annotations: BTreeMap<String, String> = launch.labels.clone();
+        annotations.insert(KEY_ANNOTATION.into(), launch.name.clone());
+        let labels: BTreeMap<String, String> = launch
+            .labels
+            .iter()
+            .filter(|(_, v)| is_label_value(v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let meta = ObjectMeta {
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        };
+        let quantities = || {
+            let mut q = BTreeMap::new();
+            if let Some(cpu) = &k8s.cpu {
+                q.insert("cpu".to_owned(), Quantity(cpu.clone()));
+            }
+            if let Some(memory) = &k8s.memory {
+                q.insert("memory".to_owned(), Quantity(memory.clone()));
+            }
+            (!q.is_empty()).then_some(q)
+        };
+        let container = Container {
+            name: CONTAINER_NAME.into(),
+            image: Some(self.image.clone()),
+            // Like Docker's Cmd: the image's entrypoint runs with these arguments.
+            args: (!self.config.command.is_empty()).then(|| self.config.command.clone()),
+            env: Some(
+                launch
+                    .env
+                    .iter()
+                    .map(|(name, value)| EnvVar {
+                        name: name.clone(),
+                        value: Some(value.clone()),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            resources: quantities().map(|q| ResourceRequirements {
+                requests: Some(q.clone()),
+                limits: Some(q),
+                ..Default::default()
+            }),
+            security_context: self.user.map(|(uid, gid)| SecurityContext {
+                run_as_user: Some(uid),
+                run_as_group: gid,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Job {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(self.namespace.clone()),
+                ..meta.clone()
+            },
+            spec: Some(JobSpec {
+                backoff_limit: Some(k8s.backoff_limit),
+                active_deadline_seconds: Some(k8s.active_deadline_seconds),
+                ttl_seconds_after_finished: Some(k8s.ttl_seconds_after_finished),
+                template: PodTemplateSpec {
+                    metadata: Some(meta),
+                    spec: Some(PodSpec {
+                        restart_policy: Some("Never".into()),
+                        service_account_name: k8s.service_account.clone(),
+                        containers: vec![container],
+                        ..Default::default()
+                    }),
+                },
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    async fn launch(&self, launch: &Launch, deadline: Instant) -> Result<Receipt, DispatchError> {
+        let name = job_name(&launch.name);
+        let job = self.job(launch, &name);
+        let params = PostParams {
+            dry_run: false,
+            field_manager: Some(FIELD_MANAGER.into()),
+        };
+        let created = self
+            .retrying(deadline, &format!("create Job {name}"), || async {
+                match self.jobs.create(&params, &job).await {
+                    Ok(created) => Ok(Some(created)),
+                    Err(e) if already_exists(&e) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        match created {
+            Some(created) => Ok(self.receipt(false, &name, &created)),
+            None => self.already_launched(launch, &name, deadline).await,
+        }
+    }
+
+    /// The Job exists: an earlier attempt created it, and the Job controller runs it.
+    async fn already_launched(
+        &self,
+        launch: &Launch,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Receipt, DispatchError> {
+        let found = self
+            .retrying(deadline, &format!("read Job {name}"), || async {
+                match self.jobs.get(name).await {
+                    Ok(job) => Ok(Some(job)),
+                    Err(e) if status_code(&e) == Some(404) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        let Some(found) = found else {
+            // Created, then deleted since (its TTL after finishing, or an operator): it was
+            // launched, and creating it again would launch the mission twice.
+            return Ok(Receipt {
+                duplicate: true,
+                detail: format!(
+                    "job {}/{name} (already launched, since deleted)",
+                    self.namespace
+                ),
+            });
+        };
+        let key = found
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(KEY_ANNOTATION));
+        if key.is_some_and(|key| *key != launch.name) {
+            return Err(DispatchError::Rejected(format!(
+                "a Job named {name} exists in {} for another occurrence ({})",
+                self.namespace,
+                key.map(String::as_str).unwrap_or_default()
+            )));
+        }
+        Ok(self.receipt(true, name, &found))
+    }
+
+    fn receipt(&self, duplicate: bool, name: &str, job: &Job) -> Receipt {
+        let uid = job.metadata.uid.as_deref().unwrap_or("unknown");
+        Receipt {
+            duplicate,
+            detail: format!("job {}/{name} uid {uid}", self.namespace),
+        }
+    }
+
+    /// Runs `call` until it answers or fails for good, or the deadline passes: a refusal (a
+    /// 4xx answer but 408, 409 and 429) fails at once; anything else is tried again.
+    async fn retrying<T, F, Fut>(
+        &self,
+        deadline: Instant,
+        what: &str,
+        mut call: F,
+    ) -> Result<T, DispatchError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, kube::Error>>,
+    {
+        let mut backoff = FIRST_BACKOFF;
+        let mut last: Option<String> = None;
+        loop {
+            let error = match tokio::time::timeout_at(deadline, call()).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(e)) => e,
+                Err(_) => return Err(past_deadline(what, last)),
+            };
+            let text = describe(&error);
+            if is_refusal(&error) {
+                return Err(DispatchError::Rejected(format!(
+                    "kubernetes {what}: {text}"
+                )));
+            }
+            last = Some(text);
+            if Instant::now() + backoff >= deadline {
+                return Err(past_deadline(what, last));
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+}
+
+fn past_deadline(what: &str, last: Option<String>) -> DispatchError {
+    DispatchError::Unavailable(match last {
+        Some(last) => {
+            format!("the Kubernetes API did not {what} before the deadline; last answer: {last}")
+        }
+        None => format!("the Kubernetes API did not {what} before the deadline"),
+    })
+}
+
+/// The Job name of the occurrence whose key is `key`: the key itself when it is a valid DNS
+/// label (every key cm makes is: `cm-<32 hex>-<micros>`, at most 56 characters), else `cm-` and
+/// 40 hex digits of its SHA-256, so any key maps to a valid name, the same every time.
+pub fn job_name(key: &str) -> String {
+    if is_dns_label(key) {
+        key.to_owned()
+    } else {
+        let digest = Sha256::digest(key.as_bytes());
+        let hex: String = digest.iter().take(20).map(|b| format!("{b:02x}")).collect();
+        format!("cm-{hex}")
+    }
+}
+
+/// A DNS-1123 label: 1 to 63 lowercase alphanumerics or `-`, starting and ending with an
+/// alphanumeric. Kubernetes requires it of a Job's name (its pods carry it as a label value).
+pub fn is_dns_label(name: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes.iter().all(|&b| alnum(b) || b == b'-')
+        && alnum(bytes[0])
+        && alnum(bytes[bytes.len() - 1])
+}
+
+/// A Kubernetes label value: empty, or at most 63 alphanumerics, `-`, `_` and `.`, starting and
+/// ending with an alphanumeric.
+pub fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    bytes.is_empty()
+        || (bytes.len() <= 63
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(b))
+            && bytes[0].is_ascii_alphanumeric()
+            && bytes[bytes.len() - 1].is_ascii_alphanumeric())
+}
+
+/// `uid[:gid]` as numbers: Kubernetes runs a container as a numeric user only.
+fn numeric_user(user: Option<&str>) -> Result<Option<(i64, Option<i64>)>, KubernetesSetupError> {
+    let Some(user) = user else { return Ok(None) };
+    let refuse = || {
+        KubernetesSetupError::Config(format!(
+            "the kubernetes mission backend runs a mission as a numeric user: \"user\" must be \
+             uid or uid:gid, not {user:?}"
+        ))
+    };
+    let number = |text: &str| text.parse::<i64>().ok().filter(|n| *n >= 0);
+    match user.split_once(':') {
+        None => Ok(Some((number(user).ok_or_else(refuse)?, None))),
+        Some((uid, gid)) => Ok(Some((
+            number(uid).ok_or_else(refuse)?,
+            Some(number(gid).ok_or_else(refuse)?),
+        ))),
+    }
+}
+
+fn status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+fn already_exists(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.code == 409 && status.reason == "AlreadyExists")
+}
+
+/// A 4xx answer that trying again cannot change.
+fn is_refusal(e: &kube::Error) -> bool {
+    status_code(e)
+        .is_some_and(|code| (400..500).contains(&code) && ![408, 409, 429].contains(&code))
+}
+
+/// An error as the operator reads it: the server's message, reason and code for an answer,
+/// the client's own words otherwise. Neither carries credentials.
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) if status.reason.is_empty() => {
+            format!("{} ({})", status.message, status.code)
+        }
+        kube::Error::Api(status) => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => other.to_string(),
+    }
+}
+
+#[async_trait]
+impl Dispatcher for KubernetesDispatcher {
+    async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
+        let launch = Launch::of(dispatch)?;
+        let deadline = Instant::from_std(dispatch.deadline);
+        self.launch(&launch, deadline).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{TimeZone, Utc};
+    use cm_domain::Occurrence;
+    use uuid::Uuid;
+
+    use super::*;
+
+    #[test]
+    fn every_key_shape_names_a_valid_stable_job() {
+        let at = |micros| Utc.timestamp_micros(micros).unwrap();
+        let keys = [
+            Occurrence::new(Uuid::nil(), at(0)),
+            Occurrence::new(Uuid::from_u128(u128::MAX), at(253_402_300_799_999_999)),
+            Occurrence::new(Uuid::from_u128(7), at(-62_135_596_800_000_000)),
+            Occurrence::new(Uuid::from_u128(7), at(-1)),
+        ]
+        .map(|o| o.idempotency_key().to_string());
+        for key in &keys {
+            // cm's own keys are names already: `kubectl get job <key>` finds the mission.
+            assert_eq!(job_name(key), *key);
+            assert!(is_dns_label(key), "{key}");
+        }
+        // Text that is no valid name still maps to one, stably, and distinct texts apart.
+        let odd = [
+            "",
+            "CM-Upper",
+            "-leading",
+            "trailing-",
+            "has.dot",
+            "under_score",
+            "ünïcode",
+            &"x".repeat(64),
+            &"y".repeat(500),
+        ];
+        let names: Vec<String> = odd.iter().map(|k| job_name(k)).collect();
+        for (key, name) in odd.iter().zip(&names) {
+            assert!(is_dns_label(name), "{key:?} -> {name}");
+            assert_eq!(name.len(), 43, "{name}");
+            assert_eq!(job_name(key), *name, "stable for {key:?}");
+        }
+        let distinct: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len());
+        // A pinned value: the derivation never changes under a running fleet.
+        assert_eq!(
+            job_name("CM-Upper"),
+            format!(
+                "cm-{}",
+                &Sha256::digest(b"CM-Upper")
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()[..40]
+            )
+        );
+    }
+
+    #[test]
+    fn dns_labels_and_label_values_follow_kubernetes() {
+        for ok in ["a", "a-1", "0", &"a".repeat(63)] {
+            assert!(is_dns_label(ok), "{ok}");
+        }
+        for bad in ["", "A", "-a", "a-", "a.b", "a_b", &"a".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad}");
+        }
+        for ok in ["", "a", "A.b_c-D", &"a".repeat(63)] {
+            assert!(is_label_value(ok), "{ok}");
+        }
+        for bad in ["-a", "a.", "2026-03-29T01:30:00Z", "a b", &"a".repeat(64)] {
+            assert!(!is_label_value(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn users_are_numeric() {
+        assert_eq!(numeric_user(None).unwrap(), None);
+        assert_eq!(numeric_user(Some("1000")).unwrap(), Some((1000, None)));
+        assert_eq!(
+            numeric_user(Some("1000:2000")).unwrap(),
+            Some((1000, Some(2000)))
+        );
+        for bad in ["mission", "1000:staff", "-1", ":1", "1:"] {
+            let err = numeric_user(Some(bad)).unwrap_err();
+            assert!(err.to_string().contains("numeric user"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,518 @@
+//! The Kubernetes mission backend against the fake API server: the mission conformance suite,
+//! then the Job it writes, the answers it gets, and what it does with each.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::{TimeZone, Utc};
+use cm_dispatch::conformance::{DEADLINE_SLACK, EffectProbe};
+use cm_dispatch::fakes::kubernetes::{CreateFault, FakeKubernetes, StoredJob};
+use cm_dispatch::kubernetes::{KEY_ANNOTATION, is_dns_label};
+use cm_dispatch::mission::MissionConfig;
+use cm_dispatch::mission_conformance::{LaunchFaults, check_mission_backend, payload_of_task};
+use cm_dispatch::{Dispatch, DispatchError, Dispatcher, KubernetesDispatcher};
+use cm_domain::{IdempotencyKey, Occurrence};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::missions::{mission, mission_dispatch};
+
+const IMAGE: &str = "registry.example.com/cm/mission-runner:1.4";
+const TOKEN: &str = "kube-token-4f1d8c0b9a7e";
+
+/// A kubeconfig file for a fake, removed when dropped.
+struct Kubeconfig(PathBuf);
+
+impl Kubeconfig {
+    fn write(text: &str) -> Kubeconfig {
+        let path = std::env::temp_dir().join(format!("cm_kubeconfig_{}", Uuid::new_v4().simple()));
+        std::fs::write(&path, text).unwrap();
+        Kubeconfig(path)
+    }
+}
+
+impl Drop for Kubeconfig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn backend(fake: &FakeKubernetes, config: MissionConfig) -> KubernetesDispatcher {
+    // The context's namespace is not the operator's: the configuration's wins.
+    let file = Kubeconfig::write(&fake.kubeconfig("elsewhere"));
+    KubernetesDispatcher::from_kubeconfig(&file.0, IMAGE.to_owned(), config)
+        .await
+        .unwrap()
+}
+
+/// A mission dispatch due within `within`.
+fn dispatch(payload: Value, attempt: u32, within: Duration) -> Dispatch {
+    Dispatch {
+        deadline: Instant::now() + within,
+        ..mission_dispatch(payload, attempt)
+    }
+}
+
+/// `METHOD path status` of every call, the Job's name written as NAME.
+fn calls(fake: &FakeKubernetes, name: &str) -> Vec<String> {
+    fake.calls()
+        .into_iter()
+        .map(|c| format!("{} {} {}", c.method, c.path.replace(name, "NAME"), c.status))
+        .collect()
+}
+
+/// Counts the Jobs launched for a key by the `CM_IDEMPOTENCY_KEY` their container carries,
+/// whatever they are named, so a backend that named a second Job differently is caught.
+struct KubeProbe(Arc<FakeKubernetes>);
+
+impl KubeProbe {
+    fn of(&self, key: &IdempotencyKey) -> Vec<StoredJob> {
+        self.0
+            .jobs()
+            .into_iter()
+            .filter(|j| j.env_var("CM_IDEMPOTENCY_KEY") == Some(key.as_str()))
+            .collect()
+    }
+}
+
+#[async_trait]
+impl EffectProbe for KubeProbe {
+    async fn effects(&self, key: &IdempotencyKey) -> Result<usize, String> {
+        Ok(self.of(key).len())
+    }
+    async fn payload(&self, key: &IdempotencyKey) -> Result<Option<Value>, String> {
+        Ok(self
+            .of(key)
+            .first()
+            .and_then(|j| j.env_var("CM_TASK").and_then(payload_of_task)))
+    }
+    /// The next create never answers, and stores nothing.
+    async fn stall(&self) -> Result<(), String> {
+        self.0.fault_next_create(CreateFault::StallBeforeCreate);
+        Ok(())
+    }
+    /// The next create is forbidden with `reason` (a quota, an admission webhook).
+    async fn fail(&self, reason: &str) -> Result<(), String> {
+        self.0.fault_next_create(CreateFault::Refuse {
+            code: 403,
+            message: reason.to_owned(),
+        });
+        Ok(())
+    }
+    async fn heal(&self) -> Result<(), String> {
+        self.0.clear_faults();
+        Ok(())
+    }
+    fn secret(&self) -> Option<String> {
+        Some(TOKEN.to_owned())
+    }
+}
+
+impl LaunchFaults for KubeProbe {
+    /// A Job create has no second step: the crash is after the Job was stored, before the
+    /// answer came back.
+    fn crash_after_create(&self) {
+        self.0.fault_next_create(CreateFault::StallAfterCreate);
+    }
+    fn launched_by_create(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test]
+async fn kubernetes_backend_conforms() {
+    let fake = Arc::new(FakeKubernetes::start(&["default"], TOKEN));
+    let kube = backend(&fake, MissionConfig::default()).await;
+    let probe = KubeProbe(fake.clone());
+    check_mission_backend(&kube, &probe, Some(&probe))
+        .await
+        .unwrap();
+    let jobs = fake.jobs();
+    assert!(jobs.len() >= 4, "{jobs:?}");
+    // Every Job is named by its occurrence's key, in the configured namespace.
+    for job in &jobs {
+        assert_eq!(job.namespace, "default");
+        assert_eq!(job.env_var("CM_IDEMPOTENCY_KEY"), Some(job.name.as_str()));
+    }
+    // The fake refused every second create of a name; nothing else was refused.
+    let creates: Vec<u16> = fake
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "POST")
+        .map(|c| c.status)
+        .collect();
+    assert_eq!(
+        creates.iter().filter(|s| **s == 201).count() + 1,
+        jobs.len(),
+        "one create was stored without an answer: {creates:?}"
+    );
+    assert!(
+        creates.iter().all(|s| [0, 201, 403, 409].contains(s)),
+        "{creates:?}"
+    );
+}
+
+#[tokio::test]
+async fn kubernetes_jobs_are_the_operators_and_carry_the_missions_environment() {
+    let fake = FakeKubernetes::start(&["missions"], TOKEN);
+    let config = MissionConfig::from_json(
+        r#"{"command": ["--verbose", "run"], "user": "1000:2000",
+            "kubernetes": {"namespace": "missions", "service_account": "cm-missions",
+                           "backoff_limit": 2, "active_deadline_seconds": 600,
+                           "ttl_seconds_after_finished": 3600, "cpu": "500m", "memory": "1Gi"}}"#,
+    )
+    .unwrap();
+    let kube = backend(&fake, config).await;
+    let d = dispatch(mission(), 1, Duration::from_secs(10));
+    let receipt = kube.dispatch(&d).await.unwrap();
+    let name = d.idempotency_key.to_string();
+    let job = fake.job("missions", &name).expect("a Job named by the key");
+    assert_eq!(
+        receipt.detail,
+        format!("job missions/{name} uid {}", job.uid)
+    );
+    assert!(!receipt.duplicate);
+    assert_eq!(
+        calls(&fake, &name),
+        ["POST /apis/batch/v1/namespaces/missions/jobs 201"]
+    );
+    assert_eq!(fake.calls()[0].query, "fieldManager=cm-scheduler");
+
+    let spec = &job.object["spec"];
+    assert_eq!(spec["backoffLimit"], 2);
+    assert_eq!(spec["activeDeadlineSeconds"], 600);
+    assert_eq!(spec["ttlSecondsAfterFinished"], 3600);
+    let pod = &spec["template"]["spec"];
+    assert_eq!(pod["restartPolicy"], "Never");
+    assert_eq!(pod["serviceAccountName"], "cm-missions");
+    let c = job.container();
+    assert_eq!(c["name"], "mission");
+    assert_eq!(c["image"], IMAGE);
+    assert_eq!(c["args"], json!(["--verbose", "run"]));
+    assert!(c["command"].is_null(), "the image's entrypoint runs");
+    assert_eq!(c["securityContext"]["runAsUser"], 1000);
+    assert_eq!(c["securityContext"]["runAsGroup"], 2000);
+    for side in ["requests", "limits"] {
+        assert_eq!(
+            c["resources"][side],
+            json!({"cpu": "500m", "memory": "1Gi"})
+        );
+    }
+    assert_eq!(job.env_var("CM_TASK"), Some("report"));
+    assert_eq!(job.env_var("CM_REF"), Some("main"));
+    assert_eq!(job.env_var("CM_ATTEMPT"), Some("1"));
+    assert_eq!(job.env_var("REPORT_FORMAT"), Some("markdown"));
+    assert_eq!(job.env_var("CM_SCHEDULED_AT"), Some("2026-03-29T01:00:00Z"));
+    assert_eq!(job.env_var("CM_IDEMPOTENCY_KEY"), Some(name.as_str()));
+    assert_eq!(c["env"].as_array().map(Vec::len), Some(9));
+
+    let routine_id = d.occurrence.routine_id.to_string();
+    for meta in [&job.object["metadata"], &spec["template"]["metadata"]] {
+        assert_eq!(meta["labels"]["cm.routine-id"], routine_id.as_str());
+        assert_eq!(meta["labels"]["cm.attempt"], "1");
+        assert_eq!(meta["labels"]["team"], "platform");
+        // A label value cannot hold ':': the instant is an annotation only.
+        assert!(meta["labels"]["cm.scheduled-at"].is_null(), "{meta}");
+        assert_eq!(
+            meta["annotations"]["cm.scheduled-at"],
+            "2026-03-29T01:00:00Z"
+        );
+        assert_eq!(meta["annotations"]["cm.routine-id"], routine_id.as_str());
+        assert_eq!(meta["annotations"]["team"], "platform");
+    }
+    assert_eq!(
+        job.object["metadata"]["annotations"][KEY_ANNOTATION],
+        name.as_str()
+    );
+}
+
+#[tokio::test]
+async fn kubernetes_already_exists_is_already_launched_with_the_jobs_uid() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    let first = dispatch(mission(), 1, Duration::from_secs(10));
+    let launched = kube.dispatch(&first).await.unwrap();
+    let mut retry = first.clone();
+    retry.attempt = 2;
+    let again = kube.dispatch(&retry).await.unwrap();
+    assert!(!launched.duplicate && again.duplicate);
+    assert_eq!(again.detail, launched.detail);
+    let name = first.idempotency_key.to_string();
+    assert_eq!(
+        calls(&fake, &name),
+        [
+            "POST /apis/batch/v1/namespaces/default/jobs 201",
+            "POST /apis/batch/v1/namespaces/default/jobs 409",
+            "GET /apis/batch/v1/namespaces/default/jobs/NAME 200",
+        ]
+    );
+    assert_eq!(fake.jobs().len(), 1);
+    // The Job keeps the first attempt's environment.
+    assert_eq!(fake.jobs()[0].env_var("CM_ATTEMPT"), Some("1"));
+}
+
+#[tokio::test]
+async fn kubernetes_server_errors_are_tried_again_within_the_deadline() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    fake.fault_next_create(CreateFault::Fail);
+    for code in [429, 503, 408] {
+        fake.fault_next_create(CreateFault::Refuse {
+            code,
+            message: format!("busy {code}"),
+        });
+    }
+    let d = dispatch(mission(), 1, Duration::from_secs(10));
+    let receipt = kube.dispatch(&d).await.unwrap();
+    assert!(!receipt.duplicate);
+    let name = d.idempotency_key.to_string();
+    let statuses: Vec<u16> = fake.calls().iter().map(|c| c.status).collect();
+    assert_eq!(
+        statuses,
+        [500, 429, 503, 408, 201],
+        "{:?}",
+        calls(&fake, &name)
+    );
+    assert_eq!(fake.jobs().len(), 1);
+}
+
+#[tokio::test]
+async fn kubernetes_refusals_fail_at_once_with_the_servers_message() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    fake.fault_next_create(CreateFault::Refuse {
+        code: 403,
+        message: "exceeded quota: missions, requested: count/jobs.batch=1".into(),
+    });
+    let d = dispatch(mission(), 1, Duration::from_secs(10));
+    let err = kube.dispatch(&d).await.unwrap_err();
+    let name = d.idempotency_key.to_string();
+    assert!(
+        matches!(&err, DispatchError::Rejected(t)
+            if t.contains(&format!("jobs.batch \"{name}\" is forbidden: exceeded quota"))
+                && t.contains("403 Forbidden")),
+        "{err}"
+    );
+    assert_eq!(fake.calls().len(), 1, "a refusal is not tried again");
+
+    // A namespace that does not exist is the operator's to fix, not a passing fault.
+    let elsewhere = backend(
+        &fake,
+        MissionConfig::from_json(r#"{"kubernetes": {"namespace": "nope"}}"#).unwrap(),
+    )
+    .await;
+    let err = elsewhere
+        .dispatch(&dispatch(mission(), 1, Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Rejected(t) if t.contains("namespaces \"nope\" not found")),
+        "{err}"
+    );
+    assert_eq!(fake.calls().len(), 2);
+    assert!(fake.jobs().is_empty());
+}
+
+#[tokio::test]
+async fn kubernetes_that_keeps_failing_fails_by_the_deadline_with_the_last_answer() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    for _ in 0..100 {
+        fake.fault_next_create(CreateFault::Fail);
+    }
+    let within = Duration::from_millis(1500);
+    let started = Instant::now();
+    let err = kube
+        .dispatch(&dispatch(mission(), 1, within))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(took <= within + DEADLINE_SLACK, "{took:?}");
+    assert!(
+        matches!(&err, DispatchError::Unavailable(t)
+            if t.contains("before the deadline") && t.contains("injected failure")),
+        "{err}"
+    );
+    // Tried more than once, with backoff rather than in a tight loop.
+    let tries = fake.calls().len();
+    assert!((2..=10).contains(&tries), "{tries} tries");
+    assert!(fake.jobs().is_empty());
+}
+
+#[tokio::test]
+async fn kubernetes_create_stored_but_unanswered_is_found_by_the_retry() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    fake.fault_next_create(CreateFault::StallAfterCreate);
+    let first = dispatch(mission(), 1, Duration::from_millis(500));
+    let err = kube.dispatch(&first).await.unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Unavailable(t) if t.contains("deadline")),
+        "{err}"
+    );
+    let name = first.idempotency_key.to_string();
+    let stored = fake.job("default", &name).expect("the create was stored");
+
+    let mut retry = first.clone();
+    retry.attempt = 2;
+    retry.deadline = Instant::now() + Duration::from_secs(10);
+    let receipt = kube.dispatch(&retry).await.unwrap();
+    assert!(receipt.duplicate, "{receipt:?}");
+    assert_eq!(
+        receipt.detail,
+        format!("job default/{name} uid {}", stored.uid)
+    );
+    assert_eq!(fake.jobs().len(), 1);
+    assert_eq!(
+        calls(&fake, &name),
+        [
+            "POST /apis/batch/v1/namespaces/default/jobs 0",
+            "POST /apis/batch/v1/namespaces/default/jobs 409",
+            "GET /apis/batch/v1/namespaces/default/jobs/NAME 200",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn kubernetes_job_of_the_name_for_another_occurrence_is_not_taken_for_this_one() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    let d = dispatch(mission(), 1, Duration::from_secs(10));
+    let name = d.idempotency_key.to_string();
+    fake.put_job(
+        "default",
+        &name,
+        json!({"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"annotations": {KEY_ANNOTATION: "cm-someone-else"}}}),
+    );
+    let err = kube.dispatch(&d).await.unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Rejected(t) if t.contains("another occurrence")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn kubernetes_bad_credentials_are_refused_and_never_printed() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let wrong = "wrong-token-7c2e91d04b";
+    let file = Kubeconfig::write(&fake.kubeconfig("default").replace(TOKEN, wrong));
+    let kube =
+        KubernetesDispatcher::from_kubeconfig(&file.0, IMAGE.to_owned(), MissionConfig::default())
+            .await
+            .unwrap();
+    let err = kube
+        .dispatch(&dispatch(mission(), 1, Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(&err, DispatchError::Rejected(_)) && text.contains("401 Unauthorized"),
+        "{text}"
+    );
+    assert!(!text.contains(wrong) && !format!("{kube:?}").contains(wrong));
+    assert_eq!(fake.calls().len(), 1);
+    assert!(fake.jobs().is_empty());
+}
+
+#[tokio::test]
+async fn kubernetes_that_does_not_answer_is_unavailable() {
+    // A port nothing listens on.
+    let file = Kubeconfig::write(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\n\
+         users:\n- name: u\n  user: {}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
+         current-context: x\n",
+    );
+    let kube =
+        KubernetesDispatcher::from_kubeconfig(&file.0, IMAGE.to_owned(), MissionConfig::default())
+            .await
+            .unwrap();
+    let err = kube
+        .dispatch(&dispatch(mission(), 1, Duration::from_millis(800)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Unavailable(t) if t.contains("deadline")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn kubernetes_refuses_a_user_it_cannot_run_as_before_any_call() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let file = Kubeconfig::write(&fake.kubeconfig("default"));
+    let config = MissionConfig::from_json(r#"{"user": "mission"}"#).unwrap();
+    let err = KubernetesDispatcher::from_kubeconfig(&file.0, IMAGE.to_owned(), config)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("numeric user"), "{err}");
+    assert!(fake.calls().is_empty());
+}
+
+#[tokio::test]
+async fn kubernetes_job_names_are_valid_for_every_occurrence() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    // The widest and the oldest instants, the largest routine id: the fake validates each name
+    // as the API server does (a DNS-1123 label, 63 at most).
+    for (id, micros) in [
+        (u128::MAX, 253_402_300_799_999_999),
+        (0, -62_135_596_800_000_000),
+        (7, 0),
+    ] {
+        let mut d = dispatch(mission(), 1, Duration::from_secs(10));
+        d.occurrence = Occurrence::new(Uuid::from_u128(id), Utc.timestamp_micros(micros).unwrap());
+        d.idempotency_key = d.occurrence.idempotency_key();
+        kube.dispatch(&d).await.unwrap();
+        let name = d.idempotency_key.to_string();
+        assert!(is_dns_label(&name), "{name}");
+        assert!(fake.job("default", &name).is_some(), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn kubernetes_rejects_an_invalid_mission_without_a_call() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    for payload in [
+        json!({ "repository": "file:///etc/passwd", "task": "x" }),
+        json!({ "repository": "https://h.example/r", "task": "x", "env": { "CM_TASK": "y" } }),
+        json!({ "text": "a message payload" }),
+    ] {
+        let err = kube
+            .dispatch(&dispatch(payload, 1, Duration::from_secs(10)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, DispatchError::Rejected(_)), "{err}");
+    }
+    assert_eq!(fake.calls(), vec![], "nothing reached the API server");
+}
+
+/// A self-signed certificate for 127.0.0.1 (valid until 2126), as a kubeconfig's
+/// `certificate-authority-data` carries a cluster's CA.
+const CA_DATA: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJrakNDQVRpZ0F3SUJBZ0lVUUphblIwVEVrSUJmUmY3Z3lSNFV4Wk5sMHdZd0NnWUlLb1pJemowRUF3SXcKRlRFVE1CRUdBMVVFQXd3S1kyMHRkR1Z6ZEMxallUQWdGdzB5TmpFeE16QXlNRFF5TXpoYUdBOHlNVEkyTVRFdwpOakl3TkRJek9Gb3dGVEVUTUJFR0ExVUVBd3dLWTIwdGRHVnpkQzFqWVRCWk1CTUdCeXFHU000OUFnRUdDQ3FHClNNNDlBd0VIQTBJQUJGdlBKVEI3T3hLandvRUdUNDBuU1J1NllGMVBaYUxKQ25NNzRGTUE5RlI3U3hvT3FadnIKckFnYWhDbGY3Q2dITTRJeFZ2clMxR2ZkQk1aa1FBcXRVSG1qWkRCaU1CMEdBMVVkRGdRV0JCUWRudldtay9NdwpLSjI0bmQ0UythMURhdDJVSkRBZkJnTlZIU01FR0RBV2dCUWRudldtay9Nd0tKMjRuZDRTK2ExRGF0MlVKREFQCkJnTlZIUk1CQWY4RUJUQURBUUgvTUE4R0ExVWRFUVFJTUFhSEJIOEFBQUV3Q2dZSUtvWkl6ajBFQXdJRFNBQXcKUlFJZ09GVHB6NVcxT0k2RURVUGNPaklRSG9rb3Q2R3NoSzAxQ2JGUWRpdVRYYWdDSVFEeGxIbzk3MkpsNmFObgpMdjhIZzhmcjFYOStIeFNCK2xUSmFLMktkWEs1S2c9PQotLS0tLUVORCBDRVJUSUZJQ0FURS0tLS0tCg==";
+
+#[tokio::test]
+async fn kubernetes_over_https_builds_its_tls_client_from_the_kubeconfig() {
+    // What a real cluster's kubeconfig looks like: https, the CA inline, a token. Building the
+    // client builds its TLS configuration (rustls with the ring provider, nothing installed by
+    // hand); nothing listens on the port, so the dispatch fails as unreachable, not as a panic
+    // or a refusal.
+    let file = Kubeconfig::write(&format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: {CA_DATA}\nusers:\n- name: u\n  user:\n    token: {TOKEN}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+    ));
+    let kube =
+        KubernetesDispatcher::from_kubeconfig(&file.0, IMAGE.to_owned(), MissionConfig::default())
+            .await
+            .unwrap();
+    let err = kube
+        .dispatch(&dispatch(mission(), 1, Duration::from_millis(800)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Unavailable(t) if t.contains("deadline") && !t.contains(TOKEN)),
+        "{err}"
+    );
+}

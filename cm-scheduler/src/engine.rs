@@ -39,8 +39,11 @@ use crate::autopause::AutoPause;
 use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
 use crate::stats::{Stats, add};
 
-/// How many settled fires one prune statement deletes.
-const PRUNE_BATCH: u32 = 10_000;
+/// How many rows one prune statement deletes (settled fires, or acknowledged outbox messages).
+/// Measured by `cargo xtask scale` (docs/BENCHMARKS.md, "Scale"): a batch of this size is
+/// deleted in a fraction of a second, and batches repeat while they come back full, so a pass
+/// deletes far more rows a second than the engine fires.
+pub const PRUNE_BATCH: u32 = 10_000;
 
 /// Why a tick or reaper pass failed. The loop logs it, counts it and keeps it for health; the
 /// next tick tries again.
@@ -483,47 +486,56 @@ impl Scheduler {
     }
 
     /// Deletes acknowledged outbox messages and settled fires older than the retention, in
-    /// bounded batches so a large backlog of old rows never makes one pass long. Returns whether
-    /// the pass succeeded.
+    /// batches of [`PRUNE_BATCH`] repeated while they come back full, so what is deleted keeps up
+    /// with what is written however fast the engine fires. A pass stops after a quarter of the
+    /// lease (the outbox's share at most half of that), so it never holds the maintenance loop
+    /// for long. Returns whether the pass succeeded.
     async fn prune(&self) -> bool {
-        if let Some(outbox) = &self.outbox
-            && let Err(e) = outbox.outbox_prune_acked(self.config.retention, 1000).await
-        {
-            error!(error = %e, "pruning acknowledged outbox messages failed");
-            self.stats
-                .tick_failed(format!("pruning the outbox failed: {e}"));
-            return false;
-        }
-        // Batches of PRUNE_BATCH rows until a batch comes back short or a quarter of the lease
-        // is spent: a pass keeps up with thousands of fires a second (PRUNE_BATCH is deleted in
-        // well under a second), and never holds the maintenance loop for long.
-        let budget = self.config.lease.duration() / 4;
         let started = Instant::now();
-        let mut total = 0;
-        loop {
-            match self
-                .ledger
-                .prune_settled(self.config.retention, PRUNE_BATCH)
-                .await
+        let budget = self.config.lease.duration() / 4;
+        let retention = self.config.retention;
+        if let Some(outbox) = &self.outbox {
+            match prune_in_batches(budget / 2, || {
+                outbox.outbox_prune_acked(retention, PRUNE_BATCH)
+            })
+            .await
             {
-                Ok(pruned) => {
-                    add(&self.stats.pruned, pruned);
-                    total += pruned;
-                    if pruned < u64::from(PRUNE_BATCH) || started.elapsed() >= budget {
-                        break;
-                    }
+                Ok(total) if total > 0 => {
+                    debug!(
+                        pruned = total,
+                        "pruned acknowledged outbox messages past their retention"
+                    );
                 }
+                Ok(_) => {}
                 Err(e) => {
-                    error!(error = %e, "pruning settled fires failed");
-                    self.stats.tick_failed(format!("pruning failed: {e}"));
+                    error!(error = %e, "pruning acknowledged outbox messages failed");
+                    self.stats
+                        .tick_failed(format!("pruning the outbox failed: {e}"));
                     return false;
                 }
             }
         }
-        if total > 0 {
-            debug!(pruned = total, "pruned settled fires past their retention");
+        let stats = &self.stats;
+        let left = budget.saturating_sub(started.elapsed());
+        let pruned = prune_in_batches(left, || async {
+            let pruned = self.ledger.prune_settled(retention, PRUNE_BATCH).await?;
+            add(&stats.pruned, pruned);
+            Ok(pruned)
+        })
+        .await;
+        match pruned {
+            Ok(total) => {
+                if total > 0 {
+                    debug!(pruned = total, "pruned settled fires past their retention");
+                }
+                true
+            }
+            Err(e) => {
+                error!(error = %e, "pruning settled fires failed");
+                self.stats.tick_failed(format!("pruning failed: {e}"));
+                false
+            }
         }
-        true
     }
 
     /// How long a dispatch of a claim taken after `claimed_from` may run: the dispatch timeout,
@@ -677,6 +689,24 @@ async fn collect(dispatches: &mut JoinSet<FireResult>, report: &mut TickReport) 
                 error!(error = %e, "a dispatch task ended abnormally");
                 report.unsettled += 1;
             }
+        }
+    }
+}
+
+/// Runs `batch` (one prune statement of at most [`PRUNE_BATCH`] rows) until one comes back short
+/// or `budget` has passed. Returns how many rows the batches deleted.
+async fn prune_in_batches<F, Fut>(budget: Duration, mut batch: F) -> Result<u64, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<u64, StoreError>>,
+{
+    let started = Instant::now();
+    let mut total = 0;
+    loop {
+        let pruned = batch().await?;
+        total += pruned;
+        if pruned < u64::from(PRUNE_BATCH) || started.elapsed() >= budget {
+            return Ok(total);
         }
     }
 }

@@ -31,5 +31,7 @@ pub mod http;
 pub mod stats;
 pub mod status;
 
-pub use engine::{Completion, RunSummary, Scheduler, TickError, TickReport, default_instance_id};
+pub use engine::{
+    Completion, PRUNE_BATCH, RunSummary, Scheduler, TickError, TickReport, default_instance_id,
+};
 pub use stats::Stats;

@@ -1,7 +1,5 @@
 //! The message outbox, `outbox_messages`: the default message backend's table.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use cm_domain::{IdempotencyKey, Occurrence};
@@ -54,12 +52,6 @@ pub trait OutboxStore: Send + Sync {
 
     /// The message of the occurrence whose key is `key`, if it was written.
     async fn outbox_get(&self, key: &IdempotencyKey) -> Result<Option<OutboxRow>, StoreError>;
-
-    /// Deletes at most `limit` messages written longer than `retention` ago, oldest first, by
-    /// their creation time alone (whatever else a consumer recorded on them). Returns how many
-    /// it deleted. Safe past the ledger's retention: a message is only a dedupe for retries of
-    /// its occurrence's dispatch, and none happens after the claim's last lease.
-    async fn outbox_prune(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
 }
 
 #[async_trait]
@@ -105,22 +97,5 @@ impl OutboxStore for PgStore {
         .bind(occurrence.scheduled_at)
         .fetch_optional(&self.pool)
         .await?)
-    }
-
-    async fn outbox_prune(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
-        Ok(sqlx::query(
-            "DELETE FROM outbox_messages
-             WHERE seq IN (
-                 SELECT seq FROM outbox_messages
-                 WHERE created_at < now() - make_interval(secs => $1)
-                 ORDER BY created_at
-                 LIMIT $2
-                 FOR UPDATE SKIP LOCKED)",
-        )
-        .bind(retention.as_secs_f64())
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await?
-        .rows_affected())
     }
 }

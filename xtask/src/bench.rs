@@ -22,8 +22,8 @@
 
 mod lateness;
 mod ledger;
-mod options;
-mod processes;
+pub(crate) mod options;
+pub(crate) mod processes;
 mod raw_sql;
 mod report;
 
@@ -253,7 +253,7 @@ async fn measure(
 }
 
 /// The commit the bench runs from, marked when the tree has uncommitted changes.
-fn commit() -> String {
+pub(crate) fn commit() -> String {
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)

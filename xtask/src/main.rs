@@ -14,6 +14,11 @@
 //!   processes killed with SIGKILL at random, PostgreSQL restarted and their connections
 //!   terminated under them, then a ledger check that nothing was lost or doubled
 //!   (`docs/CHAOS.md`; `--short` is CI's run, under two minutes).
+//! - `scale [--quick] [--keep] [--database-url URL]`: the store at a million routines and ten
+//!   million ledger rows: idle claim cost, throughput of many routines against few, peak memory,
+//!   `fires` first page, and retention beside the claims, in a fresh database it drops afterwards
+//!   (`docs/BENCHMARKS.md`, "Scale"). Run it built in release:
+//!   `cargo run --release -p xtask -- scale`.
 //!
 //! The tidy checks (the domain is pure, every source file says what it is for) are ordinary
 //! tests in this crate, so `cargo test --workspace` runs them.
@@ -24,6 +29,7 @@ use anyhow::{Context, bail};
 
 mod bench;
 mod chaos;
+mod scale;
 mod tidy;
 
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/cm";
@@ -35,8 +41,9 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
         Some("chaos") => chaos::run(&args[1..]),
+        Some("scale") => scale::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <demo|ci|bench|chaos>");
+            eprintln!("usage: cargo xtask <demo|ci|bench|chaos|scale>");
             return ExitCode::from(2);
         }
     };

@@ -1055,3 +1055,36 @@ async fn pruning_repeats_full_batches_until_one_comes_back_short() {
     assert_eq!(Stats::get(&scheduler.stats().pruned), 20_005);
     assert!(batches.lock().unwrap().is_empty());
 }
+
+/// The outbox's retention repeats full batches too (it deleted one batch of 1,000 a pass, far
+/// fewer rows than the engine writes), and the ledger's pruning follows it in the same pass.
+#[tokio::test]
+async fn outbox_pruning_repeats_full_batches_until_one_comes_back_short() {
+    let mut ledger = MockFireLedger::new();
+    ledger.expect_claim_due().returning(|_| Ok(claim(&[], 0)));
+    ledger
+        .expect_reap_expired()
+        .returning(|_| Ok(claim(&[], 0)));
+    ledger
+        .expect_prune_settled()
+        .times(1)
+        .returning(|_, _| Ok(0));
+    let batches = Arc::new(Mutex::new(VecDeque::from([10_000u64, 10_000, 10_000, 7])));
+    let left = batches.clone();
+    let mut outbox = cm_store::MockOutboxConsumer::new();
+    outbox
+        .expect_outbox_prune_acked()
+        .times(4)
+        .withf(|_, limit| *limit == cm_scheduler::PRUNE_BATCH)
+        .returning(move |_, _| Ok(left.lock().unwrap().pop_front().unwrap_or(0)));
+    let scheduler =
+        Arc::new(scheduler(ledger, mock_dispatcher()).with_outbox_pruning(Arc::new(outbox)));
+    // One maintenance pass falls in the run (the next is half a lease, 500 ms, later).
+    let summary = scheduler
+        .clone()
+        .spawn(tokio::time::sleep(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    assert_eq!(summary.tick_errors, 0, "{summary:?}");
+    assert!(batches.lock().unwrap().is_empty());
+}

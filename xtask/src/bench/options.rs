@@ -15,7 +15,7 @@ pub(super) const SQL_ROUTINES: usize = 20_000;
 
 /// The bench's parameters.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Options {
+pub(crate) struct Options {
     /// The short run: smaller counts, shorter windows, one round, and a last line for machines.
     pub quick: bool,
     /// Occurrences per raw-SQL transaction, and the processes' `--max-fires-per-tick`.

@@ -25,7 +25,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const SIGTERM_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Builds the release `cm-scheduler` and returns its path (under `CARGO_TARGET_DIR` when set).
-pub(super) fn build_binary() -> anyhow::Result<PathBuf> {
+pub(crate) fn build_binary() -> anyhow::Result<PathBuf> {
     crate::run({
         let mut c = crate::cargo();
         c.args(["build", "--quiet", "--release", "--package", "cm-scheduler"]);
@@ -96,7 +96,7 @@ struct Process {
 
 /// The processes of one run. Dropping it kills what still runs, so an error anywhere leaves no
 /// scheduler behind.
-struct Fleet(Vec<Process>);
+pub(crate) struct Fleet(Vec<Process>);
 
 impl Drop for Fleet {
     fn drop(&mut self) {
@@ -118,8 +118,21 @@ impl Fleet {
         log_dir: &Path,
         label: &str,
     ) -> anyhow::Result<Fleet> {
+        Fleet::start_named(binary, url, flags, log_dir, label, &["bench-a", "bench-b"])
+    }
+
+    /// Starts one `cm-scheduler run` per name (its instance id), each serving health on a free
+    /// port, logging to `<label>-<name>.log` in `log_dir`.
+    pub(crate) fn start_named(
+        binary: &Path,
+        url: &str,
+        flags: &[String],
+        log_dir: &Path,
+        label: &str,
+        names: &[&str],
+    ) -> anyhow::Result<Fleet> {
         let mut fleet = Fleet(Vec::new());
-        for name in ["bench-a", "bench-b"] {
+        for &name in names {
             let port = free_port()?;
             let log = log_dir.join(format!("{label}-{name}.log"));
             let file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -139,7 +152,7 @@ impl Fleet {
     }
 
     /// Waits until every process answers `/readyz` with 200 (it has ticked successfully).
-    fn wait_ready(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn wait_ready(&mut self) -> anyhow::Result<()> {
         let started = Instant::now();
         for p in &mut self.0 {
             loop {
@@ -160,13 +173,18 @@ impl Fleet {
         Ok(())
     }
 
+    /// The processes' ids, in the order they were started.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        self.0.iter().map(|p| p.child.id()).collect()
+    }
+
     /// Fails if a process has exited.
-    fn alive(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn alive(&mut self) -> anyhow::Result<()> {
         self.0.iter_mut().try_for_each(Process::alive)
     }
 
     /// Sends SIGTERM to every process and fails unless each exits 0 in time.
-    fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) fn stop(mut self) -> anyhow::Result<()> {
         for p in &self.0 {
             crate::run({
                 let mut c = Command::new("kill");

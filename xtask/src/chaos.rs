@@ -522,10 +522,29 @@ fn pg_cluster(given: Option<&str>) -> anyhow::Result<(String, String)> {
     }
 }
 
+/// Closes every inherited descriptor above stderr, then runs `pg_ctlcluster` with the script's
+/// arguments.
+const PG_CTL_SCRIPT: &str = r#"for fd in $(ls /proc/$$/fd); do
+    [ "$fd" -gt 2 ] && [ -e "/proc/$$/fd/$fd" ] && eval "exec $fd>&-"
+done
+exec pg_ctlcluster "$@""#;
+
+/// `pg_ctlcluster --skip-systemctl-redirect VERSION NAME action`, with no descriptor but stdin,
+/// stdout and stderr. A server it starts runs on after the chaos run, and would keep whatever
+/// descriptor it inherited: the run's caller's `flock` on a shared lock file (flock(1) hands its
+/// descriptor to the command), held by PostgreSQL until its next restart.
 fn pg_ctl(cluster: &(String, String), action: &str) -> anyhow::Result<()> {
     super::run({
-        let mut c = Command::new("pg_ctlcluster");
-        c.args(["--skip-systemctl-redirect", &cluster.0, &cluster.1, action]);
+        let mut c = Command::new("bash");
+        c.args([
+            "-c",
+            PG_CTL_SCRIPT,
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            &cluster.0,
+            &cluster.1,
+            action,
+        ]);
         c
     })
 }
@@ -1617,6 +1636,35 @@ mod tests {
             let after = at - from;
             assert!(after >= Duration::from_secs(1) && after <= Duration::from_millis(5100));
         }
+    }
+
+    /// The script pg_ctlcluster runs under passes on its arguments and no descriptor above
+    /// stderr, whatever this process holds open (a test's own files, a caller's lock).
+    #[test]
+    fn pg_ctlcluster_inherits_no_descriptor() {
+        let held = std::fs::File::open("Cargo.toml").unwrap();
+        let script = PG_CTL_SCRIPT.replace(
+            r#"exec pg_ctlcluster "$@""#,
+            r#"echo "$@"; exec ls /proc/self/fd"#,
+        );
+        // Rust opens its files close-on-exec; `exec 7<` in a parent shell leaves one open, as
+        // flock(1) does.
+        let output = Command::new("bash")
+            .args([
+                "-c",
+                r#"exec 7<Cargo.toml; exec bash -c "$0" x a b"#,
+                &script,
+            ])
+            .output()
+            .unwrap();
+        drop(held);
+        let text = String::from_utf8(output.stdout).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("a b"));
+        // ls's own directory descriptor is the only one above stderr.
+        let fds: Vec<u32> = lines.map(|l| l.parse().unwrap()).collect();
+        assert_eq!(fds.iter().filter(|&&fd| fd > 2).count(), 1, "{fds:?}");
+        assert!(!fds.contains(&7), "{fds:?}");
     }
 
     #[test]

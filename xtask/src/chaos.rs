@@ -6,7 +6,9 @@
 //! 1. builds `cm-scheduler`, creates a fresh database `cm_chaos_<random>` on the server, migrates
 //!    it and creates `--routines` message routines firing every second with the `catch-up`
 //!    misfire policy, recording each one's first `next_run_at`;
-//! 2. starts `--processes` scheduler processes (`cm-scheduler run`), each logging to its own file;
+//! 2. starts `--processes` scheduler processes (`cm-scheduler run`), each logging to its own file
+//!    (with `--message-backend webhook`, after starting a slow webhook receiver of its own on
+//!    127.0.0.1 and writing a random signing secret; see [`webhook`]);
 //! 3. for `--duration` seconds kills a random one with SIGKILL every 1 to 4 seconds (half of the
 //!    kills aimed just after a whole second, when the occurrences of that second are being
 //!    claimed and dispatched) and starts it again, under its old instance id or a new one; and
@@ -15,7 +17,11 @@
 //!    schedulers with SIGTERM and checks that each exits 0;
 //! 5. checks the ledger: every second from a routine's first occurrence to its last has exactly
 //!    one `routine_fires` row, every row is settled, and every `fired` row has exactly one
-//!    `outbox_messages` row written by one of its attempts, with no message that has no fire;
+//!    `outbox_messages` row written by one of its attempts, with no message that has no fire.
+//!    With the webhook backend, the receiver's record replaces the outbox: every `fired` row was
+//!    delivered with a valid signature and accepted, no delivery names an occurrence without a
+//!    row, and every repeated delivery of one `webhook-id` names the same occurrence at a higher
+//!    attempt (or is the backend's resend of one attempt right after a 503);
 //! 6. prints a summary and fails if anything was lost, doubled or left unsettled, if a scheduler
 //!    stalled or died on its own, or if one exited non-zero on SIGTERM.
 //!
@@ -36,9 +42,12 @@ use uuid::Uuid;
 
 use crate::database_url;
 
+mod webhook;
+
 const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-url URL] [--routines N]
                           [--processes N] [--duration SECONDS] [--seed N] [--db-restarts N]
-                          [--terminate-backends N] [--pg-cluster VERSION/NAME] [--keep]";
+                          [--terminate-backends N] [--pg-cluster VERSION/NAME] [--keep]
+                          [--message-backend outbox|webhook]";
 
 /// The server the chaos database is created on. Not `DATABASE_URL`: `.cargo/config.toml` sets
 /// that for every process cargo runs, so it would silently win over what the user meant.
@@ -74,6 +83,24 @@ const SIGTERM_TIMEOUT: Duration = Duration::from_secs(20);
 /// stall would otherwise pass the check, since only the span up to the last occurrence is owed.
 const MAX_LAG: Duration = Duration::from_secs(15);
 
+/// Where the schedulers send their messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MessageBackend {
+    /// The transactional outbox, the product's default.
+    Outbox,
+    /// Signed HTTP POSTs to the run's own slow receiver.
+    Webhook,
+}
+
+impl MessageBackend {
+    fn name(self) -> &'static str {
+        match self {
+            MessageBackend::Outbox => "outbox",
+            MessageBackend::Webhook => "webhook",
+        }
+    }
+}
+
 /// The settings of one run.
 #[derive(Debug, Clone, PartialEq)]
 struct Options {
@@ -86,6 +113,7 @@ struct Options {
     terminate_backends: u32,
     pg_cluster: Option<String>,
     keep: bool,
+    backend: MessageBackend,
 }
 
 impl Options {
@@ -100,6 +128,7 @@ impl Options {
             terminate_backends: 2,
             pg_cluster: None,
             keep: false,
+            backend: MessageBackend::Outbox,
         }
     }
 
@@ -148,6 +177,15 @@ fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<Option<Optio
             "--short" => options = options.short(),
             "--pg-cluster" => options.pg_cluster = Some(value(&mut it, flag)?.to_string()),
             "--keep" => options.keep = true,
+            "--message-backend" => {
+                options.backend = match value(&mut it, flag)? {
+                    "outbox" => MessageBackend::Outbox,
+                    "webhook" => MessageBackend::Webhook,
+                    other => {
+                        bail!("--message-backend is outbox or webhook, not {other:?}\n{USAGE}")
+                    }
+                }
+            }
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
@@ -279,6 +317,8 @@ struct Fleet {
     url: String,
     log_dir: PathBuf,
     slots: Vec<Scheduler>,
+    /// Flags every scheduler gets after [`RUN_FLAGS`]: the message backend's.
+    backend_args: Vec<String>,
     /// Processes started so far, for unique log names and instance ids.
     started: u32,
     last_spawn: Option<Instant>,
@@ -297,6 +337,7 @@ impl Fleet {
             .arg("--instance-id")
             .arg(&instance_id)
             .args(RUN_FLAGS)
+            .args(&self.backend_args)
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)
@@ -433,6 +474,20 @@ fn scheduler_output(binary: &Path, url: &str, args: &[&str]) -> anyhow::Result<S
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// Writes `text` to a new file only its owner may read (the webhook's signing secret).
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    file.write_all(text.as_bytes())?;
+    Ok(())
+}
+
 /// The last `lines` lines of a log file, indented, for an error message.
 pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -467,10 +522,29 @@ fn pg_cluster(given: Option<&str>) -> anyhow::Result<(String, String)> {
     }
 }
 
+/// Closes every inherited descriptor above stderr, then runs `pg_ctlcluster` with the script's
+/// arguments.
+const PG_CTL_SCRIPT: &str = r#"for fd in $(ls /proc/$$/fd); do
+    [ "$fd" -gt 2 ] && [ -e "/proc/$$/fd/$fd" ] && eval "exec $fd>&-"
+done
+exec pg_ctlcluster "$@""#;
+
+/// `pg_ctlcluster --skip-systemctl-redirect VERSION NAME action`, with no descriptor but stdin,
+/// stdout and stderr. A server it starts runs on after the chaos run, and would keep whatever
+/// descriptor it inherited: the run's caller's `flock` on a shared lock file (flock(1) hands its
+/// descriptor to the command), held by PostgreSQL until its next restart.
 fn pg_ctl(cluster: &(String, String), action: &str) -> anyhow::Result<()> {
     super::run({
-        let mut c = Command::new("pg_ctlcluster");
-        c.args(["--skip-systemctl-redirect", &cluster.0, &cluster.1, action]);
+        let mut c = Command::new("bash");
+        c.args([
+            "-c",
+            PG_CTL_SCRIPT,
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            &cluster.0,
+            &cluster.1,
+            action,
+        ]);
         c
     })
 }
@@ -578,6 +652,8 @@ struct Ledger {
     duplicate_messages: i64,
     /// Messages written by an attempt after the first.
     messages_by_retry: i64,
+    /// Outbox rows written although the schedulers sent every message to the webhook.
+    stray_messages: i64,
     /// How far the latest routine's last occurrence trails the pause, in seconds.
     max_lag_secs: f64,
 }
@@ -588,7 +664,10 @@ impl Ledger {
     }
 
     fn doubled(&self) -> i64 {
-        self.messages_without_fire + self.messages_ahead_of_attempt + self.duplicate_messages
+        self.messages_without_fire
+            + self.messages_ahead_of_attempt
+            + self.duplicate_messages
+            + self.stray_messages
     }
 
     fn problems(&self) -> Vec<String> {
@@ -612,8 +691,12 @@ impl Ledger {
         if self.doubled() > 0 {
             problems.push(format!(
                 "doubled: {} messages without a fire, {} written by an attempt the ledger never \
-                 reached, {} second messages for one occurrence",
-                self.messages_without_fire, self.messages_ahead_of_attempt, self.duplicate_messages
+                 reached, {} second messages for one occurrence, {} outbox messages under the \
+                 webhook backend",
+                self.messages_without_fire,
+                self.messages_ahead_of_attempt,
+                self.duplicate_messages,
+                self.stray_messages
             ));
         }
         if self.unexpected_rows > 0 {
@@ -639,10 +722,13 @@ impl Ledger {
 type Span = (Uuid, DateTime<Utc>, i64, Option<DateTime<Utc>>);
 
 /// Reads the ledger and the outbox back and checks them against the routines' first occurrences.
+/// Under the webhook backend the outbox must stay empty; the receiver's record is checked
+/// against the ledger by [`webhook::check_deliveries`].
 async fn check_ledger(
     pool: &PgPool,
     firsts: &[(Uuid, DateTime<Utc>)],
     paused_at: DateTime<Utc>,
+    backend: MessageBackend,
 ) -> anyhow::Result<Ledger> {
     let ids: Vec<Uuid> = firsts.iter().map(|f| f.0).collect();
     let starts: Vec<DateTime<Utc>> = firsts.iter().map(|f| f.1).collect();
@@ -747,6 +833,12 @@ async fn check_ledger(
         })
         .collect();
 
+    if backend == MessageBackend::Webhook {
+        ledger.stray_messages = sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
+            .fetch_one(pool)
+            .await?;
+        return Ok(ledger);
+    }
     let outbox: (i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
         "SELECT
            (SELECT count(*) FROM outbox_messages),
@@ -777,6 +869,28 @@ async fn check_ledger(
         ledger.messages_by_retry,
     ) = outbox;
     Ok(ledger)
+}
+
+/// Every ledger row, for the webhook check.
+async fn fire_rows(pool: &PgPool) -> anyhow::Result<Vec<webhook::FireRow>> {
+    let rows: Vec<(Uuid, DateTime<Utc>, String, i32, String)> = sqlx::query_as(
+        "SELECT routine_id, scheduled_at, status, attempt, COALESCE(error, '')
+         FROM routine_fires ORDER BY scheduled_at, routine_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(
+            |(routine_id, scheduled_at, status, attempt, error)| webhook::FireRow {
+                routine_id,
+                scheduled_at,
+                status,
+                attempt,
+                error,
+            },
+        )
+        .collect())
 }
 
 /// Lines of the schedulers' logs worth counting: what crashes and the outage made them do.
@@ -830,11 +944,16 @@ struct Report {
     drained_in: Option<Duration>,
     terminations: Vec<Termination>,
     ledger: Ledger,
+    /// With the webhook backend: where the receiver listened, and what it got.
+    webhook: Option<(String, webhook::WebhookCheck)>,
 }
 
 impl Report {
     fn problems(&self) -> Vec<String> {
         let mut problems = self.ledger.problems();
+        if let Some((_, check)) = &self.webhook {
+            problems.extend(check.problems());
+        }
         for dead in &self.died_on_their_own {
             problems.push(format!("a scheduler died without being killed: {dead}"));
         }
@@ -882,12 +1001,13 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         bail!("PostgreSQL does not answer at {}", options.server_url);
     }
     eprintln!(
-        "chaos: seed {} ({} routines, {} schedulers, {} s, {} database restarts)",
+        "chaos: seed {} ({} routines, {} schedulers, {} s, {} database restarts, {} backend)",
         options.seed,
         options.routines,
         options.processes,
         options.duration.as_secs(),
-        options.db_restarts
+        options.db_restarts,
+        options.backend.name()
     );
 
     super::run({
@@ -1016,11 +1136,43 @@ fn exercise(
         );
     }
 
+    // The webhook receiver comes before the schedulers, so none of their first sends fails
+    // to connect. Its answers follow the run's seed; its secret is new each run.
+    let receiver = match options.backend {
+        MessageBackend::Outbox => None,
+        MessageBackend::Webhook => {
+            let dir = log_dir.join("webhook");
+            std::fs::create_dir_all(&dir)?;
+            let secret = webhook::random_secret();
+            let secret_file = dir.join("secret");
+            write_private(&secret_file, &secret)?;
+            let receiver = webhook::Receiver::start(&secret, options.seed)?;
+            eprintln!(
+                "chaos: webhook receiver at {}, secret in {}",
+                receiver.url(),
+                secret_file.display()
+            );
+            Some((receiver, secret_file))
+        }
+    };
+    let backend_args = match &receiver {
+        None => Vec::new(),
+        Some((receiver, secret_file)) => vec![
+            "--message-backend".to_string(),
+            "webhook".to_string(),
+            "--webhook-url".to_string(),
+            receiver.url().to_string(),
+            "--webhook-secret-file".to_string(),
+            secret_file.display().to_string(),
+        ],
+    };
+
     let mut fleet = Fleet {
         binary: binary.to_path_buf(),
         url: url.to_string(),
         log_dir: log_dir.to_path_buf(),
         slots: Vec::new(),
+        backend_args,
         started: 0,
         last_spawn: None,
     };
@@ -1140,7 +1292,14 @@ fn exercise(
     });
     report.terminations = fleet.terminate_all();
 
-    report.ledger = rt.block_on(check_ledger(&pool, &firsts, paused_at))?;
+    report.ledger = rt.block_on(check_ledger(&pool, &firsts, paused_at, options.backend))?;
+    if let Some((receiver, _)) = &receiver {
+        let log = log_dir.join("webhook").join("deliveries.tsv");
+        receiver.write_log(&log)?;
+        let rows = rt.block_on(fire_rows(&pool))?;
+        let check = webhook::check_deliveries(&rows, &receiver.deliveries());
+        report.webhook = Some((receiver.url().to_string(), check));
+    }
     rt.block_on(pool.close());
     Ok(report)
 }
@@ -1177,13 +1336,17 @@ fn print_summary(
     println!("chaos summary");
     println!("  seed             {}", options.seed);
     println!(
-        "  command          cargo xtask chaos --seed {} --routines {} --processes {} --duration {} --db-restarts {} --terminate-backends {}",
+        "  command          cargo xtask chaos --seed {} --routines {} --processes {} --duration {} --db-restarts {} --terminate-backends {}{}",
         options.seed,
         options.routines,
         options.processes,
         options.duration.as_secs(),
         options.db_restarts,
-        options.terminate_backends
+        options.terminate_backends,
+        match options.backend {
+            MessageBackend::Outbox => "",
+            MessageBackend::Webhook => " --message-backend webhook",
+        }
     );
     println!(
         "  database         {db_name} ({})",
@@ -1211,27 +1374,81 @@ fn print_summary(
         "  occurrences      {} owed over {} routines; {} ledger rows",
         l.occurrences, l.routines, l.rows
     );
-    println!(
-        "  missing          {} ({} owed seconds without a row, {} fired without a message, {} routines never fired)",
-        l.missing(),
-        l.missing_slots,
-        l.fired_without_message,
-        l.never_fired
-    );
-    println!(
-        "  doubled          {} ({} messages for {} fired rows)",
-        l.doubled(),
-        l.messages,
-        l.fired
-    );
-    println!(
-        "  failed           {} ({} of them with a message written)",
-        l.failed, l.messages_of_failed
-    );
-    println!(
-        "  retried          {} rows with attempt > 1 (max attempt {}; {} messages written by a retry)",
-        l.retried, l.max_attempt, l.messages_by_retry
-    );
+    match &report.webhook {
+        None => {
+            println!(
+                "  missing          {} ({} owed seconds without a row, {} fired without a message, {} routines never fired)",
+                l.missing(),
+                l.missing_slots,
+                l.fired_without_message,
+                l.never_fired
+            );
+            println!(
+                "  doubled          {} ({} messages for {} fired rows)",
+                l.doubled(),
+                l.messages,
+                l.fired
+            );
+            println!(
+                "  failed           {} ({} of them with a message written)",
+                l.failed, l.messages_of_failed
+            );
+            println!(
+                "  retried          {} rows with attempt > 1 (max attempt {}; {} messages written by a retry)",
+                l.retried, l.max_attempt, l.messages_by_retry
+            );
+        }
+        Some((url, w)) => {
+            println!(
+                "  missing          {} ({} owed seconds without a row, {} routines never fired, {} fired rows never delivered and accepted)",
+                l.missing() + w.fired_undelivered as i64,
+                l.missing_slots,
+                l.never_fired,
+                w.fired_undelivered
+            );
+            println!(
+                "  doubled          {} ({} deliveries for occurrences without a row, {} outbox rows)",
+                l.doubled() + w.deliveries_without_fire as i64,
+                w.deliveries_without_fire,
+                l.stray_messages
+            );
+            println!("  failed           {}", l.failed);
+            for f in &w.failed {
+                println!("    {f}");
+            }
+            println!(
+                "  retried          {} rows with attempt > 1 (max attempt {})",
+                l.retried, l.max_attempt
+            );
+            println!("  webhook          {url}");
+            println!(
+                "  deliveries       {} of {} distinct webhook-ids; {} second deliveries: {} by a later attempt ({} ids), {} resends of one attempt after a 503",
+                w.deliveries,
+                w.distinct_ids,
+                w.second_deliveries,
+                w.redeliveries,
+                w.ids_redelivered,
+                w.resends
+            );
+            println!(
+                "  answers          {} accepted ({} of them after a delay), {} 503, {} 409 (id already accepted), {} 401/400",
+                w.accepted, w.delayed, w.refused_503, w.duplicates_409, w.refused_bad
+            );
+            println!(
+                "  max attempt      {} delivered; largest clock skew {} s",
+                w.max_attempt, w.max_skew_secs
+            );
+            println!("  invalid sigs     {}", w.invalid_signatures);
+            println!(
+                "  order            {} repeated deliveries neither at a higher attempt nor a resend after a 503; {} ahead of the ledger",
+                w.order_violations, w.ahead_of_ledger
+            );
+            println!(
+                "  identity         {} deliveries whose id, key and body disagree; {} fired rows whose last attempt was not acknowledged",
+                w.identity_mismatches, w.fired_unacknowledged
+            );
+        }
+    }
     println!("  claimed left     {}", l.claimed);
     println!("  unexpected rows  {}", l.unexpected_rows);
     println!(
@@ -1275,6 +1492,7 @@ mod tests {
     fn defaults_are_the_documented_ones() {
         let options = parse_args(&[], 7).unwrap().unwrap();
         assert_eq!(options, Options::defaults(7));
+        assert_eq!(options.backend, MessageBackend::Outbox);
         assert_eq!(options.routines, 20);
         assert_eq!(options.processes, 3);
         assert_eq!(options.duration, Duration::from_secs(60));
@@ -1303,6 +1521,8 @@ mod tests {
                 "--pg-cluster",
                 "15/main",
                 "--keep",
+                "--message-backend",
+                "webhook",
             ]),
             7,
         )
@@ -1320,6 +1540,7 @@ mod tests {
                 terminate_backends: 3,
                 pg_cluster: Some("15/main".into()),
                 keep: true,
+                backend: MessageBackend::Webhook,
             }
         );
     }
@@ -1338,6 +1559,17 @@ mod tests {
                 ..Options::defaults(7)
             }
         );
+        // The backend is kept whatever the order.
+        let options = parse_args(&args(&["--message-backend", "webhook", "--short"]), 7)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            options,
+            Options {
+                backend: MessageBackend::Webhook,
+                ..Options::defaults(7).short()
+            }
+        );
         let short = Options::defaults(7).short();
         assert_eq!((short.db_restarts, short.terminate_backends), (1, 2));
         assert_eq!(
@@ -1354,6 +1586,8 @@ mod tests {
             &["--processes", "0"],
             &["--duration", "2"],
             &["--frobnicate"],
+            &["--message-backend", "nats"],
+            &["--message-backend"],
         ] {
             assert!(parse_args(&args(bad), 1).is_err(), "{bad:?} was accepted");
         }
@@ -1402,6 +1636,35 @@ mod tests {
             let after = at - from;
             assert!(after >= Duration::from_secs(1) && after <= Duration::from_millis(5100));
         }
+    }
+
+    /// The script pg_ctlcluster runs under passes on its arguments and no descriptor above
+    /// stderr, whatever this process holds open (a test's own files, a caller's lock).
+    #[test]
+    fn pg_ctlcluster_inherits_no_descriptor() {
+        let held = std::fs::File::open("Cargo.toml").unwrap();
+        let script = PG_CTL_SCRIPT.replace(
+            r#"exec pg_ctlcluster "$@""#,
+            r#"echo "$@"; exec ls /proc/self/fd"#,
+        );
+        // Rust opens its files close-on-exec; `exec 7<` in a parent shell leaves one open, as
+        // flock(1) does.
+        let output = Command::new("bash")
+            .args([
+                "-c",
+                r#"exec 7<Cargo.toml; exec bash -c "$0" x a b"#,
+                &script,
+            ])
+            .output()
+            .unwrap();
+        drop(held);
+        let text = String::from_utf8(output.stdout).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("a b"));
+        // ls's own directory descriptor is the only one above stderr.
+        let fds: Vec<u32> = lines.map(|l| l.parse().unwrap()).collect();
+        assert_eq!(fds.iter().filter(|&&fd| fd > 2).count(), 1, "{fds:?}");
+        assert!(!fds.contains(&7), "{fds:?}");
     }
 
     #[test]
@@ -1456,7 +1719,15 @@ mod tests {
         .unwrap();
         let firsts = [(id, first)];
 
-        let clean = check_ledger(&pool, &firsts, at(5)).await.unwrap();
+        let clean = check_ledger(&pool, &firsts, at(5), MessageBackend::Outbox)
+            .await
+            .unwrap();
+        // Under the webhook backend, the outbox's rows are strays.
+        let webhook = check_ledger(&pool, &firsts, at(5), MessageBackend::Webhook)
+            .await
+            .unwrap();
+        assert_eq!(webhook.stray_messages, 5);
+        assert!(!webhook.problems().is_empty());
         assert_eq!((clean.occurrences, clean.fired, clean.messages), (5, 5, 5));
         assert!(clean.problems().is_empty(), "{:?}", clean.problems());
 
@@ -1478,7 +1749,9 @@ mod tests {
             .execute(&pool)
             .await
             .unwrap();
-        let broken = check_ledger(&pool, &firsts, at(5)).await.unwrap();
+        let broken = check_ledger(&pool, &firsts, at(5), MessageBackend::Outbox)
+            .await
+            .unwrap();
         assert_eq!(broken.missing_slots, 2, "{broken:?}");
         assert_eq!(broken.messages_without_fire, 1, "{broken:?}");
         assert_eq!(broken.messages_ahead_of_attempt, 1, "{broken:?}");

@@ -10,10 +10,12 @@
 //!   afterwards (`docs/BENCHMARKS.md`; `--help` lists every flag). Run it built in release:
 //!   `cargo run --release -p xtask -- bench`.
 //! - `chaos [--short] [--routines N] [--processes N] [--duration SECONDS] [--seed N]
-//!   [--db-restarts N] [--terminate-backends N] [--keep] [--database-url URL]`: scheduler
-//!   processes killed with SIGKILL at random, PostgreSQL restarted and their connections
-//!   terminated under them, then a ledger check that nothing was lost or doubled
-//!   (`docs/CHAOS.md`; `--short` is CI's run, under two minutes).
+//!   [--db-restarts N] [--terminate-backends N] [--keep] [--database-url URL]
+//!   [--message-backend outbox|webhook]`: scheduler processes killed with SIGKILL at random,
+//!   PostgreSQL restarted and their connections terminated under them, then a ledger check that
+//!   nothing was lost or doubled (`docs/CHAOS.md`; `--short` is CI's run, under two minutes;
+//!   with `webhook`, the messages go to a slow receiver of the run's own, which checks every
+//!   delivery's signature, and the check covers every delivery).
 //! - `scale [--quick] [--keep] [--database-url URL]`: the store at a million routines and ten
 //!   million ledger rows: idle claim cost, throughput of many routines against few, peak memory,
 //!   `fires` first page, and retention beside the claims, in a fresh database it drops afterwards

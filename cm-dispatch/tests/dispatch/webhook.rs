@@ -172,6 +172,20 @@ async fn answers_decide_fired_retried_or_failed() {
     }
 }
 
+/// A backend whose own backoff (10 ms) is far below a `Retry-After` and whose ceiling (5 s) is
+/// above it, so a wait of a second or more can only come from the header.
+fn honouring_retry_after(receiver: &Receiver) -> WebhookDispatcher {
+    WebhookDispatcher::new(
+        &receiver.url("/hook"),
+        WebhookSecret::parse(SECRET).unwrap(),
+    )
+    .unwrap()
+    .with_retry(RetryPolicy {
+        initial_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_secs(5),
+    })
+}
+
 #[tokio::test]
 async fn a_429_waits_as_long_as_retry_after_says() {
     let receiver = Receiver::start().await;
@@ -180,16 +194,7 @@ async fn a_429_waits_as_long_as_retry_after_says() {
         Answer::new(204, ""),
     ]);
     let d = dispatch(Duration::from_secs(10));
-    // A backoff ceiling above the Retry-After, so it is the header that sets the wait.
-    let webhook = WebhookDispatcher::new(
-        &receiver.url("/hook"),
-        WebhookSecret::parse(SECRET).unwrap(),
-    )
-    .unwrap()
-    .with_retry(RetryPolicy {
-        initial_backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_secs(5),
-    });
+    let webhook = honouring_retry_after(&receiver);
     let receipt = webhook.dispatch(&d).await.unwrap();
     assert_eq!(receipt.detail, "HTTP 204");
     let deliveries = receiver.deliveries();
@@ -213,15 +218,7 @@ async fn a_503_with_an_http_date_retry_after_waits_until_that_date() {
         Answer::new(200, ""),
     ]);
     let d = dispatch(Duration::from_secs(10));
-    let webhook = WebhookDispatcher::new(
-        &receiver.url("/hook"),
-        WebhookSecret::parse(SECRET).unwrap(),
-    )
-    .unwrap()
-    .with_retry(RetryPolicy {
-        initial_backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_secs(5),
-    });
+    let webhook = honouring_retry_after(&receiver);
     let receipt = webhook.dispatch(&d).await.unwrap();
     assert_eq!(receipt.detail, "HTTP 200");
     let deliveries = receiver.deliveries();

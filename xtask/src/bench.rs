@@ -74,25 +74,10 @@ const ROUND: [Step; 5] = [
 
 /// Runs the bench and prints its Markdown report to stdout (progress goes to stderr).
 pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let options = match Options::parse(args) {
-        Ok(Some(options)) => options,
-        Ok(None) => {
-            println!("{USAGE}");
-            return Ok(());
-        }
-        // Bad input: one line, exit 2, nothing created.
-        Err(e) => {
-            eprintln!("xtask bench: {e:#}");
-            std::process::exit(2);
-        }
+    let Some(options) = crate::measuring_options("bench", Options::parse(args), USAGE) else {
+        return Ok(());
     };
     STARTED.get_or_init(Instant::now);
-    if cfg!(debug_assertions) {
-        progress!(
-            "WARNING: built without optimisations; the in-process figures are not \
-             representative. Use `cargo run --release -p xtask -- bench`."
-        );
-    }
     // Before anything is built or created: a missing tool is a one-line answer.
     let tools = raw_sql::tool_versions()?;
     if !crate::postgres_answers(&options.database_url) {

@@ -73,6 +73,34 @@ fn run(mut command: Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The options of a measuring command (`bench`, `scale`), or `None` once `--help` has printed
+/// its usage. Bad input is one line and exit 2, before anything is built or created; a build
+/// without optimisations is warned about, since its in-process figures mean little.
+fn measuring_options<T>(
+    command: &str,
+    parsed: anyhow::Result<Option<T>>,
+    usage: &str,
+) -> Option<T> {
+    let options = match parsed {
+        Ok(Some(options)) => options,
+        Ok(None) => {
+            println!("{usage}");
+            return None;
+        }
+        Err(e) => {
+            eprintln!("xtask {command}: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    if cfg!(debug_assertions) {
+        eprintln!(
+            "xtask {command}: WARNING: built without optimisations; the in-process figures are \
+             not representative. Use `cargo run --release -p xtask -- {command}`."
+        );
+    }
+    Some(options)
+}
+
 /// Whether something accepts TCP connections at the URL's host and port.
 fn postgres_answers(url: &str) -> bool {
     let rest = url.split("://").nth(1).unwrap_or("");

@@ -231,24 +231,10 @@ pub(crate) fn count(n: u64) -> String {
 
 /// Runs the scale measurements and prints the report to stdout.
 pub fn run(args: &[String]) -> anyhow::Result<()> {
-    let options = match Options::parse(args) {
-        Ok(Some(options)) => options,
-        Ok(None) => {
-            println!("{USAGE}");
-            return Ok(());
-        }
-        Err(e) => {
-            eprintln!("xtask scale: {e:#}");
-            std::process::exit(2);
-        }
+    let Some(options) = crate::measuring_options("scale", Options::parse(args), USAGE) else {
+        return Ok(());
     };
     STARTED.get_or_init(Instant::now);
-    if cfg!(debug_assertions) {
-        progress!(
-            "WARNING: built without optimisations; the in-process figures are not \
-             representative. Use `cargo run --release -p xtask -- scale`."
-        );
-    }
     if !crate::postgres_answers(&options.database_url) {
         bail!("PostgreSQL does not answer at {}", options.database_url);
     }

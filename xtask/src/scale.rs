@@ -90,7 +90,7 @@ impl Sizes {
             few: 2_000,
             ledger: vec![1_000_000, 10_000_000],
             ledger_routines: 10_000,
-            claim_routines: 490_000,
+            claim_routines: 790_000,
             phase_seconds: 15,
         }
     }
@@ -104,7 +104,7 @@ impl Sizes {
             few: 200,
             ledger: vec![100_000, 1_000_000],
             ledger_routines: 1_000,
-            claim_routines: 99_000,
+            claim_routines: 149_000,
             phase_seconds: 4,
         }
     }

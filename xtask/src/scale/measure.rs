@@ -530,9 +530,34 @@ async fn claim_loop(store: &PgStore, stop: &AtomicBool) -> anyhow::Result<Claims
     })
 }
 
-/// Prunes batches of the engine's size, one after the other, until `stop` is set; counts them.
-async fn prune_loop(store: &PgStore, stop: &AtomicBool, pruned: &AtomicU64) -> anyhow::Result<()> {
+/// How a phase prunes beside its claims.
+#[derive(Debug, Clone, Copy)]
+enum Prune {
+    /// No prune.
+    Off,
+    /// Batches of the engine's size, one after the other: a retention backlog being worked off.
+    BackToBack,
+    /// Batches of the engine's size, paced so that the rows deleted keep up with this many rows a
+    /// second and no more: the steady state, in which the prune removes what the fires write.
+    Paced(f64),
+}
+
+/// Prunes batches of the engine's size as `prune` says, until `stop` is set; counts the rows.
+async fn prune_loop(
+    store: &PgStore,
+    stop: &AtomicBool,
+    prune: Prune,
+    pruned: &AtomicU64,
+) -> anyhow::Result<()> {
+    let began = Instant::now();
     while !stop.load(Ordering::Relaxed) {
+        if let Prune::Paced(rate) = prune {
+            let owed = rate * began.elapsed().as_secs_f64();
+            if (pruned.load(Ordering::Relaxed) as f64) >= owed {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+        }
         let n = store
             .prune_settled(RETENTION, cm_scheduler::PRUNE_BATCH)
             .await?;
@@ -544,12 +569,12 @@ async fn prune_loop(store: &PgStore, stop: &AtomicBool, pruned: &AtomicU64) -> a
     Ok(())
 }
 
-/// One phase: the claim loop for `seconds`, with or without a prune loop beside it.
+/// One phase: the claim loop for `seconds` (or none), with a prune beside it as `prune` says.
 async fn phase(
     store: &PgStore,
     seconds: u64,
     claims: bool,
-    prune: bool,
+    prune: Prune,
 ) -> anyhow::Result<(Option<Claims>, u64, f64)> {
     let stop = Arc::new(AtomicBool::new(false));
     let pruned = AtomicU64::new(0);
@@ -567,10 +592,9 @@ async fn phase(
         }
     };
     let prune = async {
-        if prune {
-            prune_loop(store, &stop, &pruned).await
-        } else {
-            Ok(())
+        match prune {
+            Prune::Off => Ok(()),
+            _ => prune_loop(store, &stop, prune, &pruned).await,
         }
     };
     let (_, claimed, pruned_result) = tokio::try_join!(timer, claim, prune)?;
@@ -607,11 +631,17 @@ async fn retention(options: &Options, store: &PgStore, fire_rate: f64) -> anyhow
         ledger_routines + claim_routines
     );
 
-    let (before, _, _) = phase(store, seconds, true, false).await?;
-    let (during, pruned_during, during_s) = phase(store, seconds, true, true).await?;
-    let (after, _, _) = phase(store, seconds, true, false).await?;
-    let (_, pruned_alone, alone_s) = phase(store, seconds, false, true).await?;
-    let [before, during, after] = [before, during, after].map(|c| c.expect("claims ran"));
+    // Claims without a prune before and after each phase with one, so each is compared with
+    // the mean of the two runs around it on a machine whose speed drifts.
+    let (before, _, _) = phase(store, seconds, true, Prune::Off).await?;
+    let (during, pruned_during, during_s) = phase(store, seconds, true, Prune::BackToBack).await?;
+    let (between, _, _) = phase(store, seconds, true, Prune::Off).await?;
+    let (paced, pruned_paced, paced_s) =
+        phase(store, seconds, true, Prune::Paced(fire_rate)).await?;
+    let (after, _, _) = phase(store, seconds, true, Prune::Off).await?;
+    let (_, pruned_alone, alone_s) = phase(store, seconds, false, Prune::BackToBack).await?;
+    let [before, during, between, paced, after] =
+        [before, during, between, paced, after].map(|c| c.expect("claims ran"));
     let owed: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM routines WHERE next_run_at < now() - interval '1 s'",
     )
@@ -621,16 +651,22 @@ async fn retention(options: &Options, store: &PgStore, fire_rate: f64) -> anyhow
         owed > 0,
         "the claim backlog ran out during the retention phases"
     );
-    let baseline = (before.rate() + after.rate()) / 2.0;
+    let baseline = (before.rate() + between.rate()) / 2.0;
+    let paced_baseline = (between.rate() + after.rate()) / 2.0;
     let prune_rate = pruned_alone as f64 / alone_s;
+    let paced_rate = pruned_paced as f64 / paced_s;
     progress!(
-        "retention: claims {:.0}/s before, {:.0}/s beside the prune, {:.0}/s after; \
-         prune {:.0} rows/s alone, {:.0} rows/s beside the claims",
+        "retention: claims {:.0}/s without, {:.0}/s beside the prune, {:.0}/s without, \
+         {:.0}/s beside the paced prune, {:.0}/s without; prune {:.0} rows/s alone, {:.0} rows/s \
+         beside the claims, paced {:.0} rows/s",
         before.rate(),
         during.rate(),
+        between.rate(),
+        paced.rate(),
         after.rate(),
         prune_rate,
-        pruned_during as f64 / during_s
+        pruned_during as f64 / during_s,
+        paced_rate
     );
     let latency = |c: &Claims| {
         let (median, p99) = median_p99(c.latencies.clone());
@@ -659,12 +695,27 @@ async fn retention(options: &Options, store: &PgStore, fire_rate: f64) -> anyhow
             format!("{ledger} ledger rows"),
             format!("{:.2}", during.rate() / baseline),
             format!(
-                "{:.0} fires/s beside the prune ({}), {:.0} before and {:.0} after without ({}; {})",
+                "the worst case, a retention backlog: {:.0} fires/s beside the prune ({}), {:.0} \
+                 before and {:.0} after without ({}; {})",
                 during.rate(),
                 latency(&during),
                 before.rate(),
-                after.rate(),
+                between.rate(),
                 latency(&before),
+                latency(&between)
+            ),
+        ),
+        Row::new(
+            "Claims beside a prune paced to the fire rate / without (steady state)",
+            format!("{ledger} ledger rows"),
+            format!("{:.2}", paced.rate() / paced_baseline),
+            format!(
+                "the prune deletes {paced_rate:.0} rows/s (paced to {fire_rate:.0}, the fire rate \
+                 above): {:.0} fires/s beside it ({}), {:.0} before and {:.0} after without ({})",
+                paced.rate(),
+                latency(&paced),
+                between.rate(),
+                after.rate(),
                 latency(&after)
             ),
         ),

@@ -1,9 +1,10 @@
 -- One batch of :batch occurrences through the outbox path as the engine sends it before the outbox
 -- joins the claim, as raw SQL: claim + advance (one transaction), then the outbox rows and the fenced
 -- settle (a second transaction). pgbench -D batch=N; tps x batch = occurrences/s.
--- Each of the two clients (-c 2) takes its batches from its own half of the 20,000 routines, as SKIP LOCKED
--- keeps the engine's schedulers apart: two clients never lock the same routines in different orders.
-\set n 1 + :client_id * 10000 + random(0, 10000 - :batch)
+-- Each of the two clients (-c 2) takes its batches from its own :per_client routines (pgbench -D per_client=N,
+-- half the 20,000), as SKIP LOCKED keeps the engine's schedulers apart: two clients never lock the same
+-- routines in different orders.
+\set n 1 + :client_id * :per_client + random(0, :per_client - :batch)
 \set last :n + :batch - 1
 \set k random(1, 2000000000)
 BEGIN;

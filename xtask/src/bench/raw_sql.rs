@@ -10,6 +10,8 @@ use std::process::{Command, Output};
 
 use anyhow::{Context, bail, ensure};
 
+use super::options::SQL_ROUTINES_PER_CLIENT;
+
 /// The schema the scripts run against: simplified copies of the product's tables, 20,000 routines.
 const SCHEMA: &str = include_str!("../../bench/schema.sql");
 
@@ -150,6 +152,8 @@ impl RawSql {
                 .args(length)
                 .arg("-D")
                 .arg(format!("batch={batch}"))
+                .arg("-D")
+                .arg(format!("per_client={SQL_ROUTINES_PER_CLIENT}"))
                 .arg("-f")
                 .arg(self.dir.join(script.file_name()))
                 .arg(&self.url),
@@ -215,7 +219,6 @@ fn parse_pgbench(report: &str) -> anyhow::Result<(u64, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::options::SQL_ROUTINES_PER_CLIENT;
     use sqlx::PgPool;
 
     #[test]

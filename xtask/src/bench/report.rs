@@ -149,9 +149,13 @@ pub(super) fn print(
     println!("| bench build | {build}; `cm-scheduler` built `--release` |");
     println!("| wall time | {:.0} s |", facts.wall.as_secs_f64());
     println!(
-        "| batch | {} occurrences a raw-SQL transaction (`pgbench -n -c 2 -j 2 -T {} -D batch={}`, \
-         schema recreated before each script); the processes' `--max-fires-per-tick` |",
-        options.batch, options.sql_seconds, options.batch
+        "| batch | {} occurrences a raw-SQL transaction (`pgbench -n -c 2 -j 2 -T {} -D batch={} \
+         -D per_client={}`, schema recreated before each script); the processes' \
+         `--max-fires-per-tick` |",
+        options.batch,
+        options.sql_seconds,
+        options.batch,
+        super::options::SQL_ROUTINES_PER_CLIENT
     );
     println!(
         "| processes | 2 × `cm-scheduler run {}` |",

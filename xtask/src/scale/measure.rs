@@ -549,6 +549,9 @@ async fn prune_loop(
     prune: Prune,
     pruned: &AtomicU64,
 ) -> anyhow::Result<()> {
+    if let Prune::Off = prune {
+        return Ok(());
+    }
     let began = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         if let Prune::Paced(rate) = prune {
@@ -591,12 +594,7 @@ async fn phase(
             Ok(None)
         }
     };
-    let prune = async {
-        match prune {
-            Prune::Off => Ok(()),
-            _ => prune_loop(store, &stop, prune, &pruned).await,
-        }
-    };
+    let prune = async { prune_loop(store, &stop, prune, &pruned).await };
     let (_, claimed, pruned_result) = tokio::try_join!(timer, claim, prune)?;
     let _: () = pruned_result;
     Ok((

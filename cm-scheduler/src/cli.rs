@@ -20,7 +20,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use cm_dispatch::RoutedDispatcher;
 use cm_domain::{FireCap, FireStatus, Lease, Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
-use cm_scheduler::http::{BearerToken, HttpState, Readiness};
+use cm_scheduler::health::{Health, Readiness};
+use cm_scheduler::state::{BearerToken, HttpState, StatusPage};
 use cm_store::{FireCursor, FireFilter, FireLedger, PgStore, StoreError, StoreOptions};
 
 use database::connect;
@@ -414,7 +415,9 @@ fn mission_payload(path: &PathBuf) -> Result<serde_json::Value, Failure> {
 }
 
 /// `/readyz`'s view of the database: waiting while the start-up has not reached it, then
-/// whether it answers a ping.
+/// whether it answers a ping. It pings on a pool of its own (one connection), so health checks
+/// never take a connection from the claims; [`Health`] runs it once per interval and caches the
+/// answer.
 struct DatabaseReadiness {
     store: PgStore,
     waiting: Arc<std::sync::Mutex<Option<String>>>,
@@ -431,12 +434,28 @@ impl Readiness for DatabaseReadiness {
         {
             return Err(reason);
         }
-        match tokio::time::timeout(Duration::from_secs(2), self.store.ping()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("the database does not answer: {e}")),
-            Err(_) => Err("the database did not answer within 2s".into()),
-        }
+        self.store
+            .ping()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("the database does not answer: {e}"))
     }
+}
+
+/// A small pool of its own for what the HTTP side reads (health, the status page and its
+/// actions), with short timeouts: a flood of requests or a hung network waits there, never on
+/// the claims' pool.
+fn http_pool(url: &str, connections: u32, timeout: Duration) -> Result<PgStore, StoreError> {
+    PgStore::connect_lazy_with(
+        url,
+        &StoreOptions {
+            max_connections: connections,
+            acquire_timeout: timeout,
+            statement_timeout: Some(timeout),
+            lock_timeout: Some(timeout),
+            idle_in_transaction_timeout: Some(timeout),
+        },
+    )
 }
 
 /// Reads the status page's bearer token; one is required when the page is served on an
@@ -589,21 +608,28 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         "waiting for the database: not reached yet".to_string(),
     )));
     if let (Some(listener), Some(metrics)) = (listener, metrics) {
-        let state = Arc::new(HttpState {
-            stats: scheduler.stats(),
-            readiness: Arc::new(DatabaseReadiness {
-                store: store.clone(),
+        let health = Health::new(
+            Arc::new(DatabaseReadiness {
+                store: http_pool(url, 1, Duration::from_secs(2)).map_err(invalid)?,
                 waiting: waiting.clone(),
             }),
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+        );
+        tokio::spawn(health.clone().run());
+        let page = http_pool(url, 2, Duration::from_secs(3)).map_err(invalid)?;
+        let state = Arc::new(HttpState {
+            stats: scheduler.stats(),
+            health,
             // Ticks never wait for dispatches, so a healthy scheduler ticks every interval
             // however slow its targets are.
             fresh_within: config.tick_interval * 3 + Duration::from_secs(5),
             metrics: metrics.clone(),
-            status: Some(cm_scheduler::status::StatusPage {
-                reader: Arc::new(store.clone()),
-                instance_id: instance_id.clone(),
-                refresh: Duration::from_secs(5),
-            }),
+            status: Some(StatusPage::new(
+                Arc::new(page.clone()),
+                Arc::new(page),
+                instance_id.clone(),
+            )),
             token,
         });
         let addr = listener.local_addr().map_err(anyhow::Error::from)?;

@@ -1,89 +1,32 @@
 //! The scheduler's HTTP endpoints, served by axum: `/livez`, `/readyz` and `/metrics` for
-//! probes and Prometheus, and the read-only status page (`/`, `/routines/{id}`) when one is
-//! configured.
+//! probes and Prometheus, and the status page (`/`, `/routines/{name or id}`, and its actions)
+//! when one is configured.
 //!
-//! [`router`] builds every route in one place; [`serve`] runs it on a listener. The status
-//! page can require a bearer token; the probes and `/metrics` never do, as orchestrators and
-//! scrapers expect.
+//! [`router`] builds every route in one place from the handlers of [`crate::status`] and the
+//! state of [`crate::state`]; [`serve`] runs it on a listener. The status page and its actions
+//! can require a bearer token; the probes and `/metrics` never do, as orchestrators and scrapers
+//! expect. Every action is a `POST` that passes the CSRF guard ([`same_origin`] and the page's
+//! form token).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use metrics_exporter_prometheus::PrometheusHandle;
+use axum::routing::{get, post};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::stats::Stats;
-use crate::status::{self, StatusPage};
+use crate::state::HttpState;
+use crate::status;
 
 /// The longest a request may take before it is answered 408.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// The largest request body accepted (every endpoint is a GET; bodies are refused beyond this).
+/// The largest request body accepted (an action's form is a few hundred bytes).
 pub const BODY_LIMIT: usize = 16 * 1024;
-
-/// Tells whether the scheduler's database is usable.
-#[async_trait::async_trait]
-pub trait Readiness: Send + Sync + 'static {
-    /// `Ok` when the database answers; otherwise why the scheduler cannot work, for `/readyz`.
-    async fn check(&self) -> Result<(), String>;
-}
-
-/// A bearer token the status page requires. Its value never reaches a log or a response.
-#[derive(Clone)]
-pub struct BearerToken(String);
-
-impl BearerToken {
-    /// A token; `None` when it is empty (after trimming surrounding whitespace).
-    pub fn new(token: &str) -> Option<Self> {
-        let token = token.trim();
-        (!token.is_empty()).then(|| BearerToken(token.to_string()))
-    }
-
-    /// Whether an `Authorization` header carries this token, compared in constant time.
-    fn admits(&self, header: Option<&HeaderValue>) -> bool {
-        let Some(given) = header
-            .and_then(|h| h.to_str().ok())
-            .and_then(|h| h.strip_prefix("Bearer "))
-        else {
-            return false;
-        };
-        let (given, expected) = (given.trim().as_bytes(), self.0.as_bytes());
-        given.len() == expected.len()
-            && given
-                .iter()
-                .zip(expected)
-                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
-                == 0
-    }
-}
-
-impl std::fmt::Debug for BearerToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BearerToken(***)")
-    }
-}
-
-/// What the endpoints read.
-pub struct HttpState {
-    /// This scheduler's counters.
-    pub stats: Arc<Stats>,
-    /// How the database is checked.
-    pub readiness: Arc<dyn Readiness>,
-    /// How recent the last successful tick must be for `/readyz` to answer 200.
-    pub fresh_within: Duration,
-    /// Renders the process's metrics recorder for `/metrics`.
-    pub metrics: PrometheusHandle,
-    /// The status page, if served.
-    pub status: Option<StatusPage>,
-    /// The token the status page requires, if any.
-    pub token: Option<BearerToken>,
-}
 
 /// Every route, with a request timeout and a body limit.
 pub fn router(state: Arc<HttpState>) -> Router {
@@ -92,10 +35,20 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics));
     if state.status.is_some() {
+        let actions = Router::new()
+            .route(
+                "/routines/{handle}/{action}",
+                post(status::action).get(status::action_by_get),
+            )
+            .route_layer(middleware::from_fn(refuse_cross_site));
         let page = Router::new()
             .route("/", get(status::index))
-            .route("/routines/{id}", get(status::routine))
-            .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+            .route("/routines/{handle}", get(status::routine))
+            .route("/page.js", get(status::script))
+            .merge(actions)
+            .fallback(status::not_found)
+            .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+            .layer(middleware::from_fn(status::page_headers));
         router = router.merge(page);
     }
     router
@@ -116,10 +69,11 @@ async fn livez() -> &'static str {
     "ok\n"
 }
 
+/// `/readyz` reads the cached health: it answers at once even when the network to the
+/// database hangs, and adds no query however often it is asked.
 async fn readyz(State(state): State<Arc<HttpState>>) -> (StatusCode, String) {
-    let database = state.readiness.check().await;
     match readiness(
-        database,
+        state.health.current(),
         state.stats.last_success(),
         state.fresh_within,
         state.stats.last_error(),
@@ -174,5 +128,36 @@ async fn require_token(
         )
             .into_response(),
         _ => next.run(request).await,
+    }
+}
+
+/// The first half of the CSRF guard, before the form is read: an action's request must come
+/// from this page, as the browser tells (`Sec-Fetch-Site`, else `Origin`). A request with
+/// neither comes from no browser (curl, a script) and still needs the form token.
+async fn refuse_cross_site(request: Request, next: Next) -> Response {
+    // Only a POST acts (the router answers 405 to anything else).
+    if request.method() == Method::POST && !same_origin(request.headers()) {
+        return status::refused(
+            StatusCode::FORBIDDEN,
+            "This action was refused: it did not come from this page (a cross-site request).",
+        );
+    }
+    next.run(request).await
+}
+
+/// Whether a request's headers show it came from a page of this server, or from no browser.
+/// `Sec-Fetch-Site` decides when sent (`same-origin`, or `none` for what the user typed);
+/// else `Origin`, when sent, must name the `Host` asked.
+pub fn same_origin(headers: &HeaderMap) -> bool {
+    let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = headers.get("sec-fetch-site") {
+        return matches!(site.to_str(), Ok("same-origin" | "none"));
+    }
+    match (text(header::ORIGIN), text(header::HOST)) {
+        (None, _) => true,
+        (Some(origin), Some(host)) => origin
+            .split_once("://")
+            .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host)),
+        (Some(_), None) => false,
     }
 }

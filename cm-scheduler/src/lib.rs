@@ -27,7 +27,9 @@
 mod autopause;
 pub mod completer;
 mod engine;
+pub mod health;
 pub mod http;
+pub mod state;
 pub mod stats;
 pub mod status;
 

@@ -7,7 +7,7 @@
 //! - `crash`: whole `cm-scheduler` processes killed between claim and settle.
 //! - `http`: the endpoints and the status page through the router, against a real database.
 //! - `operate`: a running scheduler's health while its database comes and goes, and the
-//!   status page in headless Chromium.
+//!   status page in headless Chromium (its actions clicked, a cross-site form refused).
 //! - `autopause`: a failing routine pauses itself through the real loop.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
 //! - `operator`: editing, importing, naming and reading routines from the command line, and
@@ -17,9 +17,13 @@
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
 //! - `support`: the database server and clean-up the whole-process tests share.
+//! - `browser`: headless Chromium driven over the DevTools protocol (open, evaluate, click).
 
 #[path = "scheduler/support.rs"]
 mod support;
+
+#[path = "scheduler/browser.rs"]
+mod browser;
 
 #[path = "scheduler/autopause.rs"]
 mod autopause;

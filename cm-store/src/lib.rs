@@ -86,7 +86,10 @@ pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
 #[cfg(feature = "mock")]
 pub use routines::MockRoutineStore;
 pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
-pub use status::{FailedFire, LastFire, OpenClaims, RoutineSummary, StatusReader};
+pub use status::{
+    FailedFire, FireRate, MinuteCount, OpenClaims, RecentFire, RoutineOrder, RoutineQuery,
+    RoutineSummary, StatusReader,
+};
 
 /// The schema's migrations, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");

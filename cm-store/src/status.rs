@@ -1,34 +1,101 @@
-//! What an operator's status page reads: routines a page at a time with their latest fire,
-//! recent failures across routines, and the claims still open. Every query is bounded.
+//! What an operator's status page reads: routines a page at a time (filtered, sorted) with their
+//! newest fires, recent failures across routines, the claims still open, fires per minute over
+//! the last hour and the outbox backlog. Every query is bounded.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 use uuid::Uuid;
 
-use crate::{Fire, FireFilter, FireLedger, PgStore, Routine, RoutineStore, StoreError};
+use crate::{
+    Fire, FireFilter, FireLedger, OutboxBacklog, OutboxConsumer, PgStore, Routine, RoutineStore,
+    StoreError,
+};
 
 /// The most rows any status query returns.
 pub const MAX_PAGE: u32 = 500;
 
-/// A routine and its latest fire.
+/// Which routines a page lists: an optional part of the name, an optional state, an order,
+/// and the routine the page starts after (keyset paging in that order).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoutineQuery {
+    /// Only routines whose name contains this text, compared without case.
+    pub name_contains: Option<String>,
+    /// Only paused (`Some(true)`) or only active (`Some(false)`) routines.
+    pub paused: Option<bool>,
+    /// The order of the listing.
+    pub order: RoutineOrder,
+    /// Start after this routine, in `order`.
+    pub after: Option<Uuid>,
+    /// At most this many routines (at most [`MAX_PAGE`]).
+    pub limit: u32,
+    /// Each routine's newest fires to return (at most [`MAX_STRIP`]).
+    pub recent_fires: u32,
+}
+
+/// The order of a routine listing; every order ends on the id, so a page boundary is exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RoutineOrder {
+    /// Creation order, as `routine list` prints them.
+    #[default]
+    Created,
+    /// By name.
+    Name,
+    /// Soonest next run first; routines with none (paused, or a schedule that ended) last.
+    NextRun,
+}
+
+/// The most fires of one routine a summary carries.
+pub const MAX_STRIP: u32 = 60;
+
+/// A routine and its newest fires.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RoutineSummary {
     /// The routine.
     pub routine: Routine,
-    /// Its newest occurrence in the ledger, if any.
-    pub last_fire: Option<LastFire>,
+    /// Its newest occurrences in the ledger, newest first.
+    pub recent_fires: Vec<RecentFire>,
 }
 
-/// The newest fire of a routine.
+impl RoutineSummary {
+    /// Its newest occurrence in the ledger, if any.
+    pub fn last_fire(&self) -> Option<&RecentFire> {
+        self.recent_fires.first()
+    }
+}
+
+/// One of a routine's newest fires.
 #[derive(Debug, Clone, PartialEq, FromRow)]
-pub struct LastFire {
+pub struct RecentFire {
     /// The occurrence's instant.
     pub scheduled_at: DateTime<Utc>,
     /// `claimed`, `fired` or `failed`.
     pub status: String,
     /// When it was settled.
     pub completed_at: Option<DateTime<Utc>>,
+    /// Why it failed, cut to its first 300 characters.
+    pub error: Option<String>,
+}
+
+/// Fires settled per minute over the last hour, by occurrence time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FireRate {
+    /// The start of the current minute, by the database's clock: the last bucket.
+    pub until: DateTime<Utc>,
+    /// One bucket a minute, oldest first, [`RATE_MINUTES`] of them ending at `until`.
+    pub minutes: Vec<MinuteCount>,
+}
+
+/// Minutes in a [`FireRate`].
+pub const RATE_MINUTES: usize = 60;
+
+/// The fires of one minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MinuteCount {
+    /// Settled `fired`.
+    pub fired: u64,
+    /// Settled `failed`.
+    pub failed: u64,
 }
 
 /// A fire that settled `failed`, with its routine's name.
@@ -60,16 +127,15 @@ pub struct OpenClaims {
 /// The read-only queries of the status page.
 #[async_trait]
 pub trait StatusReader: Send + Sync {
-    /// Up to `limit` routines (at most [`MAX_PAGE`]) in creation order, starting after the
-    /// routine `after`, each with its newest fire.
+    /// The routines `query` asks for, each with its newest fires.
     async fn routine_summaries(
         &self,
-        after: Option<Uuid>,
-        limit: u32,
+        query: &RoutineQuery,
     ) -> Result<Vec<RoutineSummary>, StoreError>;
 
-    /// One routine.
-    async fn routine(&self, id: Uuid) -> Result<Routine, StoreError>;
+    /// The routine `handle` names: by id when it is a UUID, else by name (names are never
+    /// UUIDs), as the command line takes them.
+    async fn routine(&self, handle: &str) -> Result<Routine, StoreError>;
 
     /// A routine's newest `limit` fires (at most [`MAX_PAGE`]).
     async fn routine_fires(&self, id: Uuid, limit: u32) -> Result<Vec<Fire>, StoreError>;
@@ -79,62 +145,104 @@ pub trait StatusReader: Send + Sync {
 
     /// How many claims are open, in all and held by `claimant`.
     async fn open_claims(&self, claimant: &str) -> Result<OpenClaims, StoreError>;
+
+    /// Fires and failures per minute over the last hour.
+    async fn fire_rate(&self) -> Result<FireRate, StoreError>;
+
+    /// The outbox's messages not yet acknowledged: how many, and the oldest's age.
+    async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError>;
+}
+
+/// The listing's statement for one order: the filters, the keyset condition and the order
+/// differ only in the sort key.
+macro_rules! summaries_sql {
+    ($key:literal) => {
+        concat!(
+            "SELECT r.* FROM routines r
+             WHERE ($1::text IS NULL OR strpos(lower(r.name), lower($1)) > 0)
+               AND ($2::bool IS NULL OR r.paused = $2)
+               AND ($3::uuid IS NULL
+                    OR (",
+            $key,
+            ", r.id) > (SELECT ",
+            $key,
+            ", r.id FROM routines r WHERE r.id = $3))
+             ORDER BY ",
+            $key,
+            ", r.id
+             LIMIT $4"
+        )
+    };
 }
 
 #[derive(FromRow)]
-struct SummaryRow {
+struct StripRow {
+    routine_id: Uuid,
     #[sqlx(flatten)]
-    routine: Routine,
-    last_scheduled_at: Option<DateTime<Utc>>,
-    last_status: Option<String>,
-    last_completed_at: Option<DateTime<Utc>>,
+    fire: RecentFire,
 }
 
 #[async_trait]
 impl StatusReader for PgStore {
     async fn routine_summaries(
         &self,
-        after: Option<Uuid>,
-        limit: u32,
+        query: &RoutineQuery,
     ) -> Result<Vec<RoutineSummary>, StoreError> {
-        // Keyset paging on (created_at, id), the order `routine list` uses; the newest fire
-        // comes from the ledger's primary key, one index probe a routine.
-        let rows: Vec<SummaryRow> = sqlx::query_as(
-            "SELECT r.*, f.scheduled_at AS last_scheduled_at, f.status AS last_status,
-                    f.completed_at AS last_completed_at
-             FROM routines r
-             LEFT JOIN LATERAL (
-                 SELECT scheduled_at, status, completed_at FROM routine_fires
-                 WHERE routine_id = r.id
-                 ORDER BY scheduled_at DESC
-                 LIMIT 1) f ON true
-             WHERE $1::uuid IS NULL
-                OR (r.created_at, r.id) > (SELECT created_at, id FROM routines WHERE id = $1)
-             ORDER BY r.created_at, r.id
-             LIMIT $2",
-        )
-        .bind(after)
-        .bind(i64::from(limit.min(MAX_PAGE)))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
+        // Keyset paging in the chosen order; each routine's newest fires come from the
+        // ledger's primary key, one bounded index probe a routine.
+        let sql = match query.order {
+            RoutineOrder::Created => summaries_sql!("r.created_at"),
+            RoutineOrder::Name => summaries_sql!("r.name"),
+            RoutineOrder::NextRun => summaries_sql!("COALESCE(r.next_run_at, 'infinity')"),
+        };
+        let routines: Vec<Routine> = sqlx::query_as(sql)
+            .bind(query.name_contains.as_deref().filter(|n| !n.is_empty()))
+            .bind(query.paused)
+            .bind(query.after)
+            .bind(i64::from(query.limit.min(MAX_PAGE)))
+            .fetch_all(&self.pool)
+            .await?;
+        let ids: Vec<Uuid> = routines.iter().map(|r| r.id).collect();
+        let strip = query.recent_fires.min(MAX_STRIP);
+        let mut fires: Vec<StripRow> = if ids.is_empty() || strip == 0 {
+            Vec::new()
+        } else {
+            sqlx::query_as(
+                "SELECT r.id AS routine_id, f.scheduled_at, f.status, f.completed_at, f.error
+                 FROM UNNEST($1::uuid[]) AS r(id)
+                 CROSS JOIN LATERAL (
+                     SELECT scheduled_at, status, completed_at, left(error, 300) AS error
+                     FROM routine_fires
+                     WHERE routine_id = r.id
+                     ORDER BY scheduled_at DESC
+                     LIMIT $2) f",
+            )
+            .bind(&ids)
+            .bind(i64::from(strip))
+            .fetch_all(&self.pool)
+            .await?
+        };
+        Ok(routines
             .into_iter()
-            .map(|row| RoutineSummary {
-                last_fire: match (row.last_scheduled_at, row.last_status) {
-                    (Some(scheduled_at), Some(status)) => Some(LastFire {
-                        scheduled_at,
-                        status,
-                        completed_at: row.last_completed_at,
-                    }),
-                    _ => None,
-                },
-                routine: row.routine,
+            .map(|routine| {
+                let recent_fires = fires
+                    .extract_if(.., |row| row.routine_id == routine.id)
+                    .map(|row| row.fire)
+                    .collect();
+                RoutineSummary {
+                    routine,
+                    recent_fires,
+                }
             })
             .collect())
     }
 
-    async fn routine(&self, id: Uuid) -> Result<Routine, StoreError> {
-        self.get_routine(id).await
+    async fn routine(&self, handle: &str) -> Result<Routine, StoreError> {
+        let handle = handle.trim();
+        match Uuid::try_parse(handle) {
+            Ok(id) => self.get_routine(id).await,
+            Err(_) => self.get_routine_by_name(handle).await,
+        }
     }
 
     async fn routine_fires(&self, id: Uuid, limit: u32) -> Result<Vec<Fire>, StoreError> {
@@ -174,5 +282,41 @@ impl StatusReader for PgStore {
             mine: u64::try_from(mine).unwrap_or(0),
             all: u64::try_from(all).unwrap_or(0),
         })
+    }
+
+    async fn fire_rate(&self) -> Result<FireRate, StoreError> {
+        // Read through the (status, scheduled_at) index: an hour of settled fires, no more.
+        let mut tx = self.pool.begin().await?;
+        let until: DateTime<Utc> = sqlx::query_scalar("SELECT date_trunc('minute', now())")
+            .fetch_one(&mut *tx)
+            .await?;
+        let since = until - chrono::Duration::minutes(RATE_MINUTES as i64 - 1);
+        let rows: Vec<(DateTime<Utc>, i64, i64)> = sqlx::query_as(
+            "SELECT date_trunc('minute', scheduled_at) AS minute,
+                    count(*) FILTER (WHERE status = 'fired'),
+                    count(*) FILTER (WHERE status = 'failed')
+             FROM routine_fires
+             WHERE status IN ('fired', 'failed') AND scheduled_at >= $1
+               AND scheduled_at < $2 + interval '1 minute'
+             GROUP BY 1",
+        )
+        .bind(since)
+        .bind(until)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut minutes = vec![MinuteCount::default(); RATE_MINUTES];
+        for (minute, fired, failed) in rows {
+            let index = (minute - since).num_minutes();
+            if let Some(bucket) = usize::try_from(index).ok().and_then(|i| minutes.get_mut(i)) {
+                bucket.fired = u64::try_from(fired).unwrap_or(0);
+                bucket.failed = u64::try_from(failed).unwrap_or(0);
+            }
+        }
+        Ok(FireRate { until, minutes })
+    }
+
+    async fn outbox_backlog(&self) -> Result<OutboxBacklog, StoreError> {
+        OutboxConsumer::outbox_backlog(self, 0).await
     }
 }

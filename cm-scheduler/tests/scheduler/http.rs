@@ -3,14 +3,16 @@
 //! what the page shows against a real database.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode, header};
+use axum::http::{HeaderMap, Request, StatusCode, header};
 use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
 use cm_domain::{MisfirePolicy, Schedule, SchedulerConfig};
-use cm_scheduler::http::{BearerToken, HttpState, Readiness, readiness, router};
-use cm_scheduler::status::StatusPage;
+use cm_scheduler::health::{Health, Readiness};
+use cm_scheduler::http::{readiness, router};
+use cm_scheduler::state::{BearerToken, HttpState, StatusPage};
 use cm_scheduler::{Scheduler, Stats};
 use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
 use http_body_util::BodyExt as _;
@@ -152,55 +154,106 @@ fn readiness_needs_the_database_and_a_recent_good_tick() {
     );
 }
 
-struct Answers;
+/// A check that always answers, counting how often it was asked.
+#[derive(Default)]
+struct Answers(AtomicUsize);
 
 #[async_trait::async_trait]
 impl Readiness for Answers {
     async fn check(&self) -> Result<(), String> {
+        self.0.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 }
 
-fn state(
+/// A check that never answers, as a database behind a network that stopped forwarding.
+struct Hangs;
+
+#[async_trait::async_trait]
+impl Readiness for Hangs {
+    async fn check(&self) -> Result<(), String> {
+        std::future::pending().await
+    }
+}
+
+/// Health checked once by `check`, without a background task.
+async fn checked(check: Arc<dyn Readiness>) -> Arc<Health> {
+    let health = Health::new(check, Duration::from_secs(1), Duration::from_millis(300));
+    health.refresh().await;
+    health
+}
+
+async fn state(
     store: &PgStore,
     stats: Arc<Stats>,
     metrics: PrometheusHandle,
     token: Option<&str>,
 ) -> Arc<HttpState> {
+    state_with(
+        store,
+        stats,
+        metrics,
+        token,
+        checked(Arc::new(Answers::default())).await,
+    )
+}
+
+fn state_with(
+    store: &PgStore,
+    stats: Arc<Stats>,
+    metrics: PrometheusHandle,
+    token: Option<&str>,
+    health: Arc<Health>,
+) -> Arc<HttpState> {
+    let mut page = StatusPage::new(
+        Arc::new(store.clone()),
+        Arc::new(store.clone()),
+        "page-test",
+    );
+    page.deadline = Duration::from_millis(500);
     Arc::new(HttpState {
         stats,
-        readiness: Arc::new(Answers),
+        health,
         fresh_within: Duration::from_secs(10),
         metrics,
-        status: Some(StatusPage {
-            reader: Arc::new(store.clone()),
-            instance_id: "page-test".into(),
-            refresh: Duration::from_secs(5),
-        }),
+        status: Some(page),
         token: token.and_then(BearerToken::new),
     })
 }
 
+/// One request through the router: its status, headers and body.
+async fn send(state: &Arc<HttpState>, request: Request<Body>) -> (StatusCode, HeaderMap, String) {
+    let response = router(state.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
 /// One GET through the router: its status and body.
 async fn get(state: &Arc<HttpState>, path: &str, token: Option<&str>) -> (StatusCode, String) {
+    get_as(state, path, token.map(|t| format!("Bearer {t}"))).await
+}
+
+/// One GET with `authorization` as the whole `Authorization` header.
+async fn get_as(
+    state: &Arc<HttpState>,
+    path: &str,
+    authorization: Option<String>,
+) -> (StatusCode, String) {
     let mut request = Request::get(path);
-    if let Some(token) = token {
-        request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    if let Some(authorization) = authorization {
+        request = request.header(header::AUTHORIZATION, authorization);
     }
-    let response = router(state.clone())
-        .oneshot(request.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    let (status, _, body) = send(state, request.body(Body::empty()).unwrap()).await;
+    (status, body)
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn the_page_needs_its_token_and_the_probes_do_not(pool: PgPool) {
     let store = PgStore::new(pool);
     let (stats, metrics) = recorded_stats(|_| {});
-    let state = state(&store, stats.clone(), metrics, Some("s3cret-token\n"));
+    let state = state(&store, stats.clone(), metrics, Some("s3cret-token\n")).await;
     // (path, token sent, expected status)
     let cases: &[(&str, Option<&str>, StatusCode)] = &[
         ("/", None, StatusCode::UNAUTHORIZED),
@@ -230,6 +283,19 @@ async fn the_page_needs_its_token_and_the_probes_do_not(pool: PgPool) {
             !body.contains("s3cret-token"),
             "{path} shows the token: {body}"
         );
+    }
+    // The scheme is a token without case (RFC 7235); the credentials are not.
+    for (header, expected) in [
+        ("bearer s3cret-token", StatusCode::OK),
+        ("BEARER s3cret-token", StatusCode::OK),
+        ("Bearer   s3cret-token ", StatusCode::OK),
+        ("Bearer S3CRET-TOKEN", StatusCode::UNAUTHORIZED),
+        ("Basic s3cret-token", StatusCode::UNAUTHORIZED),
+        ("Bearers3cret-token", StatusCode::UNAUTHORIZED),
+        ("s3cret-token", StatusCode::UNAUTHORIZED),
+    ] {
+        let (status, body) = get_as(&state, "/", Some(header.into())).await;
+        assert_eq!(status, expected, "Authorization: {header}: {body}");
     }
 }
 
@@ -277,7 +343,7 @@ async fn the_page_shows_routines_fires_and_failures_but_no_payload(pool: PgPool)
     .unwrap();
     let report = scheduler.tick().await.unwrap();
     assert_eq!((report.fired, report.failed), (1, 1), "{report:?}");
-    let state = state(&store, stats, metrics, None);
+    let state = state(&store, stats, metrics, None).await;
 
     let (status, index) = get(&state, "/", None).await;
     assert_eq!(status, StatusCode::OK, "{index}");
@@ -324,9 +390,9 @@ async fn the_page_shows_routines_fires_and_failures_but_no_payload(pool: PgPool)
     let next_runs = page.split("id=\"next-runs\"").nth(1).unwrap_or_default();
     let next_runs = next_runs.split("</table>").next().unwrap_or_default();
     assert_eq!(
-        next_runs.matches("<td>").count(),
-        10,
-        "five runs, in the zone and in UTC: {next_runs}"
+        next_runs.matches("<td").count(),
+        15,
+        "five runs, in the zone, in UTC and how far: {next_runs}"
     );
 
     for body in [&index, &page] {
@@ -340,6 +406,400 @@ async fn the_page_shows_routines_fires_and_failures_but_no_payload(pool: PgPool)
 
     let (status, _) = get(&state, &format!("/routines/{}", Uuid::new_v4()), None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, _) = get(&state, "/routines/not-a-uuid", None).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // A name is a handle as the command line takes it; a missing one is a page, not a parser.
+    let (status, page) = get(&state, "/routines/nightly-audit", None).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(page.contains("<h1>nightly-audit</h1>"), "{page}");
+    let (status, page) = get(&state, "/routines/standup", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{page}");
+    assert!(
+        page.contains("No routine is named “standup”.") && page.contains("<!DOCTYPE html>"),
+        "{page}"
+    );
+}
+
+/// A routine of `kind` running every minute, created paused or not.
+async fn every_minute(store: &PgStore, name: &str, paused: bool) -> cm_store::Routine {
+    store
+        .create_routine(NewRoutine {
+            name: name.into(),
+            schedule: Schedule::parse("* * * * *", "UTC").unwrap(),
+            kind: RoutineKind::Message,
+            payload: json!({ "text": "hello" }),
+            misfire: MisfirePolicy::FireOnce,
+            paused,
+        })
+        .await
+        .unwrap()
+}
+
+/// The page's CSRF token, as its forms carry it.
+fn csrf(state: &HttpState) -> String {
+    state.status.as_ref().unwrap().csrf.value().to_string()
+}
+
+/// A POST of an action's form, with extra headers.
+async fn post(
+    state: &Arc<HttpState>,
+    path: &str,
+    form: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, HeaderMap, String) {
+    let mut request = Request::post(path)
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(header::HOST, "127.0.0.1:9464");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    send(state, request.body(Body::from(form.to_string())).unwrap()).await
+}
+
+async fn paused(store: &PgStore, id: Uuid) -> bool {
+    store.get_routine(id).await.unwrap().paused
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn actions_need_a_post_from_this_page_with_its_token(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let standup = every_minute(&store, "standup", false).await;
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+    let token = csrf(&state);
+    let form = format!("csrf={token}&back=%2F%3Fstate%3Dactive");
+
+    // Never by a GET.
+    let (status, _) = get(&state, "/routines/standup/pause", None).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    // Never by a cross-site form (the browser says so, or its Origin is another host), nor
+    // without the page's token, nor with a wrong one.
+    let refusals: &[(&str, &[(&str, &str)])] = &[
+        (&form, &[("sec-fetch-site", "cross-site")]),
+        (&form, &[("sec-fetch-site", "same-site")]),
+        (&form, &[("origin", "https://evil.example")]),
+        (&form, &[("origin", "null")]),
+        ("back=%2F", &[("sec-fetch-site", "same-origin")]),
+        ("csrf=guess&back=%2F", &[]),
+    ];
+    for (body, headers) in refusals {
+        let (status, _, page) = post(&state, "/routines/standup/pause", body, headers).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body} {headers:?}: {page}");
+        assert!(page.contains("refused"), "{page}");
+        assert!(
+            !paused(&store, standup.id).await,
+            "{body} {headers:?} paused it"
+        );
+    }
+
+    // From the page itself: done, and back where it came from, saying what was done.
+    let (status, headers, _) = post(
+        &state,
+        "/routines/standup/pause",
+        &form,
+        &[
+            ("sec-fetch-site", "same-origin"),
+            ("origin", "http://127.0.0.1:9464"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let location = headers[header::LOCATION].to_str().unwrap().to_string();
+    assert_eq!(location, "/?state=active&done=paused&of=standup");
+    assert!(paused(&store, standup.id).await);
+    let (_, page) = get(&state, &location, None).await;
+    assert!(page.contains("Paused “standup”"), "{page}");
+
+    // Without a browser's headers (curl with the form token), by id, back to a foreign host:
+    // the redirect stays on this server.
+    let (status, headers, _) = post(
+        &state,
+        &format!("/routines/{}/resume", standup.id),
+        &format!("csrf={token}&back=%2F%2Fevil.example%2F"),
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        headers[header::LOCATION],
+        "/routines/standup?done=resumed&of=standup"
+    );
+    assert!(!paused(&store, standup.id).await);
+
+    let (status, _, _) = post(&state, "/routines/standup/trigger", &form, &[]).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let pending = store.pending_requests(standup.id, 5).await.unwrap();
+    assert_eq!(pending.total, 1, "the trigger asked for one occurrence");
+
+    let (status, _, page) = post(&state, "/routines/nobody/pause", &form, &[]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{page}");
+    assert!(page.contains("No routine is named “nobody”."), "{page}");
+
+    // The forms on the page carry the token, behind a confirmation.
+    let (_, page) = get(&state, "/", None).await;
+    assert!(
+        page.contains(&format!("name=\"csrf\" value=\"{token}\"")),
+        "{page}"
+    );
+    assert!(page.contains("<summary>Pause…</summary>"), "{page}");
+    assert!(
+        page.contains("action=\"/routines/standup/pause\""),
+        "{page}"
+    );
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_index_filters_sorts_and_pictures_the_fires(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let zeta = every_minute(&store, "zeta-report", false).await;
+    let alpha = every_minute(&store, "alpha-report", true).await;
+    every_minute(&store, "cleanup", false).await;
+    // Fires of the last minutes: two fired and one failed for zeta, one running.
+    sqlx::query(
+        "INSERT INTO routine_fires (routine_id, scheduled_at, status, claimant, claim_token, attempt,
+                                    claimed_at, lease_expires_at, completed_at, error)
+         SELECT $1, now() - make_interval(mins => m), s, 'test', gen_random_uuid(), 1, now(),
+                now() + interval '1 minute', CASE WHEN s <> 'claimed' THEN now() END,
+                CASE WHEN s = 'failed' THEN 'boom' END
+         FROM (VALUES (1, 'fired'), (2, 'failed'), (3, 'fired'), (0, 'claimed')) AS t(m, s)",
+    )
+    .bind(zeta.id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+
+    let rows = |page: &str| -> Vec<String> {
+        page.split("<tr data-routine=")
+            .skip(1)
+            .filter_map(|row| {
+                row.split("\">")
+                    .nth(2)
+                    .map(|r| r.split('<').next().unwrap().to_string())
+            })
+            .collect()
+    };
+    let (_, page) = get(&state, "/?sort=name", None).await;
+    assert_eq!(
+        rows(&page),
+        ["alpha-report", "cleanup", "zeta-report"],
+        "{page}"
+    );
+    let (_, page) = get(&state, "/?q=REPORT&state=active", None).await;
+    assert_eq!(rows(&page), ["zeta-report"], "{page}");
+    let (_, page) = get(&state, "/?state=paused", None).await;
+    assert_eq!(rows(&page), ["alpha-report"], "{page}");
+    let (_, page) = get(&state, &format!("/?sort=name&after={}", alpha.id), None).await;
+    assert_eq!(rows(&page), ["cleanup", "zeta-report"], "{page}");
+    let (_, page) = get(&state, "/?q=nothing-like-it", None).await;
+    assert!(page.contains("No routine matches."), "{page}");
+    for bad in ["/?sort=age", "/?state=running", "/?after=12"] {
+        let (status, page) = get(&state, bad, None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {page}");
+        assert!(page.contains("must be"), "{bad}: {page}");
+    }
+
+    let (_, page) = get(&state, "/", None).await;
+    let zeta_row = page
+        .split(&format!("<tr data-routine=\"{}\">", zeta.id))
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap();
+    // The strip, oldest left: fired, failed, fired, running.
+    let cells: Vec<&str> = zeta_row
+        .split("class=\"cell ")
+        .skip(1)
+        .map(|c| c.split('"').next().unwrap())
+        .collect();
+    assert_eq!(cells, ["fired", "failed", "fired", "claimed"], "{zeta_row}");
+    assert!(zeta_row.contains("failed: boom"), "{zeta_row}");
+    assert!(
+        zeta_row.contains("<span class=\"claimed\">running</span>"),
+        "{zeta_row}"
+    );
+    assert!(
+        zeta_row.contains("<span class=\"active\">active</span>"),
+        "{zeta_row}"
+    );
+    assert!(
+        zeta_row.contains(">now</time>") && zeta_row.contains(">in "),
+        "{zeta_row}"
+    );
+    // The last hour, drawn on the server: two fired and one failed, in their minutes.
+    let chart = page
+        .split("<svg")
+        .nth(1)
+        .and_then(|c| c.split("</svg>").next())
+        .unwrap();
+    assert_eq!(chart.matches("class=\"fired\"").count(), 2, "{chart}");
+    assert_eq!(chart.matches("class=\"failed\"").count(), 1, "{chart}");
+    assert!(
+        page.contains("2 fired") && page.contains("1 failed"),
+        "{page}"
+    );
+    assert!(page.contains("Outbox backlog"), "{page}");
+    // Updates in place (a script, with a switch), a refresh only without script.
+    assert!(page.contains("<script src=\"/page.js\" defer>"), "{page}");
+    assert!(page.contains("id=\"live-toggle\""), "{page}");
+    assert!(
+        page.contains("<noscript><meta http-equiv=\"refresh\""),
+        "{page}"
+    );
+    let (_, off) = get(&state, "/?live=off", None).await;
+    assert!(!off.contains("http-equiv=\"refresh\""), "{off}");
+
+    // Words: the fires' heading counts what it shows.
+    let (_, page) = get(&state, "/routines/zeta-report", None).await;
+    assert!(page.contains("All 4 fires"), "{page}");
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_pause_reason_is_said_once_and_kept_short_in_the_table(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let r = every_minute(&store, "flaky", true).await;
+    let reason = format!(
+        "paused by cm: its last 5 fires failed; the latest: {}",
+        "x".repeat(400)
+    );
+    sqlx::query("UPDATE routines SET paused_reason = $2 WHERE id = $1")
+        .bind(r.id)
+        .bind(&reason)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+    let (_, page) = get(&state, "/", None).await;
+    assert!(!page.contains("paused: paused"), "{page}");
+    assert!(
+        page.contains("<span class=\"paused\">paused</span><span class=\"reason small muted\""),
+        "{page}"
+    );
+    assert!(page.contains(">by cm: its last 5 fires failed"), "{page}");
+    assert!(
+        page.contains(
+            ".reason{display:block;max-width:24em;overflow:hidden;text-overflow:ellipsis"
+        ),
+        "{page}"
+    );
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn health_is_checked_once_per_interval_whatever_the_requests(pool: PgPool) {
+    let store = PgStore::new(pool);
+    let (stats, metrics) = recorded_stats(|_| {});
+    let answers = Arc::new(Answers::default());
+    let health = Health::new(
+        answers.clone(),
+        Duration::from_millis(200),
+        Duration::from_secs(1),
+    );
+    let checks = tokio::spawn(health.clone().run());
+    let state = state_with(&store, stats, metrics, None, health);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    let requests: Vec<_> = (0..300)
+        .map(|_| {
+            let state = state.clone();
+            tokio::spawn(async move { get(&state, "/readyz", None).await })
+        })
+        .collect();
+    for request in requests {
+        // The database answers; no tick ran (none is needed for this).
+        let (status, body) = request.await.unwrap();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains("no tick has succeeded yet"), "{body}");
+    }
+    let elapsed = started.elapsed();
+    let asked = answers.0.load(Ordering::SeqCst);
+    assert!(
+        asked <= (elapsed.as_millis() / 200) as usize + 2,
+        "{asked} checks for 300 requests in {elapsed:?}"
+    );
+    checks.abort();
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn readyz_and_the_page_answer_at_once_when_the_database_hangs(pool: PgPool) {
+    let store = PgStore::new(pool);
+    let (stats, metrics) = recorded_stats(|_| {});
+    // The check hangs: its deadline makes it an answer, and requests never wait on it.
+    let health = Health::new(
+        Arc::new(Hangs),
+        Duration::from_secs(1),
+        Duration::from_millis(200),
+    );
+    let checks = tokio::spawn(health.clone().run());
+    let state = state_with(&store, stats, metrics, None, health);
+    unavailable_at_once(
+        &state,
+        &["/readyz", "/", "/routines/standup"],
+        "not been checked yet",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    unavailable_at_once(&state, &["/readyz", "/"], "did not answer within 200ms").await;
+    checks.abort();
+}
+
+/// Asserts that each of `paths` answers 503 within 100 ms, saying `reason`.
+async fn unavailable_at_once(state: &Arc<HttpState>, paths: &[&str], reason: &str) {
+    for path in paths {
+        let started = Instant::now();
+        let (status, body) = get(state, path, None).await;
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(100), "{path} took {took:?}");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
+        assert!(body.contains(reason), "{path}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn the_page_answers_within_its_deadline_when_the_network_hangs() {
+    // A listener that accepts and never answers: the TCP forwarder that stopped forwarding.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let store = PgStore::connect_lazy(&format!("postgres://postgres@127.0.0.1:{port}/cm")).unwrap();
+    let (stats, metrics) = recorded_stats(|_| {});
+    // The last check said it answered; the page's own reads then hang.
+    let state = state_with(
+        &store,
+        stats,
+        metrics,
+        None,
+        checked(Arc::new(Answers::default())).await,
+    );
+    for path in ["/", "/routines/standup"] {
+        let started = Instant::now();
+        let (status, body) = get(&state, path, None).await;
+        let took = started.elapsed();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {body}");
+        assert!(
+            body.contains("did not answer within 500ms"),
+            "{path}: {body}"
+        );
+        assert!(took < Duration::from_secs(2), "{path} took {took:?}");
+    }
+    held.abort();
+}
+
+#[test]
+fn relative_times_read_as_people_say_them() {
+    use cm_scheduler::status::relative;
+    let now = chrono::Utc::now();
+    let minutes = chrono::Duration::minutes;
+    for (at, said) in [
+        (now, "now"),
+        (now + chrono::Duration::seconds(40), "in 40 s"),
+        (now + minutes(3), "in 3 min"),
+        (now - minutes(150), "2 h ago"),
+        (now - minutes(60 * 24 * 3), "3 d ago"),
+    ] {
+        assert_eq!(relative(at, now), said);
+    }
 }

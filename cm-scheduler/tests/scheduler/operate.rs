@@ -15,6 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use uuid::Uuid;
 
+use crate::browser::Browser;
 use crate::support::{SERVER, TestDb, drop_database, eventually_within};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
@@ -341,7 +342,7 @@ fn chromium(profile: &std::path::Path, args: &[&str]) -> String {
 async fn the_status_page_in_a_real_browser() {
     let db = TestDb::new().await;
     let store = PgStore::new(db.pool.clone());
-    let digest = store
+    store
         .create_routine(every_second("digest", RoutineKind::Message, "Asia/Tokyo"))
         .await
         .unwrap();
@@ -369,10 +370,10 @@ async fn the_status_page_in_a_real_browser() {
     let index = chromium(&profile, &["--dump-dom", &format!("{base}/")]);
     for shown in [
         "<table id=\"routines\">",
-        &format!("<a href=\"/routines/{}\">digest</a>", digest.id),
+        "<a href=\"/routines/digest\">digest</a>",
         ">audit</a>",
         "Asia/Tokyo",
-        " JST</td>",
+        " JST</span>",
         "<span class=\"fired\">fired</span>",
         "<span class=\"failed\">failed</span>",
         "no mission backend is configured",
@@ -405,20 +406,21 @@ async fn the_status_page_in_a_real_browser() {
             "a payload shows:\n{dom}"
         );
     }
-    // A phone-sized screenshot of the page, kept where CM_STATUS_SCREENSHOT says (the docs'
-    // picture is made this way), else checked and thrown away.
+    // A phone-sized screenshot of the whole page, kept where CM_STATUS_SCREENSHOT says (the
+    // docs' picture is made this way), else checked and thrown away.
     let shot = std::env::var("CM_STATUS_SCREENSHOT")
         .map(PathBuf::from)
         .unwrap_or_else(|_| profile.join("status.png"));
     let size = std::env::var("CM_STATUS_SCREENSHOT_SIZE").unwrap_or_else(|_| "390,844".into());
-    chromium(
-        &profile,
-        &[
-            &format!("--screenshot={}", shot.display()),
-            &format!("--window-size={size}"),
-            &format!("{base}/"),
-        ],
-    );
+    let (width, height) = size
+        .split_once(',')
+        .and_then(|(w, h)| Some((w.parse().ok()?, h.parse().ok()?)))
+        .expect("CM_STATUS_SCREENSHOT_SIZE is WIDTH,HEIGHT");
+    let mut browser = Browser::launch(width, height);
+    browser.open(&format!("{base}/"));
+    browser.wait_for("document.querySelector('#fire-rate')");
+    std::fs::create_dir_all(&profile).unwrap();
+    std::fs::write(&shot, browser.screenshot()).expect("writing the screenshot");
     let png = std::fs::read(&shot).expect("the screenshot was written");
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 10_000,
@@ -426,4 +428,82 @@ async fn the_status_page_in_a_real_browser() {
         png.len()
     );
     let _ = std::fs::remove_dir_all(&profile);
+}
+
+/// Serves `page` to every request on a port of its own: another site than the scheduler's.
+async fn another_site(page: String) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let page = page.clone();
+            tokio::spawn(async move {
+                let mut request = [0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{addr}/")
+}
+
+async fn is_paused(pool: &sqlx::PgPool, name: &str) -> bool {
+    sqlx::query_scalar("SELECT paused FROM routines WHERE name = $1")
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_clicked_in_a_browser_pauses_and_a_cross_site_form_is_refused() {
+    let db = TestDb::new().await;
+    let store = PgStore::new(db.pool.clone());
+    store
+        .create_routine(every_second("standup", RoutineKind::Message, "UTC"))
+        .await
+        .unwrap();
+    let scheduler = Running::start(&db.url, &[]);
+    let base = format!("http://{}", scheduler.addr);
+    scheduler.await_answer("/", 200, "standup").await;
+
+    let mut browser = Browser::launch(1280, 900);
+    browser.open(&format!("{base}/"));
+    let pause = "form[action='/routines/standup/pause'] button";
+    browser.wait_for(&format!("document.querySelector(\"{pause}\")"));
+    // The operator opens the confirmation, then confirms.
+    browser.click("tr[data-routine] details.act summary");
+    browser.click(pause);
+    browser.wait_for("document.body.innerText.includes('Paused “standup”')");
+    assert!(
+        is_paused(&db.pool, "standup").await,
+        "the click did not pause it"
+    );
+    // Visible at once: the row says paused, and offers to resume.
+    browser.wait_for("document.querySelector('tr[data-routine] .paused')");
+    browser.wait_for("document.querySelector(\"form[action='/routines/standup/resume']\")");
+    let token = browser.eval("document.querySelector('input[name=csrf]').value");
+    let token = token.as_str().expect("the page's form token").to_string();
+
+    // Another site posts the resume form, even with the page's own token: refused.
+    let attack = another_site(format!(
+        "<!DOCTYPE html><form method=post action='{base}/routines/standup/resume'>
+         <input name=csrf value='{token}'><input name=back value='/'></form>
+         <script>document.forms[0].submit()</script>"
+    ))
+    .await;
+    browser.open(&attack);
+    browser.wait_for("document.body.innerText.includes('cross-site request')");
+    assert!(
+        is_paused(&db.pool, "standup").await,
+        "a cross-site form resumed it"
+    );
+    // And an action by GET (a link, an image) does nothing.
+    browser.open(&format!("{base}/routines/standup/resume"));
+    browser.wait_for("document.body.innerText.includes('Nothing was done')");
+    assert!(is_paused(&db.pool, "standup").await, "a GET resumed it");
 }

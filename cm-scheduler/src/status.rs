@@ -57,17 +57,17 @@ table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:.35em .55em;border-bottom:1px solid #d8dee4;vertical-align:top}
 th{background:#f6f8fa;font-weight:600;white-space:nowrap}
 th a{color:inherit}th a.on::after{content:' ▾'}
-time,.nowrap{white-space:nowrap}
+time,.nowrap,td code,td.name{white-space:nowrap}
 .fired{color:#1a7f37}.failed{color:#cf222e;font-weight:600}.claimed{color:#9a6700}
 .paused{color:#9a6700;font-weight:600}.active{color:#1a7f37}.muted{color:#59636e}.small{font-size:.85em}
-.reason{display:block;max-width:24em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
+.reason{display:block;max-width:14em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.25em 1.2em}dt{font-weight:600}dd{margin:0}
 .figures{display:flex;flex-wrap:wrap;gap:.5em}
 .figure{border:1px solid #d8dee4;border-radius:6px;padding:.4em .75em;min-width:8em;background:#f6f8fa}
 .figure b{display:block;font-size:1.15em}
 .error{white-space:pre-wrap;word-break:break-word}
 .strip{display:flex;gap:2px;align-items:center;min-height:1.1em}
-.cell{display:inline-block;width:.62em;height:1.05em;border-radius:2px;background:#d0d7de}
+.cell{display:inline-block;width:.45em;height:1.05em;border-radius:2px;background:#d0d7de}
 .cell.fired{background:#2da44e}.cell.failed{background:#cf222e}.cell.claimed{background:#d4a72c}
 .cell.skipped{background:#afb8c1}
 .legend{display:inline-flex;gap:.9em;align-items:center}.legend span{display:inline-flex;gap:.3em;align-items:center}
@@ -82,7 +82,7 @@ details.act[open] summary{color:#59636e}
 details.act form{margin:.3em 0}
 .notice{background:#dafbe1;border:1px solid #2da44e;border-radius:6px;padding:.5em .8em}
 .problem{background:#ffebe9;border:1px solid #cf222e;border-radius:6px;padding:.5em .8em}
-svg.chart{width:100%;max-width:46em;height:auto;display:block}
+svg.chart{width:100%;max-width:60em;height:auto;display:block}
 svg.chart text{font:11px system-ui,sans-serif;fill:#59636e}
 ";
 
@@ -470,7 +470,7 @@ pub async fn index(
                     tbody { @for summary in &data.routines {
                         @let r = &summary.routine;
                         tr data-routine=(r.id) {
-                            td { a href=(routine_href(r)) { (r.name) } br; span.muted.small { (r.kind) } }
+                            td.name { a href=(routine_href(r)) { (r.name) } br; span.muted.small { (r.kind) } }
                             td { code { (r.schedule) } br; span.muted.small { (r.timezone) } }
                             td { (next_run_cell(r, now)) }
                             td { (state_cell(r)) }
@@ -892,7 +892,7 @@ fn next_run_cell(r: &Routine, now: DateTime<Utc>) -> Markup {
         @match r.next_run_at {
             Some(at) => {
                 time datetime=(utc(at)) title=(utc(at)) { (relative(at, now)) } br;
-                span.muted.small.nowrap { (in_zone(at, zone)) } br;
+                @if r.timezone != "UTC" { span.muted.small.nowrap { (in_zone(at, zone)) } br; }
                 span.muted.small.nowrap { (utc(at)) }
             }
             None => span.muted { @if r.paused { "none while paused" } @else { "none" } },

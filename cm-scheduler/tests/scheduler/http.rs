@@ -572,9 +572,9 @@ async fn the_index_filters_sorts_and_pictures_the_fires(pool: PgPool) {
         page.split("<tr data-routine=")
             .skip(1)
             .filter_map(|row| {
-                row.split("\">")
-                    .nth(2)
-                    .map(|r| r.split('<').next().unwrap().to_string())
+                let link = row.split("<a href=\"/routines/").nth(1)?;
+                let name = link.split_once("\">")?.1;
+                Some(name.split('<').next()?.to_string())
             })
             .collect()
     };
@@ -677,7 +677,7 @@ async fn a_pause_reason_is_said_once_and_kept_short_in_the_table(pool: PgPool) {
     assert!(page.contains(">by cm: its last 5 fires failed"), "{page}");
     assert!(
         page.contains(
-            ".reason{display:block;max-width:24em;overflow:hidden;text-overflow:ellipsis"
+            ".reason{display:block;max-width:14em;overflow:hidden;text-overflow:ellipsis"
         ),
         "{page}"
     );

@@ -610,7 +610,9 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     if let (Some(listener), Some(metrics)) = (listener, metrics) {
         let health = Health::new(
             Arc::new(DatabaseReadiness {
-                store: http_pool(url, 1, Duration::from_secs(2)).map_err(invalid)?,
+                // The pool waits longer than the check's deadline, so a hung network reads
+                // as "did not answer within 2s", not as the pool's own timeout.
+                store: http_pool(url, 1, Duration::from_secs(3)).map_err(invalid)?,
                 waiting: waiting.clone(),
             }),
             Duration::from_secs(1),

@@ -194,6 +194,88 @@ impl Forwarder {
     }
 }
 
+/// A TCP forwarder to the shared PostgreSQL that can stall: it then stops passing bytes on
+/// every connection, new and established, and holds them open, as a network path that stops
+/// forwarding looks to its clients (no reset, no answer).
+struct StallingForwarder {
+    port: u16,
+    stalled: watch::Sender<bool>,
+}
+
+impl StallingForwarder {
+    async fn start() -> StallingForwarder {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the forwarder");
+        let port = listener.local_addr().expect("its address").port();
+        let (stalled, watching) = watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let mut watching = watching.clone();
+                tokio::spawn(async move {
+                    if !*watching.borrow() {
+                        let Ok(mut server) = TcpStream::connect("127.0.0.1:5432").await else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
+                            _ = watching.wait_for(|stalled| *stalled) => {}
+                        }
+                        // Held open, passing nothing.
+                        let _held = server;
+                    }
+                    let _held = client;
+                    std::future::pending::<()>().await;
+                });
+            }
+        });
+        StallingForwarder { port, stalled }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_and_the_page_answer_at_once_when_the_network_stops_forwarding() {
+    let db = TestDb::new().await;
+    let forwarder = StallingForwarder::start().await;
+    let url = db
+        .url
+        .replace("127.0.0.1:5432", &format!("127.0.0.1:{}", forwarder.port));
+    let mut scheduler = Running::start(&url, &["--no-migrate"]);
+    scheduler.await_answer("/readyz", 200, "ready").await;
+
+    forwarder.stalled.send_replace(true);
+    let timed = async |path: &str| {
+        let started = std::time::Instant::now();
+        let (code, body) = scheduler.get(path).await;
+        (code, body, started.elapsed())
+    };
+    // Every answer is quick; within the check's deadline and an interval, the reason shows.
+    let mut reason = None;
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    while reason.is_none() && std::time::Instant::now() < until {
+        let (code, body, took) = timed("/readyz").await;
+        assert!(
+            took < Duration::from_millis(500),
+            "/readyz took {took:?} ({code} {body}); log:\n{}",
+            scheduler.log()
+        );
+        if code == 503 && body.contains("the database did not answer within 2s") {
+            reason = Some(body);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        reason.is_some(),
+        "/readyz never said why; log:\n{}",
+        scheduler.log()
+    );
+    let (code, body, took) = timed("/").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("The database cannot be read"), "{body}");
+    assert!(took < Duration::from_millis(500), "the page took {took:?}");
+    scheduler.assert_alive();
+}
+
 /// Drops a database this test created by other means than `TestDb`.
 struct DropOnExit(String);
 

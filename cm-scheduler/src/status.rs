@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
@@ -449,7 +449,7 @@ pub async fn index(
             @if filtered { a href="/" { "clear" } }
             noscript { a href={ (back) (if back.contains('?') { "&" } else { "?" }) "live=off" } { "stop refreshing" } }
         }
-        div id="live" {
+        div id="live" data-rendered=(now.timestamp_millis()) {
             (figures(&state, Some(data.claims), Some(&data.outbox), now))
             h2 { "Fires per minute, last hour" }
             (rate_chart(&data.rate))
@@ -527,9 +527,12 @@ pub async fn index(
 /// and actions; 404 with a page when no routine has that name or id.
 pub async fn routine(
     State(state): State<Arc<HttpState>>,
-    Path(handle): Path<String>,
+    handle: Result<Path<String>, PathRejection>,
     query: Result<Query<IndexQuery>, QueryRejection>,
 ) -> Response {
+    let Ok(Path(handle)) = handle else {
+        return unreadable_address();
+    };
     let query = query.map(|Query(q)| q).unwrap_or_default();
     let status = status_page(&state);
     let reads = async {
@@ -637,6 +640,13 @@ pub async fn routine(
     .into_response()
 }
 
+fn unreadable_address() -> Response {
+    refused(
+        StatusCode::BAD_REQUEST,
+        "This address does not name a routine (a routine's name or id, in UTF-8).",
+    )
+}
+
 fn missing(handle: &str) -> Response {
     let what = match Uuid::try_parse(handle.trim()) {
         Ok(id) => format!("No routine has the id {id}."),
@@ -677,9 +687,12 @@ impl Action {
 /// its next occurrence, or asks for one occurrence now (fired by the next tick).
 pub async fn action(
     State(state): State<Arc<HttpState>>,
-    Path((handle, action)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     body: Bytes,
 ) -> Response {
+    let Ok(Path((handle, action))) = path else {
+        return unreadable_address();
+    };
     match Action::ALL.into_iter().find(|a| a.path() == action) {
         Some(action) => act(&state, &handle, &body, action).await,
         None => not_found().await,

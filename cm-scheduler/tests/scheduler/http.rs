@@ -410,6 +410,9 @@ async fn the_page_shows_routines_fires_and_failures_but_no_payload(pool: PgPool)
     let (status, page) = get(&state, "/routines/nightly-audit", None).await;
     assert_eq!(status, StatusCode::OK, "{page}");
     assert!(page.contains("<h1>nightly-audit</h1>"), "{page}");
+    let (status, page) = get(&state, "/routines/%FF", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    assert!(page.contains("does not name a routine"), "{page}");
     let (status, page) = get(&state, "/routines/standup", None).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{page}");
     assert!(

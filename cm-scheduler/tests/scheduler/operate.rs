@@ -553,10 +553,33 @@ async fn pause_clicked_in_a_browser_pauses_and_a_cross_site_form_is_refused() {
     let base = format!("http://{}", scheduler.addr);
     scheduler.await_answer("/", 200, "standup").await;
 
-    let mut browser = Browser::launch(1280, 900);
+    // A short window, so the page scrolls.
+    let mut browser = Browser::launch(1280, 400);
     browser.open(&format!("{base}/"));
     let pause = "form[action='/routines/standup/pause'] button";
     browser.wait_for(&format!("document.querySelector(\"{pause}\")"));
+
+    // The page updates in place: new figures, the same scroll.
+    let rendered = "document.getElementById('live').dataset.rendered";
+    browser.eval("window.scrollTo(0, 250)");
+    let first = browser.eval(rendered);
+    browser.wait_for(&format!("{rendered} !== {first}"));
+    assert_eq!(
+        browser.eval("window.scrollY"),
+        json!(250),
+        "the update moved the page"
+    );
+    // Switched off, it stays as it is.
+    browser.click("#live-toggle");
+    assert_eq!(
+        browser.eval("document.getElementById('live-toggle').textContent"),
+        json!("Live updates: off")
+    );
+    let frozen = browser.eval(rendered);
+    std::thread::sleep(Duration::from_secs(7));
+    assert_eq!(browser.eval(rendered), frozen, "updated while switched off");
+    browser.click("#live-toggle");
+
     // The operator opens the confirmation, then confirms.
     browser.click("tr[data-routine] details.act summary");
     browser.click(pause);

@@ -109,7 +109,7 @@ struct RunArgs {
     /// How late an occurrence may be and still count as on time.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     misfire_grace: Duration,
-    /// Under catch-up, the most missed occurrences that fire.
+    /// Under catch-up, the most missed occurrences that fire (at most 10,000).
     #[arg(long, default_value_t = 100)]
     max_backlog: usize,
     /// How long settled fires are kept before they are pruned (at least a day).

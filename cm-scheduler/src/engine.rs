@@ -387,8 +387,8 @@ impl Scheduler {
                     let Ok(permit) = self.room.clone().acquire_owned().await else {
                         continue;
                     };
-                    let timeout = self.dispatch_budget(claim.began);
-                    if timeout.is_zero() {
+                    let budget = self.dispatch_budget(claim.began);
+                    if budget.is_zero() {
                         // The claim itself used up the lease: dispatching now could outlive it.
                         // Leave the row claimed; the reaper retries it once the lease is over.
                         warn!(routine_id = %fire.occurrence.routine_id,
@@ -399,10 +399,13 @@ impl Scheduler {
                         continue;
                     }
                     dispatching += 1;
+                    // The deadline is fixed here, where the budget was counted: the task that
+                    // dispatches may first run later, and that wait comes out of the budget.
                     let job = FireJob {
                         dispatcher: self.dispatcher.clone(),
                         completer: completer.clone(),
-                        timeout,
+                        budget,
+                        deadline: tokio::time::Instant::now() + budget,
                         stats: self.stats.clone(),
                     };
                     let stats = self.stats.clone();
@@ -727,7 +730,11 @@ fn until_aligned(interval: Duration) -> Duration {
 struct FireJob {
     dispatcher: Arc<dyn Dispatcher>,
     completer: Arc<dyn Completer>,
-    timeout: Duration,
+    /// The dispatch's budget as it was counted, for its timeout's message.
+    budget: Duration,
+    /// When the dispatch must have finished: counted once, when the budget was (on tokio's
+    /// clock, which its timeout runs on).
+    deadline: tokio::time::Instant,
     stats: Arc<Stats>,
 }
 
@@ -771,11 +778,11 @@ impl FireJob {
             fire.kind,
             fire.payload.clone(),
             attempt,
-            Instant::now() + self.timeout,
+            self.deadline.into_std(),
         );
         self.stats.lateness.observe(lateness);
-        let (settlement, receipt) = match tokio::time::timeout(
-            self.timeout,
+        let (settlement, receipt) = match tokio::time::timeout_at(
+            self.deadline,
             self.dispatcher.dispatch(&dispatch),
         )
         .await
@@ -803,11 +810,11 @@ impl FireJob {
             }
             Err(_) => {
                 warn!(routine = %fire.routine_name, scheduled_at = %fire.occurrence.scheduled_at,
-                    attempt, timeout = ?self.timeout, "dispatch timed out");
+                    attempt, timeout = ?self.budget, "dispatch timed out");
                 (
                     Settlement::Failed(ErrorText::new(format!(
                         "dispatch timed out after {}",
-                        humantime::format_duration(self.timeout)
+                        humantime::format_duration(self.budget)
                     ))),
                     None,
                 )

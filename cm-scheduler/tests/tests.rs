@@ -16,6 +16,7 @@
 //!   the fake Docker engine.
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
+//! - `secrets`: whole processes given every secret, against failing connections, print none.
 //! - `support`: the database server and clean-up the whole-process tests share.
 
 #[path = "scheduler/support.rs"]
@@ -43,5 +44,7 @@ mod mock_loop;
 mod operate;
 #[path = "scheduler/operator.rs"]
 mod operator;
+#[path = "scheduler/secrets.rs"]
+mod secrets;
 #[path = "scheduler/slow_target.rs"]
 mod slow_target;

@@ -9,6 +9,7 @@
 //! - `operate`: a running scheduler's health while its database comes and goes, and the
 //!   status page in headless Chromium.
 //! - `autopause`: a failing routine pauses itself through the real loop.
+//! - `abandon`: an occurrence abandoned after unsettled attempts keeps the last one's error.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
 //! - `operator`: editing, importing, naming and reading routines from the command line, and
 //!   errors (and secrets) as people see them.
@@ -22,6 +23,8 @@
 #[path = "scheduler/support.rs"]
 mod support;
 
+#[path = "scheduler/abandon.rs"]
+mod abandon;
 #[path = "scheduler/autopause.rs"]
 mod autopause;
 #[path = "scheduler/cli.rs"]

@@ -72,6 +72,7 @@ fn fire(n: u32, row: Row) -> ClaimedFire {
         kind: RoutineKind::Message,
         payload: json!({ "text": format!("message {n}") }),
         receipt: None,
+        first_claimed_at: at(n),
         row: ClaimRow {
             inserted,
             status,
@@ -79,6 +80,7 @@ fn fire(n: u32, row: Row) -> ClaimedFire {
             token,
             attempt,
             lease_expires_at,
+            last_error: None,
         },
     }
 }
@@ -821,6 +823,12 @@ async fn a_claim_whose_lease_is_used_up_before_dispatch_is_left_to_the_reaper() 
     let mut ledger = MockFireLedger::new();
     ledger.expect_claim_due().return_once(move |_| Ok(slow));
     ledger.expect_settle_fires().never();
+    // Why it was left is noted on the row, for an abandon that may follow.
+    ledger
+        .expect_note_unsettled()
+        .withf(|_, why| why.as_str().contains("not dispatched: the claim took"))
+        .times(1)
+        .returning(|_, _| Ok(true));
     let mut dispatcher = mock_dispatcher();
     dispatcher.expect_dispatch().never();
     let scheduler = scheduler(ledger, dispatcher);

@@ -413,6 +413,13 @@ impl Scheduler {
                         ledger: self.ledger.clone(),
                         budget,
                         deadline: tokio::time::Instant::now() + budget,
+                        // The database's clock says how long before the claim the first
+                        // attempt's claim was; unknown or before this process, long ago.
+                        first_claimed: claim.began.checked_sub(
+                            (claim.now - fire.first_claimed_at)
+                                .to_std()
+                                .unwrap_or_default(),
+                        ),
                         stats: self.stats.clone(),
                     };
                     let stats = self.stats.clone();
@@ -757,6 +764,9 @@ struct FireJob {
     /// When the dispatch must have finished: counted once, when the budget was (on tokio's
     /// clock, which its timeout runs on).
     deadline: tokio::time::Instant,
+    /// When the occurrence's first attempt was claimed, on this process's clock (`None`: too
+    /// long ago to say).
+    first_claimed: Option<Instant>,
     stats: Arc<Stats>,
 }
 
@@ -821,7 +831,8 @@ impl FireJob {
             fire.payload.clone(),
             attempt,
             self.deadline.into_std(),
-        );
+        )
+        .with_first_attempt_age(self.first_claimed.map_or(Duration::MAX, |at| at.elapsed()));
         self.stats.lateness.observe(lateness);
         let (settlement, receipt) = match tokio::time::timeout_at(
             self.deadline,

@@ -854,7 +854,7 @@ async fn a_dispatch_deadline_is_fixed_when_its_budget_is_counted() {
     let seen = deadlines.clone();
     let mut dispatcher = mock_dispatcher();
     dispatcher.expect_dispatch().returning(move |d| {
-        seen.lock().unwrap().push(d.deadline);
+        seen.lock().unwrap().push((d.deadline, d.first_attempt_age));
         // A backend doing blocking work on the runtime's only thread.
         std::thread::sleep(Duration::from_millis(300));
         receipt()
@@ -864,11 +864,17 @@ async fn a_dispatch_deadline_is_fixed_when_its_budget_is_counted() {
     assert_eq!(report.fired, 2, "{report:?}");
     let deadlines = deadlines.lock().unwrap().clone();
     assert_eq!(deadlines.len(), 2);
-    for deadline in deadlines {
+    for (deadline, first_attempt_age) in deadlines {
         let after_claim = deadline.duration_since(began);
         assert!(
             after_claim < Duration::from_millis(200),
             "a deadline {after_claim:?} after the claim began, for a 100 ms dispatch timeout"
+        );
+        // Each occurrence was first claimed 30 s or 29 s before the claim's clock (at(30)),
+        // and the dispatch is told so.
+        assert!(
+            (Duration::from_secs(29)..Duration::from_secs(31)).contains(&first_attempt_age),
+            "{first_attempt_age:?}"
         );
     }
 }

@@ -9,6 +9,7 @@
 //! - `operate`: a running scheduler's health while its database comes and goes, and the
 //!   status page in headless Chromium (its actions clicked, a cross-site form refused).
 //! - `autopause`: a failing routine pauses itself through the real loop.
+//! - `abandon`: an occurrence abandoned after unsettled attempts keeps the last one's error.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
 //! - `operator`: editing, importing, naming and reading routines from the command line, and
 //!   errors (and secrets) as people see them.
@@ -18,6 +19,7 @@
 //! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
 //!   message size, names) and files read no further than their limit.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
+//! - `secrets`: whole processes given every secret, against failing connections, print none.
 //! - `support`: the database server and clean-up the whole-process tests share.
 //! - `browser`: headless Chromium driven over the DevTools protocol (open, evaluate, click).
 
@@ -27,6 +29,8 @@ mod support;
 #[path = "scheduler/browser.rs"]
 mod browser;
 
+#[path = "scheduler/abandon.rs"]
+mod abandon;
 #[path = "scheduler/autopause.rs"]
 mod autopause;
 #[path = "scheduler/cli.rs"]
@@ -51,5 +55,7 @@ mod mock_loop;
 mod operate;
 #[path = "scheduler/operator.rs"]
 mod operator;
+#[path = "scheduler/secrets.rs"]
+mod secrets;
 #[path = "scheduler/slow_target.rs"]
 mod slow_target;

@@ -11,6 +11,7 @@ macro_rules! say {
     };
 }
 
+mod completions;
 mod database;
 mod import;
 mod listing;
@@ -88,6 +89,13 @@ enum Command {
     },
     /// Shows the message outbox: what consumers have not acknowledged yet.
     Outbox(outbox::OutboxArgs),
+    /// The names of routines starting with a prefix, one a line, for the completion scripts.
+    #[command(name = "__complete-routine", hide = true)]
+    CompleteRoutine {
+        /// What the name starts with.
+        #[arg(default_value = "")]
+        prefix: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -209,7 +217,7 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
 
 /// The commands that never touch the database: `--database-url`, global for the others, is
 /// left out of their help and completions.
-const WITHOUT_DATABASE: &[&str] = &["schedule", "completions"];
+const WITHOUT_DATABASE: &[&str] = &["schedule", "completions", "__complete-routine"];
 
 /// The command line's definition, as parsed and as completed.
 fn command() -> clap::Command {
@@ -343,9 +351,11 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             fires(&cli.database_url, page).await
         }
         Command::Completions { shell } => {
-            let mut script = Vec::new();
-            clap_complete::generate(shell, &mut command(), "cm-scheduler", &mut script);
-            out::bytes(&script);
+            out::bytes(&completions::script(shell, &mut command()));
+            Ok(())
+        }
+        Command::CompleteRoutine { prefix } => {
+            completions::routine_names(&cli.database_url, &prefix).await;
             Ok(())
         }
     }

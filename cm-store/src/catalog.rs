@@ -334,6 +334,18 @@ pub(crate) async fn pending_requests(
 }
 
 impl PgStore {
+    /// At most `limit` routine names starting with `prefix`, in name order (what a shell
+    /// completes a routine's name from).
+    pub async fn routine_names(&self, prefix: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT name FROM routines WHERE starts_with(name, $1) ORDER BY name LIMIT $2",
+        )
+        .bind(prefix)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Makes one connection to `url` and closes it, with no retry: a refused connection, an
     /// unknown database or a rejected password is reported at once, where a pool would retry
     /// until its acquire timeout and report only that it timed out.

@@ -93,7 +93,7 @@ fn case(args: &[&str], fragment: &str) -> (Vec<String>, String) {
     )
 }
 
-fn create(url: &str, name: &str, schedule: &str, zone: &str) -> Uuid {
+pub(crate) fn create(url: &str, name: &str, schedule: &str, zone: &str) -> Uuid {
     created_id(&ok(
         url,
         &[

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::cli::{BIN, NOWHERE, check_fails, cm, ok};
+use crate::operator::create;
 use crate::support::TestDb;
 
 /// Writes `text` to a file named `name` in a fresh directory and returns its path.
@@ -87,19 +88,7 @@ async fn a_crontab_imported_again_keeps_one_routine_per_entry_with_its_history()
 
     // --sync: a routine made by hand and one from another file are left alone; a line deleted
     // deletes its routine, lines reordered and a command changed keep the others.
-    ok(
-        url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "by hand",
-            "--schedule",
-            "@daily",
-            "--message",
-            "hi",
-        ],
-    );
+    create(url, "by hand", "@daily", "UTC");
     let other = crontab_file(
         dir.path(),
         "other.cron",
@@ -287,19 +276,7 @@ fn check_quiet_on_a_closed_pipe(url: &str, args: &[&str]) {
 #[tokio::test]
 async fn a_reader_that_goes_away_ends_the_command_quietly() {
     let db = TestDb::new().await;
-    ok(
-        &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "a",
-            "--schedule",
-            "@daily",
-            "--message",
-            "m",
-        ],
-    );
+    create(&db.url, "a", "@daily", "UTC");
     check_quiet_on_a_closed_pipe(
         NOWHERE,
         &["schedule", "next", "* * * * * *", "--count", "100000"],
@@ -362,19 +339,7 @@ async fn refusals_say_what_is_wrong_in_words_that_can_be_used_again() {
     // The earliest start a backfill may have is printed in RFC 3339, so it can be given back.
     let db = TestDb::new().await;
     let url = db.url.as_str();
-    ok(
-        url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "h",
-            "--schedule",
-            "@hourly",
-            "--message",
-            "m",
-        ],
-    );
+    create(url, "h", "@hourly", "UTC");
     let backfill = |from: &str, to: &str| {
         let args = ["routine", "backfill", "h", "--from", from, "--to", to];
         cm(url, &[&args[..], &["--retention", "2days"]].concat())
@@ -429,4 +394,131 @@ fn tempdir() -> TempDir {
     let dir = std::env::temp_dir().join(format!("cm_day_{}", Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     TempDir(dir)
+}
+
+/// Runs `script` in `shell` with the binary on the PATH and `url` as its database; returns what
+/// it printed.
+fn in_shell(shell: &str, args: &[&str], script: &str, url: &str) -> Option<String> {
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = match Command::new(shell)
+        .args(args)
+        .arg(script)
+        .env("PATH", path)
+        .env("DATABASE_URL", url)
+        .env("HOME", std::env::temp_dir())
+        .output()
+    {
+        Ok(output) => output,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("{shell} is not installed: its completions are not exercised");
+            return None;
+        }
+        Err(e) => panic!("{shell}: {e}"),
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{shell}: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(stdout)
+}
+
+#[tokio::test]
+async fn completions_complete_subcommands_flags_and_routine_names_in_real_shells() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    for name in ["nightly backup", "nightly report", "standup"] {
+        create(url, name, "@daily", "UTC");
+    }
+    let dir = tempdir();
+    let script = |shell: &str| {
+        let path = dir.path().join(format!("cm-scheduler.{shell}"));
+        std::fs::write(&path, ok(NOWHERE, &["completions", shell])).unwrap();
+        path.display().to_string()
+    };
+
+    // bash: the function `complete` registered, called as bash calls it on <TAB>.
+    let bash = format!(
+        r#"source {}
+fn=$(complete -p cm-scheduler | sed 's/.* -F \([^ ]*\) .*/\1/')
+comp() {{
+    COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); COMP_LINE="$*"; COMPREPLY=()
+    "$fn" cm-scheduler "${{COMP_WORDS[COMP_CWORD]}}" "${{COMP_WORDS[COMP_CWORD-1]}}"
+    echo "$*|${{COMPREPLY[*]}}"
+}}
+comp cm-scheduler rou
+comp cm-scheduler routine sh
+comp cm-scheduler fires --st
+comp cm-scheduler routine show night
+comp cm-scheduler fires --routine st
+"#,
+        script("bash")
+    );
+    let out = in_shell("bash", &["-c"], &bash, url).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "cm-scheduler rou|routine",
+            "cm-scheduler routine sh|show",
+            "cm-scheduler fires --st|--status",
+            r"cm-scheduler routine show night|nightly\ backup nightly\ report",
+            "cm-scheduler fires --routine st|standup",
+        ],
+        "{out}"
+    );
+
+    // fish: `complete -C` completes a command line as fish would on <TAB>.
+    let fish = format!(
+        "source {}\n\
+         complete -C 'cm-scheduler routine sh'\n\
+         complete -C 'cm-scheduler fires --st'\n\
+         complete -C 'cm-scheduler routine pause night'\n\
+         complete -C 'cm-scheduler fires --routine st'\n",
+        script("fish")
+    );
+    if let Some(out) = in_shell("fish", &["--no-config", "-c"], &fish, url) {
+        let words: Vec<&str> = out.lines().map(|l| l.split('\t').next().unwrap()).collect();
+        assert_eq!(
+            words,
+            [
+                "show",
+                "--status",
+                "nightly backup",
+                "nightly report",
+                "standup"
+            ],
+            "{out}"
+        );
+    }
+
+    // zsh: the script loads under compinit, and the function its routine arguments name offers
+    // the routines (compadd, which only a completion widget may call, prints what it is given).
+    let zsh = format!(
+        "autoload -U compinit; compinit -u -d {}/zcompdump\n\
+         source {}\n\
+         compadd() {{ print -l -- \"${{(@P)2}}\"; }}\n\
+         PREFIX=night; _cm_scheduler_routines\n\
+         functions _cm-scheduler | grep -c _cm_scheduler_routines\n",
+        dir.path().display(),
+        script("zsh")
+    );
+    if let Some(out) = in_shell("zsh", &["-f", "-c"], &zsh, url) {
+        let lines: Vec<&str> = out.lines().collect();
+        // Seven `routine` subcommands take a routine, and `fires --routine` one.
+        assert_eq!(lines, ["nightly backup", "nightly report", "8"], "{out}");
+    }
+
+    // Without a database, a name completes to nothing, quietly.
+    let out = cm(NOWHERE, &["__complete-routine", "night"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str(), out.stderr.as_str()),
+        (Some(0), "", "")
+    );
 }

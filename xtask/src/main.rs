@@ -91,33 +91,6 @@ fn is_set_by_cargo_run(key: &str) -> bool {
         .contains(&key)
 }
 
-#[cfg(test)]
-mod cargo_env_tests {
-    #[test]
-    fn cargo_started_by_xtask_does_not_see_the_variables_cargo_set_for_xtask() {
-        // This test runs under cargo too, with CARGO_PKG_NAME and CARGO_MANIFEST_DIR set.
-        assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
-        let command = super::cargo();
-        let removed: Vec<String> = command
-            .get_envs()
-            .filter(|(_, value)| value.is_none())
-            .map(|(key, _)| key.to_string_lossy().into_owned())
-            .collect();
-        for key in [
-            "CARGO_PKG_NAME",
-            "CARGO_PKG_VERSION_MAJOR",
-            "CARGO_MANIFEST_DIR",
-        ] {
-            assert!(
-                removed.iter().any(|k| k == key),
-                "{key} is passed on: {removed:?}"
-            );
-        }
-        assert!(!super::is_set_by_cargo_run("CARGO_TARGET_DIR"));
-        assert!(!super::is_set_by_cargo_run("CARGO_HOME"));
-    }
-}
-
 fn run(mut command: Command) -> anyhow::Result<()> {
     let shown = format!("{command:?}");
     let status = command
@@ -288,4 +261,31 @@ fn workspace_root() -> std::path::PathBuf {
         .parent()
         .expect("xtask lives in the workspace root")
         .to_path_buf()
+}
+
+#[cfg(test)]
+mod cargo_env_tests {
+    #[test]
+    fn cargo_started_by_xtask_does_not_see_the_variables_cargo_set_for_xtask() {
+        // This test runs under cargo too, with CARGO_PKG_NAME and CARGO_MANIFEST_DIR set.
+        assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
+        let command = super::cargo();
+        let removed: Vec<String> = command
+            .get_envs()
+            .filter(|(_, value)| value.is_none())
+            .map(|(key, _)| key.to_string_lossy().into_owned())
+            .collect();
+        for key in [
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_DIR",
+        ] {
+            assert!(
+                removed.iter().any(|k| k == key),
+                "{key} is passed on: {removed:?}"
+            );
+        }
+        assert!(!super::is_set_by_cargo_run("CARGO_TARGET_DIR"));
+        assert!(!super::is_set_by_cargo_run("CARGO_HOME"));
+    }
 }

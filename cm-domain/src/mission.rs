@@ -440,7 +440,8 @@ fn check_repository(repository: &str) -> Result<String, MissionError> {
 /// Refuses a loopback, link-local, unspecified or metadata address (a mission would reach the
 /// scheduler's host or the credentials of the machine it runs on); returns the host, lowercase.
 fn check_host<S: AsRef<str>>(host: &url::Host<S>) -> Result<String, MissionError> {
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    // The address types only (`core::net`): the domain opens no socket.
+    use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
     let field = "repository";
     let denied_ip = |ip: IpAddr| -> Option<&'static str> {
         // An IPv4 address written as IPv6 (`::ffff:127.0.0.1`) is that IPv4 address.

@@ -17,6 +17,7 @@ mod import;
 mod listing;
 mod out;
 mod routine;
+mod secrets;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -125,7 +126,7 @@ struct RunArgs {
     /// How late an occurrence may be and still count as on time.
     #[arg(long, default_value = "60s", value_parser = duration)]
     misfire_grace: Duration,
-    /// Under catch-up, the most missed occurrences that fire.
+    /// Under catch-up, the most missed occurrences that fire (at most 10,000).
     #[arg(long, default_value_t = 100)]
     max_backlog: usize,
     /// How long settled fires are kept before they are pruned (at least a day).
@@ -279,16 +280,19 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    // Whatever a message quotes, the database URL's secrets never reach the terminal.
-    let url = cli.database_url.clone();
+    // Whatever a message quotes, no configured secret reaches the terminal: the database URL's
+    // are registered now, the others as their flags and files are read.
+    for secret in database::secrets(&cli.database_url) {
+        secrets::register(&secret);
+    }
     match runtime.block_on(execute(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Input(message)) => {
-            eprintln!("cm-scheduler: {}", database::scrub(&message, &url));
+            eprintln!("cm-scheduler: {}", secrets::scrub(&message));
             ExitCode::from(2)
         }
         Err(Failure::Other(e)) => {
-            eprintln!("cm-scheduler: {}", database::scrub(&one_line(&e), &url));
+            eprintln!("cm-scheduler: {}", secrets::scrub(&one_line(&e)));
             ExitCode::from(1)
         }
     }
@@ -518,6 +522,7 @@ fn http_token(args: &RunArgs) -> Result<Option<BearerToken>, Failure> {
     let shown = path.display();
     let text = crate::bounded::read_file(path, crate::bounded::SECRET_FILE)
         .map_err(|e| input(format!("cannot read --http-token-file {shown}: {e}")))?;
+    secrets::register_file(&text);
     BearerToken::new(&text)
         .map(Some)
         .ok_or_else(|| input(format!("--http-token-file {shown} is empty")))
@@ -752,7 +757,7 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(secrets::ScrubbingStderr);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),

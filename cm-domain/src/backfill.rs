@@ -25,7 +25,7 @@ pub const RETENTION_MARGIN: Duration = Duration::from_secs(3600);
 #[non_exhaustive]
 pub enum BackfillError {
     /// The window ends before it starts.
-    #[error("the backfill window ends ({to}) before it starts ({from})")]
+    #[error("the backfill window ends ({}) before it starts ({})", rfc3339(.to), rfc3339(.from))]
     Reversed {
         /// The window's start.
         from: DateTime<Utc>,
@@ -33,7 +33,7 @@ pub enum BackfillError {
         to: DateTime<Utc>,
     },
     /// The window ends after `now`: future occurrences are the schedule's to fire.
-    #[error("the backfill window ends in the future ({to}); backfill only what is past")]
+    #[error("the backfill window ends in the future ({}); backfill only what is past", rfc3339(.to))]
     Future {
         /// The window's end.
         to: DateTime<Utc>,
@@ -46,8 +46,9 @@ pub enum BackfillError {
     /// The window starts where settled fires may already have been pruned, so a slot that
     /// fired could fire again.
     #[error(
-        "the backfill window starts ({from}) past the ledger's retention: occurrences before \
-         {earliest} may have been pruned and would fire again; start the window at {earliest} or later"
+        "the backfill window starts ({}) past the ledger's retention: occurrences before {} may \
+         have been pruned and would fire again; start the window at {} or later",
+        rfc3339(.from), rfc3339(.earliest), rfc3339(.earliest)
     )]
     PastRetention {
         /// The window's start.
@@ -55,6 +56,12 @@ pub enum BackfillError {
         /// The earliest start allowed: `now` less the retention, plus [`RETENTION_MARGIN`].
         earliest: DateTime<Utc>,
     },
+}
+
+/// An instant as the messages print it: RFC 3339 in UTC, so it can be pasted back into
+/// `--from` and `--to`.
+fn rfc3339(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }
 
 /// The occurrences of `schedule` from `from` to `to`, both included, oldest first, for a window
@@ -213,7 +220,7 @@ mod tests {
         check(
             "2026-01-30T12:59:59Z",
             DAY,
-            Err("start the window at 2026-01-30 13:00:00 UTC"),
+            Err("start the window at 2026-01-30T13:00:00Z or later"),
         );
         check(
             "2026-01-30T12:00:00Z",

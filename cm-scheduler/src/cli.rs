@@ -4,9 +4,18 @@
 //! import` reads), the tables in `cli/listing.rs`, and connecting with secrets kept out of
 //! messages in `cli/database.rs`.
 
+/// `println!` that ends the command quietly when its reader has gone (see `cli/out.rs`).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::cli::out::line(format_args!($($arg)*))
+    };
+}
+
+mod completions;
 mod database;
 mod import;
 mod listing;
+mod out;
 mod routine;
 mod secrets;
 
@@ -61,8 +70,8 @@ enum Command {
         /// Only with this status.
         #[arg(long, value_parser = ["claimed", "fired", "failed"])]
         status: Option<String>,
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
+        /// At most this many (at least 1).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         /// Resume after this cursor: the one a full page prints on its last line.
         #[arg(long)]
@@ -82,6 +91,13 @@ enum Command {
     },
     /// Shows the message outbox: what consumers have not acknowledged yet.
     Outbox(outbox::OutboxArgs),
+    /// The names of routines starting with a prefix, one a line, for the completion scripts.
+    #[command(name = "__complete-routine", hide = true)]
+    CompleteRoutine {
+        /// What the name starts with.
+        #[arg(default_value = "")]
+        prefix: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -90,16 +106,16 @@ struct RunArgs {
     #[arg(long)]
     instance_id: Option<String>,
     /// How often a tick runs.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = duration)]
     tick_interval: Duration,
     /// The most occurrences one tick dispatches; the rest are deferred.
     #[arg(long, default_value_t = 25)]
     max_fires_per_tick: usize,
     /// How long a claim belongs to its claimant.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = duration)]
     lease: Duration,
     /// The longest one dispatch may run; must be shorter than the lease.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = duration)]
     dispatch_timeout: Duration,
     /// The most dispatches running at once; a tick claims no more than it can start [default:
     /// 100, or the cap if larger, so a tick can always claim a whole cap].
@@ -109,13 +125,13 @@ struct RunArgs {
     #[arg(long, default_value_t = 3)]
     max_attempts: u32,
     /// How late an occurrence may be and still count as on time.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = duration)]
     misfire_grace: Duration,
     /// Under catch-up, the most missed occurrences that fire (at most 10,000).
     #[arg(long, default_value_t = 100)]
     max_backlog: usize,
     /// How long settled fires are kept before they are pruned (at least a day).
-    #[arg(long, default_value = "30days", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "30days", value_parser = duration)]
     retention: Duration,
     /// Serve the status page, /metrics, /livez and /readyz on this address.
     #[arg(long)]
@@ -157,8 +173,8 @@ enum ScheduleCommand {
         /// Start after this instant (RFC 3339; default now).
         #[arg(long)]
         after: Option<String>,
-        /// How many to print.
-        #[arg(long, default_value_t = 5)]
+        /// How many to print (at least 1).
+        #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         count: usize,
     },
 }
@@ -194,9 +210,40 @@ fn input(message: impl Into<String>) -> Failure {
     Failure::Input(message.into())
 }
 
+/// Reads a duration flag (`30s`, `5m`, `1h30m`, `30days`).
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|_| {
+        "not a duration (a number and a unit, such as 30s, 5m, 1h30m or 30days)".into()
+    })
+}
+
+/// The commands that never touch the database: `--database-url`, global for the others, is
+/// left out of their help and completions.
+const WITHOUT_DATABASE: &[&str] = &["schedule", "completions", "__complete-routine"];
+
+/// The command line's definition, as parsed and as completed.
+fn command() -> clap::Command {
+    use clap::CommandFactory as _;
+    // The flag the root makes global is copied into a subcommand only if the subcommand does
+    // not have it already: these get their own, hidden, which their subcommands copy in turn.
+    let hidden = clap::Arg::new("database_url")
+        .long("database-url")
+        .env("DATABASE_URL")
+        .default_value(DEFAULT_DATABASE_URL)
+        .global(true)
+        .hide(true);
+    WITHOUT_DATABASE.iter().fold(Cli::command(), |c, name| {
+        c.mut_subcommand(name, |sub| sub.arg(hidden.clone()))
+    })
+}
+
 /// Parses the command line, runs it, and maps the outcome to an exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    use clap::FromArgMatches as _;
+    let cli = match command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches))
+    {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             // --help and --version print to stdout and succeed.
@@ -286,7 +333,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
                 .migrate()
                 .await
                 .map_err(|e| anyhow::anyhow!("applying migrations: {}", e.explain()))?;
-            println!("migrations applied");
+            say!("migrations applied");
             Ok(())
         }
         Command::Run(args) => run(&cli.database_url, *args).await,
@@ -309,13 +356,11 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             fires(&cli.database_url, page).await
         }
         Command::Completions { shell } => {
-            use clap::CommandFactory as _;
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "cm-scheduler",
-                &mut std::io::stdout(),
-            );
+            out::bytes(&completions::script(shell, &mut command()));
+            Ok(())
+        }
+        Command::CompleteRoutine { prefix } => {
+            completions::routine_names(&cli.database_url, &prefix).await;
             Ok(())
         }
     }
@@ -357,13 +402,14 @@ async fn fires(url: &str, page: FirePage<'_>) -> Result<(), Failure> {
         listing::print_json_lines(&fires)?;
     } else {
         let rows: Vec<Vec<String>> = fires.iter().map(listing::fire_row).collect();
+        // An empty page still has its header: the listing ran and found nothing.
         listing::Table::new(listing::FIRE_COLUMNS).print_page(&rows);
     }
     match next {
         Some(next) if page.json => {
-            println!("{}", serde_json::json!({ "next_cursor": next.to_string() }))
+            say!("{}", serde_json::json!({ "next_cursor": next.to_string() }))
         }
-        Some(next) => println!("next page: --cursor {next}"),
+        Some(next) => say!("next page: --cursor {next}"),
         None => {}
     }
     Ok(())
@@ -383,7 +429,7 @@ fn schedule_next(
     for _ in 0..count {
         match schedule.next_after(at) {
             Some(next) => {
-                println!(
+                say!(
                     "{}",
                     next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
                 );
@@ -609,6 +655,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             database::redact(url)
         ))
     };
+    database::check_url(url)?;
     let setup = PgStore::connect_lazy(url).map_err(invalid)?;
     let store =
         PgStore::connect_lazy_with(url, &StoreOptions::for_lease(lease)).map_err(invalid)?;
@@ -734,8 +781,10 @@ fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    // Colours only for a person at a terminal: a file or a log collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(secrets::ScrubbingStderr);
     match format {
         LogFormat::Human => builder.init(),

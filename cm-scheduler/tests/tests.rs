@@ -13,6 +13,8 @@
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
 //! - `operator`: editing, importing, naming and reading routines from the command line, and
 //!   errors (and secrets) as people see them.
+//! - `operator_day`: a crontab edited and imported again (`--sync`), output through a closed
+//!   pipe, pause reasons and creation order in listings, refusals in words, logs without colour.
 //! - `missions`: mission files and backend settings refused; schedulers killed mid-launch on
 //!   the fake Docker engine.
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
@@ -55,6 +57,8 @@ mod mock_loop;
 mod operate;
 #[path = "scheduler/operator.rs"]
 mod operator;
+#[path = "scheduler/operator_day.rs"]
+mod operator_day;
 #[path = "scheduler/secrets.rs"]
 mod secrets;
 #[path = "scheduler/slow_target.rs"]

@@ -4,94 +4,16 @@
 //! delegate here.
 
 use chrono::{DateTime, Utc};
-use cm_domain::{MisfirePolicy, Schedule, Zone};
-use serde_json::Value;
+use cm_domain::Schedule;
 use sqlx::{Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::routines::{NewRoutine, Routine, RoutineKind};
+pub use crate::model::{
+    ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
+    SyncAction, SyncedRoutine,
+};
+use crate::model::{NewRoutine, Routine};
 use crate::{MIGRATOR, PgStore, StoreError};
-
-/// Where a page of `routine list` ends: the next page starts after this routine, in
-/// `(created_at, id)` order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RoutineCursor {
-    /// The last listed routine's creation time.
-    pub created_at: DateTime<Utc>,
-    /// The last listed routine's id.
-    pub id: Uuid,
-}
-
-impl RoutineCursor {
-    /// The cursor after `routine`.
-    pub fn after(routine: &Routine) -> RoutineCursor {
-        RoutineCursor {
-            created_at: routine.created_at,
-            id: routine.id,
-        }
-    }
-}
-
-/// What a routine does, changed as one: its kind and the payload that kind expects.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RoutineAction {
-    /// Message or mission.
-    pub kind: RoutineKind,
-    /// What the backend receives.
-    pub payload: Value,
-}
-
-/// A change to a routine; `None` leaves a setting as it is. A change of expression or zone
-/// recomputes the next run from the database's clock (unless the routine is paused); claims
-/// already taken and the fire history are untouched.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RoutineUpdate {
-    /// A new name (already checked with `cm_domain::RoutineName`).
-    pub name: Option<String>,
-    /// A new cron expression, read in the new zone if one is given, else in the current one.
-    pub expression: Option<String>,
-    /// A new zone for the (new or current) expression.
-    pub zone: Option<Zone>,
-    /// A new misfire policy.
-    pub misfire: Option<MisfirePolicy>,
-    /// A new kind and payload.
-    pub action: Option<RoutineAction>,
-}
-
-/// One routine an import wrote.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ImportedRoutine {
-    /// The routine as stored.
-    pub routine: Routine,
-    /// Whether the import created it (otherwise it updated the routine of that name).
-    pub created: bool,
-}
-
-/// An occurrence asked for by hand that no tick has claimed yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
-pub struct PendingRequest {
-    /// The occurrence asked for.
-    pub scheduled_at: DateTime<Utc>,
-    /// When it was asked for.
-    pub requested_at: DateTime<Utc>,
-}
-
-impl PendingRequest {
-    /// Whether it is a manual trigger (an occurrence at the instant it was asked for) rather
-    /// than a backfilled past occurrence.
-    pub fn is_trigger(&self) -> bool {
-        self.scheduled_at == self.requested_at
-    }
-}
-
-/// A routine's pending requests: how many, and the oldest few.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PendingRequests {
-    /// How many are pending.
-    pub total: u64,
-    /// The oldest occurrences, at most the limit asked for.
-    pub oldest: Vec<PendingRequest>,
-}
 
 /// Maps a unique violation of the name constraint to [`StoreError::NameTaken`].
 pub(crate) fn name_conflict(e: sqlx::Error, name: &str) -> StoreError {
@@ -107,10 +29,13 @@ pub(crate) fn name_conflict(e: sqlx::Error, name: &str) -> StoreError {
 }
 
 /// Inserts `routine`; unless paused, its first run is the schedule's first occurrence after
-/// `now`.
+/// `now`. Its id is a version 7 UUID, ordered by creation within this process, so routines
+/// created in one transaction (an import, which gives them one `created_at`) still list in the
+/// order they were written.
 pub(crate) async fn insert_routine(
     conn: &mut PgConnection,
     routine: &NewRoutine,
+    source: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<Routine, StoreError> {
     let next_run_at = if routine.paused {
@@ -120,11 +45,12 @@ pub(crate) async fn insert_routine(
     };
     sqlx::query_as::<_, Routine>(
         "INSERT INTO routines
-             (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+             (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
+              source)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
          RETURNING *",
     )
-    .bind(Uuid::new_v4())
+    .bind(Uuid::now_v7())
     .bind(&routine.name)
     .bind(routine.schedule.expression())
     .bind(routine.schedule.zone().name())
@@ -133,6 +59,7 @@ pub(crate) async fn insert_routine(
     .bind(routine.misfire.as_str())
     .bind(routine.paused)
     .bind(next_run_at)
+    .bind(source)
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, &routine.name))
@@ -264,32 +191,122 @@ pub(crate) async fn import_routines(
         let found = existing.iter().find(|r| r.name == routine.name);
         let written = match found {
             None => ImportedRoutine {
-                routine: insert_routine(&mut tx, routine, now).await?,
+                routine: insert_routine(&mut tx, routine, None, now).await?,
                 created: true,
             },
             Some(_) if !upsert => return Err(StoreError::NameTaken(routine.name.clone())),
-            Some(current) => {
-                // Pausing and resuming are their own commands: an import leaves them be.
-                let update = RoutineUpdate {
-                    name: None,
-                    expression: Some(routine.schedule.expression().to_string()),
-                    zone: Some(routine.schedule.zone()),
-                    misfire: Some(routine.misfire),
-                    action: Some(RoutineAction {
-                        kind: routine.kind,
-                        payload: routine.payload.clone(),
-                    }),
-                };
-                ImportedRoutine {
-                    routine: apply_update(&mut tx, current, &update, now).await?,
-                    created: false,
-                }
-            }
+            Some(current) => ImportedRoutine {
+                routine: apply_update(&mut tx, current, &settings_of(routine), now).await?,
+                created: false,
+            },
         };
         imported.push(written);
     }
     tx.commit().await?;
     Ok(imported)
+}
+
+/// The change that gives a stored routine `routine`'s settings. Pausing and resuming are their
+/// own commands: an import leaves them be.
+fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
+    RoutineUpdate {
+        name: None,
+        expression: Some(routine.schedule.expression().to_string()),
+        zone: Some(routine.schedule.zone()),
+        misfire: Some(routine.misfire),
+        action: Some(RoutineAction {
+            kind: routine.kind,
+            payload: routine.payload.clone(),
+        }),
+    }
+}
+
+/// Whether `stored` already has `routine`'s settings (its paused state aside).
+fn same_settings(stored: &Routine, routine: &NewRoutine) -> bool {
+    stored.schedule == routine.schedule.expression()
+        && stored.timezone == routine.schedule.zone().name()
+        && stored.misfire_policy == routine.misfire.as_str()
+        && stored.kind == routine.kind
+        && stored.payload == routine.payload
+}
+
+/// Deletes a routine the caller holds locked, with its requests and fires (children first, as
+/// `delete_routine` does, so no claim waits on a lock held here).
+pub(crate) async fn delete_locked(conn: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
+    for statement in [
+        "DELETE FROM routine_requests WHERE routine_id = $1",
+        "DELETE FROM routine_fires WHERE routine_id = $1",
+        "DELETE FROM routines WHERE id = $1",
+    ] {
+        sqlx::query(statement).bind(id).execute(&mut *conn).await?;
+    }
+    Ok(())
+}
+
+pub(crate) async fn sync_routines(
+    pool: &PgPool,
+    source: &str,
+    routines: &[NewRoutine],
+) -> Result<Vec<SyncedRoutine>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let now = db_now(&mut tx).await?;
+    let names: Vec<&str> = routines.iter().map(|r| r.name.as_str()).collect();
+    // The source's routines and those the file names, locked in name order as an import
+    // locks them.
+    let existing: Vec<Routine> = sqlx::query_as(
+        "SELECT * FROM routines WHERE source = $1 OR name = ANY($2) ORDER BY name FOR UPDATE",
+    )
+    .bind(source)
+    .bind(&names)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut synced = Vec::with_capacity(routines.len());
+    for routine in routines {
+        let found = existing.iter().find(|r| r.name == routine.name);
+        let (routine, action) = match found {
+            None => (
+                insert_routine(&mut tx, routine, Some(source), now).await?,
+                SyncAction::Created,
+            ),
+            Some(current) => match current.source.as_deref() {
+                Some(other) if other != source => {
+                    return Err(StoreError::InvalidRoutine(format!(
+                        "a routine named {:?} already comes from {other:?}; rename one of them",
+                        routine.name
+                    )));
+                }
+                Some(_) if same_settings(current, routine) => {
+                    (current.clone(), SyncAction::Unchanged)
+                }
+                _ => {
+                    apply_update(&mut tx, current, &settings_of(routine), now).await?;
+                    // A routine of that name without a source (made by hand, or imported
+                    // without --sync) joins this one.
+                    let updated = sqlx::query_as::<_, Routine>(
+                        "UPDATE routines SET source = $2 WHERE id = $1 RETURNING *",
+                    )
+                    .bind(current.id)
+                    .bind(source)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    (updated, SyncAction::Updated)
+                }
+            },
+        };
+        synced.push(SyncedRoutine { routine, action });
+    }
+    for gone in existing
+        .into_iter()
+        .filter(|r| r.source.as_deref() == Some(source) && !names.contains(&r.name.as_str()))
+    {
+        delete_locked(&mut tx, gone.id).await?;
+        synced.push(SyncedRoutine {
+            routine: gone,
+            action: SyncAction::Deleted,
+        });
+    }
+    tx.commit().await?;
+    Ok(synced)
 }
 
 pub(crate) async fn pending_requests(
@@ -317,6 +334,18 @@ pub(crate) async fn pending_requests(
 }
 
 impl PgStore {
+    /// At most `limit` routine names starting with `prefix`, in name order (what a shell
+    /// completes a routine's name from).
+    pub async fn routine_names(&self, prefix: &str, limit: u32) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT name FROM routines WHERE starts_with(name, $1) ORDER BY name LIMIT $2",
+        )
+        .bind(prefix)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Makes one connection to `url` and closes it, with no retry: a refused connection, an
     /// unknown database or a rejected password is reported at once, where a pool would retry
     /// until its acquire timeout and report only that it timed out.

@@ -110,6 +110,10 @@ fn explain_sqlx(e: &sqlx::Error) -> String {
         sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
             "connection refused (is PostgreSQL running there?)".into()
         }
+        // The resolver's failure reaches sqlx as an uncategorized I/O error.
+        sqlx::Error::Io(io) if io.to_string().contains("failed to lookup address") => {
+            format!("the host is not known ({io})")
+        }
         sqlx::Error::Io(io) => format!("{} ({io})", io.kind()),
         sqlx::Error::Database(db) => match db.code().as_deref() {
             // invalid_catalog_name: the database does not exist.

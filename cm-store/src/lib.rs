@@ -52,6 +52,7 @@ pub mod consumer;
 mod cursor;
 mod error;
 pub mod ledger;
+mod model;
 mod options;
 pub mod outbox;
 pub mod routines;
@@ -66,6 +67,7 @@ pub use autopause::MockFailingRoutines;
 pub use autopause::{AutoPaused, FailingRoutines};
 pub use catalog::{
     ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
+    SyncAction, SyncedRoutine,
 };
 #[cfg(feature = "mock")]
 pub use consumer::MockOutboxConsumer;

@@ -1,137 +1,16 @@
 //! The `routines` table: creating, reading, pausing, resuming and deleting routines (editing,
 //! importing and paging through them are in [`crate::catalog`]).
 
-use std::fmt;
-use std::str::FromStr;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use cm_domain::{MisfirePolicy, Schedule};
-use serde_json::Value;
 use uuid::Uuid;
 
-use crate::catalog::{self, ImportedRoutine, PendingRequests, RoutineCursor, RoutineUpdate};
+use crate::catalog;
+pub use crate::model::{
+    ImportedRoutine, NewRoutine, PendingRequests, Routine, RoutineCursor, RoutineKind,
+    RoutineUpdate, SyncedRoutine,
+};
 use crate::{PgStore, StoreError};
-
-/// What a routine does when it fires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RoutineKind {
-    /// Posts a message (the payload) through the message backend.
-    Message,
-    /// Launches a container through the mission backend.
-    Mission,
-}
-
-impl RoutineKind {
-    /// The kind as stored: `message` or `mission`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RoutineKind::Message => "message",
-            RoutineKind::Mission => "mission",
-        }
-    }
-}
-
-impl fmt::Display for RoutineKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl TryFrom<String> for RoutineKind {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
-
-impl FromStr for RoutineKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "message" => Ok(RoutineKind::Message),
-            "mission" => Ok(RoutineKind::Mission),
-            other => Err(format!(
-                "unknown routine kind {other:?} (expected message or mission)"
-            )),
-        }
-    }
-}
-
-/// A routine to create. The schedule is already parsed, so an invalid one cannot be stored.
-#[derive(Debug, Clone)]
-pub struct NewRoutine {
-    /// A name for people, unique (check it with `cm_domain::RoutineName`).
-    pub name: String,
-    /// When it runs.
-    pub schedule: Schedule,
-    /// What it does.
-    pub kind: RoutineKind,
-    /// What the backend receives: the message, or the mission's description.
-    pub payload: Value,
-    /// What to do with occurrences found late.
-    pub misfire: MisfirePolicy,
-    /// Created paused: never due until resumed.
-    pub paused: bool,
-}
-
-/// A stored routine.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize)]
-pub struct Routine {
-    /// Its id.
-    pub id: Uuid,
-    /// Its name.
-    pub name: String,
-    /// The cron expression as written.
-    pub schedule: String,
-    /// The IANA zone the expression is read in.
-    pub timezone: String,
-    /// `message` or `mission`.
-    #[sqlx(try_from = "String")]
-    pub kind: RoutineKind,
-    /// What the backend receives.
-    pub payload: Value,
-    /// `fire-once`, `catch-up` or `skip`.
-    pub misfire_policy: String,
-    /// Whether it is paused.
-    pub paused: bool,
-    /// Why cm paused it by itself (its last fires all failed); `None` when it runs or a person
-    /// paused it.
-    pub paused_reason: Option<String>,
-    /// Its next occurrence; `None` while paused or when the schedule has no more.
-    pub next_run_at: Option<DateTime<Utc>>,
-    /// When a tick last claimed occurrences of it.
-    pub last_run_at: Option<DateTime<Utc>>,
-    /// When it was created.
-    pub created_at: DateTime<Utc>,
-    /// When it was last changed.
-    pub updated_at: DateTime<Utc>,
-}
-
-impl Routine {
-    /// The parsed schedule.
-    pub fn parsed_schedule(&self) -> Result<Schedule, StoreError> {
-        Schedule::parse(&self.schedule, &self.timezone).map_err(|e| StoreError::CorruptRoutine {
-            routine_id: self.id,
-            reason: e.to_string(),
-        })
-    }
-
-    /// The parsed misfire policy.
-    pub fn misfire(&self) -> Result<MisfirePolicy, StoreError> {
-        self.misfire_policy
-            .parse()
-            .map_err(
-                |e: cm_domain::ParseMisfirePolicyError| StoreError::CorruptRoutine {
-                    routine_id: self.id,
-                    reason: e.to_string(),
-                },
-            )
-    }
-}
 
 /// Creating and managing routines.
 #[cfg_attr(feature = "mock", mockall::automock)]
@@ -173,6 +52,18 @@ pub trait RoutineStore: Send + Sync {
         upsert: bool,
     ) -> Result<Vec<ImportedRoutine>, StoreError>;
 
+    /// Makes the routines of `source` (a file's name) what `routines` are, in one transaction or
+    /// not at all, as `crontab FILE` replaces a table: creates the new, updates the changed
+    /// (their history kept), leaves the rest, and deletes the source's routines `routines` no
+    /// longer has, with their fires. A routine of one of the names without a source joins it;
+    /// one from another source is refused ([`StoreError::InvalidRoutine`]). Returns what it did,
+    /// the file's routines in order, then the deleted.
+    async fn sync_routines(
+        &self,
+        source: &str,
+        routines: &[NewRoutine],
+    ) -> Result<Vec<SyncedRoutine>, StoreError>;
+
     /// How many occurrences of a routine are asked for and not yet claimed, and the oldest
     /// `limit` of them.
     async fn pending_requests(&self, id: Uuid, limit: u32) -> Result<PendingRequests, StoreError>;
@@ -206,7 +97,7 @@ impl RoutineStore for PgStore {
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(&mut *tx)
             .await?;
-        let row = catalog::insert_routine(&mut tx, &routine, now).await?;
+        let row = catalog::insert_routine(&mut tx, &routine, None, now).await?;
         tx.commit().await?;
         Ok(row)
     }
@@ -253,6 +144,14 @@ impl RoutineStore for PgStore {
         upsert: bool,
     ) -> Result<Vec<ImportedRoutine>, StoreError> {
         catalog::import_routines(&self.pool, routines, upsert).await
+    }
+
+    async fn sync_routines(
+        &self,
+        source: &str,
+        routines: &[NewRoutine],
+    ) -> Result<Vec<SyncedRoutine>, StoreError> {
+        catalog::sync_routines(&self.pool, source, routines).await
     }
 
     async fn pending_requests(&self, id: Uuid, limit: u32) -> Result<PendingRequests, StoreError> {
@@ -362,18 +261,7 @@ impl RoutineStore for PgStore {
         if locked.is_none() {
             return Err(StoreError::RoutineNotFound(id));
         }
-        sqlx::query("DELETE FROM routine_requests WHERE routine_id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM routine_fires WHERE routine_id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM routines WHERE id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        catalog::delete_locked(&mut tx, id).await?;
         tx.commit().await?;
         Ok(())
     }

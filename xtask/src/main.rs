@@ -58,8 +58,37 @@ fn main() -> ExitCode {
     }
 }
 
+/// A cargo command, without the variables `cargo run` set for xtask itself. Build scripts
+/// such as ring's (through cc) ask to be rerun when `CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`
+/// and the like change in cargo's environment, so a cargo started with xtask's values rebuilt
+/// ring and everything above it (rustls, reqwest, kube, async-nats), and the next cargo started
+/// from a shell rebuilt them again.
 fn cargo() -> Command {
-    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if is_set_by_cargo_run(&key) {
+            command.env_remove(key.as_ref());
+        }
+    }
+    command
+}
+
+/// Whether `cargo run` sets `key` for the program it runs (as opposed to configuration a
+/// person exported, such as `CARGO_HOME` or `CARGO_TARGET_DIR`).
+fn is_set_by_cargo_run(key: &str) -> bool {
+    key.starts_with("CARGO_PKG_")
+        || key.starts_with("CARGO_BIN_EXE_")
+        || [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_MANIFEST_LINKS",
+            "CARGO_CRATE_NAME",
+            "CARGO_BIN_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_RUSTC_CURRENT_DIR",
+        ]
+        .contains(&key)
 }
 
 fn run(mut command: Command) -> anyhow::Result<()> {
@@ -151,6 +180,10 @@ fn demo() -> anyhow::Result<()> {
     let scheduler = |args: &[&str]| {
         let mut c = Command::new(&binary);
         c.arg("--database-url").arg(&url).args(args);
+        // Each fire's own line (its routine and occurrence) is logged at debug.
+        if std::env::var_os("RUST_LOG").is_none() {
+            c.env("RUST_LOG", "info,sqlx=warn,cm_scheduler::engine=debug");
+        }
         c
     };
     // `migrate` creates the database if it does not exist yet.
@@ -176,7 +209,15 @@ fn demo() -> anyhow::Result<()> {
     eprintln!(
         "xtask: running the scheduler on {url}; its fires are logged as they happen (Ctrl-C stops it)"
     );
-    eprintln!("xtask: `cm-scheduler fires` and the outbox_messages table show what it wrote");
+    let shown = binary
+        .strip_prefix(workspace_root())
+        .unwrap_or(&binary)
+        .display()
+        .to_string();
+    eprintln!(
+        "xtask: `{shown} --database-url {url} fires` and the outbox_messages table show what it \
+         wrote (`cargo install --path cm-scheduler` puts cm-scheduler on the PATH)"
+    );
     run(scheduler(&["run", "--listen", "127.0.0.1:9464"]))
 }
 
@@ -220,4 +261,31 @@ fn workspace_root() -> std::path::PathBuf {
         .parent()
         .expect("xtask lives in the workspace root")
         .to_path_buf()
+}
+
+#[cfg(test)]
+mod cargo_env_tests {
+    #[test]
+    fn cargo_started_by_xtask_does_not_see_the_variables_cargo_set_for_xtask() {
+        // This test runs under cargo too, with CARGO_PKG_NAME and CARGO_MANIFEST_DIR set.
+        assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
+        let command = super::cargo();
+        let removed: Vec<String> = command
+            .get_envs()
+            .filter(|(_, value)| value.is_none())
+            .map(|(key, _)| key.to_string_lossy().into_owned())
+            .collect();
+        for key in [
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_DIR",
+        ] {
+            assert!(
+                removed.iter().any(|k| k == key),
+                "{key} is passed on: {removed:?}"
+            );
+        }
+        assert!(!super::is_set_by_cargo_run("CARGO_TARGET_DIR"));
+        assert!(!super::is_set_by_cargo_run("CARGO_HOME"));
+    }
 }

@@ -2,6 +2,7 @@
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
     use std::path::{Path, PathBuf};
     use std::process::Command;
 
@@ -26,21 +27,14 @@ mod tests {
         "postgres",
     ];
 
-    #[test]
-    fn the_domain_is_pure() {
+    /// What `cargo tree --prefix none --offline ARGS` prints, run in the workspace.
+    fn cargo_tree(args: &[&str]) -> String {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let output = Command::new(cargo)
             .current_dir(root())
-            .args([
-                "tree",
-                "--package",
-                "cm-domain",
-                "--edges",
-                "normal",
-                "--prefix",
-                "none",
-                "--offline",
-            ])
+            .arg("tree")
+            .args(args)
+            .args(["--prefix", "none", "--offline"])
             .output()
             .expect("cargo tree runs");
         assert!(
@@ -48,7 +42,12 @@ mod tests {
             "{}",
             String::from_utf8_lossy(&output.stderr)
         );
-        let tree = String::from_utf8(output.stdout).unwrap();
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    #[test]
+    fn the_domain_is_pure() {
+        let tree = cargo_tree(&["--package", "cm-domain", "--edges", "normal"]);
         let crates: Vec<&str> = tree
             .lines()
             .filter_map(|l| l.split_whitespace().next())
@@ -144,6 +143,71 @@ mod tests {
                     file.display()
                 );
             }
+        }
+    }
+
+    /// Each third-party package's feature sets (one per build it takes part in: for the target,
+    /// for build scripts and proc macros) in the build that `args` select.
+    fn features(args: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
+        let mut args = args.to_vec();
+        args.extend(["--format", "{p} {f}"]);
+        let mut found: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for line in cargo_tree(&args).lines() {
+            let line = line.trim_end_matches(" (*)").replace(" (proc-macro)", "");
+            let mut words = line.splitn(3, ' ');
+            let (Some(name), Some(version)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let rest = words.next().unwrap_or("");
+            // The workspace's own crates differ on purpose (their `mock` and `fakes` features
+            // in tests) and are rebuilt anyway when they change.
+            if rest.starts_with('(') {
+                continue;
+            }
+            found
+                .entry(format!("{name} {version}"))
+                .or_default()
+                .insert(rest.to_string());
+        }
+        assert!(
+            found.keys().any(|k| k.starts_with("tokio ")),
+            "the tree was not read: {found:?}"
+        );
+        found
+    }
+
+    #[test]
+    fn every_command_builds_one_set_of_dependency_features() {
+        // Cargo unifies features over the packages a command builds, so a dependency that one
+        // member or test asks more of is built twice, and each switch between `cargo test`,
+        // `cargo xtask …` and `cargo build -p cm-scheduler` rebuilds it and everything above
+        // it. The binary's build is the reference: xtask and the tests may add packages, never
+        // features of a package the binary builds. Align a new dependency's features in the
+        // workspace's `[workspace.dependencies]` instead.
+        let binary = features(&["--package", "cm-scheduler", "--edges", "no-dev"]);
+        let builds = [
+            (
+                "cargo run -p xtask",
+                features(&["--package", "xtask", "--edges", "no-dev"]),
+            ),
+            ("cargo test --workspace", features(&["--workspace"])),
+        ];
+        for (command, build) in builds {
+            let differing: Vec<String> = build
+                .iter()
+                .filter_map(|(package, sets)| {
+                    let reference = binary.get(package)?;
+                    (reference != sets).then(|| {
+                        format!("{package}: {reference:?} for the binary, {sets:?} for {command}")
+                    })
+                })
+                .collect();
+            assert!(
+                differing.is_empty(),
+                "`{command}` builds dependencies with other features than \
+                 `cargo build -p cm-scheduler`, so each rebuilds them:\n{}",
+                differing.join("\n")
+            );
         }
     }
 }

@@ -18,7 +18,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use cm_dispatch::conformance::EffectProbe;
 use cm_domain::IdempotencyKey;
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit as _, Mac};
 use serde_json::Value;
 use sha2::Sha256;
 

@@ -16,6 +16,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// connection is tried first, so a refused connection, an unknown database or a rejected
 /// password is reported at once, in words, rather than as a pool timing out.
 pub(super) async fn connect(url: &str, create: bool) -> Result<PgStore, Failure> {
+    check_url(url)?;
     let shown = redact(url);
     let fail = |e: cm_store::StoreError| {
         Failure::Other(anyhow!(
@@ -39,6 +40,30 @@ pub(super) async fn connect(url: &str, create: bool) -> Result<PgStore, Failure>
         }
     }
     PgStore::connect(url).await.map_err(fail)
+}
+
+/// Refuses, as bad input, a database URL that is not a PostgreSQL URL with a host, before any
+/// connection is tried (the driver would say only "relative URL without a base").
+pub(super) fn check_url(url: &str) -> Result<(), Failure> {
+    let refuse = |why: &str| {
+        Failure::Input(format!(
+            "invalid --database-url {}: {why} (expected postgres://USER@HOST:PORT/DATABASE)",
+            redact(url)
+        ))
+    };
+    let parsed = url::Url::parse(url).map_err(|e| refuse(&e.to_string()))?;
+    if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+        return Err(refuse(&format!(
+            "the scheme is {:?}, not postgres",
+            parsed.scheme()
+        )));
+    }
+    // A socket directory given as `?host=/run/postgresql` stands in for the URL's host.
+    let socket = parsed.query_pairs().any(|(key, _)| key == "host");
+    if parsed.host_str().is_none_or(str::is_empty) && !socket {
+        return Err(refuse("it names no host"));
+    }
+    Ok(())
 }
 
 /// Connects to a database that must already hold cm's schema: one without it is refused with

@@ -85,11 +85,38 @@ pub(super) fn json_lines(text: impl BufRead, dir: &Path) -> Result<Vec<RoutineFi
     Ok(routines)
 }
 
+/// The name of an entry without a `# cm: name=` comment: the file's label, the zone when it is
+/// not UTC, the schedule and the command (whitespace runs read as one space), as in
+/// `backup.cron: 0 3 * * * /usr/bin/backup`. A name longer than a routine's may be is cut, and
+/// a hash of the whole keeps it apart from others cut at the same place.
+pub(super) fn content_name(label: &str, zone: &str, expression: &str, command: &str) -> String {
+    let zone = if zone == "UTC" {
+        String::new()
+    } else {
+        format!("CRON_TZ={zone} ")
+    };
+    let words = command.split_whitespace().collect::<Vec<_>>().join(" ");
+    let name = format!("{label}: {zone}{expression} {words}");
+    let max = cm_domain::name::MAX_NAME_CHARS;
+    if name.chars().count() <= max {
+        return name;
+    }
+    // FNV-1a: the same hash in every build, unlike the standard library's hasher.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let suffix = format!(" #{:08x}", hash >> 32);
+    let kept: String = name.chars().take(max - suffix.len()).collect();
+    format!("{}{suffix}", kept.trim_end())
+}
+
 /// The comment that names the entry below it.
 const NAME_COMMENT: &str = "cm:";
 
 /// Reads a classic (per-user) crontab: each entry becomes a message routine whose text is the
-/// entry's command, named by a `# cm: name=NAME` comment above it or else `{label}:{line}`.
+/// entry's command, named by a `# cm: name=NAME` comment above it or else by its content
+/// ([`content_name`]), never by its line, so adding, removing or moving lines leaves every other
+/// entry's name (and its routine's history) where it was.
 /// Entries are read in `zone` until a `CRON_TZ=` line names another. `@reboot`, environment
 /// assignments other than `CRON_TZ` (cm runs no shell, so they would mean nothing) and anything else
 /// that is not an entry are refused with their line.
@@ -146,7 +173,7 @@ pub(super) fn crontab(
         Schedule::parse(&expression, &zone).map_err(|e| (line, e.to_string()))?;
         let name = match pending_name.take() {
             Some((_, name)) => name,
-            None => format!("{label}:{line}"),
+            None => content_name(label, &zone, &expression, command),
         };
         routines.push(RoutineFields {
             line,

@@ -18,7 +18,7 @@ pub(super) fn printable(text: &str) -> String {
 /// Prints each item as one line of JSON (the `--json` form of the listings).
 pub(super) fn print_json_lines<T: serde::Serialize>(items: &[T]) -> Result<(), super::Failure> {
     for item in items {
-        println!(
+        say!(
             "{}",
             serde_json::to_string(item).map_err(anyhow::Error::from)?
         );
@@ -48,12 +48,10 @@ impl Table {
         }
     }
 
-    /// Prints a page of rows, the header first if it has not been printed yet. Columns widen
+    /// Prints a page of rows (possibly none), the header first if it has not been printed yet,
+    /// so an empty listing still shows its columns. Columns widen
     /// to this page's values; earlier pages are not reprinted.
     pub(super) fn print_page(&mut self, rows: &[Vec<String>]) {
-        if rows.is_empty() {
-            return;
-        }
         for row in rows {
             for (width, cell) in self.widths.iter_mut().zip(row) {
                 *width = (*width).max(cell.chars().count());
@@ -80,11 +78,11 @@ impl Table {
                 line.push_str(&" ".repeat(pad + 2));
             }
         }
-        println!("{}", line.trim_end());
+        say!("{}", line.trim_end());
     }
 }
 
-/// The columns of `routine list`.
+/// The columns of `routine list`; the state is last, as a cm-paused routine's reason is long.
 pub(super) const ROUTINE_COLUMNS: &[&str] = &[
     "ID",
     "KIND",
@@ -93,7 +91,18 @@ pub(super) const ROUTINE_COLUMNS: &[&str] = &[
     "TIMEZONE",
     "SCHEDULE",
     "NAME",
+    "STATE",
 ];
+
+/// Whether a routine runs: `active`, `paused`, or why cm paused it by itself (its reason
+/// starts `paused by cm:`).
+pub(super) fn state(r: &Routine) -> String {
+    match (&r.paused_reason, r.paused) {
+        (_, false) => "active".into(),
+        (Some(reason), true) => printable(reason),
+        (None, true) => "paused".into(),
+    }
+}
 
 /// A routine as a row of `routine list`.
 pub(super) fn routine_row(r: &Routine) -> Vec<String> {
@@ -110,6 +119,7 @@ pub(super) fn routine_row(r: &Routine) -> Vec<String> {
         r.timezone.clone(),
         printable(&r.schedule),
         printable(&r.name),
+        state(r),
     ]
 }
 

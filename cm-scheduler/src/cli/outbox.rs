@@ -21,14 +21,14 @@ pub(super) async fn show(url: &str, args: OutboxArgs) -> Result<(), Failure> {
     let store = connect(url, false).await?;
     let backlog = store.outbox_backlog(args.limit).await?;
     if args.json {
-        println!(
+        say!(
             "{}",
             serde_json::to_string(&backlog).map_err(anyhow::Error::from)?
         );
         return Ok(());
     }
     let secs = chrono::SecondsFormat::Secs;
-    println!(
+    say!(
         "pending {}  leased {}  oldest {}",
         backlog.pending,
         backlog.leased,
@@ -48,7 +48,7 @@ pub(super) async fn show(url: &str, args: OutboxArgs) -> Result<(), Failure> {
             }
             _ => String::new(),
         };
-        println!(
+        say!(
             "{:>8}  {}  {}  attempt {}  deliveries {}{holder}",
             m.seq,
             m.scheduled_at.to_rfc3339_opts(secs, true),

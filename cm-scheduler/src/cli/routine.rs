@@ -88,7 +88,7 @@ pub(super) enum RoutineCommand {
         /// How long the schedulers keep settled fires (their `run --retention`): a window
         /// starting earlier than this (less an hour) is refused, since a pruned slot would fire
         /// again.
-        #[arg(long, default_value = "30days", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "30days", value_parser = super::duration)]
         retention: std::time::Duration,
     },
 }
@@ -169,8 +169,18 @@ pub(super) struct ImportArgs {
     #[arg(long)]
     crontab: bool,
     /// A routine whose name exists already is updated instead of refused.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sync")]
     upsert: bool,
+    /// Make the routines of the file's source match the file, as `crontab FILE` replaces a
+    /// table: create what is new, update what changed, delete what the file no longer has.
+    /// Routines of other sources and those made by hand are not touched (one of a name the
+    /// file has, without a source, joins it).
+    #[arg(long)]
+    sync: bool,
+    /// With --sync: the source's name, which also names unnamed crontab entries [default: the
+    /// file's name; required for standard input].
+    #[arg(long, requires = "sync")]
+    source: Option<String>,
     /// With --crontab: the zone entries are read in until a CRON_TZ= line.
     #[arg(long, default_value = "UTC", requires = "crontab")]
     timezone: String,
@@ -228,14 +238,14 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
             let store = connect_migrated(url).await?;
             let id = find(&store, &routine).await?.id;
             store.delete_routine(id).await?;
-            println!("deleted {id}");
+            say!("deleted {id}");
             Ok(())
         }
         RoutineCommand::Trigger { routine } => {
             let store = connect_migrated(url).await?;
             let id = find(&store, &routine).await?.id;
             let at = store.trigger_routine(id).await?;
-            println!("{}", at.to_rfc3339_opts(SecondsFormat::Micros, true));
+            say!("{}", at.to_rfc3339_opts(SecondsFormat::Micros, true));
             Ok(())
         }
         RoutineCommand::Backfill {
@@ -256,7 +266,7 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
             let occurrences = cm_domain::backfill_occurrences(&schedule, from, to, now, retention)
                 .map_err(|e| input(e.to_string()))?;
             let requested = store.request_occurrences(routine.id, &occurrences).await?;
-            println!(
+            say!(
                 "requested {requested} of {} occurrences ({} already in the ledger or requested)",
                 occurrences.len(),
                 occurrences.len() as u64 - requested
@@ -294,17 +304,14 @@ fn print_created(routine: &Routine, json: bool) -> Result<(), Failure> {
     if json {
         print_json(routine)
     } else {
-        println!("{}", routine.id);
+        say!("{}", routine.id);
         Ok(())
     }
 }
 
+/// One routine as one line of JSON, as `routine list --json` prints each.
 fn print_json(routine: &Routine) -> Result<(), Failure> {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(routine).map_err(anyhow::Error::from)?
-    );
-    Ok(())
+    listing::print_json_lines(std::slice::from_ref(routine))
 }
 
 fn name(text: &str) -> Result<String, Failure> {
@@ -406,6 +413,21 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
 }
 
 async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
+    let source = if args.sync {
+        let source = match (&args.source, args.file.file_name()) {
+            (Some(source), _) => source.clone(),
+            (None, Some(name)) if args.file.as_os_str() != "-" => name.to_string_lossy().into(),
+            (None, _) => return Err(input("--sync from standard input needs --source NAME")),
+        };
+        if source.trim().is_empty() || source.chars().any(char::is_control) {
+            return Err(input(
+                "--source must not be empty or hold control characters",
+            ));
+        }
+        Some(source)
+    } else {
+        None
+    };
     let shown = args.file.display().to_string();
     let reader: Box<dyn std::io::BufRead> = if args.file.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())
@@ -416,10 +438,15 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
     };
     let at_line = |line: usize, what: &str| input(format!("{shown}:{line}: {what}"));
     let fields = if args.crontab {
-        let label = args
-            .file
-            .file_name()
-            .map_or_else(|| "stdin".into(), |n| n.to_string_lossy().into_owned());
+        // Unnamed entries are named after the source, so the same crontab read from standard
+        // input with --source FILE names its entries as the file does.
+        let label = match &source {
+            Some(source) => source.clone(),
+            None => args
+                .file
+                .file_name()
+                .map_or_else(|| "stdin".into(), |n| n.to_string_lossy().into_owned()),
+        };
         import::crontab(reader, &label, &args.timezone, &args.misfire)
     } else {
         let dir = args.file.parent().unwrap_or(Path::new("."));
@@ -447,6 +474,18 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
         return Err(input(format!("{shown} holds no routine")));
     }
 
+    if let Some(source) = source {
+        let store = connect_migrated(url).await?;
+        for synced in store.sync_routines(&source, &routines).await? {
+            say!(
+                "{}  {}  {}",
+                synced.action.as_str(),
+                synced.routine.id,
+                printable(&synced.routine.name)
+            );
+        }
+        return Ok(());
+    }
     let store = connect_migrated(url).await?;
     let imported = match store.import_routines(&routines, args.upsert).await {
         Err(StoreError::NameTaken(name)) => {
@@ -459,7 +498,7 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
         other => other?,
     };
     for written in imported {
-        println!(
+        say!(
             "{}  {}  {}",
             if written.created {
                 "created"
@@ -482,6 +521,10 @@ async fn list(url: &str, json: bool) -> Result<(), Failure> {
             .list_routines_page(after, listing::ROUTINE_PAGE)
             .await?;
         let Some(last) = page.last() else {
+            if !json {
+                // No routine at all still prints the header: the listing ran and found none.
+                table.print_page(&[]);
+            }
             return Ok(());
         };
         after = Some(RoutineCursor::after(last));
@@ -502,37 +545,37 @@ async fn list(url: &str, json: bool) -> Result<(), Failure> {
 async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
     let schedule = routine.parsed_schedule()?;
     let zone = schedule.zone().tz();
-    println!("id          {}", routine.id);
-    println!("name        {}", printable(&routine.name));
-    println!("kind        {}", routine.kind);
+    say!("id          {}", routine.id);
+    say!("name        {}", printable(&routine.name));
+    say!("kind        {}", routine.kind);
     match routine.kind {
-        RoutineKind::Message => println!(
+        RoutineKind::Message => say!(
             "message     {}",
             printable(routine.payload["text"].as_str().unwrap_or(""))
         ),
-        RoutineKind::Mission => println!(
+        RoutineKind::Mission => say!(
             "repository  {}",
             printable(routine.payload["repository"].as_str().unwrap_or(""))
         ),
     }
-    println!("schedule    {}", printable(&routine.schedule));
-    println!("timezone    {}", routine.timezone);
-    println!("misfire     {}", routine.misfire_policy);
-    println!(
-        "state       {}",
-        if routine.paused { "paused" } else { "active" }
-    );
-    println!("created     {}", listing::instant(routine.created_at));
-    println!("updated     {}", listing::instant(routine.updated_at));
-    println!(
+    say!("schedule    {}", printable(&routine.schedule));
+    say!("timezone    {}", routine.timezone);
+    say!("misfire     {}", routine.misfire_policy);
+    say!("state       {}", listing::state(routine));
+    if let Some(source) = &routine.source {
+        say!("source      {}", printable(source));
+    }
+    say!("created     {}", listing::instant(routine.created_at));
+    say!("updated     {}", listing::instant(routine.updated_at));
+    say!(
         "last run    {}",
         routine.last_run_at.map_or("never".into(), listing::instant)
     );
 
-    println!();
+    say!("");
     match routine.next_run_at {
-        None if routine.paused => println!("next runs: none while paused"),
-        None => println!("next runs: none (the schedule has no more occurrences)"),
+        None if routine.paused => say!("next runs: none while paused"),
+        None => say!("next runs: none (the schedule has no more occurrences)"),
         Some(first) => {
             let mut runs = vec![first];
             while runs.len() < SHOWN_RUNS {
@@ -558,9 +601,9 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
     }
 
     let requests = store.pending_requests(routine.id, SHOWN_REQUESTS).await?;
-    println!();
+    say!("");
     if requests.total == 0 {
-        println!("pending requests: none");
+        say!("pending requests: none");
     } else {
         let mut table = Table::new(&["PENDING REQUESTS", "OCCURRENCE (UTC)", "REQUESTED AT (UTC)"]);
         let rows: Vec<Vec<String>> = requests
@@ -582,7 +625,7 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
         table.print_page(&rows);
         let more = requests.total - requests.oldest.len() as u64;
         if more > 0 {
-            println!("… and {more} more");
+            say!("… and {more} more");
         }
     }
 
@@ -593,9 +636,9 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
             ..FireFilter::default()
         })
         .await?;
-    println!();
+    say!("");
     if fires.is_empty() {
-        println!("last fires: none");
+        say!("last fires: none");
     } else {
         let mut table = Table::new(listing::ROUTINE_FIRE_COLUMNS);
         let rows: Vec<Vec<String>> = fires.iter().map(listing::routine_fire_row).collect();

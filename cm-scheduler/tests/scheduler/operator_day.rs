@@ -1,0 +1,524 @@
+//! An operator's day with the command line: a crontab edited and imported again, listings
+//! read through `head`, pause reasons, refusals that say what to do, logs written to files.
+
+use std::collections::HashMap;
+use std::io::Read as _;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::cli::{BIN, NOWHERE, check_fails, cm, ok};
+use crate::operator::create;
+use crate::support::TestDb;
+
+/// Writes `text` to a file named `name` in a fresh directory and returns its path.
+fn crontab_file(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// Every routine by name: its id.
+async fn routines_by_name(db: &TestDb) -> HashMap<String, Uuid> {
+    sqlx::query_as::<_, (String, Uuid)>("SELECT name, id FROM routines")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// Writes a fired occurrence of `routine` at `at`, as a scheduler would have.
+async fn record_fire(db: &TestDb, routine: Uuid, at: &str) {
+    let at: DateTime<Utc> = at.parse().unwrap();
+    sqlx::query(
+        "INSERT INTO routine_fires
+             (routine_id, scheduled_at, status, claimant, claim_token, lease_expires_at,
+              completed_at)
+         VALUES ($1, $2, 'fired', 'node-a', gen_random_uuid(), $2, $2)",
+    )
+    .bind(routine)
+    .bind(at)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+/// How many fires each routine has, by routine id.
+async fn fires_by_routine(db: &TestDb) -> HashMap<Uuid, i64> {
+    sqlx::query_as::<_, (Uuid, i64)>(
+        "SELECT routine_id, count(*) FROM routine_fires GROUP BY routine_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+const PING: &str = "ops.cron: @hourly curl -fsS https://example.com/ping";
+const ROTATE: &str = "ops.cron: 0 3 * * * rotate-logs";
+const DISK: &str = "ops.cron: */5 * * * * check-disk";
+
+#[tokio::test]
+async fn a_crontab_imported_again_keeps_one_routine_per_entry_with_its_history() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let dir = tempdir();
+    let v1 = "@hourly curl -fsS https://example.com/ping\n0 3 * * * rotate-logs\n";
+    // A line added at the top: with names taken from lines, every entry below was renamed.
+    let v2 = "*/5 * * * * check-disk\n@hourly curl -fsS https://example.com/ping\n0 3 * * * rotate-logs\n";
+
+    // --upsert twice: the entries keep their names, so nothing is duplicated.
+    let file = crontab_file(dir.path(), "ops.cron", v1);
+    ok(url, &["routine", "import", "--crontab", "--upsert", &file]);
+    let first = routines_by_name(&db).await;
+    record_fire(&db, first[PING], "2026-01-01T10:00:00Z").await;
+    record_fire(&db, first[ROTATE], "2026-01-01T03:00:00Z").await;
+    let file = crontab_file(dir.path(), "ops.cron", v2);
+    ok(url, &["routine", "import", "--crontab", "--upsert", &file]);
+    let second = routines_by_name(&db).await;
+    assert_eq!(second.len(), 3, "{second:?}");
+    assert_eq!((second[PING], second[ROTATE]), (first[PING], first[ROTATE]));
+    let fires = fires_by_routine(&db).await;
+    assert_eq!((fires[&first[PING]], fires[&first[ROTATE]]), (1, 1));
+    assert!(!fires.contains_key(&second[DISK]), "{fires:?}");
+
+    // --sync: a routine made by hand and one from another file are left alone; a line deleted
+    // deletes its routine, lines reordered and a command changed keep the others.
+    create(url, "by hand", "@daily", "UTC");
+    let other = crontab_file(
+        dir.path(),
+        "other.cron",
+        "@hourly curl -fsS https://example.com/ping\n",
+    );
+    ok(url, &["routine", "import", "--crontab", "--sync", &other]);
+    // The ping's line deleted, the other two swapped.
+    let v3 = "0 3 * * * rotate-logs\n*/5 * * * * check-disk\n";
+    let file = crontab_file(dir.path(), "ops.cron", v2);
+    let out = ok(url, &["routine", "import", "--crontab", "--sync", &file]);
+    assert_eq!(
+        out.lines()
+            .map(|l| l.split("  ").next().unwrap())
+            .collect::<Vec<_>>(),
+        ["updated", "updated", "updated"],
+        "the routines of --upsert join the file's source: {out}"
+    );
+    let out = ok(url, &["routine", "import", "--crontab", "--sync", &file]);
+    assert!(out.lines().all(|l| l.starts_with("unchanged  ")), "{out}");
+    let file = crontab_file(dir.path(), "ops.cron", v3);
+    let out = ok(url, &["routine", "import", "--crontab", "--sync", &file]);
+    let actions: Vec<(&str, &str)> = out
+        .lines()
+        .map(|l| {
+            let cells: Vec<&str> = l.splitn(3, "  ").collect();
+            (cells[0], cells[2])
+        })
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("unchanged", ROTATE),
+            ("unchanged", DISK),
+            ("deleted", PING)
+        ],
+        "{out}"
+    );
+    let third = routines_by_name(&db).await;
+    assert_eq!((third[DISK], third[ROTATE]), (second[DISK], first[ROTATE]));
+    assert!(
+        third.contains_key("by hand")
+            && third.contains_key("other.cron: @hourly curl -fsS https://example.com/ping")
+    );
+    assert_eq!(third.len(), 4, "{third:?}");
+    let fires = fires_by_routine(&db).await;
+    assert!(
+        !fires.contains_key(&first[PING]),
+        "a deleted routine's fires go with it"
+    );
+    assert_eq!(fires[&first[ROTATE]], 1, "{fires:?}");
+    let show = ok(url, &["routine", "show", DISK]);
+    assert!(show.contains("source      ops.cron\n"), "{show}");
+
+    // A name another source has is refused, and nothing is written.
+    let clash = crontab_file(
+        dir.path(),
+        "ops.cron",
+        "# cm: name=other.cron: @hourly curl -fsS https://example.com/ping\n@daily x\n",
+    );
+    check_fails(
+        url,
+        &["routine", "import", "--crontab", "--sync", &clash],
+        2,
+        "already comes from \"other.cron\"",
+    );
+    assert_eq!(routines_by_name(&db).await, third);
+    check_fails(
+        url,
+        &["routine", "import", "--crontab", "--sync", "-"],
+        2,
+        "--source",
+    );
+}
+
+#[tokio::test]
+async fn listings_keep_creation_order_and_show_why_a_routine_is_paused() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    // An empty listing still has its header.
+    let out = ok(url, &["routine", "list"]);
+    assert!(
+        out.starts_with("ID  ") && out.lines().count() == 1,
+        "{out:?}"
+    );
+    let out = ok(url, &["fires"]);
+    assert!(
+        out.starts_with("SCHEDULED AT (UTC)  ") && out.lines().count() == 1,
+        "{out:?}"
+    );
+    assert_eq!(ok(url, &["routine", "list", "--json"]), "");
+
+    // One import's routines share their creation time; they list in the file's order.
+    let dir = tempdir();
+    let names: Vec<String> = (0..40).map(|i| format!("job-{i:02}")).collect();
+    let lines: String = names
+        .iter()
+        .map(|n| format!("{{\"name\":\"{n}\",\"schedule\":\"@hourly\",\"message\":\"m\"}}\n"))
+        .collect();
+    let file = crontab_file(dir.path(), "jobs.jsonl", &lines);
+    ok(url, &["routine", "import", &file]);
+    let listed: Vec<String> = ok(url, &["routine", "list", "--json"])
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["name"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(listed, names);
+
+    // A routine cm paused shows why, in the list and in show.
+    let reason = "paused by cm: its last 5 fires failed; the latest: connection refused";
+    sqlx::query("UPDATE routines SET paused = true, next_run_at = NULL, paused_reason = $1 WHERE name = 'job-03'")
+        .bind(reason)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    ok(url, &["routine", "pause", "job-04"]);
+    let out = ok(url, &["routine", "list"]);
+    let row = |name: &str| {
+        out.lines()
+            .find(|l| l.contains(&format!("  {name}  ")))
+            .unwrap()
+            .to_string()
+    };
+    assert!(row("job-03").ends_with(reason), "{out}");
+    assert!(row("job-04").ends_with("  paused"), "{out}");
+    assert!(row("job-05").ends_with("  active"), "{out}");
+    let show = ok(url, &["routine", "show", "job-03"]);
+    assert!(show.contains(&format!("state       {reason}\n")), "{show}");
+
+    // --json is one object a line everywhere.
+    for args in [
+        &["routine", "show", "job-03", "--json"][..],
+        &[
+            "routine",
+            "create",
+            "--name",
+            "j",
+            "--schedule",
+            "@daily",
+            "--message",
+            "m",
+            "--json",
+        ][..],
+    ] {
+        let out = ok(url, args);
+        assert_eq!(out.lines().count(), 1, "{args:?}: {out}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap();
+    }
+}
+
+/// Starts the binary on `url` with `args`, its standard error piped.
+fn spawn(url: &str, args: &[&str], stdout: Stdio) -> std::process::Child {
+    Command::new(BIN)
+        .env_remove("DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .arg("--database-url")
+        .arg(url)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `child` to end and returns its exit code and what it wrote on stderr.
+fn finish(mut child: std::process::Child) -> (Option<i32>, String) {
+    let mut stderr = String::new();
+    let mut pipe = child.stderr.take().unwrap();
+    pipe.read_to_string(&mut stderr).unwrap();
+    (child.wait().unwrap().code(), stderr)
+}
+
+/// Runs the binary with its standard output closed before it writes: it must exit 0 without a
+/// word, as `cm-scheduler … | head -1` needs.
+fn check_quiet_on_a_closed_pipe(url: &str, args: &[&str]) {
+    let mut child = spawn(url, args, Stdio::piped());
+    drop(child.stdout.take());
+    assert_eq!(finish(child), (Some(0), String::new()), "{args:?}");
+}
+
+#[tokio::test]
+async fn a_reader_that_goes_away_ends_the_command_quietly() {
+    let db = TestDb::new().await;
+    create(&db.url, "a", "@daily", "UTC");
+    check_quiet_on_a_closed_pipe(
+        NOWHERE,
+        &["schedule", "next", "* * * * * *", "--count", "100000"],
+    );
+    check_quiet_on_a_closed_pipe(NOWHERE, &["completions", "bash"]);
+    check_quiet_on_a_closed_pipe(&db.url, &["routine", "list"]);
+    check_quiet_on_a_closed_pipe(&db.url, &["fires"]);
+}
+
+#[tokio::test]
+async fn refusals_say_what_is_wrong_in_words_that_can_be_used_again() {
+    check_fails(NOWHERE, &["fires", "--limit", "0"], 2, "--limit");
+    check_fails(
+        NOWHERE,
+        &["schedule", "next", "@daily", "--count", "0"],
+        2,
+        "--count",
+    );
+    check_fails(
+        NOWHERE,
+        &["run", "--lease", "banana"],
+        2,
+        "not a duration (a number and a unit, such as 30s",
+    );
+    check_fails(
+        "foo",
+        &["routine", "list"],
+        2,
+        "invalid --database-url foo: relative URL without a base (expected postgres://",
+    );
+    check_fails(
+        "http://127.0.0.1/cm",
+        &["fires"],
+        2,
+        "the scheme is \"http\", not postgres",
+    );
+    check_fails(
+        "postgres://cm:s3cret@/cm",
+        &["migrate"],
+        2,
+        "postgres://cm:***@/cm: empty host",
+    );
+    check_fails(
+        "postgres://nohost.invalid/cm",
+        &["routine", "list"],
+        1,
+        "the host is not known",
+    );
+    // The flag is offered where it is used.
+    for (args, shown) in [
+        (&["schedule", "next", "--help"][..], false),
+        (&["completions", "--help"][..], false),
+        (&["routine", "list", "--help"][..], true),
+        (&["--help"][..], true),
+    ] {
+        let help = ok(NOWHERE, args);
+        assert_eq!(help.contains("--database-url"), shown, "{args:?}: {help}");
+    }
+
+    // The earliest start a backfill may have is printed in RFC 3339, so it can be given back.
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    create(url, "h", "@hourly", "UTC");
+    let backfill = |from: &str, to: &str| {
+        let args = ["routine", "backfill", "h", "--from", from, "--to", to];
+        cm(url, &[&args[..], &["--retention", "2days"]].concat())
+    };
+    let out = backfill("2000-01-01T00:00:00Z", "2000-01-02T00:00:00Z");
+    assert_eq!(out.code, Some(2), "{out:?}");
+    let earliest = out
+        .stderr
+        .split("start the window at ")
+        .nth(1)
+        .and_then(|rest| rest.split(" or later").next())
+        .unwrap_or_else(|| panic!("{out:?}"));
+    // As printed it parses; a minute later (the earliest start moves with the clock) is taken.
+    let earliest = DateTime::parse_from_rfc3339(earliest)
+        .unwrap_or_else(|e| panic!("{earliest:?}: {e}"))
+        + chrono::TimeDelta::minutes(1);
+    let earliest = earliest.to_rfc3339();
+    let now = Utc::now().to_rfc3339();
+    let out = backfill(&earliest, &now);
+    assert!(
+        out.code == Some(0) || out.stderr.contains("future"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn logs_written_to_a_file_have_no_colour_codes() {
+    let child = spawn(NOWHERE, &["run", "--no-migrate"], Stdio::null());
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = Command::new("kill").arg(child.id().to_string()).status();
+    let (_, stderr) = finish(child);
+    assert!(stderr.contains("INFO"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+}
+
+/// A directory removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir() -> TempDir {
+    let dir = std::env::temp_dir().join(format!("cm_day_{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    TempDir(dir)
+}
+
+/// Runs `script` in `shell` with the binary on the PATH and `url` as its database; returns what
+/// it printed.
+fn in_shell(shell: &str, args: &[&str], script: &str, url: &str) -> Option<String> {
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = match Command::new(shell)
+        .args(args)
+        .arg(script)
+        .env("PATH", path)
+        .env("DATABASE_URL", url)
+        .env("HOME", std::env::temp_dir())
+        .output()
+    {
+        Ok(output) => output,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("{shell} is not installed: its completions are not exercised");
+            return None;
+        }
+        Err(e) => panic!("{shell}: {e}"),
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{shell}: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(stdout)
+}
+
+#[tokio::test]
+async fn completions_complete_subcommands_flags_and_routine_names_in_real_shells() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    for name in ["nightly backup", "nightly report", "standup"] {
+        create(url, name, "@daily", "UTC");
+    }
+    let dir = tempdir();
+    let script = |shell: &str| {
+        let path = dir.path().join(format!("cm-scheduler.{shell}"));
+        std::fs::write(&path, ok(NOWHERE, &["completions", shell])).unwrap();
+        path.display().to_string()
+    };
+
+    // bash: the function `complete` registered, called as bash calls it on <TAB>.
+    let bash = format!(
+        r#"source {}
+fn=$(complete -p cm-scheduler | sed 's/.* -F \([^ ]*\) .*/\1/')
+comp() {{
+    COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); COMP_LINE="$*"; COMPREPLY=()
+    "$fn" cm-scheduler "${{COMP_WORDS[COMP_CWORD]}}" "${{COMP_WORDS[COMP_CWORD-1]}}"
+    echo "$*|${{COMPREPLY[*]}}"
+}}
+comp cm-scheduler rou
+comp cm-scheduler routine sh
+comp cm-scheduler fires --st
+comp cm-scheduler routine show night
+comp cm-scheduler fires --routine st
+"#,
+        script("bash")
+    );
+    let out = in_shell("bash", &["-c"], &bash, url).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "cm-scheduler rou|routine",
+            "cm-scheduler routine sh|show",
+            "cm-scheduler fires --st|--status",
+            r"cm-scheduler routine show night|nightly\ backup nightly\ report",
+            "cm-scheduler fires --routine st|standup",
+        ],
+        "{out}"
+    );
+
+    // fish: `complete -C` completes a command line as fish would on <TAB>.
+    let fish = format!(
+        "source {}\n\
+         complete -C 'cm-scheduler routine sh'\n\
+         complete -C 'cm-scheduler fires --st'\n\
+         complete -C 'cm-scheduler routine pause night'\n\
+         complete -C 'cm-scheduler fires --routine st'\n",
+        script("fish")
+    );
+    if let Some(out) = in_shell("fish", &["--no-config", "-c"], &fish, url) {
+        let words: Vec<&str> = out.lines().map(|l| l.split('\t').next().unwrap()).collect();
+        assert_eq!(
+            words,
+            [
+                "show",
+                "--status",
+                "nightly backup",
+                "nightly report",
+                "standup"
+            ],
+            "{out}"
+        );
+    }
+
+    // zsh: the script loads under compinit, and the function its routine arguments name offers
+    // the routines (compadd, which only a completion widget may call, prints what it is given).
+    let zsh = format!(
+        "autoload -U compinit; compinit -u -d {}/zcompdump\n\
+         source {}\n\
+         compadd() {{ print -l -- \"${{(@P)2}}\"; }}\n\
+         PREFIX=night; _cm_scheduler_routines\n\
+         functions _cm-scheduler | grep -c _cm_scheduler_routines\n",
+        dir.path().display(),
+        script("zsh")
+    );
+    if let Some(out) = in_shell("zsh", &["-f", "-c"], &zsh, url) {
+        let lines: Vec<&str> = out.lines().collect();
+        // Seven `routine` subcommands take a routine, and `fires --routine` one.
+        assert_eq!(lines, ["nightly backup", "nightly report", "8"], "{out}");
+    }
+
+    // Without a database, a name completes to nothing, quietly.
+    let out = cm(NOWHERE, &["__complete-routine", "night"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str(), out.stderr.as_str()),
+        (Some(0), "", "")
+    );
+}

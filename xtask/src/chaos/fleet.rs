@@ -351,37 +351,36 @@ impl Prober {
     }
 }
 
-/// What probes in `window` (from the prober's start) saw: the first 503 and its reason, and
-/// how many got no answer within the deadline.
+/// What probes in `window` (from the prober's start) saw, slot by slot: the first 503 and its
+/// reason, and how many got no answer within the deadline.
 pub(super) fn probe_digest(probes: &[Probe], from: Duration, to: Duration) -> String {
-    let inside: Vec<&Probe> = probes
-        .iter()
-        .filter(|p| p.after >= from && p.after < to)
-        .collect();
-    let silent = inside
-        .iter()
-        .filter(|p| p.readiness == Readiness::NoAnswer)
-        .count();
-    let ready = inside
-        .iter()
-        .filter(|p| p.readiness == Readiness::Ready)
-        .count();
-    let first_503 = inside.iter().find_map(|p| match &p.readiness {
-        Readiness::Unready(reason) => Some((p.after - from, p.slot, reason.clone())),
-        _ => None,
-    });
-    let first = match first_503 {
-        Some((after, slot, reason)) => format!(
-            "first 503 after {:.1} s (slot {slot}: {reason:?})",
-            after.as_secs_f64()
-        ),
-        None => "no 503".to_string(),
-    };
-    format!(
-        "{first}; of {} probes, {silent} no answer within {} s, {ready} ready",
-        inside.len(),
-        PROBE_DEADLINE.as_secs()
-    )
+    let slots = probes.iter().map(|p| p.slot + 1).max().unwrap_or(0);
+    (0..slots)
+        .map(|slot| {
+            let inside: Vec<&Probe> = probes
+                .iter()
+                .filter(|p| p.slot == slot && p.after >= from && p.after < to)
+                .collect();
+            let count = |r: &Readiness| inside.iter().filter(|p| &p.readiness == r).count();
+            let first_503 = inside.iter().find_map(|p| match &p.readiness {
+                Readiness::Unready(reason) => Some(format!(
+                    "first 503 at {:.1} s ({reason:?})",
+                    (p.after - from).as_secs_f64()
+                )),
+                _ => None,
+            });
+            format!(
+                "slot {slot}: {}, {} no answer in {} s, {} ready, {} refused of {}",
+                first_503.unwrap_or_else(|| "no 503".to_string()),
+                count(&Readiness::NoAnswer),
+                PROBE_DEADLINE.as_secs(),
+                count(&Readiness::Ready),
+                count(&Readiness::Refused),
+                inside.len()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// A port on 127.0.0.1 nothing listens on right now.

@@ -1,6 +1,6 @@
 //! `--broker-restarts N` (NATS backend, 2 by default there): the run's `nats-server` is killed
-//! with SIGKILL N times, spread evenly over the run, and started again at once on the same
-//! port and store. Publishes in flight get no acknowledgement and are sent again under the
+//! with SIGKILL N times, spread evenly over the run, and started again [`DOWN`] later on the
+//! same port and store. Publishes in flight get no acknowledgement and are sent again under the
 //! same `Nats-Msg-Id`; the stream must still hold each fired occurrence once.
 
 use std::sync::{Arc, Mutex};
@@ -9,6 +9,10 @@ use std::time::{Duration, Instant};
 use super::{Chaos, Fault};
 use crate::chaos::backend::nats::NatsServer;
 use crate::chaos::report::Findings;
+
+/// How long the broker stays down: long enough for publishes to fail and be sent again, and
+/// for a scheduler to be started while it is down, shorter than the 2 s dispatch timeout.
+const DOWN: Duration = Duration::from_secs(1);
 
 pub(in crate::chaos) struct BrokerRestarts {
     server: Arc<Mutex<NatsServer>>,
@@ -44,6 +48,7 @@ impl Fault for BrokerRestarts {
         let down = Instant::now();
         server.kill()?;
         chaos.say("SIGKILL nats-server");
+        std::thread::sleep(DOWN);
         server.start()?;
         let took = down.elapsed();
         chaos.say(format!("nats-server listens again after {took:.1?}"));
@@ -60,7 +65,7 @@ impl Fault for BrokerRestarts {
                 self.done.len(),
                 self.done
                     .iter()
-                    .map(|d| format!("listening {:.2} s after", d.as_secs_f64()))
+                    .map(|d| format!("listening again {:.2} s after the kill", d.as_secs_f64()))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),

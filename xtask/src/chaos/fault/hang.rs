@@ -31,6 +31,7 @@ enum Phase {
         prober: Prober,
         resumed: Instant,
         resumed_db: DateTime<Utc>,
+        poll_at: Instant,
     },
     Fired {
         prober: Prober,
@@ -67,7 +68,7 @@ impl Fault for Hang {
         match &self.phase {
             Phase::Before => Some(self.at),
             Phase::Hung { .. } => Some(self.at + self.length),
-            Phase::Resumed { .. } => Some(Instant::now() + Duration::from_millis(100)),
+            Phase::Resumed { poll_at, .. } => Some(*poll_at),
             Phase::Fired { until, .. } => Some(*until),
             Phase::Done => None,
         }
@@ -93,12 +94,14 @@ impl Fault for Hang {
                     prober,
                     resumed: Instant::now(),
                     resumed_db: chaos.db_now()?,
+                    poll_at: Instant::now(),
                 }
             }
             Phase::Resumed {
                 prober,
                 resumed,
                 resumed_db,
+                ..
             } => match chaos.first_fire_after(resumed_db)? {
                 Some(after) => {
                     self.first_fire = Some(after);
@@ -118,6 +121,7 @@ impl Fault for Hang {
                     prober,
                     resumed,
                     resumed_db,
+                    poll_at: Instant::now() + Duration::from_millis(100),
                 },
             },
             Phase::Fired { prober, .. } => {

@@ -211,7 +211,8 @@ fn engine_error(step: &str, e: &DockerError) -> DispatchError {
 #[async_trait]
 impl Dispatcher for DockerDispatcher {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
-        let launch = Launch::of(dispatch)?;
+        let policy = self.config.policy().map_err(DispatchError::Rejected)?;
+        let launch = Launch::of(dispatch, &policy)?;
         let deadline = tokio::time::Instant::from_std(dispatch.deadline);
         match tokio::time::timeout_at(deadline, self.launch(&launch)).await {
             Ok(result) => result,

@@ -401,16 +401,34 @@ fn parse_time(text: &str) -> Result<DateTime<Utc>, Failure> {
 }
 
 /// Reads and validates a mission file (`cm_domain::Mission`): every field is checked, and a
-/// refusal names the field. Images, endpoints and credentials are operator configuration, never
-/// part of a routine.
-fn mission_payload(path: &PathBuf) -> Result<serde_json::Value, Failure> {
+/// refusal names the field; then the operator's `policy`. Images, endpoints and credentials are
+/// operator configuration, never part of a routine. The file is read no further than its limit.
+fn mission_payload(
+    path: &std::path::Path,
+    policy: &cm_domain::MissionPolicy,
+) -> Result<serde_json::Value, Failure> {
     let shown = path.display();
-    let text = std::fs::read_to_string(path)
+    let text = crate::bounded::read_file(path, crate::bounded::MISSION_FILE)
         .map_err(|e| input(format!("cannot read mission file {shown}: {e}")))?;
-    cm_domain::Mission::from_json(&text)
+    let mission = cm_domain::Mission::from_json(&text)
+        .map_err(|e| input(format!("mission file {shown}: {e}")))?;
+    policy
+        .check(&mission)
         .map_err(|e| input(format!("mission file {shown}: {e}")))?;
     // Validation passed, so the text is a JSON object; it is stored as written.
     serde_json::from_str(&text).map_err(|e| input(format!("mission file {shown}: {e}")))
+}
+
+/// The operator's mission policy from `--mission-config FILE` (or `CM_MISSION_CONFIG`); none
+/// beyond the mission rules without one.
+fn mission_policy(path: Option<&std::path::Path>) -> Result<cm_domain::MissionPolicy, Failure> {
+    let Some(path) = path else {
+        return Ok(cm_domain::MissionPolicy::default());
+    };
+    let config = crate::mission_args::read_config(path).map_err(input)?;
+    config
+        .policy()
+        .map_err(|e| input(format!("--mission-config {}: {e}", path.display())))
 }
 
 /// `/readyz`'s view of the database: waiting while the start-up has not reached it, then
@@ -452,7 +470,7 @@ fn http_token(args: &RunArgs) -> Result<Option<BearerToken>, Failure> {
         };
     };
     let shown = path.display();
-    let text = std::fs::read_to_string(path)
+    let text = crate::bounded::read_file(path, crate::bounded::SECRET_FILE)
         .map_err(|e| input(format!("cannot read --http-token-file {shown}: {e}")))?;
     BearerToken::new(&text)
         .map(Some)

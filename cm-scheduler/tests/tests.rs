@@ -15,6 +15,8 @@
 //! - `missions`: mission files and backend settings refused; schedulers killed mid-launch on
 //!   the fake Docker engine.
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
+//! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
+//!   message size, names) and files read no further than their limit.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
 //! - `support`: the database server and clean-up the whole-process tests share.
 
@@ -35,6 +37,8 @@ mod crash;
 mod exactly_once;
 #[path = "scheduler/http.rs"]
 mod http;
+#[path = "scheduler/inputs.rs"]
+mod inputs;
 #[path = "scheduler/missions.rs"]
 mod missions;
 #[path = "scheduler/mock_loop.rs"]

@@ -190,11 +190,10 @@ fn webhook_failure(e: WebhookConfigError) -> Failure {
 
 /// Reads a file of secret material; the error names the file and the problem, never content.
 fn read_secret_file(path: &Path, what: &str) -> Result<String, Failure> {
-    std::fs::read_to_string(path).map_err(|e| {
+    crate::bounded::read_file(path, crate::bounded::SECRET_FILE).map_err(|e| {
         input(format!(
-            "cannot read the {what} file {}: {}",
-            path.display(),
-            e.kind()
+            "cannot read the {what} file {}: {e}",
+            path.display()
         ))
     })
 }

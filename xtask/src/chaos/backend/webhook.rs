@@ -15,7 +15,10 @@
 //! `--receiver-outage SECONDS` adds a window in which the receiver answers every request 503
 //! (see [`OutageSwitch`]): the backend resends within each deadline under the same
 //! `webhook-id`, and what the deadline ends settles `failed`; no occurrence the receiver
-//! accepted may be `failed`.
+//! accepted may be `failed`. An id refused during the outage is answered without delay
+//! afterwards: its sender has spent part of its deadline on resends, and a delayed acceptance
+//! arriving after that deadline would make a `failed` row of an occurrence the receiver has,
+//! which the design accepts for a target that answers too late.
 //!
 //! No answer is delayed beyond the schedulers' dispatch timeout: the product settles a dispatch
 //! that times out `failed` (the design retries only claims whose claimant vanished), so such a
@@ -283,6 +286,9 @@ struct Log {
     /// Requests seen per id.
     seen: HashMap<String, u32>,
     accepted: HashSet<String>,
+    /// Ids refused during an outage: answered without delay afterwards, since their sender
+    /// has already spent part of its deadline on resends.
+    refused_in_outage: HashSet<String>,
 }
 
 struct Shared {
@@ -420,16 +426,22 @@ async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         let nth = *seen;
         *seen += 1;
         let decided = if shared.outage.load(Ordering::Relaxed) {
+            log.refused_in_outage.insert(id.clone());
             (Answer::Unavailable, Duration::ZERO)
         } else {
-            decide(
+            let (answer, delay) = decide(
                 shared.seed,
                 &id,
                 nth,
                 delivery.verified(),
                 content.is_some(),
                 log.accepted.contains(&id),
-            )
+            );
+            if log.refused_in_outage.contains(&id) {
+                (answer, Duration::ZERO)
+            } else {
+                (answer, delay)
+            }
         };
         if decided.0 == Answer::Accepted {
             log.accepted.insert(id);

@@ -576,8 +576,10 @@ async fn prepare_database(
             }
             Ok(_) => match store.migrate().await {
                 Ok(()) => break,
-                // Refused by a database that answers: retrying will not help.
-                Err(e) if store.ping().await.is_ok() => {
+                // Refused by a database that answers: retrying will not help. A migration that
+                // found no connection free (a server whose connections are all taken) was not
+                // refused, and is retried like a database that does not answer.
+                Err(e) if !e.is_transient() && store.ping().await.is_ok() => {
                     return Err(anyhow::anyhow!("applying migrations: {}", e.explain()).into());
                 }
                 Err(e) => {

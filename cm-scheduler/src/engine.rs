@@ -22,7 +22,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cm_dispatch::{Dispatch, Dispatcher};
+use cm_dispatch::{Dispatch, DispatchError, Dispatcher};
 use cm_domain::{
     ClaimAction, ClaimOutcome, ConfigError, ErrorText, FireCap, FireStatus, MisfireRules,
     SchedulerConfig, Settlement,
@@ -856,6 +856,17 @@ impl FireJob {
                 add(&self.stats.left_for_retry, 1);
                 let why = format!("the dispatch hit a database error: {e}");
                 note_unsettled(&*self.ledger, &fire.fire_ref(), why).await;
+                return FireResult::Unsettled;
+            }
+            Ok(Err(e @ DispatchError::Unavailable(_))) if attempt > 1 => {
+                // A taken-over claim: its claimant stopped before settling, perhaps after the
+                // target took the occurrence, so "unavailable now" does not say it failed.
+                // Leave it for the next attempt (bounded by the attempt limit, past which it is
+                // abandoned with its reason) rather than settle `failed` what may be delivered.
+                warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
+                    "a retried dispatch found the target unavailable; leaving it for the next attempt");
+                add(&self.stats.left_for_retry, 1);
                 return FireResult::Unsettled;
             }
             Ok(Err(e)) => {

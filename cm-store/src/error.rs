@@ -61,10 +61,14 @@ impl StoreError {
 
     /// Whether the error is the database being unreachable, restarting, overloaded or making
     /// one statement give way to another (a serialization failure, a deadlock, a timeout),
-    /// rather than refusing what was asked: the same statement is worth trying again.
+    /// rather than refusing what was asked: the same statement is worth trying again. A
+    /// migration that could not run for such a reason (no connection came free) is transient
+    /// too: the database did not refuse it.
     pub fn is_transient(&self) -> bool {
-        let StoreError::Database(e) = self else {
-            return false;
+        let e = match self {
+            StoreError::Database(e) => e,
+            StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => e,
+            _ => return false,
         };
         match e {
             sqlx::Error::Io(_)
@@ -134,7 +138,19 @@ fn explain_sqlx(e: &sqlx::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::is_transient_sqlstate;
+    use super::{StoreError, is_transient_sqlstate};
+
+    /// A migration that found no free connection (a server whose connections are all taken)
+    /// is worth retrying; one the database refused is not.
+    #[test]
+    fn a_migration_without_a_connection_is_transient() {
+        use sqlx::migrate::MigrateError;
+        let starved = StoreError::Migrate(MigrateError::Execute(sqlx::Error::PoolTimedOut));
+        assert!(starved.is_transient());
+        let refused = StoreError::Migrate(MigrateError::VersionMissing(7));
+        assert!(!refused.is_transient());
+        assert!(StoreError::Database(sqlx::Error::PoolTimedOut).is_transient());
+    }
 
     #[test]
     fn transient_sqlstates() {

@@ -1137,3 +1137,30 @@ async fn outbox_pruning_repeats_full_batches_until_one_comes_back_short() {
     assert_eq!(summary.tick_errors, 0, "{summary:?}");
     assert!(batches.lock().unwrap().is_empty());
 }
+
+/// A taken-over claim (attempt 2: its claimant stopped before settling, perhaps after the
+/// target took the occurrence) whose target is unavailable now is left for the next attempt,
+/// not settled `failed`: "unavailable" does not say the earlier attempt failed. A first
+/// attempt that meets the same answer is the target's failure and settles `failed`.
+#[tokio::test]
+async fn a_retried_dispatch_whose_target_is_unavailable_is_left_for_the_next_attempt() {
+    let (ledger, settles) = ledger(vec![claim(&[Row::Fresh, Row::Retry(2)], 0)], settled_ok);
+    let (dispatcher, calls) =
+        counting_dispatcher(|| Err(DispatchError::Unavailable("HTTP 503".into())));
+    let scheduler = scheduler(ledger, dispatcher);
+
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(
+        report,
+        TickReport {
+            failed: 1,
+            unsettled: 1,
+            ..TickReport::default()
+        }
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let settles = settles.lock().unwrap().clone();
+    assert_eq!(settles.len(), 1, "{settles:?}");
+    assert_eq!(settles[0].0.occurrence, occurrence(0));
+    assert_eq!(Stats::get(&scheduler.stats().left_for_retry), 1);
+}

@@ -1,4 +1,5 @@
-//! The chaos run's webhook receiver (`--message-backend webhook`) and the check of what it got.
+//! The webhook backend (`--message-backend webhook`): the run's own receiver and the check of
+//! what it got.
 //!
 //! The receiver is an HTTP server on 127.0.0.1 that xtask starts before the schedulers. It
 //! verifies every request's Standard Webhooks signature with its own HMAC-SHA256 (not the
@@ -11,6 +12,14 @@
 //! answered 200 at once. A `webhook-id` already accepted is answered 409, the receiver's
 //! deduplication that the backend counts as a duplicate.
 //!
+//! `--receiver-outage SECONDS` adds a window in which the receiver answers every request 503
+//! (see [`OutageSwitch`]): the backend resends within each deadline under the same
+//! `webhook-id`, and what the deadline ends settles `failed`; no occurrence the receiver
+//! accepted may be `failed`. An id refused during the outage is answered without delay
+//! afterwards: its sender has spent part of its deadline on resends, and a delayed acceptance
+//! arriving after that deadline would make a `failed` row of an occurrence the receiver has,
+//! which the design accepts for a target that answers too late.
+//!
 //! No answer is delayed beyond the schedulers' dispatch timeout: the product settles a dispatch
 //! that times out `failed` (the design retries only claims whose claimant vanished), so such a
 //! delay would make failed rows, not redeliveries.
@@ -19,6 +28,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,7 +46,11 @@ use hmac::{Hmac, KeyInit as _, Mac};
 use sha2::Sha256;
 use uuid::Uuid;
 
-use super::Rng;
+use super::Takeover;
+use crate::chaos::fleet::write_private;
+use crate::chaos::ledger::FireRow;
+use crate::chaos::report::Findings;
+use crate::chaos::rng::Rng;
 
 /// How far a `webhook-timestamp` may be from the receiver's clock: the five minutes the
 /// Standard Webhooks libraries allow.
@@ -272,12 +286,27 @@ struct Log {
     /// Requests seen per id.
     seen: HashMap<String, u32>,
     accepted: HashSet<String>,
+    /// Ids refused during an outage: answered without delay afterwards, since their sender
+    /// has already spent part of its deadline on resends.
+    refused_in_outage: HashSet<String>,
 }
 
 struct Shared {
     secret: String,
     seed: u64,
     log: Mutex<Log>,
+    /// While set, every request is answered 503.
+    outage: AtomicBool,
+}
+
+/// Turns the receiver's outage on and off.
+#[derive(Clone)]
+pub(in crate::chaos) struct OutageSwitch(Arc<Shared>);
+
+impl OutageSwitch {
+    pub fn set(&self, down: bool) {
+        self.0.outage.store(down, Ordering::Relaxed);
+    }
 }
 
 /// The receiver, serving on a runtime of its own until dropped.
@@ -300,6 +329,7 @@ impl Receiver {
             secret: secret.to_string(),
             seed,
             log: Mutex::new(Log::default()),
+            outage: AtomicBool::new(false),
         });
         let listener =
             std::net::TcpListener::bind("127.0.0.1:0").context("binding the webhook receiver")?;
@@ -326,6 +356,11 @@ impl Receiver {
     /// Where it listens.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The switch of its outage.
+    pub fn outage_switch(&self) -> OutageSwitch {
+        OutageSwitch(self.shared.clone())
     }
 
     /// Every request so far, in the order the receiver took them.
@@ -390,14 +425,24 @@ async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         let seen = log.seen.entry(id.clone()).or_default();
         let nth = *seen;
         *seen += 1;
-        let decided = decide(
-            shared.seed,
-            &id,
-            nth,
-            delivery.verified(),
-            content.is_some(),
-            log.accepted.contains(&id),
-        );
+        let decided = if shared.outage.load(Ordering::Relaxed) {
+            log.refused_in_outage.insert(id.clone());
+            (Answer::Unavailable, Duration::ZERO)
+        } else {
+            let (answer, delay) = decide(
+                shared.seed,
+                &id,
+                nth,
+                delivery.verified(),
+                content.is_some(),
+                log.accepted.contains(&id),
+            );
+            if log.refused_in_outage.contains(&id) {
+                (answer, Duration::ZERO)
+            } else {
+                (answer, delay)
+            }
+        };
         if decided.0 == Answer::Accepted {
             log.accepted.insert(id);
         }
@@ -410,16 +455,6 @@ async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         tokio::time::sleep(delay).await;
     }
     (answer.status(), format!("{answer:?}")).into_response()
-}
-
-/// One row of the ledger, as the check reads it.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct FireRow {
-    pub routine_id: Uuid,
-    pub scheduled_at: DateTime<Utc>,
-    pub status: String,
-    pub attempt: i32,
-    pub error: String,
 }
 
 /// What the receiver got, compared with the ledger.
@@ -462,6 +497,13 @@ pub(super) struct WebhookCheck {
     pub order_violations: usize,
     /// Deliveries at a higher attempt than their ledger row ever reached.
     pub ahead_of_ledger: usize,
+    /// Deliveries of an occurrence sent again after a failover at an attempt no higher than one
+    /// the receiver had acknowledged before it: the standby never received the claim.
+    pub refired: usize,
+    /// Of those, the ones a failover with synchronous replication should never have sent.
+    pub refired_unexpected: usize,
+    /// Failed rows the receiver had accepted a delivery of.
+    pub failed_but_accepted: usize,
     /// Failed rows, with their errors.
     pub failed: Vec<String>,
     /// Failed rows without an error text.
@@ -514,6 +556,14 @@ impl WebhookCheck {
             "deliveries at an attempt the ledger never reached",
         );
         add(self.failed_unexplained, "failed rows without a reason");
+        add(
+            self.failed_but_accepted,
+            "failed occurrences the receiver had accepted",
+        );
+        add(
+            self.refired_unexpected,
+            "occurrences sent again after a failover with synchronous replication",
+        );
         if self.deliveries > 0 && self.redeliveries == 0 {
             problems.push(
                 "webhook: no occurrence was delivered again by a later attempt, so the run did \
@@ -543,7 +593,18 @@ impl WebhookCheck {
 ///   attempt right after a 503 (the backend's resend within its deadline); no delivery's attempt
 ///   is higher than its row's;
 /// - a `failed` row is reported with its error, and needs one.
-pub(super) fn check_deliveries(rows: &[FireRow], deliveries: &[Delivery]) -> WebhookCheck {
+///
+/// After a failover (`takeover`), a delivery at an attempt no higher than the one before it is
+/// a refire when the one before came before the takeover: the claim that sent it was lost with
+/// the primary. Under asynchronous replication it is counted and allowed (it carries the same
+/// `webhook-id`, which the identity check holds it to); under synchronous replication it fails
+/// the run. Deliveries from before the takeover may then also be ahead of the new ledger.
+pub(super) fn check_deliveries(
+    rows: &[FireRow],
+    deliveries: &[Delivery],
+    takeover: Option<Takeover>,
+) -> WebhookCheck {
+    let before_takeover = |d: &Delivery| takeover.is_some_and(|t| d.received_at < t.at);
     let mut check = WebhookCheck {
         deliveries: deliveries.len(),
         ..WebhookCheck::default()
@@ -614,8 +675,10 @@ pub(super) fn check_deliveries(rows: &[FireRow], deliveries: &[Delivery]) -> Web
                 ));
             }
             Some(row) => {
-                if d.attempt
-                    .is_some_and(|a| i64::from(a) > i64::from(row.attempt))
+                let refired_row = takeover.is_some_and(|t| t.refires_allowed) && before_takeover(d);
+                if !refired_row
+                    && d.attempt
+                        .is_some_and(|a| i64::from(a) > i64::from(row.attempt))
                 {
                     check.ahead_of_ledger += 1;
                     check.note(format!(
@@ -644,6 +707,16 @@ pub(super) fn check_deliveries(rows: &[FireRow], deliveries: &[Delivery]) -> Web
                 (Some(b), Some(a)) if a > b => check.redeliveries += 1,
                 (Some(b), Some(a)) if a == b && before.answer == Answer::Unavailable => {
                     check.resends += 1;
+                }
+                (Some(_), Some(_)) if before_takeover(before) && !before_takeover(after) => {
+                    check.refired += 1;
+                    if !takeover.is_some_and(|t| t.refires_allowed) {
+                        check.refired_unexpected += 1;
+                        check.note(format!(
+                            "{id}: delivery {} at attempt {:?} was sent again after the failover",
+                            after.seq, after.attempt
+                        ));
+                    }
                 }
                 _ => {
                     check.order_violations += 1;
@@ -697,6 +770,13 @@ pub(super) fn check_deliveries(rows: &[FireRow], deliveries: &[Delivery]) -> Web
                 if row.error.trim().is_empty() {
                     check.failed_unexplained += 1;
                 }
+                if list.iter().any(|d| d.answer == Answer::Accepted) {
+                    check.failed_but_accepted += 1;
+                    check.note(format!(
+                        "{key} is failed (attempt {}) but the receiver had accepted it",
+                        row.attempt
+                    ));
+                }
                 check.failed.push(format!(
                     "{key} failed at attempt {} ({} deliveries): {}",
                     row.attempt,
@@ -708,6 +788,125 @@ pub(super) fn check_deliveries(rows: &[FireRow], deliveries: &[Delivery]) -> Web
         }
     }
     check
+}
+
+/// The webhook backend of a run: its receiver and the secret file the schedulers sign with.
+pub(in crate::chaos) struct WebhookBackend {
+    receiver: Receiver,
+    secret_file: std::path::PathBuf,
+}
+
+impl WebhookBackend {
+    /// Starts the receiver before the schedulers, so none of their first sends fails to
+    /// connect. Its answers follow the run's seed; its secret is new each run, written under
+    /// `dir/webhook` with mode 0600.
+    pub fn start(seed: u64, dir: &std::path::Path) -> anyhow::Result<Self> {
+        let dir = dir.join("webhook");
+        std::fs::create_dir_all(&dir)?;
+        let secret = random_secret();
+        let secret_file = dir.join("secret");
+        write_private(&secret_file, &secret)?;
+        let receiver = Receiver::start(&secret, seed)?;
+        eprintln!(
+            "chaos: webhook receiver at {}, secret in {}",
+            receiver.url(),
+            secret_file.display()
+        );
+        Ok(WebhookBackend {
+            receiver,
+            secret_file,
+        })
+    }
+
+    pub fn scheduler_args(&self) -> Vec<String> {
+        vec![
+            "--message-backend".to_string(),
+            "webhook".to_string(),
+            "--webhook-url".to_string(),
+            self.receiver.url().to_string(),
+            "--webhook-secret-file".to_string(),
+            self.secret_file.display().to_string(),
+        ]
+    }
+
+    pub fn outage_switch(&self) -> OutageSwitch {
+        self.receiver.outage_switch()
+    }
+
+    /// Writes the receiver's record to `dir/webhook/deliveries.tsv` and checks it.
+    pub fn check(
+        &self,
+        rows: &[FireRow],
+        takeover: Option<Takeover>,
+        dir: &std::path::Path,
+    ) -> anyhow::Result<Findings> {
+        self.receiver
+            .write_log(&dir.join("webhook").join("deliveries.tsv"))?;
+        let w = check_deliveries(rows, &self.receiver.deliveries(), takeover);
+        let mut f = Findings::default();
+        f.line(
+            "missing",
+            format!(
+                "{} fired rows never delivered and accepted",
+                w.fired_undelivered
+            ),
+        );
+        f.line(
+            "doubled",
+            format!(
+                "{} deliveries for occurrences without a row",
+                w.deliveries_without_fire
+            ),
+        );
+        for failed in &w.failed {
+            f.line("  failed", failed.clone());
+        }
+        f.line("webhook", self.receiver.url().to_string());
+        f.line(
+            "deliveries",
+            format!(
+                "{} of {} distinct webhook-ids; {} second deliveries: {} by a later attempt ({} ids), {} resends of one attempt after a 503, {} refired after a failover",
+                w.deliveries,
+                w.distinct_ids,
+                w.second_deliveries,
+                w.redeliveries,
+                w.ids_redelivered,
+                w.resends,
+                w.refired
+            ),
+        );
+        f.line(
+            "answers",
+            format!(
+                "{} accepted ({} of them after a delay), {} 503, {} 409 (id already accepted), {} 401/400",
+                w.accepted, w.delayed, w.refused_503, w.duplicates_409, w.refused_bad
+            ),
+        );
+        f.line(
+            "max attempt",
+            format!(
+                "{} delivered; largest clock skew {} s",
+                w.max_attempt, w.max_skew_secs
+            ),
+        );
+        f.line("invalid sigs", w.invalid_signatures.to_string());
+        f.line(
+            "order",
+            format!(
+                "{} repeated deliveries neither at a higher attempt nor a resend after a 503; {} ahead of the ledger",
+                w.order_violations, w.ahead_of_ledger
+            ),
+        );
+        f.line(
+            "identity",
+            format!(
+                "{} deliveries whose id, key and body disagree; {} fired rows whose last attempt was not acknowledged; {} failed rows the receiver had accepted",
+                w.identity_mismatches, w.fired_unacknowledged, w.failed_but_accepted
+            ),
+        );
+        f.problems = w.problems();
+        Ok(f)
+    }
 }
 
 #[cfg(test)]
@@ -1000,7 +1199,7 @@ mod tests {
     #[test]
     fn a_clean_record_passes_and_counts_its_second_deliveries() {
         let (rows, log, _) = clean();
-        let check = check_deliveries(&rows, &log.0);
+        let check = check_deliveries(&rows, &log.0, None);
         assert!(check.problems().is_empty(), "{:?}", check.problems());
         assert_eq!(
             (
@@ -1026,7 +1225,7 @@ mod tests {
     }
 
     fn problems_of(rows: &[FireRow], log: &Log) -> (WebhookCheck, String) {
-        let check = check_deliveries(rows, &log.0);
+        let check = check_deliveries(rows, &log.0, None);
         let text = check.problems().join("\n");
         (check, text)
     }
@@ -1143,5 +1342,44 @@ mod tests {
         log.add(r, 0, 1, Answer::Accepted);
         let (_, text) = problems_of(&[row(r, 0, "fired", 1)], &log);
         assert!(text.contains("did not test redelivery"), "{text}");
+    }
+
+    #[test]
+    fn a_failed_row_the_receiver_accepted_is_found() {
+        let (mut rows, mut log, r) = clean();
+        rows.push(row(r, 3, "failed", 1));
+        log.add(r, 3, 1, Answer::Accepted);
+        let (check, text) = problems_of(&rows, &log);
+        assert_eq!(check.failed_but_accepted, 1, "{text}");
+        assert!(
+            text.contains("failed occurrences the receiver had accepted"),
+            "{text}"
+        );
+    }
+
+    /// After an asynchronous failover the new primary lost attempt 2 of second 2 and claimed
+    /// it afresh: its attempt 1 after the takeover is a refire, allowed, and the delivery at
+    /// attempt 2 before it is not "ahead" of the new ledger. After a synchronous one the same
+    /// record fails the run.
+    #[test]
+    fn a_refire_after_a_failover_is_allowed_only_when_replication_was_asynchronous() {
+        let (mut rows, mut log, r) = clean();
+        let takeover_at = Utc::now() + chrono::TimeDelta::seconds(1);
+        rows[2].attempt = 1;
+        log.add(r, 2, 1, Answer::Duplicate).received_at =
+            takeover_at + chrono::TimeDelta::seconds(1);
+        let takeover = |refires_allowed| Takeover {
+            at: takeover_at,
+            refires_allowed,
+        };
+        let check = check_deliveries(&rows, &log.0, Some(takeover(true)));
+        assert!(check.problems().is_empty(), "{:?}", check.problems());
+        assert_eq!((check.refired, check.ahead_of_ledger), (1, 0));
+        let check = check_deliveries(&rows, &log.0, Some(takeover(false)));
+        assert_eq!(check.refired_unexpected, 1);
+        assert!(!check.problems().is_empty());
+        // Without a failover the same record is a delivery at a lower attempt.
+        let check = check_deliveries(&rows, &log.0, None);
+        assert_eq!(check.order_violations, 1);
     }
 }

@@ -1,0 +1,440 @@
+//! The chaos run's command line: one [`Options`] from the arguments after `chaos`.
+//!
+//! Every fault is a flag; `--short` is CI's run and later flags adjust it. Combinations that
+//! cannot be run (a broker restart without the NATS backend, a failover beside database
+//! restarts of the same primary) are refused here, before anything is built or created.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-url URL] [--pg-cluster VERSION/NAME]
+                          [--routines N] [--processes N] [--duration SECONDS] [--seed N] [--keep]
+                          [--db-restarts N] [--terminate-backends N]
+                          [--message-backend outbox|webhook|nats] [--broker-restarts N]
+                          [--network-hang SECONDS] [--failover sync|async --standby-cluster VERSION/NAME]
+                          [--pin-xmin SECONDS [--pin-baseline]] [--starve-pool SECONDS]
+                          [--receiver-outage SECONDS]";
+
+/// The server the chaos database is created on. Not `DATABASE_URL`: `.cargo/config.toml` sets
+/// that for every process cargo runs, so it would silently win over what the user meant.
+pub(super) const DEFAULT_SERVER_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Where the schedulers send their messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MessageBackend {
+    /// The transactional outbox, the product's default.
+    Outbox,
+    /// Signed HTTP POSTs to the run's own slow receiver.
+    Webhook,
+    /// JetStream messages on the run's own `nats-server`.
+    Nats,
+}
+
+impl MessageBackend {
+    pub fn name(self) -> &'static str {
+        match self {
+            MessageBackend::Outbox => "outbox",
+            MessageBackend::Webhook => "webhook",
+            MessageBackend::Nats => "nats",
+        }
+    }
+}
+
+/// How the standby that takes over is fed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Replication {
+    /// `synchronous_standby_names = '*'`: a commit returns once the standby has it.
+    Sync,
+    /// The default streaming replication: the standby may trail the primary.
+    Async,
+}
+
+/// The settings of one run.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Options {
+    pub server_url: String,
+    pub routines: usize,
+    pub processes: usize,
+    pub duration: Duration,
+    pub seed: u64,
+    pub db_restarts: u32,
+    pub terminate_backends: u32,
+    pub pg_cluster: Option<String>,
+    pub keep: bool,
+    pub backend: MessageBackend,
+    /// SIGKILLs of the run's `nats-server` (NATS backend only).
+    pub broker_restarts: u32,
+    /// How long the forwarder between the schedulers and PostgreSQL stops forwarding.
+    pub network_hang: Option<Duration>,
+    /// A failover to a standby, and how it is fed.
+    pub failover: Option<Replication>,
+    pub standby_cluster: Option<String>,
+    /// How long a `REPEATABLE READ` transaction pins the xmin horizon.
+    pub pin_xmin: Option<Duration>,
+    /// Measure as `--pin-xmin` does without holding the transaction: the baseline.
+    pub pin_baseline: bool,
+    /// How long another client holds all but two of the server's connections.
+    pub starve_pool: Option<Duration>,
+    /// How long the webhook receiver answers every request 503 (webhook backend only).
+    pub receiver_outage: Option<Duration>,
+}
+
+impl Options {
+    pub fn defaults(seed: u64) -> Self {
+        Options {
+            server_url: DEFAULT_SERVER_URL.to_string(),
+            routines: 20,
+            processes: 3,
+            duration: Duration::from_secs(60),
+            seed,
+            db_restarts: 1,
+            terminate_backends: 2,
+            pg_cluster: None,
+            keep: false,
+            backend: MessageBackend::Outbox,
+            broker_restarts: 0,
+            network_hang: None,
+            failover: None,
+            standby_cluster: None,
+            pin_xmin: None,
+            pin_baseline: false,
+            starve_pool: None,
+            receiver_outage: None,
+        }
+    }
+
+    /// `--short`, the run CI makes on every change: under two minutes in all, with every kind
+    /// of crash (SIGKILLs, one PostgreSQL restart, the schedulers' connections terminated).
+    pub fn short(self) -> Self {
+        Options {
+            routines: 10,
+            processes: 3,
+            duration: Duration::from_secs(40),
+            db_restarts: 1,
+            terminate_backends: 2,
+            ..self
+        }
+    }
+
+    /// Whether the schedulers reach PostgreSQL through the run's forwarder.
+    pub fn forwarded(&self) -> bool {
+        self.network_hang.is_some() || self.failover.is_some()
+    }
+
+    /// The flags that give this run again (the seed included), for the summary.
+    pub fn command(&self) -> String {
+        let mut c = format!(
+            "cargo xtask chaos --seed {} --routines {} --processes {} --duration {} --db-restarts {} --terminate-backends {}",
+            self.seed,
+            self.routines,
+            self.processes,
+            self.duration.as_secs(),
+            self.db_restarts,
+            self.terminate_backends
+        );
+        if self.backend != MessageBackend::Outbox {
+            c += &format!(" --message-backend {}", self.backend.name());
+        }
+        if self.backend == MessageBackend::Nats {
+            c += &format!(" --broker-restarts {}", self.broker_restarts);
+        }
+        let secs = |d: Duration| d.as_secs();
+        if let Some(d) = self.network_hang {
+            c += &format!(" --network-hang {}", secs(d));
+        }
+        if let Some(mode) = self.failover {
+            c += match mode {
+                Replication::Sync => " --failover sync",
+                Replication::Async => " --failover async",
+            };
+        }
+        if let Some(d) = self.pin_xmin {
+            c += &format!(" --pin-xmin {}", secs(d));
+            if self.pin_baseline {
+                c += " --pin-baseline";
+            }
+        }
+        if let Some(d) = self.starve_pool {
+            c += &format!(" --starve-pool {}", secs(d));
+        }
+        if let Some(d) = self.receiver_outage {
+            c += &format!(" --receiver-outage {}", secs(d));
+        }
+        c
+    }
+}
+
+/// Parses the arguments after `chaos`; `None` means help was asked for. An error is one line.
+pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<Option<Options>> {
+    fn value<'a>(it: &mut impl Iterator<Item = &'a String>, flag: &str) -> anyhow::Result<&'a str> {
+        it.next()
+            .map(String::as_str)
+            .with_context(|| format!("{flag} needs a value (see --help)"))
+    }
+    fn number<T: std::str::FromStr>(flag: &str, text: &str) -> anyhow::Result<T> {
+        text.parse()
+            .map_err(|_| anyhow::anyhow!("{flag} expects a number, not {text:?}"))
+    }
+    fn seconds(flag: &str, text: &str) -> anyhow::Result<Duration> {
+        let n: u64 = number(flag, text.strip_suffix('s').unwrap_or(text))?;
+        Ok(Duration::from_secs(n))
+    }
+    let mut options = Options::defaults(default_seed);
+    let mut broker_restarts = None;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--database-url" => options.server_url = value(&mut it, flag)?.to_string(),
+            "--routines" => options.routines = number(flag, value(&mut it, flag)?)?,
+            "--processes" => options.processes = number(flag, value(&mut it, flag)?)?,
+            "--duration" => options.duration = seconds(flag, value(&mut it, flag)?)?,
+            "--seed" => options.seed = number(flag, value(&mut it, flag)?)?,
+            "--db-restarts" => options.db_restarts = number(flag, value(&mut it, flag)?)?,
+            "--terminate-backends" => {
+                options.terminate_backends = number(flag, value(&mut it, flag)?)?;
+            }
+            "--short" => options = options.short(),
+            "--pg-cluster" => options.pg_cluster = Some(value(&mut it, flag)?.to_string()),
+            "--keep" => options.keep = true,
+            "--message-backend" => {
+                options.backend = match value(&mut it, flag)? {
+                    "outbox" => MessageBackend::Outbox,
+                    "webhook" => MessageBackend::Webhook,
+                    "nats" => MessageBackend::Nats,
+                    other => bail!("--message-backend is outbox, webhook or nats, not {other:?}"),
+                }
+            }
+            "--broker-restarts" => broker_restarts = Some(number(flag, value(&mut it, flag)?)?),
+            "--network-hang" => options.network_hang = Some(seconds(flag, value(&mut it, flag)?)?),
+            "--failover" => {
+                options.failover = Some(match value(&mut it, flag)? {
+                    "sync" => Replication::Sync,
+                    "async" => Replication::Async,
+                    other => bail!("--failover is sync or async, not {other:?}"),
+                })
+            }
+            "--standby-cluster" => {
+                options.standby_cluster = Some(value(&mut it, flag)?.to_string());
+            }
+            "--pin-xmin" => options.pin_xmin = Some(seconds(flag, value(&mut it, flag)?)?),
+            "--pin-baseline" => options.pin_baseline = true,
+            "--starve-pool" => options.starve_pool = Some(seconds(flag, value(&mut it, flag)?)?),
+            "--receiver-outage" => {
+                options.receiver_outage = Some(seconds(flag, value(&mut it, flag)?)?);
+            }
+            "-h" | "--help" => return Ok(None),
+            other => bail!("unknown argument {other:?} (see --help)"),
+        }
+    }
+    options.broker_restarts = match (broker_restarts, options.backend) {
+        (Some(n), MessageBackend::Nats) => n,
+        (None, MessageBackend::Nats) => 2,
+        (Some(_), _) => bail!("--broker-restarts needs --message-backend nats"),
+        (None, _) => 0,
+    };
+    check(&options)?;
+    Ok(Some(options))
+}
+
+/// What no run can do.
+fn check(o: &Options) -> anyhow::Result<()> {
+    if o.routines == 0 || o.processes == 0 {
+        bail!("--routines and --processes must be at least 1");
+    }
+    if o.duration < Duration::from_secs(5) {
+        bail!("--duration must be at least 5 seconds");
+    }
+    if o.receiver_outage.is_some() && o.backend != MessageBackend::Webhook {
+        bail!("--receiver-outage needs --message-backend webhook");
+    }
+    if o.failover.is_some() != o.standby_cluster.is_some() {
+        bail!("--failover and --standby-cluster VERSION/NAME go together");
+    }
+    if o.failover.is_some() && o.db_restarts > 0 {
+        bail!("--failover kills the primary itself: add --db-restarts 0");
+    }
+    if o.pin_baseline && o.pin_xmin.is_none() {
+        bail!("--pin-baseline measures a --pin-xmin run without the pin: give --pin-xmin too");
+    }
+    // Each fault starts a third of the way in and must be over with time to spare, so the end
+    // of the chaos finds the schedulers recovered rather than still in the fault.
+    let needs = |flag: &str, fault: Option<Duration>, after: u64| -> anyhow::Result<()> {
+        if let Some(d) = fault
+            && o.duration < (d + Duration::from_secs(after)) * 3 / 2
+        {
+            bail!(
+                "{flag} {} needs --duration of at least {} s",
+                d.as_secs(),
+                ((d + Duration::from_secs(after)) * 3 / 2).as_secs()
+            );
+        }
+        Ok(())
+    };
+    needs("--network-hang", o.network_hang, 10)?;
+    needs("--starve-pool", o.starve_pool, 10)?;
+    needs("--pin-xmin", o.pin_xmin, 60)?;
+    needs("--receiver-outage", o.receiver_outage, 10)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let options = parse_args(&[], 7).unwrap().unwrap();
+        assert_eq!(options, Options::defaults(7));
+        assert_eq!(options.backend, MessageBackend::Outbox);
+        assert_eq!((options.routines, options.processes), (20, 3));
+        assert_eq!(options.duration, Duration::from_secs(60));
+        assert_eq!(options.db_restarts, 1);
+        assert_eq!(options.server_url, DEFAULT_SERVER_URL);
+        assert!(!options.forwarded());
+    }
+
+    #[test]
+    fn every_flag_is_read() {
+        let options = parse_args(
+            &args(&[
+                "--database-url",
+                "postgres://u@h:1/x",
+                "--routines",
+                "5",
+                "--processes",
+                "2",
+                "--duration",
+                "300s",
+                "--seed",
+                "42",
+                "--db-restarts",
+                "0",
+                "--terminate-backends",
+                "3",
+                "--pg-cluster",
+                "15/chaos",
+                "--keep",
+                "--message-backend",
+                "webhook",
+                "--network-hang",
+                "30",
+                "--failover",
+                "async",
+                "--standby-cluster",
+                "15/chaosstby",
+                "--pin-xmin",
+                "120",
+                "--pin-baseline",
+                "--starve-pool",
+                "60",
+                "--receiver-outage",
+                "20",
+            ]),
+            7,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            options,
+            Options {
+                server_url: "postgres://u@h:1/x".into(),
+                routines: 5,
+                processes: 2,
+                duration: Duration::from_secs(300),
+                seed: 42,
+                db_restarts: 0,
+                terminate_backends: 3,
+                pg_cluster: Some("15/chaos".into()),
+                keep: true,
+                backend: MessageBackend::Webhook,
+                broker_restarts: 0,
+                network_hang: Some(Duration::from_secs(30)),
+                failover: Some(Replication::Async),
+                standby_cluster: Some("15/chaosstby".into()),
+                pin_xmin: Some(Duration::from_secs(120)),
+                pin_baseline: true,
+                starve_pool: Some(Duration::from_secs(60)),
+                receiver_outage: Some(Duration::from_secs(20)),
+            }
+        );
+        assert!(options.forwarded());
+        let nats = parse_args(&args(&["--message-backend", "nats"]), 1)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            nats.broker_restarts, 2,
+            "the NATS backend restarts its broker twice"
+        );
+        assert!(
+            nats.command()
+                .ends_with("--message-backend nats --broker-restarts 2")
+        );
+    }
+
+    #[test]
+    fn short_is_a_small_run_with_every_crash_that_later_flags_adjust() {
+        let options = parse_args(&args(&["--short", "--db-restarts", "0"]), 7)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            options,
+            Options {
+                routines: 10,
+                duration: Duration::from_secs(40),
+                db_restarts: 0,
+                ..Options::defaults(7)
+            }
+        );
+        // The backend is kept whatever the order.
+        let options = parse_args(&args(&["--message-backend", "webhook", "--short"]), 7)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            options,
+            Options {
+                backend: MessageBackend::Webhook,
+                ..Options::defaults(7).short()
+            }
+        );
+        // CI's hanging network: 30 s of hang in a 60 s run.
+        let hang = parse_args(
+            &args(&["--short", "--network-hang", "30", "--duration", "60"]),
+            7,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(hang.network_hang, Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_in_one_line() {
+        for bad in [
+            &["--routines"][..],
+            &["--routines", "many"],
+            &["--processes", "0"],
+            &["--duration", "2"],
+            &["--frobnicate"],
+            &["--message-backend", "kafka"],
+            &["--message-backend"],
+            &["--broker-restarts", "2"],
+            &["--receiver-outage", "20"],
+            &["--failover", "async", "--db-restarts", "0"],
+            &["--failover", "maybe"],
+            &["--standby-cluster", "15/s", "--failover", "sync"],
+            &["--network-hang", "45"],
+            &["--pin-baseline"],
+            &["--pin-xmin", "120", "--duration", "200"],
+        ] {
+            match parse_args(&args(bad), 1) {
+                Ok(_) => panic!("{bad:?} was accepted"),
+                Err(e) => assert!(!format!("{e:#}").contains('\n'), "{bad:?}: {e:#}"),
+            }
+        }
+        assert_eq!(parse_args(&args(&["--help"]), 1).unwrap(), None);
+    }
+}

@@ -16,6 +16,10 @@ use super::{Chaos, Fault};
 use crate::chaos::fleet::{Probe, Prober, Readiness, probe_digest};
 use crate::chaos::report::Findings;
 
+/// How soon after the network stops forwarding `/readyz` must answer 503: the health check's
+/// own deadline (2 s) and its interval (1 s), with room for a loaded machine.
+const UNREADY_WITHIN: Duration = Duration::from_secs(6);
+
 /// How soon after the network comes back a fire must be settled.
 const RESUME_WITHIN: Duration = Duration::from_secs(10);
 
@@ -186,9 +190,28 @@ impl Fault for Hang {
                 RESUME_WITHIN.as_secs()
             )
         });
-        // FIXME: a probe during the hang gets no answer within its deadline (the readiness
-        // check waits on the hung connection); once health answers within a short deadline of
-        // its own, require a 503 here within a few seconds of the hang.
+        // Health answers from its cache within a short deadline of its own: during the hang a
+        // probe of a live scheduler gets an answer (a 503 with the reason) within the probe's
+        // deadline, and the first 503 comes within a few seconds of the hang.
+        let in_hang = || self.probes.iter().filter(|p| p.after < resumed);
+        let unanswered = in_hang()
+            .filter(|p| p.readiness == Readiness::NoAnswer)
+            .count();
+        f.require(unanswered > 0, || {
+            format!(
+                "{unanswered} /readyz probes during the hang got no answer within {} s",
+                crate::chaos::fleet::PROBE_DEADLINE.as_secs()
+            )
+        });
+        let first_unready = in_hang()
+            .find(|p| matches!(p.readiness, Readiness::Unready(_)))
+            .map(|p| p.after);
+        f.require(first_unready.is_none_or(|d| d > UNREADY_WITHIN), || {
+            format!(
+                "no /readyz answered 503 within {} s of the hang (first: {first_unready:?})",
+                UNREADY_WITHIN.as_secs()
+            )
+        });
         f
     }
 }

@@ -44,6 +44,8 @@ fn claim_params() -> ClaimDueParams {
             message: Some(InClaimEffect::Outbox),
             mission: Some(InClaimEffect::Outbox),
         },
+        mission_room: None,
+        after: None,
     }
 }
 
@@ -172,7 +174,10 @@ async fn due_plan(pool: &PgPool) -> anyhow::Result<String> {
     let mut tx = pool.begin().await?;
     let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN (ANALYZE, BUFFERS) {}",
-        DUE_SQL.replace("$1", "400")
+        DUE_SQL
+            .replace("$1", "400")
+            .replace("$2", "80")
+            .replace("$3", "true")
     )))
     .fetch_all(&mut *tx)
     .await?;

@@ -155,3 +155,34 @@ async fn missions_reach_the_runtime_at_no_more_than_the_launch_rate(pool: PgPool
         "{span}: late beyond the rate"
     );
 }
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn lateness_counts_scheduled_fires_only(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    due_yearly(&store, &pool, 1, RoutineKind::Message).await;
+    let routine = store.list_routines().await.unwrap().remove(0);
+    // A backfill of last week and a trigger are fired, but are not late.
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT date_trunc('second', now())")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let week_ago: Vec<_> = (0..3)
+        .map(|h| now - chrono::TimeDelta::days(7) + chrono::TimeDelta::hours(h))
+        .collect();
+    store
+        .request_occurrences(routine.id, &week_ago)
+        .await
+        .unwrap();
+    store.trigger_routine(routine.id).await.unwrap();
+    let messages = Arc::new(MemoryDispatcher::new());
+    let scheduler = scheduler(
+        &store,
+        Arc::new(RoutedDispatcher::new(Some(messages.clone()), None)),
+        SchedulerConfig::default(),
+    );
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(report.fired, 5, "{report:?}");
+    // Only the scheduled occurrence (this 1 January) is counted, however late it was.
+    let lateness = &scheduler.stats().lateness;
+    assert_eq!(lateness.count(), 1);
+}

@@ -369,9 +369,9 @@ impl Scheduler {
                 lease: self.config.lease,
                 cap: budget,
                 rules: MisfireRules::from(&self.config),
-                // A few more routines than the batch, so routines whose occurrences are all
-                // skipped by their policy do not keep the claim from others' work.
-                max_routines: u32::try_from(budget.get() + budget.get() / 4 + 1)
+                // Every routine locked owes at least one occurrence unless its policy skips them
+                // all; a few more than the batch keep such routines from holding the claim back.
+                max_routines: u32::try_from(budget.get() + budget.get() / 16 + 1)
                     .unwrap_or(u32::MAX),
                 in_claim: self.in_claim,
                 mission_room: self.mission_room(),
@@ -423,8 +423,8 @@ impl Scheduler {
     /// every other one needs a place in the in-flight set the moment it is claimed, or its lease
     /// would run while it waits. `None` when there is no room at all.
     fn claim_budget(&self, batch: usize) -> Option<FireCap> {
-        let all_in_claim = self.in_claim.message.is_some() && self.in_claim.mission.is_some();
-        let room = if all_in_claim {
+        let room = if self.in_claim.message.is_some() {
+            // Messages take no room; missions, if dispatched, are bounded by `mission_room`.
             batch
         } else {
             self.room.available_permits()
@@ -432,14 +432,17 @@ impl Scheduler {
         FireCap::new(room.min(batch))
     }
 
-    /// How many missions the next claim may take under the launch rate (`None`: no bound, or
-    /// missions are written in the claim and launch nothing).
+    /// How many missions the next claim may take: what is left of the launch rate's second and
+    /// of the in-flight room (`None`: no bound, missions being written in the claim).
     fn mission_room(&self) -> Option<usize> {
         if self.in_claim.mission.is_some() {
             return None;
         }
-        let per_second = self.config.max_mission_launches_per_second?;
-        Some(self.launches.room(per_second.get(), Instant::now()))
+        let room = self.room.available_permits();
+        Some(match self.config.max_mission_launches_per_second {
+            Some(per_second) => room.min(self.launches.room(per_second.get(), Instant::now())),
+            None => room,
+        })
     }
 
     /// The missions a claim is about to launch.

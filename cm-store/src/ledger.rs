@@ -346,6 +346,8 @@ struct ClaimedRow {
     origin: String,
     payload: Value,
     receipt: Option<String>,
+    /// How many outbox messages the claim statement wrote (the outbox claim only).
+    written: Option<i64>,
 }
 
 impl TryFrom<ClaimedRow> for ClaimedFire {
@@ -520,6 +522,46 @@ fn split_due_rows(rows: Vec<DueRow>) -> Result<DueSet, StoreError> {
     })
 }
 
+/// The outbox sequence number a fire settled in the claim names in its receipt.
+fn outbox_seq(row: &ClaimedRow) -> Option<i64> {
+    row.receipt
+        .as_deref()?
+        .strip_prefix("outbox seq ")?
+        .parse()
+        .ok()
+}
+
+/// After the outbox claim: when it wrote fewer messages than its fresh fires drew numbers for
+/// (a message of the occurrence was already there), finds which numbers were not written and
+/// says so in those fires' receipts. The usual claim writes them all and reads nothing more.
+async fn mark_unwritten_messages(
+    tx: &mut Transaction<'_, Postgres>,
+    rows: &mut [ClaimedRow],
+) -> Result<(), StoreError> {
+    let drawn: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.inserted)
+        .filter_map(outbox_seq)
+        .collect();
+    let written = rows.first().and_then(|r| r.written).unwrap_or(0);
+    if drawn.len() as i64 == written {
+        return Ok(());
+    }
+    let present: std::collections::HashSet<i64> =
+        sqlx::query_scalar("SELECT seq FROM outbox_messages WHERE seq = ANY($1)")
+            .bind(&drawn)
+            .fetch_all(&mut **tx)
+            .await?
+            .into_iter()
+            .collect();
+    for row in rows.iter_mut().filter(|r| r.inserted) {
+        if outbox_seq(row).is_some_and(|seq| !present.contains(&seq)) {
+            row.receipt = Some("outbox: the message was already written".into());
+        }
+    }
+    Ok(())
+}
+
 /// Where a following claim may resume the due walk: after the last of the locked routines
 /// (in the walk's order) before the first one the cap deferred occurrences of, which the next
 /// claim must see again.
@@ -631,11 +673,13 @@ impl PgStore {
                 .bind(message)
                 .bind(mission)
                 .bind(&keys);
-            advance
+            let mut rows: Vec<ClaimedRow> = advance
                 .bind(query)
                 .try_map(|row| ClaimedRow::from_row(&row))
                 .fetch_all(&mut **tx)
-                .await?
+                .await?;
+            mark_unwritten_messages(tx, &mut rows).await?;
+            rows
         } else {
             let query = sqlx::query(CLAIM_SQL)
                 .bind(&ids)
@@ -1190,7 +1234,8 @@ WITH claimed AS (
     advance_cte!("$7", "$8", "$9", "$10"),
     "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
-       c.lease_expires_at, r.name, r.kind, c.origin, r.payload, NULL::text AS receipt
+       c.lease_expires_at, r.name, r.kind, c.origin, r.payload, NULL::text AS receipt,
+       NULL::bigint AS written
 FROM claimed c JOIN routines r ON r.id = c.routine_id"
 );
 
@@ -1200,7 +1245,11 @@ FROM claimed c JOIN routines r ON r.id = c.routine_id"
 ///
 /// An occurrence of an in-claim kind is inserted already `fired`, its receipt naming the outbox
 /// sequence number drawn for it, and its message is written by the same statement when (and
-/// only when) the insert was fresh. The sequence numbers are drawn in the order of the arrays
+/// only when) the insert was fresh. The statement returns how many messages it wrote
+/// (`written`, on every row) rather than joining them back to the fires: a join whose inner side
+/// is a data-modifying CTE is planned as a nested loop over it, one pass per fire, which made a
+/// claim's cost grow with the square of its batch. When fewer were written than fresh fires
+/// want one (a message already there), the store finds which ([`PgStore::claim_rows`]). The sequence numbers are drawn in the order of the arrays
 /// (oldest occurrence first), so within one claim a routine's messages are numbered in
 /// `scheduled_at` order. A number is drawn before the insert so the fire row is written once;
 /// numbers drawn for rows that turn out to exist are simply unused.
@@ -1240,17 +1289,15 @@ outbox AS (
     JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at
     WHERE c.inserted AND i.outbox_seq IS NOT NULL
     ON CONFLICT DO NOTHING
-    RETURNING routine_id, scheduled_at
+    RETURNING seq
 ),",
     advance_cte!("$10", "$11", "$12", "$13"),
     "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
-       c.lease_expires_at, i.name, i.kind, c.origin, i.payload,
-       CASE WHEN c.inserted AND i.outbox_seq IS NOT NULL AND o.routine_id IS NULL
-            THEN 'outbox: the message was already written' ELSE c.receipt END AS receipt
+       c.lease_expires_at, i.name, i.kind, c.origin, i.payload, c.receipt,
+       (SELECT count(*) FROM outbox) AS written
 FROM claimed c
-JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at
-LEFT JOIN outbox o ON o.routine_id = c.routine_id AND o.scheduled_at = c.scheduled_at"
+JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
 );
 
 /// The reaper. `$1` is the most rows to take, `$2` the claimant, `$3` the claim token, `$4`
@@ -1274,4 +1321,4 @@ FROM expired e, routines r
 WHERE f.routine_id = e.routine_id AND f.scheduled_at = e.scheduled_at AND r.id = f.routine_id
 RETURNING false AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
           f.claim_token, f.attempt, f.lease_expires_at, r.name, r.kind, f.origin, r.payload,
-          NULL::text AS receipt";
+          NULL::text AS receipt, NULL::bigint AS written";

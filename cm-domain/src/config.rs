@@ -79,6 +79,11 @@ pub struct SchedulerConfig {
     /// How long settled ledger rows are kept. The ledger is the dedupe, so this must be far
     /// longer than any window in which an occurrence could be computed again (at least a day).
     pub retention: Duration,
+    /// The most missions one scheduler launches in any second (`None`: no bound). Each is a
+    /// container or a Job, so a burst of due missions reaches the runtime at this rate; the
+    /// rest stay due, unclaimed (their lease not running), until the budget comes back.
+    /// Messages are bounded only by `max_in_flight`.
+    pub max_mission_launches_per_second: Option<std::num::NonZeroU32>,
 }
 
 impl Default for SchedulerConfig {
@@ -93,6 +98,9 @@ impl Default for SchedulerConfig {
             misfire_grace: Duration::from_secs(60),
             max_backlog: 100,
             retention: Duration::from_secs(30 * 24 * 3600),
+            max_mission_launches_per_second: std::num::NonZeroU32::new(
+                SchedulerConfig::DEFAULT_MISSION_LAUNCHES_PER_SECOND,
+            ),
         }
     }
 }
@@ -152,6 +160,9 @@ impl SchedulerConfig {
     /// routine, far inside the claim's statement timeout. Ten thousand missed occurrences is a
     /// week of a routine every minute.
     pub const MAX_BACKLOG: usize = 10_000;
+
+    /// The default bound on mission launches per second and scheduler.
+    pub const DEFAULT_MISSION_LAUNCHES_PER_SECOND: u32 = 10;
 
     /// Checks the rules between settings and returns the configuration unchanged if they hold.
     pub fn validate(self) -> Result<Self, ConfigError> {

@@ -60,8 +60,8 @@ pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
 pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due};
 pub use mission::{Mission, MissionError, MissionPolicy};
 pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
-pub use occurrence::{IdempotencyKey, Occurrence, RoutineId};
+pub use occurrence::{FireOrigin, IdempotencyKey, Occurrence, ParseFireOriginError, RoutineId};
 pub use schedule::{
     Field, MAX_EXPRESSION_CHARS, Occurrences, Schedule, ScheduleError, Zone, ZoneError,
 };
-pub use tick::{RoutineAdvance, TickPlan, plan_tick};
+pub use tick::{DueRoutine, RoutineAdvance, TickPlan, plan_claim, plan_tick};

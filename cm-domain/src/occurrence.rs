@@ -98,6 +98,54 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
+/// Where a fire came from: its routine's schedule, a manual trigger, or a backfill of a past
+/// window. Lateness is judged for scheduled fires only: a backfill of last week is not late.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FireOrigin {
+    /// The routine's schedule named the occurrence.
+    #[default]
+    Schedule,
+    /// An operator asked for it now (`routine trigger`).
+    Trigger,
+    /// An operator asked for a past window (`routine backfill`).
+    Backfill,
+}
+
+impl FireOrigin {
+    /// The text stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FireOrigin::Schedule => "schedule",
+            FireOrigin::Trigger => "trigger",
+            FireOrigin::Backfill => "backfill",
+        }
+    }
+}
+
+impl fmt::Display for FireOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An origin text that is not `schedule`, `trigger` or `backfill`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown fire origin {0:?} (expected schedule, trigger or backfill)")]
+pub struct ParseFireOriginError(pub String);
+
+impl std::str::FromStr for FireOrigin {
+    type Err = ParseFireOriginError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "schedule" => Ok(FireOrigin::Schedule),
+            "trigger" => Ok(FireOrigin::Trigger),
+            "backfill" => Ok(FireOrigin::Backfill),
+            other => Err(ParseFireOriginError(other.to_owned())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

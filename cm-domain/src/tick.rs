@@ -1,10 +1,18 @@
-//! Tick planning: which due occurrences one tick claims under the cap, and where each routine's
+//! Tick planning: which due occurrences one claim takes under the cap, and where each routine's
 //! clock moves.
 //!
-//! The cap ([`FireCap`], 25 by default) is a safety bound against clock jumps and runaway
-//! schedules: a tick claims the oldest occurrences first, across all due routines, and defers
-//! the rest. A routine with deferred occurrences keeps its clock at the oldest one, so a
-//! deferred occurrence is still owed, never lost: it comes due again on the next tick.
+//! The cap ([`FireCap`], 25 by default) bounds one claim transaction's fan-out, not the rate: a
+//! scheduler whose claim came back full claims again at once. A claim takes routines in the
+//! order of their oldest owed occurrence (then by id), each with everything it owes, oldest
+//! first, until the cap is reached; the routine that reaches it is cut there. A routine caught
+//! up in one claim costs one row write however many occurrences it owed, so a backlog drains at
+//! the same rate whether it is spread over many routines or few. A routine with deferred
+//! occurrences keeps its clock at the oldest one, so a deferred occurrence is still owed, never
+//! lost: it comes due again on the next claim.
+//!
+//! Some routines may also be **limited** (missions, whose launches are bounded by a rate):
+//! together they take at most the limited room, and what does not fit is **held**, owed like a
+//! deferred occurrence but not a reason to claim again before the room comes back.
 
 use chrono::{DateTime, Utc};
 
@@ -17,8 +25,10 @@ use crate::occurrence::{Occurrence, RoutineId};
 pub struct TickPlan {
     /// The occurrences to claim and dispatch, oldest first; never more than the cap.
     pub claims: Vec<Occurrence>,
-    /// How many due occurrences the cap deferred to a later tick.
+    /// How many due occurrences the cap deferred to a later claim.
     pub deferred: usize,
+    /// How many due occurrences of limited routines the limited room held back.
+    pub held: usize,
     /// Where each due routine's clock moves, in the order the routines were given.
     pub advances: Vec<RoutineAdvance>,
 }
@@ -28,7 +38,8 @@ pub struct TickPlan {
 pub struct RoutineAdvance {
     /// The routine.
     pub routine_id: RoutineId,
-    /// Its new `next_run_at`: the oldest deferred occurrence if any, else the plan's next run.
+    /// Its new `next_run_at`: the oldest deferred (or held) occurrence if any, else the plan's
+    /// next run.
     pub next_run_at: Option<DateTime<Utc>>,
     /// Misfires its policy skipped (counted and logged, never fired).
     pub skipped: u64,
@@ -36,39 +47,94 @@ pub struct RoutineAdvance {
     pub claimed: usize,
     /// How many of its occurrences the cap deferred.
     pub deferred: usize,
+    /// How many of its occurrences the limited room held back.
+    pub held: usize,
 }
 
-/// Plans a tick over due routines and their misfire plans, under `cap`.
-pub fn plan_tick(due: &[(RoutineId, DuePlan)], cap: FireCap) -> TickPlan {
-    let mut all: Vec<Occurrence> = due
-        .iter()
-        .flat_map(|(id, plan)| plan.occurrences.iter().map(|at| Occurrence::new(*id, *at)))
-        .collect();
-    // Oldest first; the routine id breaks ties so the plan does not depend on input order.
-    all.sort_unstable();
-    all.dedup();
-    let deferred_from = all.len().min(cap.get());
-    let deferred = all.split_off(deferred_from);
+/// One due routine as [`plan_claim`] takes it: its misfire plan, and whether it counts against
+/// the limited room.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueRoutine {
+    /// The routine.
+    pub routine_id: RoutineId,
+    /// What its misfire policy owes.
+    pub plan: DuePlan,
+    /// Whether its occurrences take the limited room (a mission under a launch rate).
+    pub limited: bool,
+}
 
-    let advances = due
+/// Plans a tick over due routines and their misfire plans, under `cap`, with no routine limited.
+pub fn plan_tick(due: &[(RoutineId, DuePlan)], cap: FireCap) -> TickPlan {
+    let due: Vec<DueRoutine> = due
         .iter()
-        .map(|(id, plan)| {
-            let mine = |o: &&Occurrence| o.routine_id == *id;
-            let oldest_deferred = deferred.iter().find(mine).map(|o| o.scheduled_at);
-            RoutineAdvance {
-                routine_id: *id,
-                next_run_at: oldest_deferred.or(plan.next_run_at),
-                skipped: plan.skipped,
-                claimed: all.iter().filter(mine).count(),
-                deferred: deferred.iter().filter(mine).count(),
-            }
+        .map(|(routine_id, plan)| DueRoutine {
+            routine_id: *routine_id,
+            plan: plan.clone(),
+            limited: false,
         })
         .collect();
-    TickPlan {
-        claims: all,
-        deferred: deferred.len(),
-        advances,
+    plan_claim(&due, cap, 0)
+}
+
+/// Plans one claim over due routines under `cap`; limited routines together take at most
+/// `limited_room` occurrences (see the module documentation for the order).
+pub fn plan_claim(due: &[DueRoutine], cap: FireCap, limited_room: usize) -> TickPlan {
+    // Each routine's owed occurrences, oldest first and without repeats.
+    let owed: Vec<Vec<DateTime<Utc>>> = due
+        .iter()
+        .map(|r| {
+            let mut at = r.plan.occurrences.clone();
+            at.sort_unstable();
+            at.dedup();
+            at
+        })
+        .collect();
+    // Routines by their oldest owed occurrence; the id breaks ties so the plan does not depend
+    // on input order.
+    let mut order: Vec<usize> = (0..due.len()).filter(|i| !owed[*i].is_empty()).collect();
+    order.sort_unstable_by_key(|i| (owed[*i][0], due[*i].routine_id));
+
+    // How many of each routine's occurrences are claimed, and whether the limited room (not
+    // the cap) is what stopped it.
+    let mut taken = vec![(0usize, false); due.len()];
+    let mut left = cap.get();
+    let mut limited_left = limited_room;
+    for i in order {
+        let mut n = owed[i].len().min(left);
+        let mut held = false;
+        if due[i].limited {
+            held = limited_left < n;
+            n = n.min(limited_left);
+            limited_left -= n;
+        }
+        taken[i] = (n, held);
+        left -= n;
     }
+
+    let mut plan = TickPlan::default();
+    for ((routine, at), (n, by_room)) in due.iter().zip(&owed).zip(&taken) {
+        let claimed = &at[..*n];
+        let rest = &at[*n..];
+        plan.claims.extend(
+            claimed
+                .iter()
+                .map(|t| Occurrence::new(routine.routine_id, *t)),
+        );
+        let held = if *by_room { rest.len() } else { 0 };
+        let deferred = rest.len() - held;
+        plan.deferred += deferred;
+        plan.held += held;
+        plan.advances.push(RoutineAdvance {
+            routine_id: routine.routine_id,
+            next_run_at: rest.first().copied().or(routine.plan.next_run_at),
+            skipped: routine.plan.skipped,
+            claimed: claimed.len(),
+            deferred,
+            held,
+        });
+    }
+    plan.claims.sort_unstable();
+    plan
 }
 
 #[cfg(test)]
@@ -134,5 +200,41 @@ mod tests {
         // A routine entirely deferred keeps its clock at its oldest occurrence.
         check(&[(&[1], 2, 0), (&[9], 10, 0)], 1, &[(0, 1)], 1, &[2, 9]);
         check(&[(&[], 7, 4)], 1, &[], 0, &[7]);
+    }
+
+    #[test]
+    fn a_routine_is_taken_whole_before_the_next() {
+        // Two routines owing three each, cap 4: the first (oldest, then lower id) is caught up
+        // in one claim, the second gets the one left; its other two are deferred.
+        check(
+            &[(&[1, 2, 3], 4, 0), (&[1, 2, 3], 4, 0)],
+            4,
+            &[(0, 1), (1, 1), (0, 2), (0, 3)],
+            2,
+            &[4, 2],
+        );
+    }
+
+    #[test]
+    fn limited_routines_share_their_room_and_the_rest_is_held() {
+        let r = |i: u128, minutes: &[u32], limited: bool| DueRoutine {
+            routine_id: Uuid::from_u128(i),
+            plan: plan(minutes, 9, 0),
+            limited,
+        };
+        let due = [r(0, &[1, 2], true), r(1, &[1], false), r(2, &[2], true)];
+        let got = plan_claim(&due, FireCap::new(10).unwrap(), 1);
+        let claimed: Vec<_> = got.claims.iter().map(|o| o.routine_id.as_u128()).collect();
+        assert_eq!(claimed, [0, 1]);
+        assert_eq!((got.deferred, got.held), (0, 2));
+        let held: Vec<_> = got
+            .advances
+            .iter()
+            .map(|a| (a.held, a.next_run_at))
+            .collect();
+        assert_eq!(held, [(1, Some(at(2))), (0, Some(at(9))), (1, Some(at(2)))]);
+        // The cap, not the room, stops a limited routine: deferred, not held.
+        let got = plan_claim(&due[..1], FireCap::new(1).unwrap(), 5);
+        assert_eq!((got.deferred, got.held), (1, 0));
     }
 }

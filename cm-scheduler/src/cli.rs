@@ -133,6 +133,10 @@ struct RunArgs {
     /// How long settled fires are kept before they are pruned (at least a day).
     #[arg(long, default_value = "30days", value_parser = duration)]
     retention: Duration,
+    /// The most missions this scheduler launches in any second; the rest wait, unclaimed, late
+    /// but not lost (0: no bound).
+    #[arg(long, default_value_t = SchedulerConfig::DEFAULT_MISSION_LAUNCHES_PER_SECOND)]
+    max_mission_launches_per_second: u32,
     /// Serve the status page, /metrics, /livez and /readyz on this address.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -618,6 +622,9 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         misfire_grace: args.misfire_grace,
         max_backlog: args.max_backlog,
         retention: args.retention,
+        max_mission_launches_per_second: std::num::NonZeroU32::new(
+            args.max_mission_launches_per_second,
+        ),
     }
     .validate()
     .map_err(|e| input(e.to_string()))?;

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //!   tick loop (every tick interval, aligned to the wall clock)
-//!     claim ≤ min(cap, free room) ──▶ in-claim fires (outbox): settled in the claim itself
+//!     claim ≤ min(batch, free room), again at once while full
+//!                             ──▶ in-claim fires (outbox): settled in the claim itself
 //!                                └──▶ dispatches ──▶ in-flight set (≤ max_in_flight) ──┐
 //!   reaper loop (every half lease)                                                      │
 //!     take expired claims over ────────────────▶ the same in-flight set ───────────────┤
@@ -13,22 +14,28 @@
 //!                                                       completer: fenced settles, batched
 //! ```
 //!
+//! A tick drains what is due: a claim that comes back full is followed at once by another
+//! (resumed where the last one stopped in the due index, with a batch that doubles up to
+//! [`DRAIN_BATCH_LIMIT`]), until nothing more is due, the in-flight room is full, or the
+//! process is stopping; missions past the launch rate are left unclaimed for a later claim.
 //! A tick never waits for the dispatches it starts: a target that takes the whole dispatch
 //! timeout holds one place in the in-flight set, not the scheduler. A tick claims no more than
 //! it can start at once, so no claim waits for room while its lease runs, and every dispatch
 //! runs under a timeout that ends before its lease does, counted from before its claim began.
 
+use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cm_dispatch::{Dispatch, DispatchError, Dispatcher};
 use cm_domain::{
-    ClaimAction, ClaimOutcome, ConfigError, ErrorText, FireCap, FireStatus, MisfireRules,
-    SchedulerConfig, Settlement,
+    ClaimAction, ClaimOutcome, ConfigError, ErrorText, FireCap, FireOrigin, FireStatus,
+    MisfireRules, SchedulerConfig, Settlement,
 };
 use cm_store::{
-    ClaimDueParams, ClaimedFire, FireLedger, FireRef, FireSettle, InClaimWrites, OutboxConsumer,
+    ClaimDueParams, ClaimedFire, DueCursor, FireLedger, FireRef, FireSettle, InClaimWrites,
+    OutboxConsumer,
     ReapParams, RoutineKind, StoreError, TickClaim,
 };
 use tokio::sync::{Semaphore, watch};
@@ -44,6 +51,13 @@ use crate::stats::{Stats, add};
 /// deleted in a fraction of a second, and batches repeat while they come back full, so a pass
 /// deletes far more rows a second than the engine fires.
 pub const PRUNE_BATCH: u32 = 10_000;
+
+/// The largest batch one claim of a drain takes (or the cap, if larger). A drain's first claim
+/// takes the cap; each claim that comes back full doubles the next one's batch up to this bound,
+/// so a burst is drained in transactions large enough to keep the database busy (measured in
+/// docs/BENCHMARKS.md, "Fast by default") while each stays short: a claim of this many
+/// occurrences commits in tens of milliseconds.
+pub const DRAIN_BATCH_LIMIT: usize = 1_000;
 
 /// Why a tick or reaper pass failed. The loop logs it, counts it and keeps it for health; the
 /// next tick tries again.
@@ -78,8 +92,28 @@ pub struct TickReport {
     pub unsettled: usize,
     /// Occurrences the cap deferred.
     pub deferred: usize,
+    /// Mission occurrences left unclaimed by the launch rate.
+    pub held: usize,
+    /// Claims the tick made (a full claim is followed by another at once).
+    pub claims: usize,
     /// Misfires skipped by policy.
     pub skipped: u64,
+}
+
+impl TickReport {
+    /// Adds another claim's report to this one.
+    fn add(&mut self, other: &TickReport) {
+        self.fired += other.fired;
+        self.failed += other.failed;
+        self.abandoned += other.abandoned;
+        self.in_flight += other.in_flight;
+        self.already_settled += other.already_settled;
+        self.unsettled += other.unsettled;
+        self.deferred += other.deferred;
+        self.held += other.held;
+        self.claims += other.claims;
+        self.skipped += other.skipped;
+    }
 }
 
 /// What a run did, returned when it stops. Errors are counted here as well as logged, so a
@@ -122,6 +156,45 @@ pub struct Scheduler {
     completion: Completion,
     auto_pause: Option<AutoPause>,
     outbox: Option<Arc<dyn OutboxConsumer>>,
+    launches: LaunchWindow,
+}
+
+/// The mission launches of the last second, for the launch rate: each claim's count with the
+/// instant it was claimed.
+#[derive(Debug, Default)]
+struct LaunchWindow {
+    recent: Mutex<VecDeque<(Instant, usize)>>,
+}
+
+impl LaunchWindow {
+    const WINDOW: Duration = Duration::from_secs(1);
+
+    /// How many more missions may be launched now under `per_second`.
+    fn room(&self, per_second: u32, now: Instant) -> usize {
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        while recent
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) >= Self::WINDOW)
+        {
+            recent.pop_front();
+        }
+        let used: usize = recent.iter().map(|(_, n)| n).sum();
+        (per_second as usize).saturating_sub(used)
+    }
+
+    /// Counts `n` launches claimed at `at`.
+    fn record(&self, at: Instant, n: usize) {
+        if n > 0 {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            recent.push_back((at, n));
+        }
+    }
+
+    /// When the oldest launch in the window leaves it (room comes back), if any is there.
+    fn next_room(&self) -> Option<Instant> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.front().map(|(at, _)| *at + Self::WINDOW)
+    }
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -165,6 +238,7 @@ impl Scheduler {
             completion: Completion::default(),
             auto_pause: None,
             outbox: None,
+            launches: LaunchWindow::default(),
         })
     }
 
@@ -248,7 +322,7 @@ impl Scheduler {
         let mut dispatches = JoinSet::new();
         let mut result = match pass {
             Pass::Tick => {
-                self.claim_and_start(&completer, Some(&mut dispatches))
+                self.claim_and_start(&completer, Some(&mut dispatches), None)
                     .await
             }
             Pass::Reap => self.reap_and_start(&completer, Some(&mut dispatches)).await,
@@ -263,49 +337,131 @@ impl Scheduler {
         result
     }
 
-    /// Claims what is due and starts its dispatches. With `wait`, the dispatch tasks go there
-    /// for the caller to join; without, they run on their own, holding their room until settled.
+    /// Claims what is due and starts its dispatches, claiming again at once while a claim comes
+    /// back full (see the module documentation), until `stopped` says so. With `wait`, the
+    /// dispatch tasks go there for the caller to join; without, they run on their own, holding
+    /// their room until settled.
     async fn claim_and_start(
         &self,
         completer: &Arc<dyn Completer>,
-        wait: Option<&mut JoinSet<FireResult>>,
+        mut wait: Option<&mut JoinSet<FireResult>>,
+        stopped: Option<&watch::Receiver<bool>>,
     ) -> Result<TickReport, TickError> {
         let started = Instant::now();
         add(&self.stats.ticks, 1);
-        // Occurrences written in the claim take no room; every other one needs a place in the
-        // in-flight set the moment it is claimed, or its lease would run while it waits.
-        let all_in_claim = self.in_claim.message.is_some() && self.in_claim.mission.is_some();
-        let room = if all_in_claim {
-            self.config.max_fires_per_tick.get()
+        let cap = self.config.max_fires_per_tick.get();
+        let mut batch = cap;
+        let mut after: Option<DueCursor> = None;
+        let mut total = TickReport::default();
+        let mut last_deferred = 0;
+        loop {
+            let Some(budget) = self.claim_budget(batch) else {
+                if total.claims == 0 {
+                    add(&self.stats.saturated_ticks, 1);
+                    debug!(
+                        in_flight = self.dispatches_in_flight(),
+                        "no room for dispatches; not claiming this tick"
+                    );
+                }
+                break;
+            };
+            let params = ClaimDueParams {
+                claimant: self.instance_id.clone(),
+                lease: self.config.lease,
+                cap: budget,
+                rules: MisfireRules::from(&self.config),
+                // Every routine locked owes at least one occurrence unless its policy skips them
+                // all; a few more than the batch keep such routines from holding the claim back.
+                max_routines: u32::try_from(budget.get() + budget.get() / 16 + 1)
+                    .unwrap_or(u32::MAX),
+                in_claim: self.in_claim,
+                mission_room: self.mission_room(),
+                after,
+            };
+            let claim = self
+                .ledger
+                .claim_due(&params)
+                .await
+                .map_err(TickError::Claim)?;
+            self.stats.tick_succeeded();
+            let (more_due, resume_after) = (claim.more_due, claim.resume_after);
+            last_deferred = claim.deferred;
+            self.launches
+                .record(Instant::now(), self.launches_in(&claim));
+            let report = self.start(claim, completer, wait.as_deref_mut()).await;
+            total.add(&TickReport {
+                claims: 1,
+                ..report
+            });
+            if stopped.is_some_and(|s| *s.borrow()) {
+                break;
+            }
+            if more_due {
+                // Resume after what this claim handled; grow the batch while claims come back
+                // full.
+                after = resume_after;
+                batch = (batch * 2).min(DRAIN_BATCH_LIMIT.max(cap));
+            } else if after.is_some() {
+                // The resumed walk ran out: one more claim over the whole walk picks up what
+                // came due behind it (a routine created, resumed or released meanwhile).
+                after = None;
+            } else {
+                break;
+            }
+        }
+        if last_deferred > 0 {
+            warn!(
+                deferred = last_deferred,
+                claims = total.claims,
+                "more occurrences due than there is room to dispatch; the rest wait for room"
+            );
+        }
+        self.stats.tick_duration.observe(started.elapsed());
+        Ok(total)
+    }
+
+    /// The most one claim of `batch` may take: occurrences written in the claim take no room;
+    /// every other one needs a place in the in-flight set the moment it is claimed, or its lease
+    /// would run while it waits. `None` when there is no room at all.
+    fn claim_budget(&self, batch: usize) -> Option<FireCap> {
+        let room = if self.in_claim.message.is_some() {
+            // Messages take no room; missions, if dispatched, are bounded by `mission_room`.
+            batch
         } else {
             self.room.available_permits()
         };
-        let Some(budget) = FireCap::new(room.min(self.config.max_fires_per_tick.get())) else {
-            add(&self.stats.saturated_ticks, 1);
-            debug!(
-                in_flight = self.dispatches_in_flight(),
-                "no room for dispatches; not claiming this tick"
-            );
-            return Ok(TickReport::default());
-        };
-        let params = ClaimDueParams {
-            claimant: self.instance_id.clone(),
-            lease: self.config.lease,
-            cap: budget,
-            rules: MisfireRules::from(&self.config),
-            // Lock a few more routines than the cap, so a routine whose occurrences are all
-            // skipped or deferred does not keep the tick from others' oldest work.
-            max_routines: u32::try_from(budget.get().saturating_mul(2)).unwrap_or(u32::MAX),
-            in_claim: self.in_claim,
-        };
-        let claim = self
-            .ledger
-            .claim_due(&params)
-            .await
-            .map_err(TickError::Claim)?;
-        let report = self.start(claim, completer, wait).await;
-        self.stats.tick_duration.observe(started.elapsed());
-        Ok(report)
+        FireCap::new(room.min(batch))
+    }
+
+    /// How many missions the next claim may take: what is left of the launch rate's second and
+    /// of the in-flight room (`None`: no bound, missions being written in the claim).
+    fn mission_room(&self) -> Option<usize> {
+        if self.in_claim.mission.is_some() {
+            return None;
+        }
+        let room = self.room.available_permits();
+        Some(match self.config.max_mission_launches_per_second {
+            Some(per_second) => room.min(self.launches.room(per_second.get(), Instant::now())),
+            None => room,
+        })
+    }
+
+    /// The missions a claim is about to launch.
+    fn launches_in(&self, claim: &TickClaim) -> usize {
+        if self.in_claim.mission.is_some() {
+            return 0;
+        }
+        claim
+            .fires
+            .iter()
+            .filter(|f| f.kind == RoutineKind::Mission)
+            .filter(|f| {
+                matches!(
+                    f.outcome(claim.token).action(self.config.max_attempts),
+                    ClaimAction::Dispatch { .. }
+                )
+            })
+            .count()
     }
 
     async fn reap_and_start(
@@ -329,6 +485,8 @@ impl Scheduler {
             .await
             .map_err(TickError::Claim)?;
         add(&self.stats.reaped, claim.fires.len() as u64);
+        self.launches
+            .record(Instant::now(), self.launches_in(&claim));
         for fire in &claim.fires {
             warn!(
                 routine = %fire.occurrence.routine_id,
@@ -350,16 +508,23 @@ impl Scheduler {
     ) -> TickReport {
         let mut report = TickReport {
             deferred: claim.deferred,
+            held: claim.held,
             skipped: claim.skipped,
             ..TickReport::default()
         };
         add(&self.stats.deferred, claim.deferred as u64);
         add(&self.stats.skipped, claim.skipped);
         if claim.deferred > 0 {
-            warn!(
+            debug!(
                 deferred = claim.deferred,
-                cap = self.config.max_fires_per_tick.get(),
-                "more occurrences due than the per-tick cap; the rest are deferred to the next tick"
+                more_due = claim.more_due,
+                "more occurrences due than one claim takes; claiming again"
+            );
+        }
+        if claim.held > 0 {
+            debug!(
+                held = claim.held,
+                "missions past the launch rate left unclaimed until it has room"
             );
         }
         if claim.skipped > 0 {
@@ -380,6 +545,8 @@ impl Scheduler {
             let lateness = (claim.now - fire.occurrence.scheduled_at)
                 .to_std()
                 .unwrap_or_default();
+            // Lateness is judged for scheduled fires only: a backfill of last week is not late.
+            let scheduled = fire.origin == FireOrigin::Schedule;
             let action = outcome.action(self.config.max_attempts);
             match action.with_last_error(fire.row.last_error.as_deref()) {
                 ClaimAction::Dispatch { attempt } => {
@@ -478,7 +645,9 @@ impl Scheduler {
                 }
                 ClaimAction::Leave => match outcome {
                     ClaimOutcome::SettledInClaim(status) => {
-                        self.stats.lateness.observe(lateness);
+                        if scheduled {
+                            self.stats.lateness.observe(lateness);
+                        }
                         debug!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                             scheduled_at = %fire.occurrence.scheduled_at,
                             lateness_ms = lateness.as_millis() as u64,
@@ -633,16 +802,31 @@ impl Scheduler {
         let first_tick = tokio::time::Instant::now() + until_aligned(self.config.tick_interval);
         let mut interval = tokio::time::interval_at(first_tick, self.config.tick_interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // Missions held back by the launch rate are claimed as soon as it has room again, not a
+        // whole interval later.
+        let mut wake: Option<Instant> = None;
         loop {
+            let early = async {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 _ = stopped.wait_for(|stop| *stop) => break,
                 _ = interval.tick() => {}
+                _ = early => {}
             }
             // A claim is not cancelled by shutdown: it is one short transaction, and what it
-            // claims is dispatched and settled before the run returns.
+            // claims is dispatched and settled before the run returns; a drain stops between
+            // claims.
             let began = Instant::now();
-            let result = self.claim_and_start(completer, None).await;
+            let result = self.claim_and_start(completer, None, Some(&stopped)).await;
+            wake = match &result {
+                Ok(report) if report.held > 0 => self.launches.next_room(),
+                _ => None,
+            };
             if self.record(result, "tick") {
                 self.stats.tick_succeeded();
             }
@@ -833,7 +1017,9 @@ impl FireJob {
             self.deadline.into_std(),
         )
         .with_first_attempt_age(self.first_claimed.map_or(Duration::MAX, |at| at.elapsed()));
-        self.stats.lateness.observe(lateness);
+        if fire.origin == FireOrigin::Schedule {
+            self.stats.lateness.observe(lateness);
+        }
         let (settlement, receipt) = match tokio::time::timeout_at(
             self.deadline,
             self.dispatcher.dispatch(&dispatch),

@@ -43,6 +43,9 @@ mod cli_hardening;
 mod completer;
 #[path = "scheduler/crash.rs"]
 mod crash;
+// A full claim is followed at once; missions launched at no more than the launch rate.
+#[path = "scheduler/drain.rs"]
+mod drain;
 #[path = "scheduler/exactly_once.rs"]
 mod exactly_once;
 #[path = "scheduler/http.rs"]

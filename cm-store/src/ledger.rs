@@ -3,21 +3,25 @@
 //!
 //! # The claim
 //!
-//! [`FireLedger::claim_due`] is one transaction:
+//! [`FireLedger::claim_due`] is one transaction of (usually) two statements:
 //!
-//! 1. read the database's clock once (`now()` is fixed for the whole transaction);
-//! 2. lock the due routines, oldest first, with `FOR UPDATE SKIP LOCKED`, so several schedulers
-//!    share the due set instead of queueing on it;
-//! 3. plan each routine with its misfire policy and the tick with the cap (`cm-domain`);
-//! 4. claim every planned occurrence in one `INSERT … ON CONFLICT … DO UPDATE … RETURNING
-//!    (xmax = 0) AS inserted` over arrays; the update takes a row over only when it is `claimed`
-//!    and its lease has run out, and otherwise rewrites it unchanged, so the row always comes
-//!    back and a loser sees what the winner holds;
-//! 5. move each routine's `next_run_at` to where the plan says;
-//! 6. commit.
+//! 1. one statement reads the database's clock (`now()` is fixed for the whole transaction),
+//!    takes the due requests (occurrences asked for by hand) and locks the due routines,
+//!    oldest first, with `FOR UPDATE SKIP LOCKED`, so several schedulers share the due set
+//!    instead of queueing on it;
+//! 2. the domain plans each routine with its misfire policy and the claim with the cap
+//!    (`cm-domain`'s [`plan_claim`]: routines whole, oldest first);
+//! 3. one statement claims every planned occurrence, `INSERT … ON CONFLICT … DO UPDATE …
+//!    RETURNING (xmax = 0) AS inserted` over arrays, and moves each routine's `next_run_at` to
+//!    where the plan says (an `UPDATE` in the same statement); the upsert takes a row over only
+//!    when it is `claimed` and its lease has run out, and otherwise rewrites it unchanged, so
+//!    the row always comes back and a loser sees what the winner holds;
+//! 4. commit.
 //!
-//! Steps 4 and 5 commit together, so the clock never moves past an occurrence the ledger does
-//! not hold.
+//! The claim and the clocks commit together, so the clock never moves past an occurrence the
+//! ledger does not hold. A claim that comes back [`TickClaim::more_due`] is followed at once by
+//! another, resumed after [`TickClaim::resume_after`], so a scheduler drains what is due as
+//! fast as the database allows while each transaction stays at most the cap.
 //!
 //! # The transactional outbox
 //!
@@ -39,8 +43,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use cm_domain::{
-    ClaimOutcome, ClaimRow, ClaimToken, ErrorText, FireCap, FireStatus, Lease, MisfireRules,
-    Occurrence, Settlement, TickPlan, plan_due, plan_tick,
+    ClaimOutcome, ClaimRow, ClaimToken, DueRoutine as PlannedRoutine, ErrorText, FireCap,
+    FireOrigin, FireStatus, Lease, MisfireRules, Occurrence, Settlement, TickPlan, plan_claim,
+    plan_due,
 };
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
@@ -93,6 +98,24 @@ pub struct ClaimDueParams {
     pub max_routines: u32,
     /// The kinds whose fresh occurrences are settled with their effect inside the claim.
     pub in_claim: InClaimWrites,
+    /// The most mission occurrences this claim may take (what is left of the launch rate's
+    /// budget); `None` for no bound. Missions past it are not claimed: they stay due, their
+    /// lease not running, until a later claim has room ([`TickClaim::held`]).
+    pub mission_room: Option<usize>,
+    /// Resume the due walk after this routine (the previous claim's
+    /// [`TickClaim::resume_after`]) instead of from the oldest due routine; `None` for the
+    /// whole walk.
+    pub after: Option<DueCursor>,
+}
+
+/// A place in the due walk, `(next_run_at, id)` of a routine: a claim resumed there reads the
+/// index from that point, not over the entries its predecessors left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DueCursor {
+    /// The routine's `next_run_at` when it was locked.
+    pub next_run_at: DateTime<Utc>,
+    /// The routine.
+    pub routine_id: Uuid,
 }
 
 /// What the reaper needs to know.
@@ -121,6 +144,14 @@ pub struct TickClaim {
     pub fires: Vec<ClaimedFire>,
     /// Due occurrences the cap deferred to a later tick.
     pub deferred: usize,
+    /// Due mission occurrences the mission room held back (not claimed; still owed).
+    pub held: usize,
+    /// Whether the claim reached a bound (the cap, or the routines it may lock), so more may be
+    /// due: the caller claims again at once.
+    pub more_due: bool,
+    /// Where a claim following this one may resume the due walk: after the last locked routine
+    /// that nothing was deferred from. `None` when there is no such routine.
+    pub resume_after: Option<DueCursor>,
     /// Misfires skipped by the routines' policies.
     pub skipped: u64,
     /// Due routines whose stored schedule or policy could not be read; each was paused so it
@@ -146,6 +177,8 @@ pub struct ClaimedFire {
     pub routine_name: String,
     /// What the routine does.
     pub kind: RoutineKind,
+    /// Where the occurrence came from (the routine's schedule, a trigger, a backfill).
+    pub origin: FireOrigin,
     /// What the backend receives.
     pub payload: Value,
     /// The row as the claim statement returned it.
@@ -249,6 +282,8 @@ pub struct Fire {
     pub scheduled_at: DateTime<Utc>,
     /// `claimed`, `fired` or `failed`.
     pub status: String,
+    /// `schedule`, `trigger` or `backfill`.
+    pub origin: String,
     /// The instance holding (or that last held) the claim.
     pub claimant: String,
     /// The claim's attempt.
@@ -318,10 +353,13 @@ struct ClaimedRow {
     lease_expires_at: DateTime<Utc>,
     name: String,
     kind: String,
+    origin: String,
     payload: Value,
     receipt: Option<String>,
     error: Option<String>,
     first_claimed_at: Option<DateTime<Utc>>,
+    /// How many outbox messages the claim statement wrote (the outbox claim only).
+    written: Option<i64>,
 }
 
 impl TryFrom<ClaimedRow> for ClaimedFire {
@@ -337,10 +375,15 @@ impl TryFrom<ClaimedRow> for ClaimedFire {
             .parse()
             .map_err(|e: cm_domain::ParseFireStatusError| corrupt(e.to_string()))?;
         let kind = r.kind.parse().map_err(corrupt)?;
+        let origin = r
+            .origin
+            .parse()
+            .map_err(|e: cm_domain::ParseFireOriginError| corrupt(e.to_string()))?;
         Ok(ClaimedFire {
             occurrence: Occurrence::new(r.routine_id, r.scheduled_at),
             routine_name: r.name,
             kind,
+            origin,
             payload: r.payload,
             receipt: r.receipt,
             // Only a row written before the column existed has none: its first claim is
@@ -359,15 +402,33 @@ impl TryFrom<ClaimedRow> for ClaimedFire {
     }
 }
 
-/// A due routine as the tick reads it.
+/// A row of the claim's first statement ([`DUE_SQL`]): the clock, a due request, or a due
+/// routine, told apart by `source`.
 #[derive(FromRow)]
+struct DueRow {
+    source: String,
+    now: DateTime<Utc>,
+    id: Option<Uuid>,
+    at: Option<DateTime<Utc>>,
+    schedule: Option<String>,
+    timezone: Option<String>,
+    misfire_policy: Option<String>,
+    kind: Option<String>,
+    origin: Option<String>,
+}
+
+/// A due routine as the claim reads it.
 struct DueRoutine {
     id: Uuid,
     schedule: String,
     timezone: String,
     misfire_policy: String,
+    kind: String,
     next_run_at: DateTime<Utc>,
 }
+
+/// An occurrence asked for by hand, taken by the claim.
+type Request = (Uuid, DateTime<Utc>, FireOrigin);
 
 /// Begins a claim's (or reaper pass's) transaction on an acquired connection, and returns it
 /// with the local instant it began at and the database's clock, read once for the whole
@@ -399,25 +460,24 @@ pub fn request_share(cap: usize) -> usize {
 async fn take_requests(
     tx: &mut Transaction<'_, Postgres>,
     limit: usize,
-) -> Result<Vec<(Uuid, DateTime<Utc>)>, StoreError> {
-    // Each request's routine is locked FOR KEY SHARE with it (what the claim's foreign key
-    // check takes anyway), skipping a routine being deleted: the claim then never waits on a
-    // routine while holding a request, the wait that deadlocked against `delete_routine`.
-    Ok(sqlx::query_as(
-        "DELETE FROM routine_requests
-         WHERE (routine_id, scheduled_at) IN (
-             SELECT q.routine_id, q.scheduled_at
-             FROM routine_requests q JOIN routines r ON r.id = q.routine_id
-             WHERE q.scheduled_at <= now()
-             ORDER BY q.scheduled_at, q.routine_id
-             LIMIT $1
-             FOR UPDATE OF q SKIP LOCKED
-             FOR KEY SHARE OF r SKIP LOCKED)
-         RETURNING routine_id, scheduled_at",
+) -> Result<Vec<Request>, StoreError> {
+    let rows: Vec<(Uuid, DateTime<Utc>, String)> = sqlx::query_as(TAKE_REQUESTS_SQL)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&mut **tx)
+        .await?;
+    rows.into_iter()
+        .map(|(id, at, origin)| Ok((id, at, request_origin(id, &origin)?)))
+        .collect()
+}
+
+/// A request's stored origin, read back.
+fn request_origin(routine_id: Uuid, origin: &str) -> Result<FireOrigin, StoreError> {
+    origin.parse().map_err(
+        |e: cm_domain::ParseFireOriginError| StoreError::CorruptRoutine {
+            routine_id,
+            reason: e.to_string(),
+        },
     )
-    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-    .fetch_all(&mut **tx)
-    .await?)
 }
 
 /// A receipt cut to [`MAX_RECEIPT_BYTES`] on a character boundary, without the NUL characters
@@ -434,26 +494,267 @@ fn bounded_receipt(receipt: &str) -> String {
     text
 }
 
+/// What the claim's first statement read: the clock, the requests and the due routines.
+struct DueSet {
+    now: DateTime<Utc>,
+    requested: Vec<Request>,
+    due: Vec<DueRoutine>,
+}
+
+/// Splits the rows of [`DUE_SQL`] into the clock, the requests and the due routines.
+fn split_due_rows(rows: Vec<DueRow>) -> Result<DueSet, StoreError> {
+    let mut now = None;
+    let mut requested = Vec::new();
+    let mut due = Vec::new();
+    for row in rows {
+        now = Some(row.now);
+        match (row.source.as_str(), row.id, row.at) {
+            ("request", Some(id), Some(at)) => {
+                let origin = request_origin(id, row.origin.as_deref().unwrap_or_default())?;
+                requested.push((id, at, origin));
+            }
+            ("due", Some(id), Some(next_run_at)) => due.push(DueRoutine {
+                id,
+                schedule: row.schedule.unwrap_or_default(),
+                timezone: row.timezone.unwrap_or_default(),
+                misfire_policy: row.misfire_policy.unwrap_or_default(),
+                kind: row.kind.unwrap_or_default(),
+                next_run_at,
+            }),
+            _ => {}
+        }
+    }
+    let now = now.ok_or_else(|| {
+        StoreError::Database(sqlx::Error::Protocol(
+            "the due query returned no clock row".into(),
+        ))
+    })?;
+    requested.sort_by_key(|(id, at, _)| (*at, *id));
+    due.sort_by_key(|r| (r.next_run_at, r.id));
+    Ok(DueSet {
+        now,
+        requested,
+        due,
+    })
+}
+
+/// The outbox sequence number a fire settled in the claim names in its receipt.
+fn outbox_seq(row: &ClaimedRow) -> Option<i64> {
+    row.receipt
+        .as_deref()?
+        .strip_prefix("outbox seq ")?
+        .parse()
+        .ok()
+}
+
+/// After the outbox claim: when it wrote fewer messages than its fresh fires drew numbers for
+/// (a message of the occurrence was already there), finds which numbers were not written and
+/// says so in those fires' receipts. The usual claim writes them all and reads nothing more.
+async fn mark_unwritten_messages(
+    tx: &mut Transaction<'_, Postgres>,
+    rows: &mut [ClaimedRow],
+) -> Result<(), StoreError> {
+    let drawn: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.inserted)
+        .filter_map(outbox_seq)
+        .collect();
+    let written = rows.first().and_then(|r| r.written).unwrap_or(0);
+    if drawn.len() as i64 == written {
+        return Ok(());
+    }
+    let present: std::collections::HashSet<i64> =
+        sqlx::query_scalar("SELECT seq FROM outbox_messages WHERE seq = ANY($1)")
+            .bind(&drawn)
+            .fetch_all(&mut **tx)
+            .await?
+            .into_iter()
+            .collect();
+    for row in rows.iter_mut().filter(|r| r.inserted) {
+        if outbox_seq(row).is_some_and(|seq| !present.contains(&seq)) {
+            row.receipt = Some("outbox: the message was already written".into());
+        }
+    }
+    Ok(())
+}
+
+/// Where a following claim may resume the due walk: after the last of the locked routines
+/// (in the walk's order) before the first one the cap deferred occurrences of, which the next
+/// claim must see again.
+fn resume_after(due: &[DueRoutine], tick: &TickPlan) -> Option<DueCursor> {
+    let deferred: std::collections::HashSet<Uuid> = tick
+        .advances
+        .iter()
+        .filter(|a| a.deferred > 0)
+        .map(|a| a.routine_id)
+        .collect();
+    due.iter()
+        .take_while(|r| !deferred.contains(&r.id))
+        .last()
+        .map(|r| DueCursor {
+            next_run_at: r.next_run_at,
+            routine_id: r.id,
+        })
+}
+
+/// The routine rows a claim writes: each routine whose clock moved or that fired (a requested
+/// occurrence counts as a run too). Routines whose occurrences were all deferred keep their
+/// row as it was.
+struct Advance {
+    ids: Vec<Uuid>,
+    next_run_at: Vec<Option<DateTime<Utc>>>,
+    moves: Vec<bool>,
+    ran: Vec<bool>,
+}
+
+impl Advance {
+    fn new(due: &[DueRoutine], tick: &TickPlan, requested: &[Request]) -> Advance {
+        let was: std::collections::HashMap<Uuid, DateTime<Utc>> =
+            due.iter().map(|r| (r.id, r.next_run_at)).collect();
+        let mut advance = Advance {
+            ids: Vec::new(),
+            next_run_at: Vec::new(),
+            moves: Vec::new(),
+            ran: Vec::new(),
+        };
+        for a in &tick.advances {
+            let moves = a.next_run_at != was.get(&a.routine_id).copied();
+            if a.claimed > 0 || moves {
+                advance.ids.push(a.routine_id);
+                advance.next_run_at.push(a.next_run_at);
+                advance.moves.push(moves);
+                advance.ran.push(a.claimed > 0);
+            }
+        }
+        let mut requested_only: Vec<Uuid> = requested
+            .iter()
+            .map(|(id, _, _)| *id)
+            .filter(|id| !advance.ids.contains(id))
+            .collect();
+        requested_only.sort_unstable();
+        requested_only.dedup();
+        for id in requested_only {
+            advance.ids.push(id);
+            advance.next_run_at.push(None);
+            advance.moves.push(false);
+            advance.ran.push(true);
+        }
+        advance
+    }
+
+    /// Binds the four arrays of the advance (`advance_cte!`, [`ADVANCE_SQL`]), which come last.
+    fn bind<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.ids)
+            .bind(&self.next_run_at)
+            .bind(&self.moves)
+            .bind(&self.ran)
+    }
+}
+
+impl PgStore {
+    /// The claim's second statement: every planned occurrence claimed (and, for an in-claim
+    /// kind, settled with its effect) and the routines' clocks moved, together.
+    async fn claim_rows(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        params: &ClaimDueParams,
+        token: ClaimToken,
+        claims: &[(Occurrence, FireOrigin)],
+        advance: &Advance,
+    ) -> Result<Vec<ClaimedFire>, StoreError> {
+        let ids: Vec<Uuid> = claims.iter().map(|(o, _)| o.routine_id).collect();
+        let instants: Vec<DateTime<Utc>> = claims.iter().map(|(o, _)| o.scheduled_at).collect();
+        let origins: Vec<&str> = claims.iter().map(|(_, origin)| origin.as_str()).collect();
+        let outbox = Some(InClaimEffect::Outbox);
+        let (message, mission) = (
+            params.in_claim.message == outbox,
+            params.in_claim.mission == outbox,
+        );
+        let rows: Vec<ClaimedRow> = if message || mission {
+            let keys: Vec<String> = claims
+                .iter()
+                .map(|(o, _)| o.idempotency_key().as_str().to_owned())
+                .collect();
+            let query = sqlx::query(CLAIM_WITH_OUTBOX_SQL)
+                .bind(&ids)
+                .bind(&instants)
+                .bind(&params.claimant)
+                .bind(token.0)
+                .bind(lease_seconds(params.lease))
+                .bind(&origins)
+                .bind(message)
+                .bind(mission)
+                .bind(&keys);
+            let mut rows: Vec<ClaimedRow> = advance
+                .bind(query)
+                .try_map(|row| ClaimedRow::from_row(&row))
+                .fetch_all(&mut **tx)
+                .await?;
+            mark_unwritten_messages(tx, &mut rows).await?;
+            rows
+        } else {
+            let query = sqlx::query(CLAIM_SQL)
+                .bind(&ids)
+                .bind(&instants)
+                .bind(&params.claimant)
+                .bind(token.0)
+                .bind(lease_seconds(params.lease))
+                .bind(&origins);
+            advance
+                .bind(query)
+                .try_map(|row| ClaimedRow::from_row(&row))
+                .fetch_all(&mut **tx)
+                .await?
+        };
+        rows.into_iter().map(ClaimedFire::try_from).collect()
+    }
+}
+
 #[async_trait]
 impl FireLedger for PgStore {
     async fn claim_due(&self, params: &ClaimDueParams) -> Result<TickClaim, StoreError> {
         let token = ClaimToken::new_v4();
         let cap = params.cap.get();
         let mut conn = self.pool.acquire().await?;
-        let (mut tx, began, now) = begin_claim(&mut conn).await?;
+        let began = Instant::now();
+        let mut tx = conn.begin().await?;
 
         // Occurrences asked for by hand get a guaranteed share of the cap, taken first, so a
         // sustained backlog of scheduled work cannot starve them; scheduled work gets the rest,
         // and requests may fill whatever it leaves. Each request is deleted in this transaction,
-        // with its claim.
+        // with its claim. The clock, the requests and the due routines come in one statement.
         let share = request_share(cap);
-        let mut requested = take_requests(&mut tx, share).await?;
+        let missions_open = params.mission_room != Some(0);
+        let rows: Vec<DueRow> = match params.after {
+            None => {
+                sqlx::query_as(DUE_SQL)
+                    .bind(i64::from(params.max_routines))
+                    .bind(i64::try_from(share).unwrap_or(i64::MAX))
+                    .bind(missions_open)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+            Some(after) => {
+                sqlx::query_as(DUE_AFTER_SQL)
+                    .bind(i64::from(params.max_routines))
+                    .bind(i64::try_from(share).unwrap_or(i64::MAX))
+                    .bind(missions_open)
+                    .bind(after.next_run_at)
+                    .bind(after.routine_id)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+        };
+        let DueSet {
+            now,
+            mut requested,
+            due,
+        } = split_due_rows(rows)?;
         let requests_may_remain = requested.len() == share;
-
-        let due: Vec<DueRoutine> = sqlx::query_as(DUE_SQL)
-            .bind(i64::from(params.max_routines))
-            .fetch_all(&mut *tx)
-            .await?;
 
         let mut plans = Vec::with_capacity(due.len());
         let mut unusable = Vec::new();
@@ -476,10 +777,11 @@ impl FireLedger for PgStore {
                 .parse::<cm_domain::MisfirePolicy>()
                 .map_err(|e| e.to_string());
             match (schedule, policy) {
-                (Ok(schedule), Ok(policy)) => {
-                    let plan = plan_due(routine.next_run_at, &schedule, now, policy, &params.rules);
-                    plans.push((routine.id, plan));
-                }
+                (Ok(schedule), Ok(policy)) => plans.push(PlannedRoutine {
+                    routine_id: routine.id,
+                    plan: plan_due(routine.next_run_at, &schedule, now, policy, &params.rules),
+                    limited: params.mission_room.is_some() && routine.kind == "mission",
+                }),
                 (Err(reason), _) | (_, Err(reason)) => unusable.push(UnusableRoutine {
                     routine_id: routine.id,
                     reason,
@@ -487,13 +789,14 @@ impl FireLedger for PgStore {
             }
         }
         let tick = match FireCap::new(cap - requested.len()) {
-            Some(scheduled_cap) => plan_tick(&plans, scheduled_cap),
+            Some(scheduled_cap) => {
+                plan_claim(&plans, scheduled_cap, params.mission_room.unwrap_or(0))
+            }
             // The requests took the whole cap (a cap of one): every scheduled occurrence waits
             // for a later tick, and no routine's clock moves.
             None => TickPlan {
-                claims: Vec::new(),
-                deferred: plans.iter().map(|(_, p)| p.occurrences.len()).sum(),
-                advances: Vec::new(),
+                deferred: plans.iter().map(|p| p.plan.occurrences.len()).sum(),
+                ..TickPlan::default()
             },
         };
 
@@ -501,85 +804,37 @@ impl FireLedger for PgStore {
         if requests_may_remain && room > 0 {
             requested.extend(take_requests(&mut tx, room).await?);
         }
-        let mut claims = tick.claims.clone();
-        for (routine_id, scheduled_at) in requested {
-            let occurrence = Occurrence::new(routine_id, scheduled_at);
+        let mut claims: Vec<(Occurrence, FireOrigin)> = tick
+            .claims
+            .iter()
+            .map(|o| (*o, FireOrigin::Schedule))
+            .collect();
+        for (routine_id, scheduled_at, origin) in &requested {
+            let occurrence = Occurrence::new(*routine_id, *scheduled_at);
             // A requested slot the schedule also planned this tick is claimed once.
-            if !claims.contains(&occurrence) {
-                claims.push(occurrence);
+            if !tick.claims.contains(&occurrence) {
+                claims.push((occurrence, *origin));
             }
         }
+        // Oldest first: the outbox numbers a claim's messages in this order, so each routine's
+        // occurrences reach a consumer in `scheduled_at` order.
+        claims.sort_by_key(|(o, _)| *o);
 
+        let advance = Advance::new(&due, &tick, &requested);
         let mut fires = if claims.is_empty() {
+            if !advance.ids.is_empty() {
+                advance
+                    .bind(sqlx::query(ADVANCE_SQL))
+                    .execute(&mut *tx)
+                    .await?;
+            }
             Vec::new()
         } else {
-            let (ids, instants): (Vec<Uuid>, Vec<DateTime<Utc>>) = claims
-                .iter()
-                .map(|o| (o.routine_id, o.scheduled_at))
-                .unzip();
-            let outbox = Some(InClaimEffect::Outbox);
-            let (message, mission) = (
-                params.in_claim.message == outbox,
-                params.in_claim.mission == outbox,
-            );
-            let rows: Vec<ClaimedRow> = if message || mission {
-                let keys: Vec<String> = claims
-                    .iter()
-                    .map(|o| o.idempotency_key().as_str().to_owned())
-                    .collect();
-                sqlx::query_as(CLAIM_WITH_OUTBOX_SQL)
-                    .bind(&ids)
-                    .bind(&instants)
-                    .bind(&params.claimant)
-                    .bind(token.0)
-                    .bind(lease_seconds(params.lease))
-                    .bind(message)
-                    .bind(mission)
-                    .bind(&keys)
-                    .fetch_all(&mut *tx)
-                    .await?
-            } else {
-                sqlx::query_as(CLAIM_SQL)
-                    .bind(&ids)
-                    .bind(&instants)
-                    .bind(&params.claimant)
-                    .bind(token.0)
-                    .bind(lease_seconds(params.lease))
-                    .fetch_all(&mut *tx)
-                    .await?
-            };
-            rows.into_iter()
-                .map(ClaimedFire::try_from)
-                .collect::<Result<Vec<_>, _>>()?
+            self.claim_rows(&mut tx, params, token, &claims, &advance)
+                .await?
         };
         fires.sort_by_key(|f| f.occurrence);
 
-        // A routine's row is written only when the tick changes it: its clock moved, or it
-        // fired. Routines whose occurrences were all deferred keep their row as it was.
-        let was: std::collections::HashMap<Uuid, DateTime<Utc>> =
-            due.iter().map(|r| (r.id, r.next_run_at)).collect();
-        let moved: Vec<_> = tick
-            .advances
-            .iter()
-            .filter(|a| a.claimed > 0 || a.next_run_at != was.get(&a.routine_id).copied())
-            .collect();
-        if !moved.is_empty() {
-            let ids: Vec<Uuid> = moved.iter().map(|a| a.routine_id).collect();
-            let next: Vec<Option<DateTime<Utc>>> = moved.iter().map(|a| a.next_run_at).collect();
-            let claimed: Vec<bool> = moved.iter().map(|a| a.claimed > 0).collect();
-            sqlx::query(
-                "UPDATE routines AS r
-                 SET next_run_at = t.next_run_at,
-                     last_run_at = CASE WHEN t.claimed THEN now() ELSE r.last_run_at END
-                 FROM UNNEST($1::uuid[], $2::timestamptz[], $3::bool[]) AS t(id, next_run_at, claimed)
-                 WHERE r.id = t.id",
-            )
-            .bind(&ids)
-            .bind(&next)
-            .bind(&claimed)
-            .execute(&mut *tx)
-            .await?;
-        }
         if !unusable.is_empty() {
             let ids: Vec<Uuid> = unusable.iter().map(|u| u.routine_id).collect();
             sqlx::query(
@@ -596,8 +851,11 @@ impl FireLedger for PgStore {
             now,
             began,
             token,
+            more_due: claims.len() >= cap || due.len() >= params.max_routines as usize,
+            resume_after: resume_after(&due, &tick),
             fires,
             deferred: tick.deferred,
+            held: tick.held,
             skipped: tick.advances.iter().map(|a| a.skipped).sum(),
             unusable,
         })
@@ -745,6 +1003,9 @@ impl FireLedger for PgStore {
             token,
             fires,
             deferred: 0,
+            held: 0,
+            more_due: false,
+            resume_after: None,
             skipped: 0,
             unusable: Vec::new(),
         })
@@ -790,6 +1051,7 @@ struct FireRow {
     routine_id: Uuid,
     scheduled_at: DateTime<Utc>,
     status: String,
+    origin: String,
     claimant: String,
     attempt: i32,
     claimed_at: DateTime<Utc>,
@@ -805,6 +1067,7 @@ impl From<FireRow> for Fire {
             routine_id: r.routine_id,
             scheduled_at: r.scheduled_at,
             status: r.status,
+            origin: r.origin,
             claimant: r.claimant,
             attempt: u32::try_from(r.attempt).unwrap_or(0),
             claimed_at: r.claimed_at,
@@ -816,16 +1079,118 @@ impl From<FireRow> for Fire {
     }
 }
 
-/// The tick's due query. `$1` is the most routines to lock. It reads `routines_due_idx`
-/// `(next_run_at, id)` in order and stops after `$1` rows, however many routines share the
-/// oldest instant.
-pub const DUE_SQL: &str = "
-SELECT id, schedule, timezone, misfire_policy, next_run_at
-FROM routines
-WHERE next_run_at <= now()
-ORDER BY next_run_at, id
-LIMIT $1
-FOR UPDATE SKIP LOCKED";
+/// Takes due requests, oldest occurrence first, skipping those another claim holds; the
+/// argument is the parameter holding the limit. Each request's routine is locked FOR KEY SHARE
+/// with it (what the claim's foreign key check takes anyway), skipping a routine being
+/// deleted: the claim then never waits on a routine while holding a request, the wait that
+/// deadlocked against `delete_routine`.
+macro_rules! take_requests_sql {
+    ($limit:literal) => {
+        concat!(
+            "
+DELETE FROM routine_requests
+WHERE (routine_id, scheduled_at) IN (
+    SELECT q.routine_id, q.scheduled_at
+    FROM routine_requests q JOIN routines r ON r.id = q.routine_id
+    WHERE q.scheduled_at <= now()
+    ORDER BY q.scheduled_at, q.routine_id
+    LIMIT ",
+            $limit,
+            "
+    FOR UPDATE OF q SKIP LOCKED
+    FOR KEY SHARE OF r SKIP LOCKED)"
+        )
+    };
+}
+
+/// Takes at most `$1` due requests (see `take_requests_sql!`).
+const TAKE_REQUESTS_SQL: &str = concat!(
+    take_requests_sql!("$1"),
+    " RETURNING routine_id, scheduled_at, origin"
+);
+
+/// The claim's first statement, around a due walk: the database's clock (one row, always), the
+/// due requests (`$2` at most) and the due routines, locked. `$1` is the most routines to lock,
+/// `$3` whether mission routines may be locked at all (their launch budget is not spent).
+macro_rules! due_sql {
+    ($walk:literal) => {
+        concat!(
+            "
+WITH requested AS (",
+            take_requests_sql!("$2"),
+            "
+    RETURNING routine_id, scheduled_at, origin
+),
+due AS (
+    SELECT id, schedule, timezone, misfire_policy, kind, next_run_at
+    FROM routines
+    WHERE next_run_at <= now()",
+            $walk,
+            "
+      AND ($3 OR kind <> 'mission')
+    ORDER BY next_run_at, id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+SELECT 'clock' AS source, now() AS now, NULL::uuid AS id, NULL::timestamptz AS at,
+       NULL::text AS schedule, NULL::text AS timezone, NULL::text AS misfire_policy,
+       NULL::text AS kind, NULL::text AS origin
+UNION ALL
+SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, NULL, origin
+FROM requested
+UNION ALL
+SELECT 'due', now(), id, next_run_at, schedule, timezone, misfire_policy, kind, NULL
+FROM due"
+        )
+    };
+}
+
+/// The claim's first statement over the whole due walk (see `due_sql!`). It reads
+/// `routines_due_idx` `(next_run_at, id)` in order and stops after `$1` rows, however many
+/// routines share the oldest instant.
+pub const DUE_SQL: &str = due_sql!("");
+
+/// The claim's first statement resumed after `($4, $5)`, the `(next_run_at, id)` of the last
+/// routine a previous claim handled: the index scan starts there, so a drain does not re-read
+/// the entries of the routines its earlier claims moved on (dead until vacuumed).
+pub const DUE_AFTER_SQL: &str = due_sql!(
+    "
+      AND (next_run_at, id) > ($4::timestamptz, $5::uuid)"
+);
+
+/// Moves routines' clocks, the last four parameters of the claim statements: `$1` the routines,
+/// `$2` their new `next_run_at`, `$3` whether it moves, `$4` whether the routine ran (claimed
+/// an occurrence, `last_run_at` becomes now).
+macro_rules! advance_cte {
+    ($ids:literal, $next:literal, $moves:literal, $ran:literal) => {
+        concat!(
+            "
+advanced AS (
+    UPDATE routines AS r
+    SET next_run_at = CASE WHEN t.moves THEN t.next_run_at ELSE r.next_run_at END,
+        last_run_at = CASE WHEN t.ran THEN now() ELSE r.last_run_at END
+    FROM UNNEST(",
+            $ids,
+            "::uuid[], ",
+            $next,
+            "::timestamptz[], ",
+            $moves,
+            "::bool[], ",
+            $ran,
+            "::bool[]) AS t(id, next_run_at, moves, ran)
+    WHERE r.id = t.id
+    RETURNING 1
+)"
+        )
+    };
+}
+
+/// The advance alone, for a claim that moved clocks (misfires skipped) but claimed nothing.
+const ADVANCE_SQL: &str = concat!(
+    "WITH ",
+    advance_cte!("$1", "$2", "$3", "$4"),
+    " SELECT count(*) FROM advanced"
+);
 
 /// Listing fires. `$1` the routine or NULL, `$2` the status or NULL, `$3`/`$4` the cursor's
 /// instant and routine or NULL, `$5` the limit. The order (scheduled_at, routine_id) descending
@@ -834,7 +1199,7 @@ FOR UPDATE SKIP LOCKED";
 /// cursor's row comparison resumes the scan; the redundant `scheduled_at <= $3` lets it start
 /// there on the primary key too, whose columns are in the other order.
 pub const LIST_FIRES_SQL: &str = "
-SELECT routine_id, scheduled_at, status, claimant, attempt, claimed_at,
+SELECT routine_id, scheduled_at, status, origin, claimant, attempt, claimed_at,
        lease_expires_at, completed_at, error, receipt
 FROM routine_fires
 WHERE ($1::uuid IS NULL OR routine_id = $1)
@@ -879,55 +1244,73 @@ macro_rules! claim_upsert {
         lease_expires_at = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
                                 THEN excluded.lease_expires_at ELSE f.lease_expires_at END
     RETURNING (f.xmax = 0) AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
-              f.claim_token, f.attempt, f.lease_expires_at, f.receipt, f.error,
+              f.claim_token, f.attempt, f.lease_expires_at, f.receipt, f.origin, f.error,
               f.first_claimed_at"
     };
 }
 
 /// The claim statement when every occurrence goes to a dispatch. `$1`/`$2` are the occurrences
-/// as parallel arrays, `$3` the claimant, `$4` the claim token, `$5` the lease in seconds.
+/// as parallel arrays, oldest first, `$3` the claimant, `$4` the claim token, `$5` the lease in
+/// seconds, `$6` each occurrence's origin; `$7` to `$10` move the routines' clocks in the same
+/// statement (`advance_cte!`).
 const CLAIM_SQL: &str = concat!(
     "
 WITH claimed AS (
     INSERT INTO routine_fires AS f
-        (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at)
-    SELECT t.routine_id, t.scheduled_at, $3, $4, 1, now(), now() + make_interval(secs => $5)
-    FROM UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)",
+        (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
+         origin)
+    SELECT t.routine_id, t.scheduled_at, $3, $4, 1, now(), now() + make_interval(secs => $5),
+           t.origin
+    FROM UNNEST($1::uuid[], $2::timestamptz[], $6::text[]) AS t(routine_id, scheduled_at, origin)",
     claim_upsert!(),
     "
-)
+),",
+    advance_cte!("$7", "$8", "$9", "$10"),
+    "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
-       c.lease_expires_at, r.name, r.kind, r.payload, NULL::text AS receipt, c.error,
-       c.first_claimed_at
+       c.lease_expires_at, r.name, r.kind, c.origin, r.payload, NULL::text AS receipt,
+       NULL::bigint AS written, c.error, c.first_claimed_at
 FROM claimed c JOIN routines r ON r.id = c.routine_id"
 );
 
-/// The claim statement with the transactional outbox. `$1` to `$5` as in [`CLAIM_SQL`]; `$6`
-/// and `$7` say whether message and mission routines are settled with an outbox row in the
-/// claim, and `$8` holds the occurrences' idempotency keys.
+/// The claim statement with the transactional outbox. `$1` to `$6` as in [`CLAIM_SQL`]; `$7`
+/// and `$8` say whether message and mission routines are settled with an outbox row in the
+/// claim, `$9` holds the occurrences' idempotency keys, and `$10` to `$13` move the clocks.
 ///
 /// An occurrence of an in-claim kind is inserted already `fired`, its receipt naming the outbox
 /// sequence number drawn for it, and its message is written by the same statement when (and
-/// only when) the insert was fresh. The sequence number is drawn before the insert so the fire
-/// row is written once; numbers drawn for rows that turn out to exist are simply unused.
+/// only when) the insert was fresh. The statement returns how many messages it wrote
+/// (`written`, on every row) rather than joining them back to the fires: a join whose inner side
+/// is a data-modifying CTE is planned as a nested loop over it, one pass per fire, which made a
+/// claim's cost grow with the square of its batch. When fewer were written than fresh fires
+/// want one (a message already there), the store finds which ([`PgStore::claim_rows`]). The sequence numbers are drawn in the order of the arrays
+/// (oldest occurrence first), so within one claim a routine's messages are numbered in
+/// `scheduled_at` order. A number is drawn before the insert so the fire row is written once;
+/// numbers drawn for rows that turn out to exist are simply unused.
 const CLAIM_WITH_OUTBOX_SQL: &str = concat!(
     "
 WITH input AS MATERIALIZED (
-    SELECT t.routine_id, t.scheduled_at, t.idempotency_key, r.name, r.kind, r.payload,
-           CASE WHEN (r.kind = 'message' AND $6) OR (r.kind = 'mission' AND $7)
+    SELECT o.*,
+           CASE WHEN (o.kind = 'message' AND $7) OR (o.kind = 'mission' AND $8)
                 THEN nextval('outbox_messages_seq_seq') END AS outbox_seq
-    FROM UNNEST($1::uuid[], $2::timestamptz[], $8::text[])
-         AS t(routine_id, scheduled_at, idempotency_key)
-    JOIN routines r ON r.id = t.routine_id
+    FROM (
+        SELECT t.routine_id, t.scheduled_at, t.origin, t.idempotency_key, r.name, r.kind,
+               r.payload
+        FROM UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $9::text[])
+             WITH ORDINALITY AS t(routine_id, scheduled_at, origin, idempotency_key, n)
+        JOIN routines r ON r.id = t.routine_id
+        ORDER BY t.n
+    ) o
 ),
 claimed AS (
     INSERT INTO routine_fires AS f
         (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
-         status, completed_at, receipt)
+         status, completed_at, receipt, origin)
     SELECT i.routine_id, i.scheduled_at, $3, $4, 1, now(), now() + make_interval(secs => $5),
            CASE WHEN i.outbox_seq IS NULL THEN 'claimed' ELSE 'fired' END,
            CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE now() END,
-           CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE 'outbox seq ' || i.outbox_seq END
+           CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE 'outbox seq ' || i.outbox_seq END,
+           i.origin
     FROM input i",
     claim_upsert!(),
     "
@@ -940,16 +1323,15 @@ outbox AS (
     JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at
     WHERE c.inserted AND i.outbox_seq IS NOT NULL
     ON CONFLICT DO NOTHING
-    RETURNING routine_id, scheduled_at
-)
+    RETURNING seq
+),",
+    advance_cte!("$10", "$11", "$12", "$13"),
+    "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
-       c.lease_expires_at, i.name, i.kind, i.payload,
-       CASE WHEN c.inserted AND i.outbox_seq IS NOT NULL AND o.routine_id IS NULL
-            THEN 'outbox: the message was already written' ELSE c.receipt END AS receipt,
-       c.error, c.first_claimed_at
+       c.lease_expires_at, i.name, i.kind, c.origin, i.payload, c.receipt,
+       (SELECT count(*) FROM outbox) AS written, c.error, c.first_claimed_at
 FROM claimed c
-JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at
-LEFT JOIN outbox o ON o.routine_id = c.routine_id AND o.scheduled_at = c.scheduled_at"
+JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
 );
 
 /// The reaper. `$1` is the most rows to take, `$2` the claimant, `$3` the claim token, `$4`
@@ -972,5 +1354,5 @@ SET claimant = $2, claim_token = $3, attempt = f.attempt + 1, claimed_at = now()
 FROM expired e, routines r
 WHERE f.routine_id = e.routine_id AND f.scheduled_at = e.scheduled_at AND r.id = f.routine_id
 RETURNING false AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
-          f.claim_token, f.attempt, f.lease_expires_at, r.name, r.kind, r.payload,
-          NULL::text AS receipt, f.error, f.first_claimed_at";
+          f.claim_token, f.attempt, f.lease_expires_at, r.name, r.kind, f.origin, r.payload,
+          NULL::text AS receipt, NULL::bigint AS written, f.error, f.first_claimed_at";

@@ -79,9 +79,9 @@ pub use error::StoreError;
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;
 pub use ledger::{
-    ClaimDueParams, ClaimedFire, Fire, FireFilter, FireLedger, FireRef, FireSettle, InClaimEffect,
-    InClaimWrites, MAX_RECEIPT_BYTES, ReapParams, SettleOutcome, TickClaim, UnusableRoutine,
-    request_share,
+    ClaimDueParams, ClaimedFire, DueCursor, Fire, FireFilter, FireLedger, FireRef, FireSettle,
+    InClaimEffect, InClaimWrites, MAX_RECEIPT_BYTES, ReapParams, SettleOutcome, TickClaim,
+    UnusableRoutine, request_share,
 };
 pub use options::StoreOptions;
 #[cfg(feature = "mock")]

@@ -76,7 +76,8 @@ pub trait RoutineStore: Send + Sync {
     /// flight finishes, and its settle finds the row gone ([`crate::SettleOutcome::Gone`]).
     async fn delete_routine(&self, id: Uuid) -> Result<(), StoreError>;
 
-    /// Asks for occurrences of a routine to be fired by the next ticks, through the ledger:
+    /// Asks for occurrences of a routine (a backfill) to be fired by the next ticks, through the
+    /// ledger, their fires marked `backfill`:
     /// an occurrence already in the ledger (fired, failed or in flight) is not asked for again,
     /// and one already asked for is asked for once. Returns how many were newly asked for.
     async fn request_occurrences(
@@ -207,8 +208,8 @@ impl RoutineStore for PgStore {
             return Err(StoreError::RoutineNotFound(id));
         }
         let requested = sqlx::query(
-            "INSERT INTO routine_requests (routine_id, scheduled_at)
-             SELECT $1, t.scheduled_at
+            "INSERT INTO routine_requests (routine_id, scheduled_at, origin)
+             SELECT $1, t.scheduled_at, 'backfill'
              FROM UNNEST($2::timestamptz[]) AS t(scheduled_at)
              WHERE NOT EXISTS (
                  SELECT 1 FROM routine_fires f
@@ -234,7 +235,7 @@ impl RoutineStore for PgStore {
         let now = now.ok_or(StoreError::RoutineNotFound(id))?;
         // Two triggers in the same microsecond name the same occurrence, and fire once.
         sqlx::query(
-            "INSERT INTO routine_requests (routine_id, scheduled_at) VALUES ($1, $2)
+            "INSERT INTO routine_requests (routine_id, scheduled_at, origin) VALUES ($1, $2, 'trigger')
              ON CONFLICT DO NOTHING",
         )
         .bind(id)

@@ -54,6 +54,10 @@ mod corrupt;
 #[path = "store/outbox.rs"]
 mod outbox;
 
+// Where a fire came from; each routine's messages numbered oldest first; the mission room.
+#[path = "store/origin.rs"]
+mod origin;
+
 // Occurrences asked for by hand (trigger, backfill) go through the same ledger.
 #[path = "store/requests.rs"]
 mod requests;

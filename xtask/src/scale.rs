@@ -14,6 +14,13 @@
 //! - **`fires` first page** at 1M and 10M ledger rows (1% of them `failed`): the binary's
 //!   `fires --limit 50` (plain, `--status failed`, `--routine`), process start included, and the
 //!   store call alone.
+//! - **Due at once**: two `cm-scheduler run` processes started with no flags but the database
+//!   URL (and `--listen` for readiness), then 10k, 100k and 1M message routines whose one
+//!   occurrence is the same second, committed before it: the time until all are fired,
+//!   lateness p50/p99/max, peak memory and CPU per process; the same with the bench's tuned
+//!   flags beside it (the ratio defaults/tuned); and 20k against 200k due at once with
+//!   `--max-fires-per-tick 2000 --tick-interval 50ms`, one process and two (the per-fire cost
+//!   must not grow with how many are due).
 //! - **Retention**: with millions of settled rows past the retention, the claim rate of the store's
 //!   claim beside a continuous prune (`prune_settled`, the engine's batch) against the claim rate
 //!   without, and the prune's own rate.
@@ -49,8 +56,9 @@ macro_rules! progress {
 pub(crate) use progress;
 
 const USAGE: &str = "usage: cargo run --release -p xtask -- scale [--quick] [--keep] \
-[--database-url URL]\n\
+[--only STEP] [--database-url URL]\n\
   --quick             a tenth of the sizes (a smoke test of every step)\n\
+  --only STEP         only this step: idle, throughput, due-at-once, fires or retention\n\
   --keep              keep the database cm_scale_<random> afterwards\n\
   --database-url URL  the server to create it on (default postgres://postgres@127.0.0.1:5432/postgres)";
 
@@ -75,6 +83,10 @@ pub(crate) struct Sizes {
     pub claim_routines: u32,
     /// Seconds each phase of the retention measurement lasts.
     pub phase_seconds: u64,
+    /// Routines due on one second in the "due at once" step, ascending.
+    pub burst: Vec<u32>,
+    /// The smaller and larger burst the per-fire cost is compared at.
+    pub burst_pair: (u32, u32),
 }
 
 /// Occurrences each routine of the "few" throughput run owes: seconds 0 to 49 of two minutes.
@@ -92,6 +104,8 @@ impl Sizes {
             ledger_routines: 10_000,
             claim_routines: 790_000,
             phase_seconds: 15,
+            burst: vec![10_000, 100_000, 1_000_000],
+            burst_pair: (20_000, 200_000),
         }
     }
 
@@ -106,6 +120,8 @@ impl Sizes {
             ledger_routines: 1_000,
             claim_routines: 149_000,
             phase_seconds: 4,
+            burst: vec![1_000, 10_000, 100_000],
+            burst_pair: (2_000, 20_000),
         }
     }
 }
@@ -117,6 +133,18 @@ pub(crate) struct Options {
     pub keep: bool,
     pub database_url: String,
     pub sizes: Sizes,
+    /// Only this step, if given.
+    pub only: Option<String>,
+}
+
+/// The steps `--only` names, in the order they run.
+const STEPS: [&str; 5] = ["idle", "throughput", "due-at-once", "fires", "retention"];
+
+impl Options {
+    /// Whether `step` runs.
+    pub(crate) fn runs(&self, step: &str) -> bool {
+        self.only.as_deref().is_none_or(|only| only == step)
+    }
 }
 
 impl Options {
@@ -127,6 +155,7 @@ impl Options {
             keep: false,
             database_url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
             sizes: Sizes::full(),
+            only: None,
         };
         let mut args = args.iter();
         while let Some(arg) = args.next() {
@@ -136,6 +165,16 @@ impl Options {
                     options.sizes = Sizes::quick();
                 }
                 "--keep" => options.keep = true,
+                "--only" => {
+                    let step = args.next().context("--only needs a step")?;
+                    if !STEPS.contains(&step.as_str()) {
+                        bail!(
+                            "unknown step {step:?} (expected one of {})",
+                            STEPS.join(", ")
+                        );
+                    }
+                    options.only = Some(step.clone());
+                }
                 "--database-url" => {
                     options.database_url =
                         args.next().context("--database-url needs a URL")?.clone();

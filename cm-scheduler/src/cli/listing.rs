@@ -129,6 +129,7 @@ pub(super) const FIRE_COLUMNS: &[&str] = &[
     "SCHEDULED AT (UTC)",
     "ROUTINE",
     "STATUS",
+    "ORIGIN",
     "ATTEMPT",
     "CLAIMANT",
     "RECEIPT",
@@ -141,6 +142,7 @@ pub(super) fn fire_row(f: &Fire) -> Vec<String> {
         instant(f.scheduled_at),
         f.routine_id.to_string(),
         f.status.clone(),
+        f.origin.clone(),
         f.attempt.to_string(),
         printable(&f.claimant),
         f.receipt.as_deref().map(printable).unwrap_or_default(),
@@ -152,6 +154,7 @@ pub(super) fn fire_row(f: &Fire) -> Vec<String> {
 pub(super) const ROUTINE_FIRE_COLUMNS: &[&str] = &[
     "SCHEDULED AT (UTC)",
     "STATUS",
+    "ORIGIN",
     "ATTEMPT",
     "CLAIMANT",
     "RECEIPT",

@@ -70,6 +70,7 @@ fn fire(n: u32, row: Row) -> ClaimedFire {
         occurrence: occurrence(n),
         routine_name: format!("routine-{n}"),
         kind: RoutineKind::Message,
+        origin: cm_domain::FireOrigin::Schedule,
         payload: json!({ "text": format!("message {n}") }),
         receipt: None,
         first_claimed_at: at(n),
@@ -85,6 +86,17 @@ fn fire(n: u32, row: Row) -> ClaimedFire {
     }
 }
 
+/// One tick of `scheduler`, which these doubles answer with one claim that is not full, so the
+/// tick makes exactly one; the report without that count, as the cases write it.
+async fn one_claim(scheduler: &Scheduler) -> TickReport {
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(report.claims, 1, "{report:?}");
+    TickReport {
+        claims: 0,
+        ..report
+    }
+}
+
 /// A claim holding one fire per row (occurrence `i` for row `i`) and `deferred` deferred ones.
 fn claim(rows: &[Row], deferred: usize) -> TickClaim {
     TickClaim {
@@ -93,6 +105,9 @@ fn claim(rows: &[Row], deferred: usize) -> TickClaim {
         token: MINE,
         fires: (0u32..).zip(rows).map(|(n, row)| fire(n, *row)).collect(),
         deferred,
+        held: 0,
+        more_due: false,
+        resume_after: None,
         skipped: 0,
         unusable: Vec::new(),
     }
@@ -222,7 +237,7 @@ async fn check(case: Case) {
     dispatcher.fail_with(case.dispatch_error);
     let scheduler = scheduler(ledger, dispatcher.clone());
 
-    let report = scheduler.tick().await.unwrap();
+    let report = one_claim(&scheduler).await;
     assert_eq!(report, case.report, "{name}");
 
     // The dispatches carry the claimed attempt and the occurrence's own key, name and payload.
@@ -483,7 +498,7 @@ async fn in_flight_and_settled_rows_never_reach_the_dispatcher() {
     dispatcher.expect_dispatch().never();
     let scheduler = scheduler(ledger, dispatcher);
 
-    let report = scheduler.tick().await.unwrap();
+    let report = one_claim(&scheduler).await;
     let expected = TickReport {
         in_flight: 2,
         already_settled: 2,
@@ -531,7 +546,7 @@ async fn a_failing_dispatch_settles_failed_once_and_is_not_retried() {
         counting_dispatcher(|| Err(DispatchError::Rejected("HTTP 400: bad payload".into())));
     let scheduler = scheduler(ledger, dispatcher);
 
-    let first = scheduler.tick().await.unwrap();
+    let first = one_claim(&scheduler).await;
     assert_eq!(
         first,
         TickReport {
@@ -541,7 +556,7 @@ async fn a_failing_dispatch_settles_failed_once_and_is_not_retried() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
-    let second = scheduler.tick().await.unwrap();
+    let second = one_claim(&scheduler).await;
     assert_eq!(
         second,
         TickReport {
@@ -581,7 +596,7 @@ async fn the_cap_is_asked_for_and_deferred_occurrences_are_counted_not_fired() {
     let (dispatcher, calls) = counting_dispatcher(receipt);
     let scheduler = scheduler(ledger, dispatcher);
 
-    let first = scheduler.tick().await.unwrap();
+    let first = one_claim(&scheduler).await;
     assert_eq!(
         first,
         TickReport {
@@ -593,7 +608,7 @@ async fn the_cap_is_asked_for_and_deferred_occurrences_are_counted_not_fired() {
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     assert_eq!(Stats::get(&scheduler.stats().deferred), 7);
 
-    let second = scheduler.tick().await.unwrap();
+    let second = one_claim(&scheduler).await;
     assert_eq!(
         second,
         TickReport {
@@ -618,7 +633,7 @@ async fn a_dispatch_past_the_timeout_settles_failed_as_timed_out() {
     let scheduler = scheduler(ledger, dispatcher);
 
     let started = std::time::Instant::now();
-    let report = scheduler.tick().await.unwrap();
+    let report = one_claim(&scheduler).await;
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -832,7 +847,7 @@ async fn a_claim_whose_lease_is_used_up_before_dispatch_is_left_to_the_reaper() 
     let mut dispatcher = mock_dispatcher();
     dispatcher.expect_dispatch().never();
     let scheduler = scheduler(ledger, dispatcher);
-    let report = scheduler.tick().await.unwrap();
+    let report = one_claim(&scheduler).await;
     assert_eq!(report.unsettled, 1);
     assert_eq!(report.fired + report.failed, 0);
     assert_eq!(Stats::get(&scheduler.stats().unstarted), 1);
@@ -1036,7 +1051,7 @@ async fn a_transient_outbox_error_is_retried_and_the_occurrence_fires() {
     let (ledger, settles) = ledger(vec![claim(&[Row::Fresh], 0)], settled_ok);
     let scheduler = scheduler(ledger, cm_dispatch::OutboxDispatcher::dispatched(outbox));
 
-    let report = scheduler.tick().await.unwrap();
+    let report = one_claim(&scheduler).await;
     assert_eq!(
         report,
         TickReport {
@@ -1065,7 +1080,7 @@ async fn a_database_down_through_the_deadline_leaves_the_claim_for_a_retry() {
     ledger.expect_settle_fires().never();
     let scheduler = scheduler(ledger, cm_dispatch::OutboxDispatcher::dispatched(outbox));
 
-    let report = scheduler.tick().await.unwrap();
+    let report = one_claim(&scheduler).await;
     assert_eq!(
         report,
         TickReport {

@@ -789,9 +789,16 @@ async fn listings_are_aligned_tables_read_a_page_at_a_time() {
     let out = ok(url, &["fires"]);
     assert_eq!(out.lines().count(), 3, "{out}");
     assert!(out.starts_with("SCHEDULED AT (UTC)  "), "{out}");
-    for column in ["ROUTINE", "STATUS", "ATTEMPT", "CLAIMANT", "ERROR"] {
+    for column in [
+        "ROUTINE", "STATUS", "ORIGIN", "ATTEMPT", "CLAIMANT", "ERROR",
+    ] {
         check_aligned(&out, column);
     }
+    // Where each fire came from: these were scheduled.
+    assert!(
+        out.lines().skip(1).all(|l| l.contains("  schedule  ")),
+        "{out}"
+    );
     let failed = out.lines().nth(2).unwrap();
     assert!(
         failed.contains("  node-a  ") && failed.ends_with("  refused"),
@@ -804,6 +811,10 @@ async fn listings_are_aligned_tables_read_a_page_at_a_time() {
         (fire["status"].as_str(), fire["error"].as_str()),
         (Some("failed"), Some("refused"))
     );
+    assert_eq!(fire["origin"].as_str(), Some("schedule"));
+    // `routine show` lists the origin too.
+    let show = ok(url, &["routine", "show", "hourly"]);
+    assert!(show.contains("ORIGIN"), "{show}");
 }
 
 #[test]

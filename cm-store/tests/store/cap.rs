@@ -1,5 +1,6 @@
-//! The per-tick cap across routines: the oldest occurrences first, the rest deferred, and
-//! nothing lost over the following ticks. Also `max_routines`, the bound on routines one tick
+//! The per-claim cap across routines: routines in the order of their oldest owed occurrence,
+//! each taken whole (the last one cut at the cap), the rest deferred, and nothing lost over the
+//! following claims. Also `max_routines`, the bound on routines one tick
 //! locks.
 //!
 //! The routines fire yearly at a minute of their own on 1 January (`i 0 1 1 *`), and their
@@ -37,15 +38,30 @@ async fn backlog(store: &PgStore, pool: &PgPool, n: u32) -> (Vec<Routine>, Vec<O
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
-async fn the_cap_claims_the_oldest_across_routines_and_defers_the_rest(pool: PgPool) {
+async fn the_cap_claims_routines_whole_oldest_first_and_defers_the_rest(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let (routines, owed) = backlog(&store, &pool, 5).await;
     assert_eq!(owed.len(), 15);
     let params = claim_params("a", 4, rules(0, 100));
 
-    // Each tick takes the next four oldest owed occurrences; the deferred count is what is left.
-    let mut claimed = Vec::new();
-    for (tick_no, chunk) in owed.chunks(4).enumerate() {
+    // Each claim takes routines by their oldest occurrence still owed, each with all it owes,
+    // until four are taken; the deferred count is what is left. A routine caught up in one
+    // claim is one row write, however much it owed.
+    let mut claimed: Vec<Occurrence> = Vec::new();
+    for tick_no in 0..4 {
+        let mut left: Vec<Vec<Occurrence>> = routines
+            .iter()
+            .map(|r| {
+                owed.iter()
+                    .filter(|o| o.routine_id == r.id && !claimed.contains(o))
+                    .copied()
+                    .collect::<Vec<_>>()
+            })
+            .filter(|l| !l.is_empty())
+            .collect();
+        left.sort_by_key(|l| (l[0].scheduled_at, l[0].routine_id));
+        let mut chunk: Vec<Occurrence> = left.into_iter().flatten().take(4).collect();
+        chunk.sort();
         let tick = store.claim_due(&params).await.unwrap();
         let got: Vec<_> = tick.fires.iter().map(|f| f.occurrence).collect();
         assert_eq!(got, chunk, "tick {tick_no}");
@@ -84,6 +100,7 @@ async fn the_cap_claims_the_oldest_across_routines_and_defers_the_rest(pool: PgP
             }
         }
     }
+    claimed.sort();
     assert_eq!(claimed, owed);
 
     // Nothing is left, and every owed occurrence has exactly one ledger row.

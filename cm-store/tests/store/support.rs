@@ -125,6 +125,8 @@ pub fn claim_params(claimant: &str, cap: usize, rules: MisfireRules) -> ClaimDue
         rules,
         max_routines: 100,
         in_claim: InClaimWrites::default(),
+        mission_room: None,
+        after: None,
     }
 }
 

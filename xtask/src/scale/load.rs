@@ -45,6 +45,33 @@ pub(super) async fn add_parked_routines(pool: &PgPool, from: u32, to: u32) -> an
     vacuum(pool).await
 }
 
+/// Adds `n` message routines on `schedule`, all due at `at`, in one statement, then analyzes
+/// the table; returns the instant the statement finished (just before its commit).
+pub(super) async fn add_due_routines(
+    pool: &PgPool,
+    n: u32,
+    schedule: &str,
+    at: DateTime<Utc>,
+) -> anyhow::Result<DateTime<Utc>> {
+    let done: DateTime<Utc> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "WITH added AS (
+             INSERT INTO routines
+                 (id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at)
+             SELECT {ROUTINE_ID}, 'scale ' || i, $2, 'UTC', 'message',
+                    jsonb_build_object('text', 'scale message ' || i), 'catch-up', $3
+             FROM generate_series(0, $1::bigint - 1) AS i
+             RETURNING 1)
+         SELECT clock_timestamp() FROM (SELECT count(*) FROM added) c"
+    )))
+    .bind(i64::from(n))
+    .bind(schedule)
+    .bind(at)
+    .fetch_one(pool)
+    .await?;
+    sqlx::query("ANALYZE routines").execute(pool).await?;
+    Ok(done)
+}
+
 /// The id of routine number `i`, as [`add_parked_routines`] made it.
 pub(super) async fn routine_id(pool: &PgPool, i: u32) -> anyhow::Result<uuid::Uuid> {
     Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(

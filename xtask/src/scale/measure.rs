@@ -44,6 +44,8 @@ fn claim_params() -> ClaimDueParams {
             message: Some(InClaimEffect::Outbox),
             mission: Some(InClaimEffect::Outbox),
         },
+        mission_room: None,
+        after: None,
     }
 }
 
@@ -57,11 +59,25 @@ pub(super) async fn all(
     let store = PgStore::connect(url).await?;
     store.migrate().await?;
     let mut rows = Vec::new();
-    rows.extend(idle(options, &store, binary, url, dir).await?);
-    let (throughput, fire_rate) = throughput(options, store.pool(), binary, url, dir).await?;
-    rows.extend(throughput);
-    rows.extend(ledger(options, &store, binary, url).await?);
-    rows.extend(retention(options, &store, fire_rate).await?);
+    if options.runs("idle") {
+        rows.extend(idle(options, &store, binary, url, dir).await?);
+    }
+    let mut fire_rate = None;
+    if options.runs("throughput") {
+        let (throughput, rate) = throughput(options, store.pool(), binary, url, dir).await?;
+        rows.extend(throughput);
+        fire_rate = Some(rate);
+    }
+    if options.runs("due-at-once") {
+        rows.extend(due_at_once(options, store.pool(), binary, url, dir).await?);
+    }
+    if options.runs("fires") {
+        rows.extend(ledger(options, &store, binary, url).await?);
+    }
+    if options.runs("retention") {
+        // Paced to the throughput step's fire rate, or to the rate the bench measured last.
+        rows.extend(retention(options, &store, fire_rate.unwrap_or(20_000.0)).await?);
+    }
     store.pool().close().await;
     Ok(rows)
 }
@@ -172,7 +188,10 @@ async fn due_plan(pool: &PgPool) -> anyhow::Result<String> {
     let mut tx = pool.begin().await?;
     let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN (ANALYZE, BUFFERS) {}",
-        DUE_SQL.replace("$1", "400")
+        DUE_SQL
+            .replace("$1", "400")
+            .replace("$2", "80")
+            .replace("$3", "true")
     )))
     .fetch_all(&mut *tx)
     .await?;
@@ -393,6 +412,206 @@ async fn throughput(
         "same occurrences owed; target ≥ 0.8",
     ));
     Ok((rows, many.rate()))
+}
+
+/// What one "due at once" run measured.
+struct Burst {
+    fires: i64,
+    /// From the shared second to the last fire settled.
+    seconds: f64,
+    lateness: (f64, f64, f64),
+    peak_kib: Vec<u64>,
+    cpu_seconds: Vec<f64>,
+}
+
+impl Burst {
+    fn rate(&self) -> f64 {
+        self.fires as f64 / self.seconds
+    }
+
+    fn note(&self) -> String {
+        let per_process = |values: &[String]| values.join(" / ");
+        format!(
+            "all {} fired {:.2} s after their second ({:.0}/s); lateness p50 {:.2} s, p99 {:.2} s, \
+             max {:.2} s; peak memory {} MiB; CPU {} s",
+            self.fires,
+            self.seconds,
+            self.rate(),
+            self.lateness.0,
+            self.lateness.1,
+            self.lateness.2,
+            per_process(
+                &self
+                    .peak_kib
+                    .iter()
+                    .map(|k| format!("{:.1}", *k as f64 / 1024.0))
+                    .collect::<Vec<_>>()
+            ),
+            per_process(
+                &self
+                    .cpu_seconds
+                    .iter()
+                    .map(|c| format!("{c:.1}"))
+                    .collect::<Vec<_>>()
+            ),
+        )
+    }
+}
+
+/// `processes` schedulers started with `flags`, then `routines` message routines whose one
+/// occurrence is the same whole second, committed before it; waits until all are fired.
+async fn burst(
+    pool: &PgPool,
+    binary: &Path,
+    url: &str,
+    dir: &Path,
+    routines: u32,
+    flags: &[String],
+    processes: usize,
+) -> anyhow::Result<Burst> {
+    load::reset(pool).await?;
+    let label = format!("burst-{routines}-{}-{processes}", flags.len());
+    let names = &["scale-a", "scale-b"][..processes];
+    let mut fleet = Fleet::start_named(binary, url, flags, dir, &label, names)?;
+    tokio::task::block_in_place(|| fleet.wait_ready())?;
+    let cpu_before: Vec<f64> = fleet
+        .pids()
+        .into_iter()
+        .map(cpu_seconds)
+        .collect::<anyhow::Result<_>>()?;
+    // The shared second leaves room for the load to commit before it.
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let margin = TimeDelta::seconds(5 + i64::from(routines / 20_000));
+    let at = now.with_nanosecond(0).context("a whole second")? + margin;
+    let schedule = format!(
+        "{} {} {} {} {} *",
+        at.second(),
+        at.minute(),
+        at.hour(),
+        at.day(),
+        at.month()
+    );
+    let loaded = load::add_due_routines(pool, routines, &schedule, at).await?;
+    ensure!(
+        loaded < at,
+        "{label}: the load committed at {loaded}, after the shared second {at}"
+    );
+    let limit = Instant::now() + Duration::from_secs(900);
+    let mut peak_kib = vec![0; processes];
+    loop {
+        fleet.alive()?;
+        for (peak, pid) in peak_kib.iter_mut().zip(fleet.pids()) {
+            *peak = vm_hwm_kib(pid)?;
+        }
+        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+        if now > at {
+            let owed: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM (SELECT 1 FROM routines WHERE next_run_at <= now() LIMIT 1) d",
+            )
+            .fetch_one(pool)
+            .await?;
+            if owed == 0 {
+                break;
+            }
+        }
+        if Instant::now() > limit {
+            bail!("{label}: routines still due after 900 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cpu_seconds: Vec<f64> = fleet
+        .pids()
+        .into_iter()
+        .zip(&cpu_before)
+        .map(|(pid, before)| Ok(cpu_seconds(pid)? - before))
+        .collect::<anyhow::Result<_>>()?;
+    tokio::task::block_in_place(|| fleet.stop())?;
+    let (fires, fired, outbox, last, p50, p99, max): (i64, i64, i64, DateTime<Utc>, f64, f64, f64) =
+        sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'fired'),
+                    (SELECT count(*) FROM outbox_messages), max(completed_at),
+                    percentile_cont(0.5) WITHIN GROUP (ORDER BY l),
+                    percentile_cont(0.99) WITHIN GROUP (ORDER BY l), max(l)
+             FROM (SELECT *, extract(epoch FROM completed_at - scheduled_at)::float8 AS l
+                   FROM routine_fires) f",
+        )
+        .fetch_one(pool)
+        .await?;
+    let expected = i64::from(routines);
+    ensure!(
+        fires == expected && fired == expected && outbox == expected,
+        "{label}: {fires} ledger rows, {fired} fired, {outbox} outbox rows; {expected} owed"
+    );
+    Ok(Burst {
+        fires,
+        seconds: (last - at).num_microseconds().unwrap_or(0) as f64 / 1e6,
+        lateness: (p50, p99, max),
+        peak_kib,
+        cpu_seconds,
+    })
+}
+
+/// The "due at once" step: defaults against the bench's tuned flags at each size, then the
+/// per-fire cost at a small and a large burst.
+async fn due_at_once(
+    options: &Options,
+    pool: &PgPool,
+    binary: &Path,
+    url: &str,
+    dir: &Path,
+) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let tuned = run_flags();
+    for &routines in &options.sizes.burst {
+        let defaults = burst(pool, binary, url, dir, routines, &[], 2).await?;
+        progress!("due at once, {routines}, defaults: {}", defaults.note());
+        let fast = burst(pool, binary, url, dir, routines, &tuned, 2).await?;
+        progress!("due at once, {routines}, tuned: {}", fast.note());
+        rows.push(Row::new(
+            "Due at once, defaults, 2 processes",
+            count(routines.into()),
+            format!("{:.2} s", defaults.seconds),
+            defaults.note(),
+        ));
+        rows.push(Row::new(
+            format!("Due at once, tuned ({}), 2 processes", tuned.join(" ")),
+            count(routines.into()),
+            format!("{:.2} s", fast.seconds),
+            fast.note(),
+        ));
+        rows.push(Row::new(
+            "Due at once, rate defaults / tuned",
+            count(routines.into()),
+            format!("{:.2}", defaults.rate() / fast.rate()),
+            "same run; target ≥ 0.7",
+        ));
+    }
+    let flags: Vec<String> = ["--max-fires-per-tick", "2000", "--tick-interval", "50ms"]
+        .map(String::from)
+        .to_vec();
+    let (small, large) = options.sizes.burst_pair;
+    for processes in [1, 2] {
+        let a = burst(pool, binary, url, dir, small, &flags, processes).await?;
+        let b = burst(pool, binary, url, dir, large, &flags, processes).await?;
+        progress!(
+            "due at once, {} processes: {small} at {:.0}/s, {large} at {:.0}/s",
+            processes,
+            a.rate(),
+            b.rate()
+        );
+        rows.push(Row::new(
+            format!("Due at once, {large} / {small} fire rate, {processes} process(es)"),
+            format!("{} / {}", count(large.into()), count(small.into())),
+            format!("{:.2}", b.rate() / a.rate()),
+            format!(
+                "{}: {:.0}/s against {:.0}/s; target ≥ 0.8",
+                flags.join(" "),
+                b.rate(),
+                a.rate()
+            ),
+        ));
+    }
+    Ok(rows)
 }
 
 /// The median wall time of `runs` runs of the binary with `args`, in milliseconds.

@@ -1,0 +1,188 @@
+//! Fast by default, through the real loop against the real database: a claim that comes back
+//! full is followed at once by another, so one tick drains what is due whatever the cap; and
+//! missions reach their runtime at no more than the launch rate, the rest waiting unclaimed.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Datelike, TimeZone, Utc};
+use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
+use cm_domain::{FireCap, Lease, MisfirePolicy, Schedule, SchedulerConfig};
+use cm_scheduler::Scheduler;
+use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+use serde_json::json;
+use sqlx::PgPool;
+
+/// Creates `n` yearly routines of `kind` whose occurrence of this 1 January is due (long past:
+/// `fire-once` fires it once).
+async fn due_yearly(store: &PgStore, pool: &PgPool, n: usize, kind: RoutineKind) {
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let jan1 = Utc.with_ymd_and_hms(now.year(), 1, 1, 0, 0, 0).unwrap();
+    for i in 0..n {
+        let routine = store
+            .create_routine(NewRoutine {
+                name: format!("{kind:?} {i}").to_lowercase(),
+                schedule: Schedule::parse("0 0 1 1 *", "UTC").unwrap(),
+                kind,
+                payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
+                misfire: MisfirePolicy::FireOnce,
+                paused: false,
+            })
+            .await
+            .unwrap();
+        sqlx::query("UPDATE routines SET next_run_at = $2 WHERE id = $1")
+            .bind(routine.id)
+            .bind(jan1)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
+fn scheduler(
+    store: &PgStore,
+    dispatcher: Arc<RoutedDispatcher>,
+    config: SchedulerConfig,
+) -> Scheduler {
+    Scheduler::new(Arc::new(store.clone()), dispatcher, config, "drain-test").unwrap()
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_full_claim_is_followed_at_once_so_one_tick_drains_what_is_due(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    due_yearly(&store, &pool, 200, RoutineKind::Message).await;
+    let messages = Arc::new(MemoryDispatcher::new());
+    let config = SchedulerConfig {
+        max_fires_per_tick: FireCap::new(5).unwrap(),
+        max_in_flight: 1_000,
+        ..SchedulerConfig::default()
+    };
+    let scheduler = scheduler(
+        &store,
+        Arc::new(RoutedDispatcher::new(Some(messages.clone()), None)),
+        config,
+    );
+    // One tick, not forty: every claim that came back full was followed by another.
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(report.fired, 200, "{report:?}");
+    assert_eq!(messages.calls().len(), 200);
+    assert!(report.claims > 1, "{report:?}");
+    // The batch grows while claims come back full (5, 10, 20, ...), so 200 take a few claims.
+    assert!(report.claims <= 8, "{report:?}");
+    let due: i64 = sqlx::query_scalar("SELECT count(*) FROM routines WHERE next_run_at <= now()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(due, 0);
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn missions_reach_the_runtime_at_no_more_than_the_launch_rate(pool: PgPool) {
+    const RATE: u32 = 10;
+    const MISSIONS: usize = 30;
+    let store = PgStore::new(pool.clone());
+    due_yearly(&store, &pool, MISSIONS, RoutineKind::Mission).await;
+    due_yearly(&store, &pool, 50, RoutineKind::Message).await;
+    let missions = Arc::new(MemoryDispatcher::new());
+    let messages = Arc::new(MemoryDispatcher::new());
+    let config = SchedulerConfig {
+        tick_interval: Duration::from_millis(100),
+        lease: Lease::new(Duration::from_secs(5)).unwrap(),
+        dispatch_timeout: Duration::from_secs(1),
+        max_mission_launches_per_second: NonZeroU32::new(RATE),
+        ..SchedulerConfig::default()
+    };
+    let scheduler = Arc::new(scheduler(
+        &store,
+        Arc::new(RoutedDispatcher::new(
+            Some(messages.clone()),
+            Some(missions.clone()),
+        )),
+        config,
+    ));
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = scheduler.clone().spawn(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    });
+    let mut settled = 0;
+    for _ in 0..100 {
+        settled = sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM routine_fires f JOIN routines r ON r.id = f.routine_id
+             WHERE r.kind = 'mission' AND f.status = 'fired'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if settled == MISSIONS as i64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send(true).unwrap();
+    run.await.unwrap();
+    assert_eq!(settled, MISSIONS as i64, "not every mission was launched");
+    // The messages were not held back by the missions' rate.
+    assert_eq!(messages.calls().len(), 50);
+
+    // Claimed (and launched) at most RATE in any second; the rest waited unclaimed, so each
+    // claim's lease started when it was claimed, not when it came due.
+    let claimed: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT f.claimed_at, f.lease_expires_at FROM routine_fires f
+         JOIN routines r ON r.id = f.routine_id WHERE r.kind = 'mission' ORDER BY f.claimed_at",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    for (i, (at, lease)) in claimed.iter().enumerate() {
+        assert_eq!(*lease - *at, chrono::TimeDelta::seconds(5));
+        let in_window = claimed[i..]
+            .iter()
+            .take_while(|(later, _)| *later - *at < chrono::TimeDelta::seconds(1))
+            .count();
+        assert!(
+            in_window <= RATE as usize,
+            "{in_window} missions claimed within a second of {at}"
+        );
+    }
+    let span = claimed.last().unwrap().0 - claimed[0].0;
+    assert!(span >= chrono::TimeDelta::milliseconds(1_900), "{span}");
+    assert!(
+        span < chrono::TimeDelta::seconds(4),
+        "{span}: late beyond the rate"
+    );
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn lateness_counts_scheduled_fires_only(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    due_yearly(&store, &pool, 1, RoutineKind::Message).await;
+    let routine = store.list_routines().await.unwrap().remove(0);
+    // A backfill of last week and a trigger are fired, but are not late.
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT date_trunc('second', now())")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let week_ago: Vec<_> = (0..3)
+        .map(|h| now - chrono::TimeDelta::days(7) + chrono::TimeDelta::hours(h))
+        .collect();
+    store
+        .request_occurrences(routine.id, &week_ago)
+        .await
+        .unwrap();
+    store.trigger_routine(routine.id).await.unwrap();
+    let messages = Arc::new(MemoryDispatcher::new());
+    let scheduler = scheduler(
+        &store,
+        Arc::new(RoutedDispatcher::new(Some(messages.clone()), None)),
+        SchedulerConfig::default(),
+    );
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(report.fired, 5, "{report:?}");
+    // Only the scheduled occurrence (this 1 January) is counted, however late it was.
+    let lateness = &scheduler.stats().lateness;
+    assert_eq!(lateness.count(), 1);
+}

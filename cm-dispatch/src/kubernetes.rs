@@ -22,7 +22,6 @@
 //! ([`crate::fakes::kubernetes`]); no cluster was available where it was built.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
@@ -36,6 +35,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::time::Instant;
 
 use crate::mission::{Launch, MissionConfig};
+use crate::retry::{Retried, until_deadline};
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
 /// The annotation holding the occurrence's key on every Job, whatever its name.
@@ -46,10 +46,6 @@ pub const CONTAINER_NAME: &str = "mission";
 
 /// The field manager cm writes Jobs as.
 const FIELD_MANAGER: &str = "cm-scheduler";
-
-/// The first pause between tries of a failing call; it doubles up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Launches each mission as a Kubernetes Job.
 #[derive(Clone)]
@@ -306,33 +302,20 @@ impl KubernetesDispatcher {
         &self,
         deadline: Instant,
         what: &str,
-        mut call: F,
+        call: F,
     ) -> Result<T, DispatchError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, kube::Error>>,
     {
-        let mut backoff = FIRST_BACKOFF;
-        let mut last: Option<String> = None;
-        loop {
-            let error = match tokio::time::timeout_at(deadline, call()).await {
-                Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(e)) => e,
-                Err(_) => return Err(past_deadline(what, last)),
-            };
-            let text = describe(&error);
-            if is_refusal(&error) {
-                return Err(DispatchError::Rejected(format!(
-                    "kubernetes {what}: {text}"
-                )));
-            }
-            last = Some(text);
-            if Instant::now() + backoff >= deadline {
-                return Err(past_deadline(what, last));
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
-        }
+        until_deadline(deadline, is_refusal, call)
+            .await
+            .map_err(|failed| match failed {
+                Retried::Refused(e) => {
+                    DispatchError::Rejected(format!("kubernetes {what}: {}", describe(&e)))
+                }
+                Retried::PastDeadline(last) => past_deadline(what, last.map(|e| describe(&e))),
+            })
     }
 }
 

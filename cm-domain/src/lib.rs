@@ -22,6 +22,8 @@
 //! - [`backfill`]: the occurrences of a past window, asked for by hand.
 //! - [`name`]: routine names ([`RoutineName`]): unique handles people type, safe to print.
 //! - [`mission`]: the mission file of a mission routine, validated field by field ([`Mission`]).
+//! - [`run`]: a mission's run watched after its launch ([`RunState`]), and the routine's
+//!   [`OverlapPolicy`] when runs would overlap ([`decide_overlap`]).
 //!
 //! # Example
 //!
@@ -45,6 +47,7 @@ pub mod misfire;
 pub mod mission;
 pub mod name;
 pub mod occurrence;
+pub mod run;
 pub mod schedule;
 pub mod tick;
 
@@ -58,6 +61,10 @@ pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError,
 pub use mission::{Mission, MissionError};
 pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
 pub use occurrence::{IdempotencyKey, Occurrence, RoutineId};
+pub use run::{
+    OverlapDecision, OverlapPolicy, ParseOverlapPolicyError, ParseRunStateError, RunHolder,
+    RunState, RunStateName, decide_overlap,
+};
 pub use schedule::{
     Field, MAX_EXPRESSION_CHARS, Occurrences, Schedule, ScheduleError, Zone, ZoneError,
 };

@@ -87,7 +87,7 @@ impl KubernetesDispatcher {
         image: String,
         config: MissionConfig,
     ) -> Result<Self, KubernetesSetupError> {
-        let user = numeric_user(config.user.as_deref())?;
+        let user = checked_settings(&config)?;
         let cluster = kube::Config::infer()
             .await
             .map_err(|e| KubernetesSetupError::Cluster(e.to_string()))?;
@@ -101,7 +101,7 @@ impl KubernetesDispatcher {
         image: String,
         config: MissionConfig,
     ) -> Result<Self, KubernetesSetupError> {
-        let user = numeric_user(config.user.as_deref())?;
+        let user = checked_settings(&config)?;
         let cluster_error = |e: kube::config::KubeconfigError| {
             KubernetesSetupError::Cluster(format!("kubeconfig {}: {e}", path.display()))
         };
@@ -119,7 +119,7 @@ impl KubernetesDispatcher {
         image: String,
         config: MissionConfig,
     ) -> Result<Self, KubernetesSetupError> {
-        let user = numeric_user(config.user.as_deref())?;
+        let user = checked_settings(&config)?;
         KubernetesDispatcher::with_config(cluster, image, config, user)
     }
 
@@ -366,6 +366,103 @@ pub fn is_label_value(value: &str) -> bool {
             && bytes[bytes.len() - 1].is_ascii_alphanumeric())
 }
 
+/// The operator's settings checked as the API server would check the Job, so a setting it
+/// would refuse stops `run` at start (naming the key) instead of failing every occurrence;
+/// returns the numeric user.
+fn checked_settings(
+    config: &MissionConfig,
+) -> Result<Option<(i64, Option<i64>)>, KubernetesSetupError> {
+    let k8s = &config.kubernetes;
+    let refuse = |key: &str, why: String| {
+        Err(KubernetesSetupError::Config(format!(
+            "mission config \"kubernetes\".{key}: {why}"
+        )))
+    };
+    if !is_dns_label(&k8s.namespace) {
+        return refuse(
+            "namespace",
+            format!(
+                "{:?} is not a DNS-1123 label (at most 63 lowercase letters, digits and '-', \
+                 starting and ending with a letter or digit)",
+                k8s.namespace
+            ),
+        );
+    }
+    if k8s.backoff_limit < 0 {
+        return refuse(
+            "backoff_limit",
+            format!("must be 0 or more, not {}", k8s.backoff_limit),
+        );
+    }
+    if k8s.ttl_seconds_after_finished < 0 {
+        return refuse(
+            "ttl_seconds_after_finished",
+            format!("must be 0 or more, not {}", k8s.ttl_seconds_after_finished),
+        );
+    }
+    if k8s.active_deadline_seconds < 1 {
+        return refuse(
+            "active_deadline_seconds",
+            format!("must be 1 or more, not {}", k8s.active_deadline_seconds),
+        );
+    }
+    if let Some(account) = &k8s.service_account
+        && !is_dns_subdomain(account)
+    {
+        return refuse(
+            "service_account",
+            format!("{account:?} is not a DNS-1123 subdomain"),
+        );
+    }
+    for (key, value) in [("cpu", &k8s.cpu), ("memory", &k8s.memory)] {
+        if let Some(value) = value
+            && !is_quantity(value)
+        {
+            return refuse(
+                key,
+                format!(
+                    "{value:?} is not a Kubernetes quantity (a non-negative number with an \
+                     optional suffix: 500m, 1.5, 2Gi, 1e3)"
+                ),
+            );
+        }
+    }
+    numeric_user(config.user.as_deref())
+}
+
+/// A Kubernetes resource quantity as `resource.ParseQuantity` reads it, not negative: a decimal
+/// number (`1`, `1.5`, `.5`, `5.`), then a binary suffix (`Ki` … `Ei`), a decimal one (`n`,
+/// `u`, `m`, `k`, `M`, `G`, `T`, `P`, `E`) or a decimal exponent (`e3`, `E-2`), or nothing.
+pub fn is_quantity(text: &str) -> bool {
+    let number = text.strip_prefix('+').unwrap_or(text);
+    let digits_end = number
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(number.len());
+    let (value, suffix) = number.split_at(digits_end);
+    let has_digit = value.bytes().any(|b| b.is_ascii_digit());
+    if !has_digit || value.matches('.').count() > 1 {
+        return false;
+    }
+    const SUFFIXES: [&str; 16] = [
+        "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E",
+    ];
+    if SUFFIXES.contains(&suffix) {
+        return true;
+    }
+    // A decimal exponent: e or E, an optional sign, digits.
+    let Some(exponent) = suffix.strip_prefix(['e', 'E']) else {
+        return false;
+    };
+    let exponent = exponent.strip_prefix(['+', '-']).unwrap_or(exponent);
+    !exponent.is_empty() && exponent.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A DNS-1123 subdomain: dot-separated DNS labels, at most 253 characters (a service account's
+/// name).
+fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_dns_label)
+}
+
 /// `uid[:gid]` as numbers: Kubernetes runs a container as a numeric user only.
 fn numeric_user(user: Option<&str>) -> Result<Option<(i64, Option<i64>)>, KubernetesSetupError> {
     let Some(user) = user else { return Ok(None) };
@@ -495,6 +592,57 @@ mod tests {
         for bad in ["-a", "a.", "2026-03-29T01:30:00Z", "a b", &"a".repeat(64)] {
             assert!(!is_label_value(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn quantities_parse_as_kubernetes_parses_them() {
+        for ok in [
+            "1", "0", "500m", "1.5", ".5", "5.", "2Gi", "128Mi", "1e3", "1E-2", "+1", "100k", "3Ei",
+        ] {
+            assert!(is_quantity(ok), "{ok}");
+        }
+        for bad in [
+            "", "1.5cores", "lots", "-1", "1.2.3", "Gi", "1gi", "1KiB", "1e", "1e+", "m", " 1",
+        ] {
+            assert!(!is_quantity(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn settings_the_api_server_would_refuse_are_refused_naming_the_key() {
+        let check = |json: &str, key: &str| {
+            let config = MissionConfig::from_json(json).unwrap();
+            let err = checked_settings(&config).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("\"kubernetes\".{key}")),
+                "{json}: {err}"
+            );
+        };
+        check(r#"{"kubernetes": {"backoff_limit": -1}}"#, "backoff_limit");
+        check(
+            r#"{"kubernetes": {"ttl_seconds_after_finished": -5}}"#,
+            "ttl_seconds_after_finished",
+        );
+        check(
+            r#"{"kubernetes": {"active_deadline_seconds": 0}}"#,
+            "active_deadline_seconds",
+        );
+        check(r#"{"kubernetes": {"cpu": "1.5cores"}}"#, "cpu");
+        check(r#"{"kubernetes": {"memory": "lots"}}"#, "memory");
+        check(
+            r#"{"kubernetes": {"namespace": "Not_A_Namespace"}}"#,
+            "namespace",
+        );
+        check(
+            r#"{"kubernetes": {"service_account": "Bad Name"}}"#,
+            "service_account",
+        );
+        let fine = MissionConfig::from_json(
+            r#"{"user": "1000", "kubernetes": {"namespace": "missions", "cpu": "500m",
+                "memory": "2Gi", "backoff_limit": 0, "ttl_seconds_after_finished": 0}}"#,
+        )
+        .unwrap();
+        assert_eq!(checked_settings(&fine).unwrap(), Some((1000, None)));
     }
 
     #[test]

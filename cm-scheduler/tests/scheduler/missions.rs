@@ -54,6 +54,14 @@ async fn mission_backend_settings_are_refused_at_start() {
     let unknown = files.write("unknown.json", r#"{"docker": {"netwrk": "x"}}"#);
     let no_image = files.write("no-image.json", r#"{"command": ["run"]}"#);
     let named_user = files.write("named-user.json", r#"{"user": "mission"}"#);
+    // What the API server would refuse in every Job: refused at start, naming the key.
+    let k8s =
+        |name: &str, settings: &str| files.write(name, &format!(r#"{{"kubernetes": {settings}}}"#));
+    let backoff = k8s("backoff.json", r#"{"backoff_limit": -1}"#);
+    let ttl = k8s("ttl.json", r#"{"ttl_seconds_after_finished": -5}"#);
+    let cpu = k8s("cpu.json", r#"{"cpu": "1.5cores"}"#);
+    let memory = k8s("memory.json", r#"{"memory": "lots"}"#);
+    let namespace = k8s("namespace.json", r#"{"namespace": "Not_A_Namespace"}"#);
     let missing = files.write("dir-marker", "");
     let missing = format!("{missing}.absent");
     let run = |rest: &[&str]| -> Vec<String> {
@@ -70,6 +78,11 @@ async fn mission_backend_settings_are_refused_at_start() {
         (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &unknown]), "netwrk"),
         // Kubernetes runs a container as a number, never as a name from the image's passwd.
         (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &named_user]), "numeric user"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &backoff]), "\"kubernetes\".backoff_limit"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &ttl]), "\"kubernetes\".ttl_seconds_after_finished"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &cpu]), "\"kubernetes\".cpu"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &memory]), "\"kubernetes\".memory"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &namespace]), "\"kubernetes\".namespace"),
         (run(&["--mission-backend", "process"]), "--mission-command"),
         (run(&["--mission-image", IMAGE]), "--mission-backend"),
         (run(&["--mission-backend", "docker", "--mission-image", IMAGE, "--mission-command", "/bin/true"]), "--mission-command"),

@@ -522,6 +522,103 @@ impl Dispatcher for KubernetesDispatcher {
     }
 }
 
+/// The run a Job's status shows: its `Complete` or `Failed` condition (or a succeeded pod),
+/// otherwise running.
+fn job_run_state(job: &Job) -> cm_domain::RunState {
+    use cm_domain::{ErrorText, RunState};
+    let Some(status) = &job.status else {
+        return RunState::Running;
+    };
+    let condition = |kind: &str| {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == kind && c.status == "True")
+    };
+    if condition("Complete").is_some() || status.succeeded.unwrap_or(0) > 0 {
+        return RunState::Succeeded;
+    }
+    match condition("Failed") {
+        Some(failed) => RunState::Failed {
+            exit_code: None,
+            reason: ErrorText::new(
+                match (failed.reason.as_deref(), failed.message.as_deref()) {
+                    (Some(reason), Some(message)) => format!("{reason}: {message}"),
+                    (Some(text), None) | (None, Some(text)) => text.to_owned(),
+                    (None, None) => "the Job failed".to_owned(),
+                },
+            ),
+        },
+        None => RunState::Running,
+    }
+}
+
+#[async_trait]
+impl crate::MissionRuntime for KubernetesDispatcher {
+    /// The API server answers: any answer counts (listing Jobs may be forbidden to a service
+    /// account that can create them), only a failure to reach it does not.
+    async fn ready(&self) -> Result<(), String> {
+        let params = kube::api::ListParams::default().limit(1);
+        match self.jobs.list_metadata(&params).await {
+            Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
+            Err(e) => Err(format!("cannot reach the Kubernetes API: {}", describe(&e))),
+        }
+    }
+
+    async fn observe(
+        &self,
+        run: &crate::RunRef,
+        deadline: std::time::Instant,
+    ) -> Result<cm_domain::RunState, DispatchError> {
+        let name = job_name(&run.name);
+        let found = self
+            .retrying(
+                Instant::from_std(deadline),
+                &format!("read Job {name}"),
+                || async {
+                    match self.jobs.get(&name).await {
+                        Ok(job) => Ok(Some(job)),
+                        Err(e) if status_code(&e) == Some(404) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                },
+            )
+            .await?;
+        Ok(match found {
+            Some(job) => job_run_state(&job),
+            None => cm_domain::RunState::Lost {
+                reason: cm_domain::ErrorText::new(format!(
+                    "the Kubernetes API has no Job {}/{name}",
+                    self.namespace
+                )),
+            },
+        })
+    }
+
+    async fn stop(
+        &self,
+        run: &crate::RunRef,
+        deadline: std::time::Instant,
+    ) -> Result<(), DispatchError> {
+        let name = job_name(&run.name);
+        // Background propagation: the Job goes now, and the garbage collector deletes its pods.
+        let params = kube::api::DeleteParams::background();
+        self.retrying(
+            Instant::from_std(deadline),
+            &format!("delete Job {name}"),
+            || async {
+                match self.jobs.delete(&name, &params).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if status_code(&e) == Some(404) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            },
+        )
+        .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use chrono::{TimeZone, Utc};

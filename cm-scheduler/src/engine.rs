@@ -37,6 +37,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::autopause::AutoPause;
 use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
+use crate::runs::RunWatch;
 use crate::stats::{Stats, add};
 
 /// How many rows one prune statement deletes (settled fires, or acknowledged outbox messages).
@@ -122,6 +123,8 @@ pub struct Scheduler {
     completion: Completion,
     auto_pause: Option<AutoPause>,
     outbox: Option<Arc<dyn OutboxConsumer>>,
+    /// Mission runs watched after their launch (`runs.rs`).
+    runs: Option<Arc<RunWatch>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -165,6 +168,7 @@ impl Scheduler {
             completion: Completion::default(),
             auto_pause: None,
             outbox: None,
+            runs: None,
         })
     }
 
@@ -192,6 +196,17 @@ impl Scheduler {
             store,
             after_failures,
         });
+        self
+    }
+
+    /// Watches every mission launched to its end: marks its run `running` before the launch,
+    /// and asks `runtime` about the unfinished runs every tick interval (at least every second).
+    pub fn with_run_watch(
+        mut self,
+        store: Arc<dyn cm_store::MissionRuns>,
+        runtime: Arc<dyn cm_dispatch::MissionRuntime>,
+    ) -> Self {
+        self.runs = Some(Arc::new(RunWatch { store, runtime }));
         self
     }
 
@@ -404,6 +419,7 @@ impl Scheduler {
                         completer: completer.clone(),
                         timeout,
                         stats: self.stats.clone(),
+                        runs: self.runs.clone(),
                     };
                     let stats = self.stats.clone();
                     let task = async move {
@@ -571,7 +587,8 @@ impl Scheduler {
         tokio::join!(
             signal,
             self.tick_loop(stopped.clone(), &completer),
-            self.reap_loop(stopped, &completer),
+            self.reap_loop(stopped.clone(), &completer),
+            self.watch_loop(stopped),
         );
         // No new claims from here on; wait for every dispatch in flight to settle (each is
         // bounded by the dispatch timeout), then for the completer's last batch.
@@ -641,6 +658,27 @@ impl Scheduler {
             self.prune().await;
             if let Some(auto_pause) = &self.auto_pause {
                 auto_pause.pass(&self.stats).await;
+            }
+        }
+    }
+
+    /// Asks the mission runtime about unfinished runs every tick interval (at least every
+    /// second), beside the ticks; nothing without [`Scheduler::with_run_watch`].
+    async fn watch_loop(&self, mut stopped: watch::Receiver<bool>) {
+        let Some(runs) = &self.runs else { return };
+        let every = self.config.tick_interval.max(Duration::from_secs(1));
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = stopped.wait_for(|stop| *stop) => break,
+                _ = interval.tick() => {}
+            }
+            if let Err(e) = runs.pass(&self.stats).await {
+                error!(error = %e, "watching mission runs failed");
+                self.stats
+                    .tick_failed(format!("watching mission runs failed: {e}"));
             }
         }
     }
@@ -729,6 +767,7 @@ struct FireJob {
     completer: Arc<dyn Completer>,
     timeout: Duration,
     stats: Arc<Stats>,
+    runs: Option<Arc<RunWatch>>,
 }
 
 enum FireResult {
@@ -774,6 +813,19 @@ impl FireJob {
             Instant::now() + self.timeout,
         );
         self.stats.lateness.observe(lateness);
+        if let Some(runs) = self
+            .runs
+            .as_ref()
+            .filter(|_| fire.kind == RoutineKind::Mission)
+            && let Err(e) = runs.begin(fire.occurrence, &self.stats).await
+        {
+            // Nothing was launched: leave the claim for a retry after its lease.
+            warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
+                "cannot mark the mission's run; the reaper will retry this occurrence after its lease");
+            add(&self.stats.left_for_retry, 1);
+            return FireResult::Unsettled;
+        }
         let (settlement, receipt) = match tokio::time::timeout(
             self.timeout,
             self.dispatcher.dispatch(&dispatch),

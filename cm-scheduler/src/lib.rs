@@ -28,6 +28,7 @@ mod autopause;
 pub mod completer;
 mod engine;
 pub mod http;
+pub mod runs;
 pub mod stats;
 pub mod status;
 

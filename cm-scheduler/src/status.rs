@@ -239,13 +239,15 @@ pub async fn routine(State(state): State<Arc<HttpState>>, Path(id): Path<Uuid>) 
         } @else {
             div.scroll { table id="fires" {
                 thead { tr {
-                    th { "Occurrence (UTC)" } th { "Status" } th { "Attempt" } th { "Claimant" }
+                    th { "Occurrence (UTC)" } th { "Status" } th { "Run" } th { "Attempt" }
+                    th { "Claimant" }
                     th { "Settled" } th { "Receipt" } th { "Error" }
                 } }
                 tbody { @for f in &fires {
                     tr {
                         td { (utc(f.scheduled_at)) }
                         td { span class=(f.status) { (f.status) } }
+                        td { (crate::runs::run_text(f)) }
                         td { (f.attempt) }
                         td.muted { (f.claimant) }
                         td { (f.completed_at.map(utc).unwrap_or_default()) }

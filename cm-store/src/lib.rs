@@ -10,6 +10,7 @@
 //! - [`outbox`]: the message outbox ([`OutboxStore`]).
 //! - [`status`]: the bounded read-only queries of the status page ([`StatusReader`]).
 //! - [`autopause`]: pausing routines whose last fires all failed ([`FailingRoutines`]).
+//! - [`runs`]: mission runs watched after their launch ([`MissionRuns`]).
 //! - [`consumer`]: the outbox's consumer contract: leased batches in `seq` order,
 //!   acknowledgement, the backlog, pruning ([`OutboxConsumer`]).
 //!
@@ -55,6 +56,7 @@ pub mod ledger;
 mod options;
 pub mod outbox;
 pub mod routines;
+pub mod runs;
 pub mod status;
 
 use sqlx::PgPool;
@@ -86,6 +88,9 @@ pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
 #[cfg(feature = "mock")]
 pub use routines::MockRoutineStore;
 pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
+#[cfg(feature = "mock")]
+pub use runs::MockMissionRuns;
+pub use runs::{MissionRuns, RunUpdate, UnfinishedRun};
 pub use status::{FailedFire, LastFire, OpenClaims, RoutineSummary, StatusReader};
 
 /// The schema's migrations, embedded in the binary.

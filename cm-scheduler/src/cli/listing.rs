@@ -128,6 +128,7 @@ pub(super) const FIRE_COLUMNS: &[&str] = &[
     "SCHEDULED AT (UTC)",
     "ROUTINE",
     "STATUS",
+    "RUN",
     "ATTEMPT",
     "CLAIMANT",
     "RECEIPT",
@@ -140,6 +141,7 @@ pub(super) fn fire_row(f: &Fire) -> Vec<String> {
         instant(f.scheduled_at),
         f.routine_id.to_string(),
         f.status.clone(),
+        printable(&cm_scheduler::runs::run_text(f)),
         f.attempt.to_string(),
         printable(&f.claimant),
         f.receipt.as_deref().map(printable).unwrap_or_default(),
@@ -151,6 +153,7 @@ pub(super) fn fire_row(f: &Fire) -> Vec<String> {
 pub(super) const ROUTINE_FIRE_COLUMNS: &[&str] = &[
     "SCHEDULED AT (UTC)",
     "STATUS",
+    "RUN",
     "ATTEMPT",
     "CLAIMANT",
     "RECEIPT",

@@ -239,7 +239,19 @@ async fn killed_mid_launch(fault: StartFault) {
         // B found it created, never started, and started it: the one start.
         expected.push(("POST /containers/ID/start".to_owned(), 204));
     }
-    assert_eq!(calls, expected);
+    assert_launched_with(&calls, &expected);
+}
+
+/// The launch made exactly the `expected` calls; after them come only the reads of the run
+/// watch (the mission's run asked about until it ends).
+fn assert_launched_with(calls: &[(String, u16)], expected: &[(String, u16)]) {
+    let launch = &calls[..expected.len().min(calls.len())];
+    assert_eq!(launch, expected, "{calls:?}");
+    let watch = &calls[launch.len()..];
+    assert!(
+        watch.iter().all(|(call, _)| call.starts_with("GET ")),
+        "{calls:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -320,6 +332,8 @@ async fn killed_mid_create(fault: CreateFault) {
     let calls: Vec<(String, u16)> = fake
         .calls()
         .into_iter()
+        // The readiness check at start lists Jobs; it launches nothing.
+        .filter(|c| !(c.method == "GET" && c.path.ends_with("/jobs")))
         .map(|c| {
             (
                 format!("{} {}", c.method, c.path.replace(key.as_str(), "NAME")),
@@ -341,7 +355,7 @@ async fn killed_mid_create(fault: CreateFault) {
             ),
         ],
     };
-    assert_eq!(calls, expected);
+    assert_launched_with(&calls, &expected);
     // `fires` shows which Job carried the occurrence out.
     let receipt = format!("job missions/{} uid {}", jobs[0].name, jobs[0].uid);
     let listed = ok(&db.url, &["fires", "--routine", &routine.to_string()]);
@@ -356,4 +370,62 @@ async fn a_scheduler_killed_before_its_job_was_stored_launches_one_job() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_killed_after_its_job_was_stored_launches_one_job() {
     killed_mid_create(CreateFault::StallAfterCreate).await;
+}
+
+/// `fires --json` of `routine`, one JSON object a fire.
+fn fires_json(db: &TestDb, routine: Uuid) -> Vec<serde_json::Value> {
+    ok(
+        &db.url,
+        &["fires", "--routine", &routine.to_string(), "--json"],
+    )
+    .lines()
+    .filter_map(|line| serde_json::from_str(line).ok())
+    .filter(|v: &serde_json::Value| v.get("scheduled_at").is_some())
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mission_runs_are_watched_to_their_exit_code_through_the_binary() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let routine = mission_routine(&db, &files);
+    let a = scheduler(&db, &fake, "A");
+    // The first launch runs; it then exits 3.
+    let launched = eventually(async || fake.containers().into_iter().find(|c| c.starts == 1)).await;
+    let Some(container) = launched else {
+        panic!("nothing launched; log:\n{}", a.log())
+    };
+    ok(&db.url, &["routine", "pause", &routine.to_string()]);
+    let running = eventually(async || {
+        fires_json(&db, routine)
+            .into_iter()
+            .find(|f| f["run_state"] == "running" && f["status"] == "fired")
+    })
+    .await;
+    assert!(
+        running.is_some(),
+        "{:?}\n{}",
+        fires_json(&db, routine),
+        a.log()
+    );
+    fake.exit(&container.name, 3);
+    let failed = eventually(async || {
+        fires_json(&db, routine)
+            .into_iter()
+            .find(|f| f["run_state"] == "failed")
+    })
+    .await
+    .unwrap_or_else(|| panic!("{:?}\n{}", fires_json(&db, routine), a.log()));
+    assert_eq!(failed["run_exit_code"], 3);
+    assert_eq!(failed["run_reason"], "exit code 3");
+    let table = ok(&db.url, &["fires", "--routine", &routine.to_string()]);
+    assert!(table.contains("failed (exit 3)"), "{table}");
+    let shown = ok(&db.url, &["routine", "show", &routine.to_string()]);
+    assert!(shown.contains("failed (exit 3)"), "{shown}");
+    assert!(
+        a.log().contains("mission run ended"),
+        "the end is logged: {}",
+        a.log()
+    );
 }

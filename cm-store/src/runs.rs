@@ -1,0 +1,144 @@
+//! Mission runs watched after their launch: the `run_*` columns of `routine_fires`.
+//!
+//! A mission fire's run is marked `running` when its launch goes ahead ([`MissionRuns::begin_run`],
+//! on the row still `claimed`), so a scheduler that dies between the launch and the settle leaves
+//! a run that is still watched. The watch pass reads the runs not yet finished, least recently
+//! checked first, through `routine_fires_running_idx` ([`MissionRuns::unfinished_runs`]), asks
+//! the runtime about each, and writes what it learned ([`MissionRuns::record_runs`]).
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use cm_domain::{FireStatus, Occurrence, RunState};
+use uuid::Uuid;
+
+use crate::{PgStore, StoreError};
+
+/// A mission fire whose run is not known to have finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnfinishedRun {
+    /// The occurrence.
+    pub occurrence: Occurrence,
+    /// The fire's status: `claimed` while its launch is under way, `fired` once launched,
+    /// `failed` when the launch failed after the run was begun.
+    pub status: FireStatus,
+}
+
+/// What the watch pass learned about one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunUpdate {
+    /// The runtime's answer: still running (the row is only marked checked), or ended.
+    Observed(RunState),
+    /// The launch never happened (the fire settled `failed`): the fire has no run.
+    NotLaunched,
+    /// Its launch is still under way: only marked checked, so the pass moves on to others.
+    Launching,
+}
+
+/// The run columns of the ledger.
+#[cfg_attr(feature = "mock", mockall::automock)]
+#[async_trait]
+pub trait MissionRuns: Send + Sync {
+    /// Marks the run of `occurrence` (a `claimed` mission fire about to launch) `running`.
+    async fn begin_run(&self, occurrence: Occurrence) -> Result<(), StoreError>;
+
+    /// Up to `limit` runs still `running`, least recently checked first.
+    async fn unfinished_runs(&self, limit: u32) -> Result<Vec<UnfinishedRun>, StoreError>;
+
+    /// Writes what the watch pass learned. Only runs still `running` change, so two passes
+    /// of two schedulers at once write the same states.
+    async fn record_runs(&self, updates: &[(Occurrence, RunUpdate)]) -> Result<(), StoreError>;
+}
+
+#[async_trait]
+impl MissionRuns for PgStore {
+    async fn begin_run(&self, occurrence: Occurrence) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE routine_fires SET run_state = 'running', run_exit_code = NULL,
+                 run_reason = NULL, run_checked_at = now()
+             WHERE routine_id = $1 AND scheduled_at = $2 AND status = 'claimed'",
+        )
+        .bind(occurrence.routine_id)
+        .bind(occurrence.scheduled_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn unfinished_runs(&self, limit: u32) -> Result<Vec<UnfinishedRun>, StoreError> {
+        let rows: Vec<(Uuid, DateTime<Utc>, String)> = sqlx::query_as(UNFINISHED_RUNS_SQL)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|(routine_id, scheduled_at, status)| {
+                let status = status
+                    .parse()
+                    .map_err(
+                        |e: cm_domain::ParseFireStatusError| StoreError::CorruptRoutine {
+                            routine_id,
+                            reason: e.to_string(),
+                        },
+                    )?;
+                Ok(UnfinishedRun {
+                    occurrence: Occurrence::new(routine_id, scheduled_at),
+                    status,
+                })
+            })
+            .collect()
+    }
+
+    async fn record_runs(&self, updates: &[(Occurrence, RunUpdate)]) -> Result<(), StoreError> {
+        if updates.is_empty() {
+            return Ok(());
+        }
+        let n = updates.len();
+        let (mut ids, mut instants) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut states, mut codes, mut reasons) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for (occurrence, update) in updates {
+            ids.push(occurrence.routine_id);
+            instants.push(occurrence.scheduled_at);
+            let (state, code, reason) = match update {
+                RunUpdate::Observed(state) => (
+                    Some(state.name().as_str()),
+                    state.exit_code(),
+                    state.reason().map(str::to_owned),
+                ),
+                RunUpdate::NotLaunched => (None, None, None),
+                RunUpdate::Launching => (Some("running"), None, None),
+            };
+            states.push(state);
+            codes.push(code);
+            reasons.push(reason);
+        }
+        sqlx::query(
+            "UPDATE routine_fires AS f
+             SET run_state = t.state, run_exit_code = t.exit_code, run_reason = t.reason,
+                 run_checked_at = now()
+             FROM UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $4::int[], $5::text[])
+                  AS t(routine_id, scheduled_at, state, exit_code, reason)
+             WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
+               AND f.run_state = 'running'",
+        )
+        .bind(&ids)
+        .bind(&instants)
+        .bind(&states)
+        .bind(&codes)
+        .bind(&reasons)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// The watch pass's read. `$1` is the most runs to return. It reads `routine_fires_running_idx`
+/// in its order and stops after `$1` rows: the runs still running, never the finished ledger.
+pub const UNFINISHED_RUNS_SQL: &str = "
+SELECT routine_id, scheduled_at, status
+FROM routine_fires
+WHERE run_state = 'running'
+ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
+LIMIT $1";

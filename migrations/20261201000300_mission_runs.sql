@@ -19,3 +19,21 @@ ALTER TABLE routine_fires
 CREATE INDEX routine_fires_running_idx
     ON routine_fires (run_checked_at NULLS FIRST, routine_id, scheduled_at)
     WHERE run_state = 'running';
+
+-- Overlap: what a mission routine's occurrence does while an earlier run of it is still running
+-- (Kubernetes' concurrencyPolicy names; `forbid` by default, meaningless for messages). Under
+-- `forbid` such an occurrence settles `skipped`, a terminal status, with the running fire named
+-- in its error.
+ALTER TABLE routines
+    ADD COLUMN overlap TEXT NOT NULL DEFAULT 'forbid'
+        CHECK (overlap IN ('allow', 'forbid', 'replace')),
+    -- The occurrence (`scheduled_at`) of the fire that holds the routine's run: the last one
+    -- let launch under `forbid` or `replace`. Taken under the routine's row lock, so two
+    -- schedulers never both find the run free.
+    ADD COLUMN run_holder TIMESTAMPTZ;
+
+ALTER TABLE routine_fires
+    DROP CONSTRAINT routine_fires_status_check,
+    ADD CONSTRAINT routine_fires_status_check
+        CHECK (status IN ('claimed', 'fired', 'failed', 'skipped')),
+    ADD CONSTRAINT routine_fires_skipped_has_reason CHECK (status <> 'skipped' OR error IS NOT NULL);

@@ -57,7 +57,7 @@ enum Command {
         #[arg(long, value_name = "ID|NAME")]
         routine: Option<String>,
         /// Only with this status.
-        #[arg(long, value_parser = ["claimed", "fired", "failed"])]
+        #[arg(long, value_parser = ["claimed", "fired", "failed", "skipped"])]
         status: Option<String>,
         /// At most this many.
         #[arg(long, default_value_t = 50)]

@@ -37,7 +37,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::autopause::AutoPause;
 use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
-use crate::runs::RunWatch;
+use crate::runs::{BeforeLaunch, RunWatch};
 use crate::stats::{Stats, add};
 
 /// How many rows one prune statement deletes (settled fires, or acknowledged outbox messages).
@@ -81,6 +81,8 @@ pub struct TickReport {
     pub deferred: usize,
     /// Misfires skipped by policy.
     pub skipped: u64,
+    /// Missions settled `skipped`: an earlier run of their routine was still running.
+    pub overlap_skipped: usize,
 }
 
 /// What a run did, returned when it stops. Errors are counted here as well as logged, so a
@@ -721,6 +723,7 @@ async fn collect(dispatches: &mut JoinSet<FireResult>, report: &mut TickReport) 
         match result {
             Ok(FireResult::Fired) => report.fired += 1,
             Ok(FireResult::Failed) => report.failed += 1,
+            Ok(FireResult::Skipped) => report.overlap_skipped += 1,
             Ok(FireResult::Unsettled) => report.unsettled += 1,
             Err(e) => {
                 // The wrapper itself never panics; a cancelled runtime ends it.
@@ -773,6 +776,7 @@ struct FireJob {
 enum FireResult {
     Fired,
     Failed,
+    Skipped,
     Unsettled,
 }
 
@@ -813,59 +817,42 @@ impl FireJob {
             Instant::now() + self.timeout,
         );
         self.stats.lateness.observe(lateness);
-        if let Some(runs) = self
+        let before = match self
             .runs
             .as_ref()
             .filter(|_| fire.kind == RoutineKind::Mission)
-            && let Err(e) = runs.begin(fire.occurrence, &self.stats).await
         {
-            // Nothing was launched: leave the claim for a retry after its lease.
-            warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
-                scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
-                "cannot mark the mission's run; the reaper will retry this occurrence after its lease");
-            add(&self.stats.left_for_retry, 1);
-            return FireResult::Unsettled;
-        }
-        let (settlement, receipt) = match tokio::time::timeout(
-            self.timeout,
-            self.dispatcher.dispatch(&dispatch),
-        )
-        .await
-        {
-            Ok(Ok(receipt)) => {
-                debug!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
-                    scheduled_at = %fire.occurrence.scheduled_at, attempt,
-                    lateness_ms = lateness.as_millis() as u64, duplicate = receipt.duplicate,
-                    detail = %receipt.detail, "fired");
-                (Settlement::Fired, Some(receipt.detail))
+            Some(runs) => {
+                let deadline = dispatch.deadline;
+                runs.before_launch(fire.occurrence, deadline, &self.stats)
+                    .await
             }
-            Ok(Err(e)) if e.is_transient_store_error() => {
-                // cm's own database failed, not the target: leave the claim for a retry after
-                // its lease instead of settling the occurrence failed.
+            None => Ok(BeforeLaunch::Launch),
+        };
+        let (settlement, receipt) = match before {
+            Ok(BeforeLaunch::Launch) => {
+                match self.launch(&fire, &dispatch, attempt, lateness).await {
+                    Ok(ended) => ended,
+                    Err(unsettled) => return unsettled,
+                }
+            }
+            Ok(BeforeLaunch::Settle(settlement)) => {
+                info!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at,
+                    reason = settlement.error().unwrap_or(""), "mission not launched");
+                (settlement, None)
+            }
+            Err(e) => {
+                // Nothing was launched: leave the claim for a retry after its lease.
                 warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                     scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
-                    "dispatch hit a database error; the reaper will retry this occurrence after its lease");
+                    "cannot take the mission's run; the reaper will retry this occurrence after its lease");
                 add(&self.stats.left_for_retry, 1);
                 return FireResult::Unsettled;
             }
-            Ok(Err(e)) => {
-                warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
-                    scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e, "dispatch failed");
-                (Settlement::Failed(ErrorText::new(e.to_string())), None)
-            }
-            Err(_) => {
-                warn!(routine = %fire.routine_name, scheduled_at = %fire.occurrence.scheduled_at,
-                    attempt, timeout = ?self.timeout, "dispatch timed out");
-                (
-                    Settlement::Failed(ErrorText::new(format!(
-                        "dispatch timed out after {}",
-                        humantime::format_duration(self.timeout)
-                    ))),
-                    None,
-                )
-            }
         };
         let failed = matches!(settlement, Settlement::Failed(_));
+        let skipped = matches!(settlement, Settlement::Skipped(_));
         let settle = FireSettle {
             fire: fire.fire_ref(),
             settlement,
@@ -877,9 +864,59 @@ impl FireJob {
         if failed {
             add(&self.stats.failed, 1);
             FireResult::Failed
+        } else if skipped {
+            add(&self.stats.overlap_skipped, 1);
+            FireResult::Skipped
         } else {
             add(&self.stats.fired, 1);
             FireResult::Fired
         }
+    }
+
+    /// Dispatches under the timeout: the settlement and receipt, or the result of a dispatch
+    /// left for a retry.
+    async fn launch(
+        &self,
+        fire: &ClaimedFire,
+        dispatch: &Dispatch,
+        attempt: u32,
+        lateness: Duration,
+    ) -> Result<(Settlement, Option<String>), FireResult> {
+        Ok(
+            match tokio::time::timeout(self.timeout, self.dispatcher.dispatch(dispatch)).await {
+                Ok(Ok(receipt)) => {
+                    debug!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at, attempt,
+                    lateness_ms = lateness.as_millis() as u64, duplicate = receipt.duplicate,
+                    detail = %receipt.detail, "fired");
+                    (Settlement::Fired, Some(receipt.detail))
+                }
+                Ok(Err(e)) if e.is_transient_store_error() => {
+                    // cm's own database failed, not the target: leave the claim for a retry after
+                    // its lease instead of settling the occurrence failed.
+                    warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
+                    "dispatch hit a database error; the reaper will retry this occurrence after its lease");
+                    add(&self.stats.left_for_retry, 1);
+                    return Err(FireResult::Unsettled);
+                }
+                Ok(Err(e)) => {
+                    warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e, "dispatch failed");
+                    (Settlement::Failed(ErrorText::new(e.to_string())), None)
+                }
+                Err(_) => {
+                    warn!(routine = %fire.routine_name, scheduled_at = %fire.occurrence.scheduled_at,
+                    attempt, timeout = ?self.timeout, "dispatch timed out");
+                    (
+                        Settlement::Failed(ErrorText::new(format!(
+                            "dispatch timed out after {}",
+                            humantime::format_duration(self.timeout)
+                        ))),
+                        None,
+                    )
+                }
+            },
+        )
     }
 }

@@ -1,6 +1,7 @@
 //! Mission runs watched to their end, beside the ticks.
 //!
-//! Before a mission launches, its fire's run is marked `running` ([`RunWatch::begin`]). A pass
+//! Before a mission launches, its routine's overlap policy decides whether it may, and its
+//! fire's run is marked `running` ([`RunWatch::before_launch`]). A pass
 //! every tick interval (at least every second) reads up to [`WATCH_BATCH`] runs not yet
 //! finished, least recently checked first, asks the runtime about each (Docker inspect, the
 //! Job's status, the process runner's exit file), at most [`WATCH_CONCURRENCY`] at once, and
@@ -11,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cm_dispatch::{MissionRuntime, RunRef};
-use cm_domain::{FireStatus, Occurrence};
-use cm_store::{MissionRuns, RunUpdate, StoreError, UnfinishedRun};
+use cm_domain::{ErrorText, FireStatus, Occurrence, RunHolder, Settlement};
+use cm_store::{MissionRuns, RunTake, RunUpdate, StoreError, UnfinishedRun};
 use tracing::{debug, info, warn};
 
 use crate::stats::Stats;
@@ -35,13 +36,64 @@ pub struct RunWatch {
     pub runtime: Arc<dyn MissionRuntime>,
 }
 
+/// What a mission does before its launch, under its routine's overlap policy.
+pub enum BeforeLaunch {
+    /// Launch it (its run is marked `running`).
+    Launch,
+    /// Settle it with this instead of launching (`skipped` naming the running fire, or
+    /// `failed` when the running one could not be stopped).
+    Settle(Settlement),
+}
+
 impl RunWatch {
-    /// Marks the run of `occurrence` `running` before its launch, so the run is watched even if
-    /// this scheduler dies between the launch and the settle.
-    pub async fn begin(&self, occurrence: Occurrence, stats: &Stats) -> Result<(), StoreError> {
-        self.store.begin_run(occurrence).await?;
-        stats.run_reached(cm_domain::RunStateName::Running);
-        Ok(())
+    /// Decides under the routine's overlap policy whether the mission of `occurrence` launches,
+    /// stopping the running one first under `replace`; when it launches, its run is marked
+    /// `running` before the launch, so the run is watched even if this scheduler dies between
+    /// the launch and the settle.
+    pub async fn before_launch(
+        &self,
+        occurrence: Occurrence,
+        deadline: Instant,
+        stats: &Stats,
+    ) -> Result<BeforeLaunch, StoreError> {
+        let take = self.store.take_run(occurrence).await?;
+        let launch = match take {
+            RunTake::Launch => BeforeLaunch::Launch,
+            RunTake::Skip { holder, state } => {
+                let doing = match state {
+                    RunHolder::Launching => "is still being launched",
+                    _ => "is still running",
+                };
+                BeforeLaunch::Settle(Settlement::Skipped(ErrorText::new(format!(
+                    "skipped: the run of the fire of {} ({}) {doing} (overlap forbids a second)",
+                    holder
+                        .scheduled_at
+                        .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                    holder.idempotency_key()
+                ))))
+            }
+            RunTake::Replace { holder } => {
+                let name = holder.idempotency_key().to_string();
+                match self
+                    .runtime
+                    .stop(&RunRef { name: name.clone() }, deadline)
+                    .await
+                {
+                    Ok(()) => {
+                        info!(routine_id = %occurrence.routine_id, replaced = %name,
+                            "stopped the running mission to launch the next (overlap replace)");
+                        BeforeLaunch::Launch
+                    }
+                    Err(e) => BeforeLaunch::Settle(Settlement::Failed(ErrorText::new(format!(
+                        "overlap replace: cannot stop the running mission {name}: {e}"
+                    )))),
+                }
+            }
+        };
+        if matches!(launch, BeforeLaunch::Launch) {
+            stats.run_reached(cm_domain::RunStateName::Running);
+        }
+        Ok(launch)
     }
 
     /// One pass: reads the unfinished runs, asks the runtime, writes what changed. Returns how

@@ -219,6 +219,9 @@ pub struct Stats {
     pub unstarted: Counter,
     /// Dispatch tasks that panicked (their claims are retried after the lease, like a crash).
     pub dispatch_panics: Counter,
+    /// Missions settled `skipped`: an earlier run of their routine was still running
+    /// (overlap `forbid`).
+    pub overlap_skipped: Counter,
     /// Occurrences the cap deferred.
     pub deferred: Counter,
     /// Misfires skipped by policy.
@@ -263,6 +266,7 @@ impl Default for Stats {
             settle_errors: outcome("settle_error"),
             unstarted: outcome("unstarted"),
             dispatch_panics: outcome("dispatch_panic"),
+            overlap_skipped: outcome("skipped"),
             deferred: Counter::new(DEFERRED, None),
             skipped: Counter::new(SKIPPED, None),
             reaped: Counter::new(REAPED, None),

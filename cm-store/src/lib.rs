@@ -90,7 +90,7 @@ pub use routines::MockRoutineStore;
 pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
 #[cfg(feature = "mock")]
 pub use runs::MockMissionRuns;
-pub use runs::{MissionRuns, RunUpdate, UnfinishedRun};
+pub use runs::{MissionRuns, RunTake, RunUpdate, UnfinishedRun};
 pub use status::{FailedFire, LastFire, OpenClaims, RoutineSummary, StatusReader};
 
 /// The schema's migrations, embedded in the binary.

@@ -113,6 +113,10 @@ pub(super) struct CreateArgs {
     /// A mission routine described by this JSON file (an object with a "repository").
     #[arg(long)]
     mission: Option<PathBuf>,
+    /// What a mission's occurrence does while an earlier run is still running: allow (launch
+    /// anyway), forbid (settle it skipped; the default) or replace (stop the running one).
+    #[arg(long, value_parser = ["allow", "forbid", "replace"], requires = "mission")]
+    overlap: Option<String>,
     /// Create it paused.
     #[arg(long)]
     paused: bool,
@@ -145,6 +149,9 @@ pub(super) struct UpdateArgs {
     /// Make it a mission routine described by this JSON file.
     #[arg(long)]
     mission: Option<PathBuf>,
+    /// A new overlap policy (allow, forbid, replace) of a mission routine.
+    #[arg(long, value_parser = ["allow", "forbid", "replace"])]
+    overlap: Option<String>,
     /// Print the routine as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -189,8 +196,13 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
             // Everything about the input is checked before the database is touched, so bad
             // input writes nothing.
             let new = new_routine(&RoutineFields::from(&args))?;
+            let overlap = args.overlap.as_deref().map(overlap).transpose()?;
             let store = connect_migrated(url).await?;
-            let routine = store.create_routine(new).await?;
+            let mut routine = store.create_routine(new).await?;
+            if let Some(policy) = overlap {
+                cm_store::MissionRuns::set_overlap(&store, routine.id, policy).await?;
+                routine.overlap = policy.as_str().to_owned();
+            }
             print_created(&routine, args.json)
         }
         RoutineCommand::Update(args) => update(url, args).await,
@@ -296,6 +308,11 @@ fn name(text: &str) -> Result<String, Failure> {
         .map_err(|e| input(e.to_string()))
 }
 
+fn overlap(text: &str) -> Result<cm_domain::OverlapPolicy, Failure> {
+    text.parse()
+        .map_err(|e: cm_domain::ParseOverlapPolicyError| input(e.to_string()))
+}
+
 fn misfire(text: &str) -> Result<MisfirePolicy, Failure> {
     text.parse()
         .map_err(|e: cm_domain::ParseMisfirePolicyError| input(e.to_string()))
@@ -361,15 +378,34 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
             (message, mission) => Some(action(message.as_deref(), mission.as_ref())?),
         },
     };
-    if update == RoutineUpdate::default() {
+    let overlap = args.overlap.as_deref().map(overlap).transpose()?;
+    if update == RoutineUpdate::default() && overlap.is_none() {
         return Err(input(
             "nothing to change: give at least one of --name, --schedule, --timezone, --misfire, \
-             --message and --mission",
+             --message, --mission and --overlap",
         ));
     }
     let store = connect_migrated(url).await?;
-    let id = find(&store, &args.routine).await?.id;
-    let routine = store.update_routine(id, &update).await?;
+    let found = find(&store, &args.routine).await?;
+    let id = found.id;
+    if overlap.is_some() {
+        let kind = update
+            .action
+            .as_ref()
+            .map_or(found.kind, |action| action.kind);
+        if kind != cm_store::RoutineKind::Mission {
+            return Err(input("--overlap is for mission routines"));
+        }
+    }
+    let mut routine = if update == RoutineUpdate::default() {
+        found
+    } else {
+        store.update_routine(id, &update).await?
+    };
+    if let Some(policy) = overlap {
+        cm_store::MissionRuns::set_overlap(&store, id, policy).await?;
+        routine.overlap = policy.as_str().to_owned();
+    }
     print_created(&routine, args.json)
 }
 
@@ -484,6 +520,9 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
     println!("schedule    {}", printable(&routine.schedule));
     println!("timezone    {}", routine.timezone);
     println!("misfire     {}", routine.misfire_policy);
+    if routine.kind == RoutineKind::Mission {
+        println!("overlap     {}", routine.overlap);
+    }
     println!(
         "state       {}",
         if routine.paused { "paused" } else { "active" }

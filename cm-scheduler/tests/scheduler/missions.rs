@@ -429,3 +429,87 @@ async fn mission_runs_are_watched_to_their_exit_code_through_the_binary() {
         a.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_forbid_an_occurrence_due_while_a_run_is_running_is_skipped_naming_it() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    // Every 5 s; the fake's containers run until told to exit.
+    let routine = mission_routine(&db, &files);
+    let shown = ok(&db.url, &["routine", "show", &routine.to_string()]);
+    assert!(shown.contains("overlap     forbid"), "{shown}");
+    let a = scheduler(&db, &fake, "A");
+    let skipped = eventually(async || {
+        let listed = ok(
+            &db.url,
+            &[
+                "fires",
+                "--routine",
+                &routine.to_string(),
+                "--status",
+                "skipped",
+                "--json",
+            ],
+        );
+        listed
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|f| f["status"] == "skipped")
+    })
+    .await
+    .unwrap_or_else(|| panic!("nothing skipped; log:\n{}", a.log()));
+    ok(&db.url, &["routine", "pause", &routine.to_string()]);
+    let containers = fake.containers();
+    assert_eq!(containers.len(), 1, "one run at a time: {containers:?}");
+    let reason = skipped["error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(&containers[0].name) && reason.contains("still running"),
+        "{reason}"
+    );
+
+    // Under allow, the next occurrence launches beside the running one.
+    ok(
+        &db.url,
+        &[
+            "routine",
+            "update",
+            &routine.to_string(),
+            "--overlap",
+            "allow",
+        ],
+    );
+    ok(&db.url, &["routine", "resume", &routine.to_string()]);
+    let second = eventually(async || (fake.containers().len() >= 2).then_some(())).await;
+    assert!(
+        second.is_some(),
+        "allow launched no second run; log:\n{}",
+        a.log()
+    );
+    // --overlap is refused for a message routine, and writes nothing.
+    let message = created_id(&ok(
+        &db.url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "msg",
+            "--schedule",
+            "0 9 * * *",
+            "--message",
+            "hi",
+        ],
+    ));
+    check_fails(
+        &db.url,
+        &[
+            "routine",
+            "update",
+            &message.to_string(),
+            "--overlap",
+            "allow",
+        ],
+        2,
+        "mission routines",
+    );
+}

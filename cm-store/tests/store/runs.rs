@@ -127,3 +127,64 @@ async fn the_watch_read_uses_the_running_index(pool: PgPool) {
     let plan: String = plan.into_iter().map(|(l,)| l + "\n").collect();
     assert!(plan.contains("routine_fires_running_idx"), "{plan}");
 }
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn overlap_is_decided_under_the_routines_lock(pool: PgPool) {
+    use cm_domain::OverlapPolicy;
+    use cm_store::RunTake;
+    let store = PgStore::new(pool.clone());
+    let routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
+    let at = |minute: i64| {
+        Occurrence::new(
+            routine.id,
+            chrono::DateTime::from_timestamp(1_790_000_000 + minute * 60, 0).unwrap(),
+        )
+    };
+    let (first, second, third) = (at(0), at(1), at(2));
+    for o in [first, second, third] {
+        seed_fire(&pool, o, &Seed::claimed(30.0)).await;
+    }
+    // Two schedulers take the run of two occurrences at once: one launches, one is skipped
+    // naming the other (the default policy is forbid).
+    let (a, b) = tokio::join!(store.take_run(first), store.take_run(second));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let launched = [&a, &b]
+        .iter()
+        .filter(|t| matches!(t, RunTake::Launch))
+        .count();
+    assert_eq!(launched, 1, "{a:?} {b:?}");
+    let (winner, loser) = if a == RunTake::Launch {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    let skipped = if a == RunTake::Launch { &b } else { &a };
+    assert!(
+        matches!(skipped, RunTake::Skip { holder, .. } if *holder == winner),
+        "{skipped:?}"
+    );
+    // The winner's retry (same occurrence) finds the run its own.
+    assert_eq!(store.take_run(winner).await.unwrap(), RunTake::Launch);
+    let _ = loser;
+    // Once launched and running, replace asks to stop it; allow launches regardless.
+    sqlx::query(
+        "UPDATE routine_fires SET status = 'fired', completed_at = now() WHERE scheduled_at = $1",
+    )
+    .bind(winner.scheduled_at)
+    .execute(&pool)
+    .await
+    .unwrap();
+    store
+        .set_overlap(routine.id, OverlapPolicy::Replace)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.take_run(third).await.unwrap(),
+        RunTake::Replace { holder: winner }
+    );
+    store
+        .set_overlap(routine.id, OverlapPolicy::Allow)
+        .await
+        .unwrap();
+    assert_eq!(store.take_run(winner).await.unwrap(), RunTake::Launch);
+}

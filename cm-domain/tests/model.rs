@@ -1044,17 +1044,9 @@ impl World {
 
     /// The backend call: the side effect happens now, under the item's lease.
     fn dispatch(&mut self, s: usize, pick: u8, ok: bool) {
-        let pending: Vec<usize> = self.schedulers[s]
-            .items
-            .iter()
-            .enumerate()
-            .filter(|(_, i)| matches!(i.state, ItemState::Pending))
-            .map(|(k, _)| k)
-            .collect();
-        if pending.is_empty() {
+        let Some(k) = self.pending_item(s, pick) else {
             return;
-        }
-        let k = pending[pick as usize % pending.len()];
+        };
         let now = self.now;
         let item = self.schedulers[s].items[k].clone();
         if lease_expired(item.lease_until, now) {
@@ -1088,10 +1080,8 @@ impl World {
         self.schedulers[s].items[k].state = ItemState::Done(result);
     }
 
-    /// The overlap check of `forbid` before a launch: an earlier run holds the routine, so the
-    /// occurrence gets no effect and is settled `skipped` (by a later Settle step, fenced as
-    /// every settle is).
-    fn skip(&mut self, s: usize, pick: u8) {
+    /// One of scheduler `s`'s claimed, not yet dispatched items, picked by `pick`.
+    fn pending_item(&self, s: usize, pick: u8) -> Option<usize> {
         let pending: Vec<usize> = self.schedulers[s]
             .items
             .iter()
@@ -1099,10 +1089,16 @@ impl World {
             .filter(|(_, i)| matches!(i.state, ItemState::Pending))
             .map(|(k, _)| k)
             .collect();
-        if pending.is_empty() {
+        (!pending.is_empty()).then(|| pending[pick as usize % pending.len()])
+    }
+
+    /// The overlap check of `forbid` before a launch: an earlier run holds the routine, so the
+    /// occurrence gets no effect and is settled `skipped` (by a later Settle step, fenced as
+    /// every settle is).
+    fn skip(&mut self, s: usize, pick: u8) {
+        let Some(k) = self.pending_item(s, pick) else {
             return;
-        }
-        let k = pending[pick as usize % pending.len()];
+        };
         let occurrence = self.schedulers[s].items[k].occurrence;
         self.log(format!(
             "  {} skipped: an earlier run holds its routine",

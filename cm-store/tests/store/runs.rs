@@ -7,16 +7,19 @@ use sqlx::PgPool;
 
 use crate::support::{Seed, create, fire_of, seed_fire};
 
+/// The occurrence `minute` minutes into a fixed hour of `routine`.
+fn minute_of(routine: &cm_store::Routine, minute: i64) -> Occurrence {
+    Occurrence::new(
+        routine.id,
+        chrono::DateTime::from_timestamp(1_790_000_000 + minute * 60, 0).unwrap(),
+    )
+}
+
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn runs_are_begun_watched_and_recorded_once(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
-    let at = |minute: i64| {
-        Occurrence::new(
-            routine.id,
-            chrono::DateTime::from_timestamp(1_790_000_000 + minute * 60, 0).unwrap(),
-        )
-    };
+    let at = |minute| minute_of(&routine, minute);
     let (running, launching, not_launched, message) = (at(0), at(1), at(2), at(3));
     for o in [running, launching, not_launched, message] {
         seed_fire(&pool, o, &Seed::claimed(30.0)).await;
@@ -134,12 +137,7 @@ async fn overlap_is_decided_under_the_routines_lock(pool: PgPool) {
     use cm_store::RunTake;
     let store = PgStore::new(pool.clone());
     let routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
-    let at = |minute: i64| {
-        Occurrence::new(
-            routine.id,
-            chrono::DateTime::from_timestamp(1_790_000_000 + minute * 60, 0).unwrap(),
-        )
-    };
+    let at = |minute| minute_of(&routine, minute);
     let (first, second, third) = (at(0), at(1), at(2));
     for o in [first, second, third] {
         seed_fire(&pool, o, &Seed::claimed(30.0)).await;

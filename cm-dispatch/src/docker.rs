@@ -503,7 +503,8 @@ fn run_state(found: &ContainerInspectResponse) -> RunState {
 #[async_trait]
 impl Dispatcher for DockerDispatcher {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
-        let launch = Launch::of(dispatch)?;
+        let policy = self.config.policy().map_err(DispatchError::Rejected)?;
+        let launch = Launch::of(dispatch, &policy)?;
         let deadline = Instant::from_std(dispatch.deadline);
         match tokio::time::timeout_at(deadline, self.launch_or_find(&launch, deadline)).await {
             Ok(result) => result,

@@ -516,7 +516,8 @@ fn describe(e: &kube::Error) -> String {
 #[async_trait]
 impl Dispatcher for KubernetesDispatcher {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
-        let launch = Launch::of(dispatch)?;
+        let policy = self.config.policy().map_err(DispatchError::Rejected)?;
+        let launch = Launch::of(dispatch, &policy)?;
         let deadline = Instant::from_std(dispatch.deadline);
         self.launch(&launch, deadline).await
     }

@@ -50,7 +50,7 @@ pub mod runtime;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use cm_domain::{IdempotencyKey, Occurrence};
@@ -89,6 +89,9 @@ pub struct Dispatch {
     /// When the dispatch must have finished. The caller enforces it with a timeout as well; a
     /// backend uses it to bound retries of its own.
     pub deadline: Instant,
+    /// How long ago the occurrence's first attempt began (zero for the first attempt): a backend
+    /// whose dedupe lasts a window (JetStream's duplicate window) must not rely on it past it.
+    pub first_attempt_age: Duration,
 }
 
 impl Dispatch {
@@ -109,7 +112,14 @@ impl Dispatch {
             idempotency_key: occurrence.idempotency_key(),
             attempt,
             deadline,
+            first_attempt_age: Duration::ZERO,
         }
+    }
+
+    /// The same dispatch, its occurrence's first attempt having begun `age` ago.
+    pub fn with_first_attempt_age(mut self, age: Duration) -> Self {
+        self.first_attempt_age = age;
+        self
     }
 
     /// What a message backend sends about this dispatch: the routine, the occurrence (RFC 3339

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use cm_domain::Mission;
+use cm_domain::{Mission, MissionPolicy};
 use serde::Deserialize;
 
 use crate::{Dispatch, DispatchError};
@@ -30,6 +30,14 @@ pub struct MissionConfig {
     /// The user the mission runs as (`uid[:gid]` or a name); the image's when absent.
     #[serde(default)]
     pub user: Option<String>,
+    /// The only `env` names a routine may set (patterns with `*`: `["REPORT_*", "LANG"]`); any
+    /// name the mission rules allow when absent. It narrows the rules, never widens them.
+    #[serde(default)]
+    pub env_allow: Option<Vec<String>>,
+    /// The only hosts a routine's repository may name (`["git.example.com", "*.corp.example"]`);
+    /// any host the mission rules allow when absent.
+    #[serde(default)]
+    pub repository_hosts: Option<Vec<String>>,
     /// Docker's settings.
     #[serde(default)]
     pub docker: DockerConfig,
@@ -136,7 +144,15 @@ fn default_ttl() -> i32 {
 impl MissionConfig {
     /// Reads the configuration from JSON text; the error says what is wrong and where.
     pub fn from_json(text: &str) -> Result<MissionConfig, String> {
-        serde_json::from_str(text).map_err(|e| e.to_string())
+        let config: MissionConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        config.policy()?;
+        Ok(config)
+    }
+
+    /// What the operator allows routines to ask for (`env_allow`, `repository_hosts`), or why
+    /// one of those lists is malformed.
+    pub fn policy(&self) -> Result<MissionPolicy, String> {
+        MissionPolicy::new(self.env_allow.clone(), self.repository_hosts.clone())
     }
 }
 
@@ -155,9 +171,11 @@ pub struct Launch {
 
 impl Launch {
     /// The launch of `dispatch`, or [`DispatchError::Rejected`] if its payload is not a valid
-    /// mission (a routine stored before validation, or written around it).
-    pub fn of(dispatch: &Dispatch) -> Result<Launch, DispatchError> {
+    /// mission or asks for what `policy` does not allow (a routine stored before a rule or the
+    /// operator's policy changed, or written around them): such a mission is never launched.
+    pub fn of(dispatch: &Dispatch, policy: &MissionPolicy) -> Result<Launch, DispatchError> {
         let mission = Mission::from_value(&dispatch.payload)
+            .and_then(|mission| policy.check(&mission).map(|()| mission))
             .map_err(|e| DispatchError::Rejected(e.to_string()))?;
         let scheduled_at = dispatch
             .occurrence
@@ -223,7 +241,7 @@ mod tests {
             2,
             Instant::now(),
         );
-        let launch = Launch::of(&dispatch).unwrap();
+        let launch = Launch::of(&dispatch, &MissionPolicy::default()).unwrap();
         assert_eq!(launch.name, dispatch.idempotency_key.to_string());
         let env: BTreeMap<_, _> = launch.env.iter().cloned().collect();
         for (name, value) in [
@@ -264,11 +282,71 @@ mod tests {
             1,
             Instant::now(),
         );
-        let err = Launch::of(&dispatch).unwrap_err();
+        let err = Launch::of(&dispatch, &MissionPolicy::default()).unwrap_err();
         assert!(
             matches!(&err, DispatchError::Rejected(text) if text.contains("repository")),
             "{err}"
         );
+    }
+
+    /// A routine stored before the env rules (or written around them) is refused at dispatch
+    /// with the reason, and so is one the operator's policy does not allow.
+    #[test]
+    fn a_stored_payload_that_would_steer_the_runner_is_rejected() {
+        let dispatch = |payload| {
+            Dispatch::new(
+                Occurrence::new(Uuid::nil(), Utc::now()),
+                "n",
+                RoutineKind::Mission,
+                payload,
+                1,
+                Instant::now(),
+            )
+        };
+        for (name, value) in [
+            ("BASH_ENV", "$(id > /tmp/x)"),
+            ("PATH", "/tmp/evil"),
+            ("GIT_SSH_COMMAND", "sh -c id"),
+            ("LD_PRELOAD", "/tmp/evil.so"),
+        ] {
+            let err = Launch::of(
+                &dispatch(json!({"repository": "https://h.example/r.git", "task": "t",
+                                 "env": {name: value}})),
+                &MissionPolicy::default(),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(&err, DispatchError::Rejected(text) if text.contains(&format!("env.{name}"))),
+                "{name}: {err}"
+            );
+        }
+        let config = MissionConfig::from_json(
+            r#"{"env_allow": ["REPORT_*"], "repository_hosts": ["git.example.com"]}"#,
+        )
+        .unwrap();
+        let policy = config.policy().unwrap();
+        let ok = dispatch(
+            json!({"repository": "https://git.example.com/r.git", "task": "t",
+                                 "env": {"REPORT_FORMAT": "md"}}),
+        );
+        Launch::of(&ok, &policy).unwrap();
+        let err = Launch::of(
+            &dispatch(
+                json!({"repository": "https://git.example.com/r.git", "task": "t",
+                             "env": {"LANG": "C"}}),
+            ),
+            &policy,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("env.LANG"), "{err}");
+        let err = Launch::of(
+            &dispatch(json!({"repository": "https://other.example/r.git", "task": "t"})),
+            &policy,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("repository_hosts"), "{err}");
+        let err = MissionConfig::from_json(r#"{"env_allow": ["bad name"]}"#).unwrap_err();
+        assert!(err.contains("env_allow"), "{err}");
     }
 
     #[test]

@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::jetstream::{self, context::PublishErrorKind, stream::LastRawMessageErrorKind};
 use async_trait::async_trait;
 use tokio::time::Instant;
 
@@ -72,6 +72,8 @@ pub struct NatsDispatcher {
     jetstream: jetstream::Context,
     subject_prefix: String,
     stream: String,
+    /// The stream's duplicate window as it stands after [`NatsDispatcher::connect`].
+    duplicate_window: Duration,
 }
 
 impl NatsDispatcher {
@@ -99,16 +101,19 @@ impl NatsDispatcher {
             .await
             .map_err(|e| NatsConfigError::Connect(e.kind().to_string()))?;
         let jetstream = jetstream::new(client);
-        let dispatcher = NatsDispatcher {
+        let mut dispatcher = NatsDispatcher {
             jetstream,
             subject_prefix: config.subject_prefix.clone(),
             stream: config.stream.clone(),
+            duplicate_window: config.duplicate_window,
         };
-        dispatcher.ensure_stream(config.duplicate_window).await?;
+        dispatcher.duplicate_window = dispatcher.ensure_stream(config.duplicate_window).await?;
         Ok(dispatcher)
     }
 
-    async fn ensure_stream(&self, window: Duration) -> Result<(), NatsConfigError> {
+    /// Makes sure the stream exists, takes the prefix's subjects and dedupes over at least
+    /// `window`; returns its duplicate window.
+    async fn ensure_stream(&self, window: Duration) -> Result<Duration, NatsConfigError> {
         let failed = |reason: String| NatsConfigError::Stream {
             stream: self.stream.clone(),
             reason,
@@ -138,7 +143,60 @@ impl NatsDispatcher {
                 .await
                 .map_err(|e| failed(format!("cannot widen its duplicate window: {e}")))?;
         }
-        Ok(())
+        Ok(config.duplicate_window)
+    }
+
+    /// Whether a retry whose first attempt is older than the duplicate window may publish.
+    ///
+    /// Past the window the stream no longer drops a second copy by its `Nats-Msg-Id`, so the
+    /// stream is read instead: the subject's last message being this occurrence's proves it is
+    /// stored (the retry publishes nothing and reports the duplicate), and an empty subject
+    /// proves it is not (the retry publishes). Anything else cannot be told apart from "stored
+    /// earlier", and the retry is refused, naming why, rather than risk a second message.
+    async fn past_the_window(&self, dispatch: &Dispatch) -> Result<Option<Receipt>, DispatchError> {
+        // What matters is when a publish now could still be stored: up to the deadline.
+        let left = dispatch
+            .deadline
+            .saturating_duration_since(std::time::Instant::now());
+        let age = dispatch.first_attempt_age.saturating_add(left);
+        if dispatch.attempt <= 1 || age < self.duplicate_window {
+            return Ok(None);
+        }
+        let subject = self.subject(dispatch.occurrence.routine_id);
+        let unreadable = |e: String| {
+            DispatchError::Unavailable(format!("cannot read stream {}: {e}", self.stream))
+        };
+        let stream = self
+            .jetstream
+            .get_stream_no_info(&self.stream)
+            .await
+            .map_err(|e| unreadable(e.to_string()))?;
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(last) => {
+                let id = last
+                    .headers
+                    .get(async_nats::header::NATS_MESSAGE_ID)
+                    .map(|v| v.as_str());
+                if id == Some(dispatch.idempotency_key.as_str()) {
+                    return Ok(Some(Receipt {
+                        duplicate: true,
+                        detail: format!(
+                            "jetstream stream {} seq {} duplicate (found in the stream)",
+                            self.stream, last.sequence
+                        ),
+                    }));
+                }
+                Err(DispatchError::Rejected(format!(
+                    "not published: the first attempt began {}s ago, past the stream's {}s \
+                     duplicate window, so the stream would not drop a second copy, and it may \
+                     hold this occurrence already (its last message on {subject} is another's)",
+                    dispatch.first_attempt_age.as_secs(),
+                    self.duplicate_window.as_secs_f64()
+                )))
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unreadable(e.to_string())),
+        }
     }
 
     /// The subject an occurrence of `routine_id` is published to.
@@ -182,6 +240,14 @@ impl Dispatcher for NatsDispatcher {
         let deadline = Instant::from_std(dispatch.deadline);
         let body = serde_json::to_vec(&dispatch.message_data())
             .map_err(|e| DispatchError::Rejected(format!("cannot encode the message: {e}")))?;
+        let checked = tokio::time::timeout_at(deadline, self.past_the_window(dispatch))
+            .await
+            .map_err(|_| {
+                DispatchError::Unavailable("the stream could not be read by the deadline".into())
+            })?;
+        if let Some(receipt) = checked? {
+            return Ok(receipt);
+        }
         let mut publishes = 0u32;
         loop {
             publishes += 1;

@@ -7,8 +7,10 @@
 //! holds `pid N` once the child started; one without a pid means a scheduler died between
 //! creating it and starting the child, and the occurrence fails rather than risk a second run.
 //!
-//! The child runs without a shell, with a cleared environment: `PATH`, then the mission's `CM_*`
-//! variables and its `env`. Its stdout and stderr go to `<key>.log` in the work directory, and
+//! The child runs without a shell, with a cleared environment: the scheduler's own `PATH`, then
+//! the mission's `CM_*` variables and its `env` (which can name no variable that steers a runner:
+//! `cm_domain::mission::DENIED_ENV`). The program is resolved once, when the backend is built,
+//! with the scheduler's own `PATH`: a lookup at spawn would search the child's. Its stdout and stderr go to `<key>.log` in the work directory, and
 //! its exit status, once it ends, to `<key>.exit` (while this scheduler lives).
 
 use std::ffi::OsString;
@@ -18,32 +20,54 @@ use std::process::Stdio;
 
 use async_trait::async_trait;
 
+use cm_domain::MissionPolicy;
+
 use crate::mission::Launch;
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
 /// Runs one local process per occurrence.
 #[derive(Debug, Clone)]
 pub struct ProcessDispatcher {
-    program: OsString,
+    program: PathBuf,
     args: Vec<OsString>,
     workdir: PathBuf,
+    path: Option<OsString>,
+    policy: MissionPolicy,
 }
 
 impl ProcessDispatcher {
     /// Runs `program` with `args` for every mission, keeping markers and logs in `workdir`
-    /// (created if missing).
+    /// (created if missing). A `program` without a `/` is looked up now in this process's
+    /// `PATH` (an error if it is not there); one with a `/` is made absolute against the current
+    /// directory, since the child starts in `workdir`.
     pub fn new(
         program: impl Into<OsString>,
         args: Vec<OsString>,
         workdir: impl Into<PathBuf>,
     ) -> std::io::Result<ProcessDispatcher> {
+        let path = std::env::var_os("PATH");
+        let program = resolve_program(&program.into(), path.as_deref())?;
         let workdir = workdir.into();
         std::fs::create_dir_all(&workdir)?;
         Ok(ProcessDispatcher {
-            program: program.into(),
+            program,
             args,
             workdir,
+            path,
+            policy: MissionPolicy::default(),
         })
+    }
+
+    /// Refuses, at dispatch, missions that `policy` does not allow (the operator's
+    /// `env_allow` and `repository_hosts`).
+    pub fn with_policy(mut self, policy: MissionPolicy) -> ProcessDispatcher {
+        self.policy = policy;
+        self
+    }
+
+    /// The program every mission runs, as resolved when the backend was built.
+    pub fn program(&self) -> &Path {
+        &self.program
     }
 
     /// The marker of the occurrence named `name`.
@@ -91,7 +115,7 @@ impl ProcessDispatcher {
         command
             .args(&self.args)
             .env_clear()
-            .envs(std::env::var_os("PATH").map(|path| ("PATH", path)))
+            .envs(self.path.clone().map(|path| ("PATH", path)))
             .envs(
                 launch
                     .env
@@ -113,7 +137,7 @@ impl ProcessDispatcher {
                 let _ = std::fs::remove_file(&marker_path);
                 return Err(DispatchError::Unavailable(format!(
                     "cannot start {}: {e}",
-                    Path::new(&self.program).display()
+                    self.program.display()
                 )));
             }
         };
@@ -229,7 +253,78 @@ impl crate::MissionRuntime for ProcessDispatcher {
 #[async_trait]
 impl Dispatcher for ProcessDispatcher {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
-        let launch = Launch::of(dispatch)?;
+        let launch = Launch::of(dispatch, &self.policy)?;
         self.launch(&launch)
+    }
+}
+
+/// `program` as the child will be started: a name without `/` found in `path` (the
+/// scheduler's own), as an executable file; a path made absolute.
+fn resolve_program(
+    program: &std::ffi::OsStr,
+    path: Option<&std::ffi::OsStr>,
+) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let as_path = Path::new(program);
+    if program.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the mission command is empty",
+        ));
+    }
+    if as_path.components().count() > 1 || program.as_encoded_bytes().contains(&b'/') {
+        return std::path::absolute(as_path);
+    }
+    let executable = |candidate: &Path| {
+        std::fs::metadata(candidate)
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    path.into_iter()
+        .flat_map(std::env::split_paths)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(as_path))
+        .find(|candidate| executable(candidate))
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!(
+                    "{} is not an executable on the scheduler's PATH",
+                    as_path.display()
+                ),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_program_is_found_on_the_given_path_only() {
+        let dir = std::env::temp_dir().join(format!("cm-resolve-{}", std::process::id()));
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let runner = bin.join("runner");
+        std::fs::write(&runner, "#!/bin/sh\n").unwrap();
+        let not_executable = bin.join("plain");
+        std::fs::write(&not_executable, "").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&runner, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path =
+            std::env::join_paths(["relative/dir".into(), dir.join("empty"), bin.clone()]).unwrap();
+        assert_eq!(
+            resolve_program("runner".as_ref(), Some(&path)).unwrap(),
+            runner
+        );
+        assert!(resolve_program("plain".as_ref(), Some(&path)).is_err());
+        assert!(resolve_program("runner".as_ref(), None).is_err());
+        assert!(resolve_program("".as_ref(), Some(&path)).is_err());
+        // A path is kept, made absolute.
+        assert_eq!(
+            resolve_program("/bin/sh".as_ref(), None).unwrap(),
+            PathBuf::from("/bin/sh")
+        );
+        assert!(resolve_program("./x".as_ref(), None).unwrap().is_absolute());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -134,7 +134,7 @@ pub struct WebhookDispatcher {
 impl fmt::Debug for WebhookDispatcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WebhookDispatcher")
-            .field("url", &redact_url(self.url.as_str()))
+            .field("url", &endpoint(self.url.as_str()))
             .field("retry", &self.retry)
             .finish_non_exhaustive()
     }
@@ -144,9 +144,9 @@ impl WebhookDispatcher {
     /// A backend posting to `url`, signed with `secret`, with the default [`RetryPolicy`].
     pub fn new(url: &str, secret: WebhookSecret) -> Result<Self, WebhookConfigError> {
         let parsed = reqwest::Url::parse(url)
-            .map_err(|e| WebhookConfigError::BadUrl(format!("{e} ({})", redact_url(url))))?;
+            .map_err(|e| WebhookConfigError::BadUrl(format!("{e} ({})", endpoint(url))))?;
         if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
-            return Err(WebhookConfigError::BadUrl(redact_url(url)));
+            return Err(WebhookConfigError::BadUrl(endpoint(url)));
         }
         // reqwest is built without a crypto provider of its own; ring is the process default
         // (unless the embedding program installed another first).
@@ -174,9 +174,9 @@ impl WebhookDispatcher {
         self
     }
 
-    /// The endpoint with any password and query hidden, for logs.
+    /// The endpoint as scheme, host and port only ([`endpoint`]), for logs.
     pub fn shown_url(&self) -> String {
-        redact_url(self.url.as_str())
+        endpoint(self.url.as_str())
     }
 
     /// The body and headers of one send of `dispatch`, signed now.
@@ -268,7 +268,7 @@ impl WebhookDispatcher {
         self.scrub(text.as_bytes())
     }
 
-    /// `bytes` as one bounded line of text, with the secret and the URL's credentials removed
+    /// `bytes` as one bounded line of text, with the secret, the URL's credentials and its path removed
     /// wherever they appear (a receiver echoing a request must not leak them into the ledger).
     fn scrub(&self, bytes: &[u8]) -> String {
         let text = String::from_utf8_lossy(&bytes[..bytes.len().min(EXCERPT_BYTES)]);
@@ -277,14 +277,22 @@ impl WebhookDispatcher {
             .map(|c| if c.is_control() { ' ' } else { c })
             .collect();
         let key = self.secret.text.trim_start_matches("whsec_");
+        let path = self.url.path();
         for secret in [
             self.secret.text.as_str(),
             key,
             self.url.password().unwrap_or(""),
+            self.url.username(),
+            if path == "/" { "" } else { path },
         ] {
             if !secret.is_empty() {
                 text = text.replace(secret, "***");
             }
+        }
+        // A path segment as long as a token is hidden wherever it appears on its own.
+        let segments = self.url.path_segments().into_iter().flatten();
+        for segment in segments.filter(|s| s.chars().count() >= 16) {
+            text = text.replace(segment, "***");
         }
         // A query often carries a token: each of its values is hidden too (those of a few
         // characters excepted, which would blank out ordinary words).
@@ -430,21 +438,24 @@ impl Dispatcher for WebhookDispatcher {
     }
 }
 
-/// `url` with its password and query replaced by `***`, for messages. A string that is not a URL
-/// is shown as `<invalid URL>`, since it may hold anything.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() {
-                let _ = parsed.set_password(Some("***"));
+/// Where `url` points, for messages: its scheme, host and port only. Everything else may carry
+/// a secret (a user and password; a path or query holding a token, as Slack's and Discord's
+/// webhook URLs do). Several URLs separated by commas (NATS servers) are shown each so. A string
+/// that is not a URL is shown as `<invalid URL>`, since it could be anything.
+pub fn endpoint(url: &str) -> String {
+    url.split(',')
+        .map(|one| match url::Url::parse(one.trim()) {
+            Ok(parsed) => {
+                let host = parsed.host_str().unwrap_or("");
+                match parsed.port_or_known_default() {
+                    Some(port) => format!("{}://{host}:{port}", parsed.scheme()),
+                    None => format!("{}://{host}", parsed.scheme()),
+                }
             }
-            if parsed.query().is_some() {
-                parsed.set_query(Some("***"));
-            }
-            parsed.to_string()
-        }
-        Err(_) => "<invalid URL>".to_string(),
-    }
+            Err(_) => "<invalid URL>".to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]
@@ -489,14 +500,19 @@ mod tests {
     }
 
     #[test]
-    fn urls_are_shown_without_credentials_or_query() {
+    fn endpoints_are_shown_as_scheme_host_and_port() {
         fn check(url: &str, shown: &str) {
-            assert_eq!(redact_url(url), shown);
+            assert_eq!(endpoint(url), shown);
         }
-        check("https://hooks.example/in", "https://hooks.example/in");
+        check("https://hooks.example/in", "https://hooks.example:443");
         check(
-            "https://u:p4ss@hooks.example/in?token=abc",
-            "https://u:***@hooks.example/in?***",
+            "https://u:p4ss@hooks.example:8443/services/T0/B0/t0ken?token=abc",
+            "https://hooks.example:8443",
+        );
+        check("nats://t0ken@127.0.0.1:4222", "nats://127.0.0.1:4222");
+        check(
+            "nats://u:p@10.0.0.1:4222, nats://10.0.0.2:4222",
+            "nats://10.0.0.1:4222,nats://10.0.0.2:4222",
         );
         check("not a url with p4ss", "<invalid URL>");
     }

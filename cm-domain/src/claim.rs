@@ -156,6 +156,9 @@ pub struct ClaimRow {
     pub attempt: u32,
     /// When the holder's lease runs out.
     pub lease_expires_at: DateTime<Utc>,
+    /// What the latest earlier attempt met when it ended without settling (a backend that
+    /// panicked, a settle that could not be written), if it could say: an abandon keeps it.
+    pub last_error: Option<String>,
 }
 
 /// What a claim statement's row means for the claimant that ran it.
@@ -253,6 +256,19 @@ pub enum ClaimAction {
     /// Leave it: someone else holds it, it is already settled, or this claim settled it with
     /// its own writes.
     Leave,
+}
+
+impl ClaimAction {
+    /// This action, with an abandon's reason naming what the latest earlier attempt met, so an
+    /// occurrence abandoned after repeated unsettled attempts keeps the error that explains them.
+    pub fn with_last_error(self, last_error: Option<&str>) -> ClaimAction {
+        match (self, last_error) {
+            (ClaimAction::Abandon { reason }, Some(last)) => ClaimAction::Abandon {
+                reason: ErrorText::new(format!("{}; the last attempt: {last}", reason.as_str())),
+            },
+            (action, _) => action,
+        }
+    }
 }
 
 /// How a dispatch ended, as recorded on the row.
@@ -355,6 +371,7 @@ mod tests {
             token,
             attempt,
             lease_expires_at: now() + Duration::seconds(lease),
+            last_error: None,
         };
         let got = match ClaimOutcome::classify(&row, ME) {
             ClaimOutcome::Fresh => "fresh".to_string(),
@@ -413,6 +430,26 @@ mod tests {
             lease_expires_at: now(),
         };
         assert_eq!(in_flight.action(3), ClaimAction::Leave);
+        // An abandon keeps what the last attempt met; other actions are left as they are.
+        let kept = ClaimOutcome::Retry { attempt: 4 }
+            .action(3)
+            .with_last_error(Some("the dispatch panicked: boom"));
+        let ClaimAction::Abandon { reason } = kept else {
+            panic!("{kept:?}")
+        };
+        assert!(
+            reason.as_str().starts_with("abandoned: 3 earlier attempts"),
+            "{reason:?}"
+        );
+        assert!(
+            reason
+                .as_str()
+                .ends_with("; the last attempt: the dispatch panicked: boom")
+        );
+        assert_eq!(
+            ClaimOutcome::Fresh.action(3).with_last_error(Some("x")),
+            ClaimAction::Dispatch { attempt: 1 }
+        );
     }
 
     #[test]

@@ -74,6 +74,7 @@ pub struct SchedulerConfig {
     /// How late an occurrence may be found and still count as on time (not a misfire).
     pub misfire_grace: Duration,
     /// Under `catch-up`, the most missed occurrences that fire; older ones coalesce (skip).
+    /// At most [`SchedulerConfig::MAX_BACKLOG`].
     pub max_backlog: usize,
     /// How long settled ledger rows are kept. The ledger is the dedupe, so this must be far
     /// longer than any window in which an occurrence could be computed again (at least a day).
@@ -129,6 +130,14 @@ pub enum ConfigError {
         /// The configured retention.
         retention: Duration,
     },
+    /// `max_backlog` is past [`SchedulerConfig::MAX_BACKLOG`]: a claim would walk that many
+    /// occurrences of each late routine inside its transaction.
+    #[error(
+        "the max backlog ({0}) must be at most {max}: a claim walks that many occurrences of each \
+         late routine inside its transaction",
+        max = SchedulerConfig::MAX_BACKLOG
+    )]
+    BacklogTooLarge(usize),
 }
 
 impl SchedulerConfig {
@@ -136,6 +145,13 @@ impl SchedulerConfig {
     /// takes seconds) not to hold back other routines, small enough that one scheduler never
     /// opens hundreds of connections to a target at once.
     pub const DEFAULT_MAX_IN_FLIGHT: usize = 100;
+
+    /// The largest `max_backlog`: the misfire plan walks one more occurrence than the backlog
+    /// per late routine inside the claim's transaction, so this keeps that walk within the
+    /// default scan bound ([`crate::MisfireRules::DEFAULT_MAX_SCAN`]), a few milliseconds per
+    /// routine, far inside the claim's statement timeout. Ten thousand missed occurrences is a
+    /// week of a routine every minute.
+    pub const MAX_BACKLOG: usize = 10_000;
 
     /// Checks the rules between settings and returns the configuration unchanged if they hold.
     pub fn validate(self) -> Result<Self, ConfigError> {
@@ -155,6 +171,9 @@ impl SchedulerConfig {
             return Err(ConfigError::RetentionTooShort {
                 retention: self.retention,
             });
+        }
+        if self.max_backlog > Self::MAX_BACKLOG {
+            return Err(ConfigError::BacklogTooLarge(self.max_backlog));
         }
         if self.dispatch_timeout >= self.lease.duration() {
             return Err(ConfigError::TimeoutNotShorterThanLease {
@@ -232,6 +251,18 @@ mod tests {
             ..SchedulerConfig::default()
         };
         assert!(shorter_than_grace.validate().is_err());
+        for (backlog, ok) in [
+            (1, true),
+            (SchedulerConfig::MAX_BACKLOG, true),
+            (SchedulerConfig::MAX_BACKLOG + 1, false),
+            (usize::MAX, false),
+        ] {
+            let config = SchedulerConfig {
+                max_backlog: backlog,
+                ..SchedulerConfig::default()
+            };
+            assert_eq!(config.validate().is_ok(), ok, "max backlog {backlog}");
+        }
         assert!(SchedulerConfig::default().validate().is_ok());
     }
 

@@ -40,6 +40,9 @@
 //! );
 //! ```
 
+/// The most bytes of a message routine's text (it is copied into every fire's message).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
 pub mod backfill;
 pub mod claim;
 pub mod config;
@@ -58,7 +61,7 @@ pub use claim::{
 };
 pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
 pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due};
-pub use mission::{Mission, MissionError};
+pub use mission::{Mission, MissionError, MissionPolicy};
 pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
 pub use occurrence::{IdempotencyKey, Occurrence, RoutineId};
 pub use run::{

@@ -61,10 +61,94 @@ pub const RESERVED_LABEL_PREFIX: &str = "cm.";
 
 const FIELDS: [&str; 5] = ["repository", "ref", "task", "env", "labels"];
 
+/// The variables a mission's `env` may never set, whatever the operator allows: each is read by a
+/// loader, a shell, an interpreter or a common tool (git, ssh, docker, kubectl, a proxy-aware
+/// client) to change what runs or where it connects. `*` stands for any run of characters. A
+/// routine stored before a name was listed is refused when it comes due (settled `failed`), never
+/// launched.
+pub const DENIED_ENV: [&str; 27] = [
+    "PATH",
+    "HOME",
+    "SHELL",
+    "IFS",
+    "ENV",
+    "BASH_ENV",
+    "BASH_FUNC_*",
+    "SHELLOPTS",
+    "PS4",
+    "LD_*",
+    "GCONV_PATH",
+    "GIT_*",
+    "SSH_*",
+    "*_PROXY",
+    "NODE_OPTIONS",
+    "NODE_PATH",
+    "PYTHON*",
+    "PERL5*",
+    "PERLLIB",
+    "RUBYOPT",
+    "RUBYLIB",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "DOCKER_*",
+    "KUBECONFIG",
+    "TMPDIR",
+];
+
+/// Host names a repository may never name: the scheduler's own host and the cloud metadata
+/// services, which hand out the credentials of the machine a mission runs on.
+pub const DENIED_REPOSITORY_HOSTS: [&str; 6] = [
+    "localhost",
+    "*.localhost",
+    "metadata",
+    "metadata.google.internal",
+    "instance-data",
+    "instance-data.ec2.internal",
+];
+
+/// The entry of [`DENIED_ENV`] that `name` matches, if any.
+///
+/// ```
+/// assert_eq!(cm_domain::mission::denied_env("HTTPS_PROXY"), Some("*_PROXY"));
+/// assert_eq!(cm_domain::mission::denied_env("REPORT_FORMAT"), None);
+/// ```
+pub fn denied_env(name: &str) -> Option<&'static str> {
+    DENIED_ENV
+        .iter()
+        .copied()
+        .find(|pattern| glob_matches(pattern, name))
+}
+
+/// Whether `text` matches `pattern`, where `*` stands for any run of characters (also none).
+fn glob_matches(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, rest)) => {
+            let Some(mut tail) = text.strip_prefix(head) else {
+                return false;
+            };
+            // Each further `*`-free piece must appear in order; the last must end the text.
+            let pieces: Vec<&str> = rest.split('*').collect();
+            let (last, middle) = pieces
+                .split_last()
+                .expect("split yields one piece at least");
+            for piece in middle {
+                match tail.find(piece) {
+                    Some(at) => tail = &tail[at + piece.len()..],
+                    None => return false,
+                }
+            }
+            tail.len() >= last.len() && tail.ends_with(last)
+        }
+    }
+}
+
 /// A validated mission file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mission {
     repository: String,
+    repository_host: String,
     git_ref: Option<String>,
     task: String,
     env: BTreeMap<String, String>,
@@ -133,7 +217,7 @@ impl Mission {
             ));
         }
         let repository = required_string(object, "repository")?;
-        check_repository(repository)?;
+        let repository_host = check_repository(repository)?;
         let git_ref = optional_string(object, "ref")?;
         if let Some(git_ref) = git_ref {
             check_ref(git_ref)?;
@@ -161,6 +245,7 @@ impl Mission {
         }
         Ok(Mission {
             repository: repository.to_owned(),
+            repository_host,
             git_ref: git_ref.map(str::to_owned),
             task: task.to_owned(),
             env,
@@ -171,6 +256,12 @@ impl Mission {
     /// The repository to check out: an `https://` or `ssh://` URL, or `git@host:path`.
     pub fn repository(&self) -> &str {
         &self.repository
+    }
+
+    /// The repository's host, lowercase (`git.example.com`): what an operator's
+    /// `repository_hosts` ([`MissionPolicy`]) is matched against.
+    pub fn repository_host(&self) -> &str {
+        &self.repository_host
     }
 
     /// The git ref to check out; `None` means the repository's default branch.
@@ -255,9 +346,12 @@ fn string_map(
 }
 
 /// `https://host/path`, `ssh://[user@]host[:port]/path` or `git@host:path`. Never a local path,
-/// `file://` or another transport (`ext::` runs a command), and never a password in the URL:
-/// credentials are the operator's, and a routine's payload is shown to whoever lists routines.
-fn check_repository(repository: &str) -> Result<(), MissionError> {
+/// `file://` or another transport (`ext::` runs a command), never a password in the URL
+/// (credentials are the operator's, and a routine's payload is shown to whoever lists routines),
+/// never a host or user that a client could read as an option (`-oProxyCommand=…`), and never
+/// the scheduler's own host or a metadata service (see [`check_host`]). Returns the host,
+/// lowercase.
+fn check_repository(repository: &str) -> Result<String, MissionError> {
     let field = "repository";
     if repository.chars().count() > MAX_REPOSITORY_CHARS {
         return Err(refuse(
@@ -288,7 +382,11 @@ fn check_repository(repository: &str) -> Result<(), MissionError> {
                 "git@ form needs a path after the colon, not starting with - or /",
             ));
         }
-        return Ok(());
+        // ssh resolves the host as the C library does, so `127.1` is a loopback address: read
+        // it the way a URL's host is read, which follows the same number forms.
+        let parsed = url::Host::parse(host)
+            .map_err(|e| refuse(field, format!("{host:?} is not a host name ({e})")))?;
+        return check_host(&parsed);
     }
     let url = url::Url::parse(repository).map_err(|e| {
         refuse(
@@ -311,14 +409,86 @@ fn check_repository(repository: &str) -> Result<(), MissionError> {
             "must not carry credentials; they are operator configuration",
         ));
     }
-    match url.host_str() {
-        Some(host) if valid_host(host.trim_start_matches('[').trim_end_matches(']')) => {}
-        _ => return Err(refuse(field, "must name a host")),
+    let user = url.username();
+    if !user.is_empty()
+        && (user.starts_with('-')
+            || !user
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(refuse(
+            field,
+            format!(
+                "user {user:?} is not allowed: letters, digits, ., _ and -, not starting with -"
+            ),
+        ));
+    }
+    let host = url
+        .host()
+        .ok_or_else(|| refuse(field, "must name a host"))?;
+    if let url::Host::Domain(name) = &host
+        && !valid_host(name)
+    {
+        return Err(refuse(field, format!("{name:?} is not a host name")));
     }
     if url.path().trim_matches('/').is_empty() {
         return Err(refuse(field, "must name a repository path"));
     }
-    Ok(())
+    check_host(&host)
+}
+
+/// Refuses a loopback, link-local, unspecified or metadata address (a mission would reach the
+/// scheduler's host or the credentials of the machine it runs on); returns the host, lowercase.
+fn check_host<S: AsRef<str>>(host: &url::Host<S>) -> Result<String, MissionError> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let field = "repository";
+    let denied_ip = |ip: IpAddr| -> Option<&'static str> {
+        // An IPv4 address written as IPv6 (`::ffff:127.0.0.1`) is that IPv4 address.
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match ip {
+            IpAddr::V4(v4) if v4.is_loopback() => Some("a loopback address"),
+            IpAddr::V4(v4) if v4.is_link_local() => {
+                Some("a link-local address (where metadata services answer)")
+            }
+            IpAddr::V4(v4) if v4.octets()[0] == 0 || v4.is_broadcast() => {
+                Some("an unspecified address")
+            }
+            IpAddr::V4(v4) if v4 == Ipv4Addr::new(100, 100, 100, 200) => {
+                Some("a metadata service's address")
+            }
+            IpAddr::V6(v6) if v6.is_loopback() => Some("a loopback address"),
+            IpAddr::V6(v6) if v6.is_unspecified() => Some("an unspecified address"),
+            IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80 => {
+                Some("a link-local address (where metadata services answer)")
+            }
+            IpAddr::V6(v6) if v6 == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) => {
+                Some("a metadata service's address")
+            }
+            _ => None,
+        }
+    };
+    let (shown, why) = match host {
+        url::Host::Ipv4(v4) => (v4.to_string(), denied_ip(IpAddr::V4(*v4))),
+        url::Host::Ipv6(v6) => (v6.to_string(), denied_ip(IpAddr::V6(*v6))),
+        url::Host::Domain(name) => {
+            let name = name.as_ref().trim_end_matches('.').to_ascii_lowercase();
+            let denied = DENIED_REPOSITORY_HOSTS
+                .iter()
+                .any(|pattern| glob_matches(pattern, &name));
+            let why = denied.then_some("the scheduler's own host or a metadata service");
+            (name, why)
+        }
+    };
+    match why {
+        Some(why) => Err(refuse(
+            field,
+            format!("host {shown} is {why}; missions may not reach it"),
+        )),
+        None => Ok(shown),
+    }
 }
 
 fn valid_host(host: &str) -> bool {
@@ -384,6 +554,15 @@ fn check_env(name: &str, value: &str) -> Result<(), MissionError> {
             "CM_* variables are set by cm itself and cannot be overridden",
         ));
     }
+    if let Some(pattern) = denied_env(name) {
+        return Err(refuse(
+            field,
+            format!(
+                "{pattern} changes how a mission runs or where it connects, so a routine cannot \
+                 set it (see the mission env rules)"
+            ),
+        ));
+    }
     if value.len() > MAX_ENV_VALUE_BYTES {
         return Err(refuse(
             field,
@@ -431,6 +610,12 @@ fn check_label(name: &str, value: &str) -> Result<(), MissionError> {
     if name.starts_with(RESERVED_LABEL_PREFIX) {
         return Err(refuse(field, "cm.* labels are set by cm itself"));
     }
+    if let Some(reserved) = runtime_reserved_label(prefix, local) {
+        return Err(refuse(
+            field,
+            format!("{reserved} labels are reserved by the runtime"),
+        ));
+    }
     if !segment_ok(value, true) {
         return Err(refuse(
             field,
@@ -439,6 +624,122 @@ fn check_label(name: &str, value: &str) -> Result<(), MissionError> {
         ));
     }
     Ok(())
+}
+
+/// The reserved key family a label belongs to, on the runtimes cm launches on: Kubernetes sets
+/// `job-name` and `controller-uid` on a Job's pods and owns the `kubernetes.io` and `k8s.io`
+/// prefixes and their subdomains (`batch.kubernetes.io/job-name`). A Job carrying one is refused.
+fn runtime_reserved_label(prefix: Option<&str>, local: &str) -> Option<&'static str> {
+    match prefix {
+        None if local == "job-name" => Some("job-name"),
+        None if local == "controller-uid" => Some("controller-uid"),
+        Some(p) if p == "kubernetes.io" || p.ends_with(".kubernetes.io") => {
+            Some("kubernetes.io/* and *.kubernetes.io/*")
+        }
+        Some(p) if p == "k8s.io" || p.ends_with(".k8s.io") => Some("k8s.io/* and *.k8s.io/*"),
+        _ => None,
+    }
+}
+
+/// The operator's narrowing of what a mission may ask for (in `--mission-config`):
+/// `env_allow`, the only `env` names a routine may set (patterns with `*`, `"REPORT_*"`), and
+/// `repository_hosts`, the only hosts a repository may name (`"git.example.com"`, or
+/// `"*.example.com"` for its subdomains). Either absent allows what the rules allow. Checked
+/// when a routine is created, updated or imported with the config at hand, and again at every
+/// dispatch, so a routine written before the policy changed is refused, not launched.
+///
+/// ```
+/// use cm_domain::{Mission, MissionPolicy};
+///
+/// let policy = MissionPolicy::new(Some(vec!["REPORT_*".into()]), None).unwrap();
+/// let m = Mission::from_json(
+///     r#"{"repository": "https://git.example.com/r.git", "task": "t", "env": {"LANG": "C"}}"#,
+/// ).unwrap();
+/// assert_eq!(policy.check(&m).unwrap_err().field(), Some("env.LANG"));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MissionPolicy {
+    env_allow: Option<Vec<String>>,
+    repository_hosts: Option<Vec<String>>,
+}
+
+impl MissionPolicy {
+    /// A policy from the operator's lists; an error names the malformed entry. An allowed name
+    /// is `[A-Z0-9_*]`, a host pattern a host name, optionally after `*.`.
+    pub fn new(
+        env_allow: Option<Vec<String>>,
+        repository_hosts: Option<Vec<String>>,
+    ) -> Result<MissionPolicy, String> {
+        for pattern in env_allow.iter().flatten() {
+            if pattern.is_empty()
+                || !pattern
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || matches!(c, '_' | '*'))
+            {
+                return Err(format!(
+                    "env_allow entry {pattern:?} must be a variable name or a pattern of \
+                     [A-Z0-9_] and *"
+                ));
+            }
+        }
+        let repository_hosts = repository_hosts.map(|hosts| {
+            hosts
+                .into_iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect::<Vec<_>>()
+        });
+        for host in repository_hosts.iter().flatten() {
+            if !valid_host(host.strip_prefix("*.").unwrap_or(host)) {
+                return Err(format!(
+                    "repository_hosts entry {host:?} must be a host name, or *. and a host name"
+                ));
+            }
+        }
+        Ok(MissionPolicy {
+            env_allow,
+            repository_hosts,
+        })
+    }
+
+    /// Refuses a mission that asks for what this policy does not allow, naming the field.
+    pub fn check(&self, mission: &Mission) -> Result<(), MissionError> {
+        if let Some(allow) = &self.env_allow
+            && let Some(name) = mission
+                .env()
+                .keys()
+                .find(|name| !allow.iter().any(|pattern| glob_matches(pattern, name)))
+        {
+            return Err(refuse(
+                format!("env.{name}"),
+                format!(
+                    "is not among the names the operator allows (env_allow: {})",
+                    allow.join(", ")
+                ),
+            ));
+        }
+        if let Some(hosts) = &self.repository_hosts {
+            let host = mission.repository_host();
+            let allowed = hosts
+                .iter()
+                .any(|pattern| match pattern.strip_prefix("*.") {
+                    Some(domain) => host
+                        .strip_suffix(domain)
+                        .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),
+                    None => pattern == host,
+                });
+            if !allowed {
+                return Err(refuse(
+                    "repository",
+                    format!(
+                        "host {host} is not among the hosts the operator allows \
+                         (repository_hosts: {})",
+                        hosts.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for Mission {
@@ -512,9 +813,23 @@ mod tests {
             "ssh://git@git.example.com:2222/team/repo.git",
             "git@git.example.com:team/repo.git",
             "https://example.invalid/r.git",
+            "https://10.0.0.5/team/r.git",
+            "ssh://git@[2001:db8::1]/team/r.git",
+            "ssh://deploy-bot_1@git.example.com/r.git",
+            "https://localhost.example.com/r.git",
         ] {
             accepted(&format!(r#"{{"repository": "{ok}", "task": "t"}}"#));
         }
+        assert_eq!(
+            accepted(r#"{"repository": "https://Git.Example.COM/r.git", "task": "t"}"#)
+                .repository_host(),
+            "git.example.com"
+        );
+        assert_eq!(
+            accepted(r#"{"repository": "git@git.example.com:r.git", "task": "t"}"#)
+                .repository_host(),
+            "git.example.com"
+        );
         for bad in [
             "",
             "/srv/git/repo.git",
@@ -534,6 +849,35 @@ mod tests {
             "git@host:-x",
             "root@host:repo",
             "https://git.example.com/re po",
+            // A user or host a client could read as an option.
+            "ssh://-oProxyCommand=touch%20x@git.example.com/r.git",
+            "ssh://-x@git.example.com/r.git",
+            "ssh://a%20b@git.example.com/r.git",
+            // The scheduler's own host, however it is written.
+            "https://127.0.0.1/r.git",
+            "https://127.1/r.git",
+            "https://2130706433/r.git",
+            "https://0x7f000001/r.git",
+            "https://[::1]/r.git",
+            "https://[::ffff:127.0.0.1]/r.git",
+            "https://localhost/r.git",
+            "https://LOCALHOST./r.git",
+            "https://git.localhost/r.git",
+            "ssh://git@[::1]/r.git",
+            "git@127.0.0.1:r.git",
+            "git@127.1:r.git",
+            "git@localhost:r.git",
+            // Unspecified addresses reach the local host too.
+            "https://0.0.0.0/r.git",
+            "https://0/r.git",
+            "https://[::]/r.git",
+            // Link-local and metadata services.
+            "https://169.254.169.254/latest/meta-data",
+            "https://[fe80::1]/r.git",
+            "https://[fd00:ec2::254]/latest",
+            "https://metadata.google.internal/computeMetadata/v1",
+            "https://100.100.100.200/latest",
+            "git@169.254.169.254:r.git",
         ] {
             refused(
                 &format!(r#"{{"repository": "{bad}", "task": "t"}}"#),
@@ -660,6 +1004,130 @@ mod tests {
         );
     }
 
+    /// A name each entry of the deny list covers: `*` replaced by `X`.
+    fn example_of(pattern: &str) -> String {
+        pattern.replace('*', "X")
+    }
+
+    #[test]
+    fn every_denied_environment_name_is_refused() {
+        for pattern in DENIED_ENV {
+            for name in [example_of(pattern), pattern.replace('*', "")] {
+                // `*_PROXY` with nothing for the star is `_PROXY`, still a well-formed name.
+                refused(
+                    &mission(&format!(r#""env": {{"{name}": "x"}}"#)),
+                    &format!("env.{name}"),
+                );
+            }
+        }
+        // The names the review used to steer a runner, each refused for its own entry.
+        for (name, entry) in [
+            ("BASH_ENV", "BASH_ENV"),
+            ("PATH", "PATH"),
+            ("GIT_SSH_COMMAND", "GIT_*"),
+            ("GIT_CONFIG_COUNT", "GIT_*"),
+            ("GIT_CONFIG_KEY_0", "GIT_*"),
+            ("LD_PRELOAD", "LD_*"),
+            ("LD_LIBRARY_PATH", "LD_*"),
+            ("HTTPS_PROXY", "*_PROXY"),
+            ("ALL_PROXY", "*_PROXY"),
+            ("NO_PROXY", "*_PROXY"),
+            ("PYTHONPATH", "PYTHON*"),
+            ("PYTHONSTARTUP", "PYTHON*"),
+            ("PERL5OPT", "PERL5*"),
+            ("SSH_AUTH_SOCK", "SSH_*"),
+            ("DOCKER_HOST", "DOCKER_*"),
+        ] {
+            assert_eq!(denied_env(name), Some(entry), "{name}");
+            let err =
+                Mission::from_json(&mission(&format!(r#""env": {{"{name}": "x"}}"#))).unwrap_err();
+            assert!(err.to_string().contains(entry), "{err}");
+        }
+        // Names that only resemble an entry are the routine's to set.
+        for name in [
+            "PATHS",
+            "MY_PATH",
+            "HOMEPAGE",
+            "ENVIRONMENT",
+            "REPORT_FORMAT",
+            "LANG",
+            "PROXY",
+            "GIT",
+            "NODE_ENV",
+            "XLD_X",
+        ] {
+            assert_eq!(denied_env(name), None, "{name}");
+            accepted(&mission(&format!(r#""env": {{"{name}": "x"}}"#)));
+        }
+    }
+
+    #[test]
+    fn glob_patterns() {
+        for (pattern, text, matches) in [
+            ("PATH", "PATH", true),
+            ("PATH", "PATHS", false),
+            ("LD_*", "LD_", true),
+            ("LD_*", "LD_PRELOAD", true),
+            ("LD_*", "XLD_", false),
+            ("*_PROXY", "HTTP_PROXY", true),
+            ("*_PROXY", "_PROXY", true),
+            ("*_PROXY", "HTTP_PROXYX", false),
+            ("A*B*C", "AxxBxxC", true),
+            ("A*B*C", "ABC", true),
+            ("A*B*C", "AC", false),
+            ("A*A", "A", false),
+            ("*", "", true),
+        ] {
+            assert_eq!(glob_matches(pattern, text), matches, "{pattern} {text}");
+        }
+    }
+
+    #[test]
+    fn the_operators_policy() {
+        let m = accepted(&mission(r#""env": {"REPORT_FORMAT": "md", "LANG": "C"}"#));
+        let allow = |names: &[&str]| {
+            MissionPolicy::new(Some(names.iter().map(|n| n.to_string()).collect()), None).unwrap()
+        };
+        allow(&["REPORT_*", "LANG"]).check(&m).unwrap();
+        let err = allow(&["REPORT_*"]).check(&m).unwrap_err();
+        assert_eq!(err.field(), Some("env.LANG"));
+        assert!(err.to_string().contains("env_allow: REPORT_*"), "{err}");
+        // An empty allow list allows no variable at all, and any mission without one.
+        assert_eq!(allow(&[]).check(&m).unwrap_err().field(), Some("env.LANG"));
+        allow(&[]).check(&accepted(&mission(""))).unwrap();
+        // The allow list narrows the deny list; it never widens it.
+        refused(&mission(r#""env": {"PATH": "/tmp/evil"}"#), "env.PATH");
+        assert!(MissionPolicy::new(Some(vec!["lower".into()]), None).is_err());
+        assert!(MissionPolicy::new(Some(vec!["".into()]), None).is_err());
+
+        let hosts = |hosts: &[&str]| {
+            MissionPolicy::new(None, Some(hosts.iter().map(|h| h.to_string()).collect()))
+        };
+        let at = |repository: &str| {
+            accepted(&format!(r#"{{"repository": "{repository}", "task": "t"}}"#))
+        };
+        let policy = hosts(&["Git.Example.com", "*.corp.example"]).unwrap();
+        for ok in [
+            "https://git.example.com/r.git",
+            "git@git.example.com:r.git",
+            "ssh://git@a.b.corp.example/r.git",
+        ] {
+            policy.check(&at(ok)).unwrap();
+        }
+        for bad in [
+            "https://evil.example/r.git",
+            "https://corp.example/r.git",
+            "https://xcorp.example/r.git",
+            "https://git.example.com.evil.example/r.git",
+        ] {
+            let err = policy.check(&at(bad)).unwrap_err();
+            assert_eq!(err.field(), Some("repository"), "{bad}");
+            assert!(err.to_string().contains("repository_hosts"), "{err}");
+        }
+        assert!(hosts(&["-x"]).is_err());
+        assert!(hosts(&["a b"]).is_err());
+    }
+
     #[test]
     fn labels() {
         accepted(&mission(
@@ -674,9 +1142,30 @@ mod tests {
             (r#"{"Bad_Prefix/x": "y"}"#, "labels.Bad_Prefix/x"),
             (r#"{"team": 3}"#, "labels.team"),
             (r#"{"": "x"}"#, "labels."),
+            // Keys Kubernetes sets on a Job's pods or owns: a Job carrying one is refused (422).
+            (r#"{"job-name": "x"}"#, "labels.job-name"),
+            (r#"{"controller-uid": "x"}"#, "labels.controller-uid"),
+            (
+                r#"{"batch.kubernetes.io/job-name": "x"}"#,
+                "labels.batch.kubernetes.io/job-name",
+            ),
+            (
+                r#"{"batch.kubernetes.io/controller-uid": "x"}"#,
+                "labels.batch.kubernetes.io/controller-uid",
+            ),
+            (r#"{"kubernetes.io/x": "y"}"#, "labels.kubernetes.io/x"),
+            (
+                r#"{"node.kubernetes.io/x": "y"}"#,
+                "labels.node.kubernetes.io/x",
+            ),
+            (r#"{"k8s.io/x": "y"}"#, "labels.k8s.io/x"),
+            (r#"{"x.k8s.io/y": "z"}"#, "labels.x.k8s.io/y"),
         ] {
             refused(&mission(&format!(r#""labels": {labels}"#)), field);
         }
+        accepted(&mission(
+            r#""labels": {"example.com/job-name": "x", "mykubernetes.io/a": "b", "job-names": "c"}"#,
+        ));
         let long = "a".repeat(MAX_LABEL_CHARS + 1);
         refused(
             &mission(&format!(r#""labels": {{"t": "{long}"}}"#)),

@@ -1557,6 +1557,7 @@ fn claim_row(inserted: bool, row: &Fire) -> ClaimRow {
         token: row.token,
         attempt: row.attempt,
         lease_expires_at: row.lease_until,
+        last_error: None,
     }
 }
 

@@ -8,6 +8,7 @@ mod database;
 mod import;
 mod listing;
 mod routine;
+mod secrets;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -109,7 +110,7 @@ struct RunArgs {
     /// How late an occurrence may be and still count as on time.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     misfire_grace: Duration,
-    /// Under catch-up, the most missed occurrences that fire.
+    /// Under catch-up, the most missed occurrences that fire (at most 10,000).
     #[arg(long, default_value_t = 100)]
     max_backlog: usize,
     /// How long settled fires are kept before they are pruned (at least a day).
@@ -232,16 +233,19 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    // Whatever a message quotes, the database URL's secrets never reach the terminal.
-    let url = cli.database_url.clone();
+    // Whatever a message quotes, no configured secret reaches the terminal: the database URL's
+    // are registered now, the others as their flags and files are read.
+    for secret in database::secrets(&cli.database_url) {
+        secrets::register(&secret);
+    }
     match runtime.block_on(execute(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Input(message)) => {
-            eprintln!("cm-scheduler: {}", database::scrub(&message, &url));
+            eprintln!("cm-scheduler: {}", secrets::scrub(&message));
             ExitCode::from(2)
         }
         Err(Failure::Other(e)) => {
-            eprintln!("cm-scheduler: {}", database::scrub(&one_line(&e), &url));
+            eprintln!("cm-scheduler: {}", secrets::scrub(&one_line(&e)));
             ExitCode::from(1)
         }
     }
@@ -401,16 +405,34 @@ fn parse_time(text: &str) -> Result<DateTime<Utc>, Failure> {
 }
 
 /// Reads and validates a mission file (`cm_domain::Mission`): every field is checked, and a
-/// refusal names the field. Images, endpoints and credentials are operator configuration, never
-/// part of a routine.
-fn mission_payload(path: &PathBuf) -> Result<serde_json::Value, Failure> {
+/// refusal names the field; then the operator's `policy`. Images, endpoints and credentials are
+/// operator configuration, never part of a routine. The file is read no further than its limit.
+fn mission_payload(
+    path: &std::path::Path,
+    policy: &cm_domain::MissionPolicy,
+) -> Result<serde_json::Value, Failure> {
     let shown = path.display();
-    let text = std::fs::read_to_string(path)
+    let text = crate::bounded::read_file(path, crate::bounded::MISSION_FILE)
         .map_err(|e| input(format!("cannot read mission file {shown}: {e}")))?;
-    cm_domain::Mission::from_json(&text)
+    let mission = cm_domain::Mission::from_json(&text)
+        .map_err(|e| input(format!("mission file {shown}: {e}")))?;
+    policy
+        .check(&mission)
         .map_err(|e| input(format!("mission file {shown}: {e}")))?;
     // Validation passed, so the text is a JSON object; it is stored as written.
     serde_json::from_str(&text).map_err(|e| input(format!("mission file {shown}: {e}")))
+}
+
+/// The operator's mission policy from `--mission-config FILE` (or `CM_MISSION_CONFIG`); none
+/// beyond the mission rules without one.
+fn mission_policy(path: Option<&std::path::Path>) -> Result<cm_domain::MissionPolicy, Failure> {
+    let Some(path) = path else {
+        return Ok(cm_domain::MissionPolicy::default());
+    };
+    let config = crate::mission_args::read_config(path).map_err(input)?;
+    config
+        .policy()
+        .map_err(|e| input(format!("--mission-config {}: {e}", path.display())))
 }
 
 /// `/readyz`'s view of the database: waiting while the start-up has not reached it, then
@@ -452,8 +474,9 @@ fn http_token(args: &RunArgs) -> Result<Option<BearerToken>, Failure> {
         };
     };
     let shown = path.display();
-    let text = std::fs::read_to_string(path)
+    let text = crate::bounded::read_file(path, crate::bounded::SECRET_FILE)
         .map_err(|e| input(format!("cannot read --http-token-file {shown}: {e}")))?;
+    secrets::register_file(&text);
     BearerToken::new(&text)
         .map(Some)
         .ok_or_else(|| input(format!("--http-token-file {shown} is empty")))
@@ -718,7 +741,7 @@ fn init_logging(format: LogFormat) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(secrets::ScrubbingStderr);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),

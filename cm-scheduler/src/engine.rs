@@ -28,8 +28,8 @@ use cm_domain::{
     SchedulerConfig, Settlement,
 };
 use cm_store::{
-    ClaimDueParams, ClaimedFire, FireLedger, FireSettle, InClaimWrites, OutboxConsumer, ReapParams,
-    RoutineKind, StoreError, TickClaim,
+    ClaimDueParams, ClaimedFire, FireLedger, FireRef, FireSettle, InClaimWrites, OutboxConsumer,
+    ReapParams, RoutineKind, StoreError, TickClaim,
 };
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -397,43 +397,73 @@ impl Scheduler {
             let lateness = (claim.now - fire.occurrence.scheduled_at)
                 .to_std()
                 .unwrap_or_default();
-            match outcome.action(self.config.max_attempts) {
+            let action = outcome.action(self.config.max_attempts);
+            match action.with_last_error(fire.row.last_error.as_deref()) {
                 ClaimAction::Dispatch { attempt } => {
                     // Room was counted before the claim; only the reaper competes for it, so
                     // this waits rarely and briefly.
                     let Ok(permit) = self.room.clone().acquire_owned().await else {
                         continue;
                     };
-                    let timeout = self.dispatch_budget(claim.began);
-                    if timeout.is_zero() {
+                    let budget = self.dispatch_budget(claim.began);
+                    if budget.is_zero() {
                         // The claim itself used up the lease: dispatching now could outlive it.
                         // Leave the row claimed; the reaper retries it once the lease is over.
                         warn!(routine_id = %fire.occurrence.routine_id,
                             scheduled_at = %fire.occurrence.scheduled_at,
                             "no lease left to dispatch in; leaving the occurrence to the reaper");
+                        let why = format!(
+                            "not dispatched: the claim took {} of its lease",
+                            humantime::format_duration(claim.began.elapsed())
+                        );
+                        note_unsettled(&*self.ledger, &fire.fire_ref(), why).await;
                         add(&self.stats.unstarted, 1);
                         report.unsettled += 1;
                         continue;
                     }
                     dispatching += 1;
+                    // The deadline is fixed here, where the budget was counted: the task that
+                    // dispatches may first run later, and that wait comes out of the budget.
                     let job = FireJob {
                         dispatcher: self.dispatcher.clone(),
                         completer: completer.clone(),
-                        timeout,
+                        ledger: self.ledger.clone(),
+                        budget,
+                        deadline: tokio::time::Instant::now() + budget,
+                        // The database's clock says how long before the claim the first
+                        // attempt's claim was; unknown or before this process, long ago.
+                        first_claimed: claim.began.checked_sub(
+                            (claim.now - fire.first_claimed_at)
+                                .to_std()
+                                .unwrap_or_default(),
+                        ),
                         stats: self.stats.clone(),
                         runs: self.runs.clone(),
                     };
                     let stats = self.stats.clone();
+                    let ledger = self.ledger.clone();
                     let task = async move {
                         let _permit = permit;
                         stats.dispatch_started();
+                        let fire_ref = fire.fire_ref();
                         // The dispatch runs in a task of its own, so a backend that panics is
-                        // seen here (its claim is retried after the lease, like a crash).
+                        // seen here (its claim is retried after the lease, like a crash; the
+                        // panic is kept on the row, for the abandon that may follow).
                         let result = match tokio::spawn(job.fire(fire, attempt, lateness)).await {
                             Ok(result) => result,
                             Err(e) => {
                                 error!(error = %e, "a dispatch task panicked");
                                 add(&stats.dispatch_panics, 1);
+                                let why = match e.try_into_panic() {
+                                    Ok(panic) => panic_text(&*panic),
+                                    Err(e) => e.to_string(),
+                                };
+                                note_unsettled(
+                                    &*ledger,
+                                    &fire_ref,
+                                    format!("the dispatch panicked: {why}"),
+                                )
+                                .await;
                                 FireResult::Unsettled
                             }
                         };
@@ -768,7 +798,16 @@ fn until_aligned(interval: Duration) -> Duration {
 struct FireJob {
     dispatcher: Arc<dyn Dispatcher>,
     completer: Arc<dyn Completer>,
-    timeout: Duration,
+    /// Where an attempt that ends without settling notes why.
+    ledger: Arc<dyn FireLedger>,
+    /// The dispatch's budget as it was counted, for its timeout's message.
+    budget: Duration,
+    /// When the dispatch must have finished: counted once, when the budget was (on tokio's
+    /// clock, which its timeout runs on).
+    deadline: tokio::time::Instant,
+    /// When the occurrence's first attempt was claimed, on this process's clock (`None`: too
+    /// long ago to say).
+    first_claimed: Option<Instant>,
     stats: Arc<Stats>,
     runs: Option<Arc<RunWatch>>,
 }
@@ -778,6 +817,26 @@ enum FireResult {
     Failed,
     Skipped,
     Unsettled,
+}
+
+/// Notes on a still-held claim why its attempt ends without settling; a failure to note is
+/// logged and otherwise ignored (the claim is the reaper's either way).
+async fn note_unsettled(ledger: &dyn FireLedger, fire: &FireRef, why: String) {
+    if let Err(e) = ledger.note_unsettled(fire, &ErrorText::new(why)).await {
+        debug!(error = %e, routine_id = %fire.occurrence.routine_id,
+            "could not note why the attempt ended unsettled");
+    }
+}
+
+/// A panic's message, when it has one.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "no message".to_string()
+    }
 }
 
 /// Counts and logs what a completer did with one settle; returns whether the row was settled.
@@ -814,8 +873,9 @@ impl FireJob {
             fire.kind,
             fire.payload.clone(),
             attempt,
-            Instant::now() + self.timeout,
-        );
+            self.deadline.into_std(),
+        )
+        .with_first_attempt_age(self.first_claimed.map_or(Duration::MAX, |at| at.elapsed()));
         self.stats.lateness.observe(lateness);
         let before = match self
             .runs
@@ -823,8 +883,7 @@ impl FireJob {
             .filter(|_| fire.kind == RoutineKind::Mission)
         {
             Some(runs) => {
-                let deadline = dispatch.deadline;
-                runs.before_launch(fire.occurrence, deadline, &self.stats)
+                runs.before_launch(fire.occurrence, dispatch.deadline, &self.stats)
                     .await
             }
             None => Ok(BeforeLaunch::Launch),
@@ -848,17 +907,32 @@ impl FireJob {
                     scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
                     "cannot take the mission's run; the reaper will retry this occurrence after its lease");
                 add(&self.stats.left_for_retry, 1);
+                let why = format!("taking the mission's run hit a database error: {e}");
+                note_unsettled(&*self.ledger, &fire.fire_ref(), why).await;
                 return FireResult::Unsettled;
             }
         };
         let failed = matches!(settlement, Settlement::Failed(_));
         let skipped = matches!(settlement, Settlement::Skipped(_));
+        let unsettled = match &settlement {
+            Settlement::Fired => "dispatched, but the settle was not written".to_string(),
+            Settlement::Failed(e) | Settlement::Skipped(e) => {
+                format!("{}; the settle was not written", e.as_str())
+            }
+        };
         let settle = FireSettle {
             fire: fire.fire_ref(),
             settlement,
             receipt,
         };
-        if !completed(&fire, self.completer.complete(settle).await, &self.stats) {
+        let outcome = self.completer.complete(settle).await;
+        let unwritten = matches!(outcome, Completed::Unwritten(_));
+        if !completed(&fire, outcome, &self.stats) {
+            if unwritten {
+                // Most often the database is still away and this fails too; when it is back,
+                // the next attempt's abandon, if any, can say what this one met.
+                note_unsettled(&*self.ledger, &fire.fire_ref(), unsettled).await;
+            }
             return FireResult::Unsettled;
         }
         if failed {
@@ -873,7 +947,7 @@ impl FireJob {
         }
     }
 
-    /// Dispatches under the timeout: the settlement and receipt, or the result of a dispatch
+    /// Dispatches under the deadline: the settlement and receipt, or the result of a dispatch
     /// left for a retry.
     async fn launch(
         &self,
@@ -883,7 +957,7 @@ impl FireJob {
         lateness: Duration,
     ) -> Result<(Settlement, Option<String>), FireResult> {
         Ok(
-            match tokio::time::timeout(self.timeout, self.dispatcher.dispatch(dispatch)).await {
+            match tokio::time::timeout_at(self.deadline, self.dispatcher.dispatch(dispatch)).await {
                 Ok(Ok(receipt)) => {
                     debug!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                     scheduled_at = %fire.occurrence.scheduled_at, attempt,
@@ -892,12 +966,14 @@ impl FireJob {
                     (Settlement::Fired, Some(receipt.detail))
                 }
                 Ok(Err(e)) if e.is_transient_store_error() => {
-                    // cm's own database failed, not the target: leave the claim for a retry after
-                    // its lease instead of settling the occurrence failed.
+                    // cm's own database failed, not the target: leave the claim for a retry
+                    // after its lease instead of settling the occurrence failed.
                     warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                     scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
                     "dispatch hit a database error; the reaper will retry this occurrence after its lease");
                     add(&self.stats.left_for_retry, 1);
+                    let why = format!("the dispatch hit a database error: {e}");
+                    note_unsettled(&*self.ledger, &fire.fire_ref(), why).await;
                     return Err(FireResult::Unsettled);
                 }
                 Ok(Err(e)) => {
@@ -907,11 +983,11 @@ impl FireJob {
                 }
                 Err(_) => {
                     warn!(routine = %fire.routine_name, scheduled_at = %fire.occurrence.scheduled_at,
-                    attempt, timeout = ?self.timeout, "dispatch timed out");
+                    attempt, timeout = ?self.budget, "dispatch timed out");
                     (
                         Settlement::Failed(ErrorText::new(format!(
                             "dispatch timed out after {}",
-                            humantime::format_duration(self.timeout)
+                            humantime::format_duration(self.budget)
                         ))),
                         None,
                     )

@@ -23,8 +23,9 @@ pub struct MissionArgs {
     #[arg(long)]
     pub mission_image: Option<String>,
     /// The operator's mission settings, a JSON file: command, user, resources, network,
-    /// namespace (see README, "Mission backends").
-    #[arg(long)]
+    /// namespace, and which env names and repository hosts routines may use (see README,
+    /// "Mission backends").
+    #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
     pub mission_config: Option<PathBuf>,
     /// The program the process backend runs, then its arguments; it takes the rest of the
     /// command line, so give it last. No shell is involved.
@@ -59,9 +60,9 @@ impl MissionArgs {
             self.mission_backend,
             MissionBackend::Docker | MissionBackend::Kubernetes
         );
-        if !needs_image && (self.mission_image.is_some() || self.mission_config.is_some()) {
+        if !needs_image && self.mission_image.is_some() {
             return Err(config(
-                "--mission-image and --mission-config need --mission-backend docker or kubernetes",
+                "--mission-image needs --mission-backend docker or kubernetes",
             ));
         }
         if self.mission_backend != MissionBackend::Process && !self.mission_command.is_empty() {
@@ -75,6 +76,10 @@ impl MissionArgs {
                         "--mission-backend process needs --mission-command PROG",
                     ));
                 };
+                let policy = self
+                    .settings()?
+                    .policy()
+                    .map_err(|e| config(format!("--mission-config: {e}")))?;
                 let runner = cm_dispatch::ProcessDispatcher::new(
                     program,
                     args.to_vec(),
@@ -82,10 +87,12 @@ impl MissionArgs {
                 )
                 .map_err(|e| {
                     config(format!(
-                        "cannot use --mission-workdir {}: {e}",
+                        "cannot use --mission-command {} with --mission-workdir {}: {e}",
+                        std::path::Path::new(program).display(),
                         self.mission_workdir.display()
                     ))
-                })?;
+                })?
+                .with_policy(policy);
                 tracing::warn!(
                     workdir = %self.mission_workdir.display(),
                     "the process mission backend is for development only"
@@ -103,16 +110,16 @@ impl MissionArgs {
         }
     }
 
+    /// The operator's settings from `--mission-config`, or the defaults.
+    fn settings(&self) -> Result<MissionConfig, MissionSetupError> {
+        match &self.mission_config {
+            Some(path) => Ok(read_config(path)?),
+            None => Ok(MissionConfig::default()),
+        }
+    }
+
     fn image_and_config(&self) -> Result<(String, MissionConfig), MissionSetupError> {
-        let settings = match &self.mission_config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read --mission-config {}: {e}", path.display()))?;
-                MissionConfig::from_json(&text)
-                    .map_err(|e| format!("--mission-config {}: {e}", path.display()))?
-            }
-            None => MissionConfig::default(),
-        };
+        let settings = self.settings()?;
         let image = self
             .mission_image
             .clone()
@@ -129,6 +136,14 @@ impl MissionArgs {
             })?;
         Ok((image, settings))
     }
+}
+
+/// Reads the operator's mission settings (`--mission-config FILE`), no further than
+/// [`crate::bounded::MISSION_CONFIG_FILE`]; the error is one line naming the file.
+pub fn read_config(path: &std::path::Path) -> Result<MissionConfig, String> {
+    let text = crate::bounded::read_file(path, crate::bounded::MISSION_CONFIG_FILE)
+        .map_err(|e| format!("cannot read --mission-config {}: {e}", path.display()))?;
+    MissionConfig::from_json(&text).map_err(|e| format!("--mission-config {}: {e}", path.display()))
 }
 
 /// Why the mission backend could not be set up.

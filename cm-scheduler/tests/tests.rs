@@ -9,18 +9,24 @@
 //! - `operate`: a running scheduler's health while its database comes and goes, and the
 //!   status page in headless Chromium.
 //! - `autopause`: a failing routine pauses itself through the real loop.
+//! - `abandon`: an occurrence abandoned after unsettled attempts keeps the last one's error.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
 //! - `operator`: editing, importing, naming and reading routines from the command line, and
 //!   errors (and secrets) as people see them.
 //! - `missions`: mission files and backend settings refused; schedulers killed mid-launch on
 //!   the fake Docker engine.
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
+//! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
+//!   message size, names) and files read no further than their limit.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
+//! - `secrets`: whole processes given every secret, against failing connections, print none.
 //! - `support`: the database server and clean-up the whole-process tests share.
 
 #[path = "scheduler/support.rs"]
 mod support;
 
+#[path = "scheduler/abandon.rs"]
+mod abandon;
 #[path = "scheduler/autopause.rs"]
 mod autopause;
 #[path = "scheduler/cli.rs"]
@@ -35,6 +41,8 @@ mod crash;
 mod exactly_once;
 #[path = "scheduler/http.rs"]
 mod http;
+#[path = "scheduler/inputs.rs"]
+mod inputs;
 #[path = "scheduler/missions.rs"]
 mod missions;
 #[path = "scheduler/mock_loop.rs"]
@@ -43,5 +51,7 @@ mod mock_loop;
 mod operate;
 #[path = "scheduler/operator.rs"]
 mod operator;
+#[path = "scheduler/secrets.rs"]
+mod secrets;
 #[path = "scheduler/slow_target.rs"]
 mod slow_target;

@@ -34,6 +34,45 @@ pub trait FailingRoutines: Send + Sync {
     ) -> Result<Vec<AutoPaused>, StoreError>;
 }
 
+/// The automatic pause. `$1` is how many newest fires must all have failed, `$2` the window in
+/// seconds within which a routine must have a failure to be examined.
+///
+/// A routine's newest fires since it was created or last resumed (`updated_at` moves on pause
+/// and resume, never on a claim, so a resumed routine starts with a clean record) are read in
+/// claim order (occurrences claimed together, newest first) through
+/// `routine_fires_claimed_idx`, so the scan stops after `$1` rows or at
+/// `updated_at`, whichever comes first, however long the routine's history: read in occurrence
+/// order, a routine with fewer than `$1` fires since its update was read back to its first
+/// fire. A routine a tick holds locked is skipped this pass.
+pub const PAUSE_FAILING_SQL: &str = "
+WITH recent AS (
+    SELECT DISTINCT routine_id FROM routine_fires
+    WHERE status = 'failed' AND scheduled_at > now() - make_interval(secs => $2)
+),
+failing AS (
+    SELECT r.id, last.error
+    FROM routines r
+    JOIN recent ON recent.routine_id = r.id
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS fires,
+               count(*) FILTER (WHERE f.status = 'failed') AS failed,
+               (array_agg(f.error ORDER BY f.claimed_at DESC, f.scheduled_at DESC))[1] AS error
+        FROM (SELECT status, error, claimed_at, scheduled_at FROM routine_fires
+              WHERE routine_id = r.id AND claimed_at >= r.updated_at
+              ORDER BY claimed_at DESC, scheduled_at DESC
+              LIMIT $1) f
+    ) last
+    WHERE NOT r.paused AND last.fires = $1 AND last.failed = $1
+    FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE routines r
+SET paused = true, next_run_at = NULL, updated_at = now(),
+    paused_reason = left(format('paused by cm: its last %s fires failed; the latest: %s',
+                                $1, failing.error), 1000)
+FROM failing
+WHERE r.id = failing.id AND NOT r.paused
+RETURNING r.id, r.name, r.paused_reason AS reason";
+
 #[async_trait]
 impl FailingRoutines for PgStore {
     async fn pause_failing_routines(
@@ -44,40 +83,10 @@ impl FailingRoutines for PgStore {
         if after_failures == 0 {
             return Ok(Vec::new());
         }
-        // `updated_at` moves on pause and resume (never on a claim), so a resumed routine
-        // starts with a clean record. A routine a tick holds locked is skipped this pass.
-        Ok(sqlx::query_as(
-            "WITH recent AS (
-                 SELECT DISTINCT routine_id FROM routine_fires
-                 WHERE status = 'failed' AND scheduled_at > now() - make_interval(secs => $2)
-             ),
-             failing AS (
-                 SELECT r.id, last.error
-                 FROM routines r
-                 JOIN recent ON recent.routine_id = r.id
-                 CROSS JOIN LATERAL (
-                     SELECT count(*) AS fires,
-                            count(*) FILTER (WHERE f.status = 'failed') AS failed,
-                            (array_agg(f.error ORDER BY f.scheduled_at DESC))[1] AS error
-                     FROM (SELECT status, error, scheduled_at FROM routine_fires
-                           WHERE routine_id = r.id AND claimed_at >= r.updated_at
-                           ORDER BY scheduled_at DESC
-                           LIMIT $1) f
-                 ) last
-                 WHERE NOT r.paused AND last.fires = $1 AND last.failed = $1
-                 FOR UPDATE OF r SKIP LOCKED
-             )
-             UPDATE routines r
-             SET paused = true, next_run_at = NULL, updated_at = now(),
-                 paused_reason = left(format('paused by cm: its last %s fires failed; the latest: %s',
-                                             $1, failing.error), 1000)
-             FROM failing
-             WHERE r.id = failing.id AND NOT r.paused
-             RETURNING r.id, r.name, r.paused_reason AS reason",
-        )
-        .bind(i64::from(after_failures))
-        .bind(window.as_secs_f64())
-        .fetch_all(&self.pool)
-        .await?)
+        Ok(sqlx::query_as(PAUSE_FAILING_SQL)
+            .bind(i64::from(after_failures))
+            .bind(window.as_secs_f64())
+            .fetch_all(&self.pool)
+            .await?)
     }
 }

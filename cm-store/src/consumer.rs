@@ -7,7 +7,7 @@
 //! loop {
 //!     batch = outbox_take(consumer, limit, lease)   // pending rows, oldest seq first, leased to it
 //!     deliver each message (dropping any whose idempotency key the target already has)
-//!     outbox_ack(consumer, seqs of the batch)       // never taken again
+//!     outbox_ack(consumer, the batch's acks)        // never taken again
 //! }
 //! ```
 //!
@@ -16,7 +16,10 @@
 //! that crashes holds its batch only until the lease runs out; the next take after that takes it
 //! again (`deliveries` counts how often). Delivery is therefore at least once, never lost: a
 //! consumer slower than its lease may see its batch also delivered by another, and the
-//! occurrence's idempotency key is how the target drops the second. Acknowledging is idempotent.
+//! occurrence's idempotency key is how the target drops the second. Acknowledging is idempotent,
+//! and fenced on the take: each take writes a fresh lease token on its rows, an acknowledgement
+//! names it ([`OutboxDelivery::ack`]), and a consumer whose rows were taken again by another
+//! after its lease ran out acknowledges nothing of them.
 //! Acknowledged rows are deleted after the scheduler's retention (the same as the ledger's, so a
 //! retried dispatch inside that window still finds its row and writes nothing).
 
@@ -24,6 +27,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use uuid::Uuid;
 
 use crate::outbox::OutboxRow;
 use crate::{PgStore, StoreError};
@@ -49,6 +53,28 @@ pub struct OutboxDelivery {
     /// How many times it has been taken, this time included (above 1: an earlier consumer
     /// did not acknowledge it within its lease).
     pub deliveries: i32,
+    /// The token of the take that leased it, which its acknowledgement names.
+    pub lease_token: Uuid,
+}
+
+impl OutboxDelivery {
+    /// The acknowledgement of this delivery.
+    pub fn ack(&self) -> OutboxAck {
+        OutboxAck {
+            seq: self.message.seq,
+            lease_token: self.lease_token,
+        }
+    }
+}
+
+/// The acknowledgement of one delivered message: its `seq` and the lease token of the take that
+/// delivered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboxAck {
+    /// The message.
+    pub seq: i64,
+    /// The token its take wrote ([`OutboxDelivery::lease_token`]).
+    pub lease_token: Uuid,
 }
 
 /// A pending (unacknowledged) message, as `cm-scheduler outbox` shows it.
@@ -88,9 +114,12 @@ pub trait OutboxConsumer: Send + Sync {
     /// is over. An empty batch means nothing is pending or every pending row is leased.
     async fn outbox_take(&self, take: &OutboxTake) -> Result<Vec<OutboxDelivery>, StoreError>;
 
-    /// Acknowledges delivered messages: they are never taken again. Returns how many were
-    /// acknowledged now; a message already acknowledged counts 0 and is left as it was.
-    async fn outbox_ack(&self, consumer: &str, seqs: &[i64]) -> Result<u64, StoreError>;
+    /// Acknowledges delivered messages: they are never taken again. Each is acknowledged only
+    /// while it still carries `consumer` and the lease token of the take that delivered it, so
+    /// a consumer whose lease ran out cannot acknowledge rows another consumer has taken since.
+    /// Returns how many were acknowledged now; a message already acknowledged, or leased by
+    /// another take, counts 0 and is left as it was.
+    async fn outbox_ack(&self, consumer: &str, acks: &[OutboxAck]) -> Result<u64, StoreError>;
 
     /// The unacknowledged backlog, listing at most `limit` messages.
     async fn outbox_backlog(&self, limit: u32) -> Result<OutboxBacklog, StoreError>;
@@ -109,7 +138,7 @@ impl OutboxConsumer for PgStore {
         let mut rows: Vec<OutboxDelivery> = sqlx::query_as(
             "UPDATE outbox_messages o
              SET leased_by = $1, lease_expires_at = now() + make_interval(secs => $3),
-                 deliveries = o.deliveries + 1
+                 deliveries = o.deliveries + 1, lease_token = $4
              FROM (SELECT seq FROM outbox_messages
                    WHERE acked_at IS NULL
                      AND (lease_expires_at IS NULL OR lease_expires_at <= now())
@@ -118,11 +147,12 @@ impl OutboxConsumer for PgStore {
                    FOR UPDATE SKIP LOCKED) taken
              WHERE o.seq = taken.seq
              RETURNING o.seq, o.routine_id, o.scheduled_at, o.idempotency_key, o.attempt,
-                       o.payload, o.created_at, o.deliveries",
+                       o.payload, o.created_at, o.deliveries, o.lease_token",
         )
         .bind(&take.consumer)
         .bind(i64::from(take.limit))
         .bind(take.lease.as_secs_f64())
+        .bind(Uuid::new_v4())
         .fetch_all(&self.pool)
         .await?;
         // RETURNING follows no order; the contract is seq order.
@@ -130,14 +160,19 @@ impl OutboxConsumer for PgStore {
         Ok(rows)
     }
 
-    async fn outbox_ack(&self, consumer: &str, seqs: &[i64]) -> Result<u64, StoreError> {
+    async fn outbox_ack(&self, consumer: &str, acks: &[OutboxAck]) -> Result<u64, StoreError> {
+        let seqs: Vec<i64> = acks.iter().map(|a| a.seq).collect();
+        let tokens: Vec<Uuid> = acks.iter().map(|a| a.lease_token).collect();
         Ok(sqlx::query(
-            "UPDATE outbox_messages
+            "UPDATE outbox_messages o
              SET acked_at = now(), acked_by = $1, leased_by = NULL, lease_expires_at = NULL
-             WHERE seq = ANY($2) AND acked_at IS NULL",
+             FROM UNNEST($2::bigint[], $3::uuid[]) AS a(seq, lease_token)
+             WHERE o.seq = a.seq AND o.acked_at IS NULL
+               AND o.leased_by = $1 AND o.lease_token = a.lease_token",
         )
         .bind(consumer)
-        .bind(seqs)
+        .bind(&seqs)
+        .bind(&tokens)
         .execute(&self.pool)
         .await?
         .rows_affected())

@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use cm_domain::{
-    ClaimOutcome, ClaimRow, ClaimToken, FireCap, FireStatus, Lease, MisfireRules, Occurrence,
-    Settlement, TickPlan, plan_due, plan_tick,
+    ClaimOutcome, ClaimRow, ClaimToken, ErrorText, FireCap, FireStatus, Lease, MisfireRules,
+    Occurrence, Settlement, TickPlan, plan_due, plan_tick,
 };
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
@@ -153,6 +153,9 @@ pub struct ClaimedFire {
     /// What the in-claim effect produced, for an occurrence settled in the claim
     /// ([`ClaimOutcome::SettledInClaim`]); `None` otherwise.
     pub receipt: Option<String>,
+    /// When the occurrence was first claimed, by the database's clock: a takeover leaves it,
+    /// so a retry knows how old its first attempt is.
+    pub first_claimed_at: DateTime<Utc>,
 }
 
 impl ClaimedFire {
@@ -293,6 +296,12 @@ pub trait FireLedger: Send + Sync {
     /// Two reapers never take the same row.
     async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError>;
 
+    /// Records on a claim that is still held, fenced like a settle, what its attempt met as it
+    /// ended without settling (a backend that panicked, a settle that could not be written). The
+    /// row stays `claimed` for the reaper; the claim that takes it over reads the error back
+    /// ([`ClaimRow::last_error`]), and an abandon keeps it. Returns whether the row was held.
+    async fn note_unsettled(&self, fire: &FireRef, error: &ErrorText) -> Result<bool, StoreError>;
+
     /// Lists fires, newest occurrence first (ties: routine id descending), from the filter's
     /// cursor on. Each filter's order is served by an index, so a page reads about as many rows
     /// as it returns however large the ledger is.
@@ -318,6 +327,8 @@ struct ClaimedRow {
     kind: String,
     payload: Value,
     receipt: Option<String>,
+    error: Option<String>,
+    first_claimed_at: Option<DateTime<Utc>>,
 }
 
 impl TryFrom<ClaimedRow> for ClaimedFire {
@@ -339,6 +350,9 @@ impl TryFrom<ClaimedRow> for ClaimedFire {
             kind,
             payload: r.payload,
             receipt: r.receipt,
+            // Only a row written before the column existed has none: its first claim is
+            // unknown, and is taken as long ago.
+            first_claimed_at: r.first_claimed_at.unwrap_or(DateTime::<Utc>::MIN_UTC),
             row: ClaimRow {
                 inserted: r.inserted,
                 status,
@@ -346,6 +360,7 @@ impl TryFrom<ClaimedRow> for ClaimedFire {
                 token: ClaimToken(r.claim_token),
                 attempt: u32::try_from(r.attempt).unwrap_or(1),
                 lease_expires_at: r.lease_expires_at,
+                last_error: r.error.filter(|_| r.status == "claimed"),
             },
         })
     }
@@ -697,6 +712,23 @@ impl FireLedger for PgStore {
         })
     }
 
+    async fn note_unsettled(&self, fire: &FireRef, error: &ErrorText) -> Result<bool, StoreError> {
+        Ok(sqlx::query(
+            "UPDATE routine_fires SET error = $5
+             WHERE routine_id = $1 AND scheduled_at = $2
+               AND claim_token = $3 AND attempt = $4 AND status = 'claimed'",
+        )
+        .bind(fire.occurrence.routine_id)
+        .bind(fire.occurrence.scheduled_at)
+        .bind(fire.token.0)
+        .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
+        .bind(error.as_str())
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            == 1)
+    }
+
     async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError> {
         let token = ClaimToken::new_v4();
         let mut conn = self.pool.acquire().await?;
@@ -860,7 +892,8 @@ macro_rules! claim_upsert {
         lease_expires_at = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
                                 THEN excluded.lease_expires_at ELSE f.lease_expires_at END
     RETURNING (f.xmax = 0) AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
-              f.claim_token, f.attempt, f.lease_expires_at, f.receipt"
+              f.claim_token, f.attempt, f.lease_expires_at, f.receipt, f.error,
+              f.first_claimed_at"
     };
 }
 
@@ -877,7 +910,8 @@ WITH claimed AS (
     "
 )
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
-       c.lease_expires_at, r.name, r.kind, r.payload, NULL::text AS receipt
+       c.lease_expires_at, r.name, r.kind, r.payload, NULL::text AS receipt, c.error,
+       c.first_claimed_at
 FROM claimed c JOIN routines r ON r.id = c.routine_id"
 );
 
@@ -924,7 +958,8 @@ outbox AS (
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
        c.lease_expires_at, i.name, i.kind, i.payload,
        CASE WHEN c.inserted AND i.outbox_seq IS NOT NULL AND o.routine_id IS NULL
-            THEN 'outbox: the message was already written' ELSE c.receipt END AS receipt
+            THEN 'outbox: the message was already written' ELSE c.receipt END AS receipt,
+       c.error, c.first_claimed_at
 FROM claimed c
 JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at
 LEFT JOIN outbox o ON o.routine_id = c.routine_id AND o.scheduled_at = c.scheduled_at"
@@ -951,4 +986,4 @@ FROM expired e, routines r
 WHERE f.routine_id = e.routine_id AND f.scheduled_at = e.scheduled_at AND r.id = f.routine_id
 RETURNING false AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
           f.claim_token, f.attempt, f.lease_expires_at, r.name, r.kind, r.payload,
-          NULL::text AS receipt";
+          NULL::text AS receipt, f.error, f.first_claimed_at";

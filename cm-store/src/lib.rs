@@ -71,7 +71,9 @@ pub use catalog::{
 };
 #[cfg(feature = "mock")]
 pub use consumer::MockOutboxConsumer;
-pub use consumer::{OutboxBacklog, OutboxConsumer, OutboxDelivery, OutboxPending, OutboxTake};
+pub use consumer::{
+    OutboxAck, OutboxBacklog, OutboxConsumer, OutboxDelivery, OutboxPending, OutboxTake,
+};
 pub use cursor::{FireCursor, ParseFireCursorError};
 pub use error::StoreError;
 #[cfg(feature = "mock")]

@@ -554,7 +554,8 @@ async fn the_job_passes_the_official_batch_v1_schema() {
     .unwrap();
     let backend = backend(&fake, config).await;
     let dispatch = mission_dispatch(mission(), 1);
-    let launch = cm_dispatch::mission::Launch::of(&dispatch).unwrap();
+    let launch =
+        cm_dispatch::mission::Launch::of(&dispatch, &cm_domain::MissionPolicy::default()).unwrap();
     let mut job = serde_json::to_value(backend.job(&launch, &launch.name)).unwrap();
     job["apiVersion"] = json!("batch/v1");
     job["kind"] = json!("Job");

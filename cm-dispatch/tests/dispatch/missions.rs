@@ -205,6 +205,67 @@ async fn process_runner_that_cannot_start_its_program_leaves_no_marker() {
     );
 }
 
+/// A routine stored around the mission rules (written before them, or straight into the table)
+/// whose `env` would steer the runner: `BASH_ENV` makes a bash program run a command first,
+/// `PATH` would pick another program. The process runner refuses it with the reason and starts
+/// nothing; a program named without a path is the one on the scheduler's own `PATH`.
+#[tokio::test]
+async fn process_runner_refuses_an_env_that_would_steer_it() {
+    let dir = TempDir::new();
+    let script = dir.0.join("mission.sh");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let evil = dir.0.join("evil");
+    std::fs::create_dir_all(&evil).unwrap();
+    let pwned = dir.0.join("pwned");
+    let evil_bash = evil.join("bash");
+    std::fs::write(
+        &evil_bash,
+        format!("#!/bin/sh\ntouch {}\n", pwned.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&evil_bash, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // `bash` by name: resolved now, on this process's PATH.
+    let runner = ProcessDispatcher::new("bash", vec![script.into()], dir.0.join("work")).unwrap();
+    assert!(runner.program().is_absolute(), "{:?}", runner.program());
+    assert!(!runner.program().starts_with(&evil));
+    for (name, value) in [
+        ("BASH_ENV", format!("$(touch {})", pwned.display())),
+        ("PATH", evil.display().to_string()),
+        ("LD_PRELOAD", dir.0.join("evil.so").display().to_string()),
+        ("GIT_SSH_COMMAND", format!("touch {}", pwned.display())),
+    ] {
+        let payload = json!({"repository": "https://git.example.com/team/repo.git",
+                             "task": "lint", "env": {name: value}});
+        let dispatch = mission_dispatch(payload, 1);
+        let err = runner.dispatch(&dispatch).await.unwrap_err();
+        assert!(
+            matches!(&err, DispatchError::Rejected(text) if text.contains(&format!("env.{name}"))),
+            "{name}: {err}"
+        );
+        assert!(
+            !runner
+                .marker_path(dispatch.idempotency_key.as_str())
+                .exists(),
+            "{name}: a marker means a launch was attempted"
+        );
+    }
+    // A mission the rules allow runs the resolved program, with the scheduler's PATH.
+    let dispatch = mission_dispatch(mission(), 1);
+    runner.dispatch(&dispatch).await.unwrap();
+    let probe = ProcessProbe(dir.0.join("work"));
+    assert_eq!(probe.effects(&dispatch.idempotency_key).await, Ok(1));
+    let env = std::fs::read_to_string(
+        dir.0
+            .join("work")
+            .join(format!("{}.env", dispatch.idempotency_key)),
+    )
+    .unwrap();
+    let path_line = format!("PATH={}", std::env::var("PATH").unwrap());
+    assert!(env.lines().any(|l| l == path_line), "{env}");
+    assert!(!pwned.exists(), "a steered runner ran a command");
+}
+
 #[tokio::test]
 async fn mission_backends_reject_an_invalid_mission_without_launching() {
     let dir = TempDir::new();

@@ -87,6 +87,53 @@ async fn a_second_publish_of_one_occurrence_is_stored_once() {
     );
 }
 
+/// A retry whose first attempt is older than the stream's duplicate window (here a stream of
+/// the test's own with a one-second window) publishes no second message: found in the stream,
+/// it is reported as the duplicate it is; not provably absent, it is refused naming the window;
+/// provably absent (nothing on its subject), it is published.
+#[tokio::test]
+async fn a_retry_past_the_duplicate_window_never_stores_a_second_message() {
+    let config = config(Duration::from_secs(1));
+    let nats = NatsDispatcher::connect(&config).await.unwrap();
+    let js = jetstream().await;
+    let routine = uuid::Uuid::new_v4();
+    let late =
+        |minute, attempt, age| dispatch(routine, minute, attempt).with_first_attempt_age(age);
+
+    let first = nats.dispatch(&dispatch(routine, 0, 1)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let retry = nats.dispatch(&late(0, 2, Duration::from_secs(2))).await;
+    let next = nats.dispatch(&dispatch(routine, 1, 1)).await.unwrap();
+    let retry_after_next = nats.dispatch(&late(0, 3, Duration::from_secs(3))).await;
+    let never_published =
+        dispatch(uuid::Uuid::new_v4(), 0, 2).with_first_attempt_age(Duration::from_secs(5));
+    let unpublished = nats.dispatch(&never_published).await;
+
+    let mut stream = js.get_stream(&config.stream).await.unwrap();
+    let messages = stream.info().await.unwrap().state.messages;
+    js.delete_stream(&config.stream).await.unwrap();
+
+    assert_eq!(
+        first.detail,
+        format!("jetstream stream {} seq 1", config.stream)
+    );
+    let retry = retry.unwrap();
+    assert!(retry.duplicate, "{retry:?}");
+    assert!(retry.detail.contains("seq 1 duplicate"), "{retry:?}");
+    assert_eq!(
+        next.detail,
+        format!("jetstream stream {} seq 2", config.stream)
+    );
+    let refused = retry_after_next.unwrap_err().to_string();
+    assert!(
+        refused.contains("not published") && refused.contains("duplicate window"),
+        "{refused}"
+    );
+    let unpublished = unpublished.unwrap();
+    assert!(!unpublished.duplicate, "{unpublished:?}");
+    assert_eq!(messages, 3, "three occurrences, each stored once");
+}
+
 #[tokio::test]
 async fn a_message_carries_its_key_subject_and_body() {
     let config = config(Duration::from_secs(120));

@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use cm_dispatch::nats::{NatsConfig, NatsConfigError, NatsDispatcher};
-use cm_dispatch::webhook::{WebhookConfigError, WebhookDispatcher, WebhookSecret, redact_url};
+use cm_dispatch::webhook::{WebhookConfigError, WebhookDispatcher, WebhookSecret, endpoint};
 use cm_dispatch::{Dispatcher, OutboxDispatcher};
 use cm_domain::SchedulerConfig;
 use cm_store::PgStore;
 
-use super::{Failure, input};
+use super::{Failure, input, secrets};
 
 /// Where message routines go, and how to reach it.
 #[derive(Debug, Args)]
@@ -109,6 +109,7 @@ impl MessageArgs {
                     .webhook_url
                     .clone()
                     .ok_or_else(|| input("--message-backend webhook needs --webhook-url"))?;
+                secrets::register_url(&url);
                 let path = self.webhook_secret_file.as_deref().ok_or_else(|| {
                     input("--message-backend webhook needs --webhook-secret-file")
                 })?;
@@ -124,6 +125,7 @@ impl MessageArgs {
                     .nats_url
                     .clone()
                     .ok_or_else(|| input("--message-backend nats needs --nats-url"))?;
+                secrets::register_url(&url);
                 if let Some(path) = &self.nats_credentials_file {
                     read_secret_file(path, "NATS credentials")?;
                 }
@@ -170,7 +172,7 @@ impl MessagePlan {
                         }
                         other => Failure::Other(anyhow::anyhow!(
                             "{other} (server {})",
-                            redact_url(&config.url)
+                            endpoint(&config.url)
                         )),
                     })?;
                 tracing::info!(stream = %config.stream, prefix = %config.subject_prefix,
@@ -188,13 +190,15 @@ fn webhook_failure(e: WebhookConfigError) -> Failure {
     }
 }
 
-/// Reads a file of secret material; the error names the file and the problem, never content.
+/// Reads a file of secret material, registering its content with the scrubber; the error names
+/// the file and the problem, never content.
 fn read_secret_file(path: &Path, what: &str) -> Result<String, Failure> {
-    std::fs::read_to_string(path).map_err(|e| {
+    let text = crate::bounded::read_file(path, crate::bounded::SECRET_FILE).map_err(|e| {
         input(format!(
-            "cannot read the {what} file {}: {}",
-            path.display(),
-            e.kind()
+            "cannot read the {what} file {}: {e}",
+            path.display()
         ))
-    })
+    })?;
+    secrets::register_file(&text);
+    Ok(text)
 }

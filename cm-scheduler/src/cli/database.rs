@@ -64,7 +64,7 @@ fn is_secret_parameter(key: &str) -> bool {
 /// Every secret the database URL holds, as written and percent-decoded: the user-info
 /// password, the values of secret query parameters, and `password=` in a `key=value`
 /// connection string.
-fn secrets(url: &str) -> Vec<String> {
+pub(super) fn secrets(url: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut push = |raw: &str| {
         if !raw.is_empty() {

@@ -1,8 +1,12 @@
 //! Reading the files `routine import` takes: JSON Lines (one routine a line, the fields of
 //! `routine create`) and classic crontabs. Each routine comes back with its line number, so
-//! every refusal can name the line it is about.
+//! every refusal can name the line it is about. Files are read a line at a time, each line at
+//! most [`bounded::IMPORT_LINE`] bytes.
 
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
+
+use crate::bounded;
 
 use cm_domain::{Schedule, Zone};
 use serde::Deserialize;
@@ -53,10 +57,11 @@ pub(super) type LineError = (usize, String);
 
 /// Reads JSON Lines: one JSON object a line; blank lines are skipped. A `mission` path is read
 /// relative to `dir`, the directory of the file.
-pub(super) fn json_lines(text: &str, dir: &Path) -> Result<Vec<RoutineFields>, LineError> {
+pub(super) fn json_lines(text: impl BufRead, dir: &Path) -> Result<Vec<RoutineFields>, LineError> {
     let mut routines = Vec::new();
-    for (index, raw) in text.lines().enumerate() {
-        let line = index + 1;
+    for read in bounded::lines(text, bounded::IMPORT_LINE) {
+        let (line, raw) = read?;
+        let raw = raw.as_str();
         if raw.trim().is_empty() {
             continue;
         }
@@ -89,7 +94,7 @@ const NAME_COMMENT: &str = "cm:";
 /// assignments other than `CRON_TZ` (cm runs no shell, so they would mean nothing) and anything else
 /// that is not an entry are refused with their line.
 pub(super) fn crontab(
-    text: &str,
+    text: impl BufRead,
     label: &str,
     zone: &str,
     misfire: &str,
@@ -98,8 +103,8 @@ pub(super) fn crontab(
     let mut routines = Vec::new();
     // A `# cm: name=` comment waiting for its entry: (its line, the name).
     let mut pending_name: Option<(usize, String)> = None;
-    for (index, raw) in text.lines().enumerate() {
-        let line = index + 1;
+    for read in bounded::lines(text, bounded::IMPORT_LINE) {
+        let (line, raw) = read?;
         let trimmed = raw.trim();
         if trimmed.is_empty() {
             continue;

@@ -8,20 +8,11 @@ use cm_store::{Fire, Routine};
 /// How many routines `routine list` reads and prints at a time.
 pub(super) const ROUTINE_PAGE: u32 = 1000;
 
-/// `text` with control characters (newlines, escapes, …) written as escapes (`\n`, `\u{1b}`).
+/// `text` with control characters (newlines, escapes, …) and invisible or bidirectional
+/// formatting characters (a right-to-left override, a zero-width space) written as escapes
+/// (`\n`, `\u{202e}`).
 pub(super) fn printable(text: &str) -> String {
-    if !text.chars().any(char::is_control) {
-        return text.to_string();
-    }
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
+    cm_domain::name::escape_unseen(text).into_owned()
 }
 
 /// Prints each item as one line of JSON (the `--json` form of the listings).

@@ -16,7 +16,8 @@ use uuid::Uuid;
 use super::database::connect_migrated;
 use super::import::{self, RoutineFields};
 use super::listing::{self, Table, printable};
-use super::{Failure, input, mission_payload, parse_time};
+use super::{Failure, input, mission_payload, mission_policy, parse_time};
+use cm_domain::MissionPolicy;
 
 /// How many upcoming runs, fires and pending requests `routine show` prints.
 const SHOWN_RUNS: usize = 5;
@@ -120,6 +121,11 @@ pub(super) struct CreateArgs {
     /// Create it paused.
     #[arg(long)]
     paused: bool,
+    /// The operator's mission settings (the file `run --mission-config` takes): a mission is
+    /// refused unless its env names and repository host are among the `env_allow` and
+    /// `repository_hosts` it gives.
+    #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
+    mission_config: Option<PathBuf>,
     /// Print the routine as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -152,6 +158,11 @@ pub(super) struct UpdateArgs {
     /// A new overlap policy (allow, forbid, replace) of a mission routine.
     #[arg(long, value_parser = ["allow", "forbid", "replace"])]
     overlap: Option<String>,
+    /// The operator's mission settings (the file `run --mission-config` takes): a mission is
+    /// refused unless its env names and repository host are among the `env_allow` and
+    /// `repository_hosts` it gives.
+    #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
+    mission_config: Option<PathBuf>,
     /// Print the routine as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -173,6 +184,11 @@ pub(super) struct ImportArgs {
     /// With --crontab: the misfire policy of every entry.
     #[arg(long, default_value = "fire-once", value_parser = ["fire-once", "catch-up", "skip"], requires = "crontab")]
     misfire: String,
+    /// The operator's mission settings (the file `run --mission-config` takes): a mission is
+    /// refused unless its env names and repository host are among the `env_allow` and
+    /// `repository_hosts` it gives.
+    #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
+    mission_config: Option<PathBuf>,
 }
 
 impl From<&CreateArgs> for RoutineFields {
@@ -195,7 +211,8 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
         RoutineCommand::Create(args) => {
             // Everything about the input is checked before the database is touched, so bad
             // input writes nothing.
-            let new = new_routine(&RoutineFields::from(&args))?;
+            let policy = mission_policy(args.mission_config.as_deref())?;
+            let new = new_routine(&RoutineFields::from(&args), &policy)?;
             let overlap = args.overlap.as_deref().map(overlap).transpose()?;
             let store = connect_migrated(url).await?;
             let mut routine = store.create_routine(new).await?;
@@ -319,11 +336,22 @@ fn misfire(text: &str) -> Result<MisfirePolicy, Failure> {
 }
 
 /// What a routine does, from `--message` or `--mission`.
-fn action(message: Option<&str>, mission: Option<&PathBuf>) -> Result<RoutineAction, Failure> {
+fn action(
+    message: Option<&str>,
+    mission: Option<&PathBuf>,
+    policy: &MissionPolicy,
+) -> Result<RoutineAction, Failure> {
     match (message, mission) {
         (Some(text), None) => {
             if text.is_empty() {
                 return Err(input("the message must not be empty"));
+            }
+            if text.len() > cm_domain::MAX_MESSAGE_BYTES {
+                return Err(input(format!(
+                    "the message is {} bytes; at most {} are allowed",
+                    text.len(),
+                    cm_domain::MAX_MESSAGE_BYTES
+                )));
             }
             Ok(RoutineAction {
                 kind: RoutineKind::Message,
@@ -332,19 +360,19 @@ fn action(message: Option<&str>, mission: Option<&PathBuf>) -> Result<RoutineAct
         }
         (None, Some(path)) => Ok(RoutineAction {
             kind: RoutineKind::Mission,
-            payload: mission_payload(path)?,
+            payload: mission_payload(path, policy)?,
         }),
         _ => Err(input("give exactly one of --message and --mission")),
     }
 }
 
 /// A routine to create, checked as `routine create` checks it.
-fn new_routine(fields: &RoutineFields) -> Result<NewRoutine, Failure> {
+fn new_routine(fields: &RoutineFields, policy: &MissionPolicy) -> Result<NewRoutine, Failure> {
     let name = name(&fields.name)?;
     let zone = Zone::parse(&fields.timezone).map_err(|e| input(e.to_string()))?;
     let schedule = Schedule::new(&fields.schedule, zone).map_err(|e| input(e.to_string()))?;
     let misfire = misfire(&fields.misfire)?;
-    let action = action(fields.message.as_deref(), fields.mission.as_ref())?;
+    let action = action(fields.message.as_deref(), fields.mission.as_ref(), policy)?;
     Ok(NewRoutine {
         name,
         schedule,
@@ -375,7 +403,11 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
         misfire: args.misfire.as_deref().map(misfire).transpose()?,
         action: match (&args.message, &args.mission) {
             (None, None) => None,
-            (message, mission) => Some(action(message.as_deref(), mission.as_ref())?),
+            (message, mission) => Some(action(
+                message.as_deref(),
+                mission.as_ref(),
+                &mission_policy(args.mission_config.as_deref())?,
+            )?),
         },
     };
     let overlap = args.overlap.as_deref().map(overlap).transpose()?;
@@ -411,29 +443,31 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
 
 async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
     let shown = args.file.display().to_string();
-    let text = if args.file.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin())
+    let reader: Box<dyn std::io::BufRead> = if args.file.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
     } else {
-        std::fs::read_to_string(&args.file)
-    }
-    .map_err(|e| input(format!("cannot read {shown}: {e}")))?;
+        let file = std::fs::File::open(&args.file)
+            .map_err(|e| input(format!("cannot read {shown}: {e}")))?;
+        Box::new(std::io::BufReader::new(file))
+    };
     let at_line = |line: usize, what: &str| input(format!("{shown}:{line}: {what}"));
     let fields = if args.crontab {
         let label = args
             .file
             .file_name()
             .map_or_else(|| "stdin".into(), |n| n.to_string_lossy().into_owned());
-        import::crontab(&text, &label, &args.timezone, &args.misfire)
+        import::crontab(reader, &label, &args.timezone, &args.misfire)
     } else {
         let dir = args.file.parent().unwrap_or(Path::new("."));
-        import::json_lines(&text, dir)
+        import::json_lines(reader, dir)
     }
     .map_err(|(line, what)| at_line(line, &what))?;
 
+    let policy = mission_policy(args.mission_config.as_deref())?;
     let mut routines = Vec::with_capacity(fields.len());
     let mut lines: HashMap<String, usize> = HashMap::new();
     for f in &fields {
-        let routine = new_routine(f).map_err(|e| match e {
+        let routine = new_routine(f, &policy).map_err(|e| match e {
             Failure::Input(what) => at_line(f.line, &what),
             other => other,
         })?;

@@ -351,6 +351,7 @@ async fn bad_input_exits_2_with_one_line_and_writes_nothing() {
         (argv(&["run", "--lease", "2s", "--dispatch-timeout", "2s"]), "lease"),
         (argv(&["run", "--lease", "0s"]), "lease"),
         (argv(&["run", "--tick-interval", "soon"]), "soon"),
+        (argv(&["run", "--max-backlog", "10001"]), "max backlog"),
         // The status page on a non-loopback address needs a token, from a readable file.
         (argv(&["run", "--listen", "0.0.0.0:0"]), "--http-token-file"),
         (

@@ -72,6 +72,7 @@ fn fire(n: u32, row: Row) -> ClaimedFire {
         kind: RoutineKind::Message,
         payload: json!({ "text": format!("message {n}") }),
         receipt: None,
+        first_claimed_at: at(n),
         row: ClaimRow {
             inserted,
             status,
@@ -79,6 +80,7 @@ fn fire(n: u32, row: Row) -> ClaimedFire {
             token,
             attempt,
             lease_expires_at,
+            last_error: None,
         },
     }
 }
@@ -821,6 +823,12 @@ async fn a_claim_whose_lease_is_used_up_before_dispatch_is_left_to_the_reaper() 
     let mut ledger = MockFireLedger::new();
     ledger.expect_claim_due().return_once(move |_| Ok(slow));
     ledger.expect_settle_fires().never();
+    // Why it was left is noted on the row, for an abandon that may follow.
+    ledger
+        .expect_note_unsettled()
+        .withf(|_, why| why.as_str().contains("not dispatched: the claim took"))
+        .times(1)
+        .returning(|_, _| Ok(true));
     let mut dispatcher = mock_dispatcher();
     dispatcher.expect_dispatch().never();
     let scheduler = scheduler(ledger, dispatcher);
@@ -828,6 +836,47 @@ async fn a_claim_whose_lease_is_used_up_before_dispatch_is_left_to_the_reaper() 
     assert_eq!(report.unsettled, 1);
     assert_eq!(report.fired + report.failed, 0);
     assert_eq!(Stats::get(&scheduler.stats().unstarted), 1);
+}
+
+/// A dispatch's deadline is counted from when its budget was, not from when its task first ran:
+/// a backend that blocks its thread for 300 ms delays the start of the other dispatch of the
+/// claim, and that wait must come out of the other's 100 ms budget, not be added to it.
+#[tokio::test]
+async fn a_dispatch_deadline_is_fixed_when_its_budget_is_counted() {
+    let claim = claim(&[Row::Fresh, Row::Fresh], 0);
+    let began = claim.began;
+    let mut ledger = MockFireLedger::new();
+    ledger.expect_claim_due().return_once(move |_| Ok(claim));
+    ledger
+        .expect_settle_fires()
+        .returning(|batch| Ok(vec![SettleOutcome::Settled; batch.len()]));
+    let deadlines = Arc::new(Mutex::new(Vec::new()));
+    let seen = deadlines.clone();
+    let mut dispatcher = mock_dispatcher();
+    dispatcher.expect_dispatch().returning(move |d| {
+        seen.lock().unwrap().push((d.deadline, d.first_attempt_age));
+        // A backend doing blocking work on the runtime's only thread.
+        std::thread::sleep(Duration::from_millis(300));
+        receipt()
+    });
+    let scheduler = scheduler(ledger, dispatcher);
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(report.fired, 2, "{report:?}");
+    let deadlines = deadlines.lock().unwrap().clone();
+    assert_eq!(deadlines.len(), 2);
+    for (deadline, first_attempt_age) in deadlines {
+        let after_claim = deadline.duration_since(began);
+        assert!(
+            after_claim < Duration::from_millis(200),
+            "a deadline {after_claim:?} after the claim began, for a 100 ms dispatch timeout"
+        );
+        // Each occurrence was first claimed 30 s or 29 s before the claim's clock (at(30)),
+        // and the dispatch is told so.
+        assert!(
+            (Duration::from_secs(29)..Duration::from_secs(31)).contains(&first_attempt_age),
+            "{first_attempt_age:?}"
+        );
+    }
 }
 
 /// A backend double that holds every dispatch of one routine for 20 s and answers the others at

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use cm_domain::Occurrence;
-use cm_store::{OutboxConsumer, OutboxMessage, OutboxStore, OutboxTake, PgStore};
+use cm_store::{OutboxAck, OutboxConsumer, OutboxMessage, OutboxStore, OutboxTake, PgStore};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -46,12 +46,17 @@ fn take(consumer: &str, limit: u32) -> OutboxTake {
 }
 
 async fn seqs(store: &PgStore, t: &OutboxTake) -> Vec<i64> {
+    acks(store, t).await.iter().map(|a| a.seq).collect()
+}
+
+/// Takes a batch and returns the acknowledgements of its messages.
+async fn acks(store: &PgStore, t: &OutboxTake) -> Vec<OutboxAck> {
     store
         .outbox_take(t)
         .await
         .unwrap()
         .iter()
-        .map(|d| d.message.seq)
+        .map(|d| d.ack())
         .collect()
 }
 
@@ -60,10 +65,10 @@ async fn consumers_share_the_outbox_in_seq_order(pool: PgPool) {
     let store = PgStore::new(pool);
     let all = fill(&store, 7).await;
 
-    let a = seqs(&store, &take("a", 3)).await;
+    let a = acks(&store, &take("a", 3)).await;
     let b = seqs(&store, &take("b", 3)).await;
     let c = seqs(&store, &take("c", 3)).await;
-    assert_eq!(a, all[0..3]);
+    assert_eq!(a.iter().map(|a| a.seq).collect::<Vec<_>>(), all[0..3]);
     assert_eq!(b, all[3..6]);
     assert_eq!(c, all[6..]);
     // Everything is leased: a fourth consumer gets nothing.
@@ -118,11 +123,42 @@ async fn a_crashed_consumers_batch_is_taken_again_after_its_lease(pool: PgPool) 
     assert_eq!(taken, [(all[0], 2), (all[1], 2)]);
 }
 
+/// Acknowledging is fenced on the take: a consumer whose lease ran out, and whose rows another
+/// consumer (or a later take under the same name) has taken since, acknowledges none of them;
+/// they stay leased to the one that holds them, which acknowledges them.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_consumer_whose_lease_ran_out_cannot_acknowledge_rows_taken_again(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    fill(&store, 3).await;
+    let expire = || async {
+        sqlx::query("UPDATE outbox_messages SET lease_expires_at = now() - interval '1 second'")
+            .execute(&pool)
+            .await
+            .unwrap();
+    };
+    let slow = acks(&store, &take("slow", 10)).await;
+    expire().await;
+    let current = acks(&store, &take("current", 10)).await;
+    assert_eq!(current.len(), 3);
+    assert_eq!(store.outbox_ack("slow", &slow).await.unwrap(), 0);
+    let backlog = store.outbox_backlog(10).await.unwrap();
+    assert_eq!((backlog.pending, backlog.leased), (3, 3));
+
+    // The same name taking again is another take: the first take's token no longer matches.
+    expire().await;
+    let again = acks(&store, &take("current", 10)).await;
+    assert_eq!(store.outbox_ack("current", &current).await.unwrap(), 0);
+    // Neither a token under another consumer's name.
+    assert_eq!(store.outbox_ack("slow", &again).await.unwrap(), 0);
+    assert_eq!(store.outbox_ack("current", &again).await.unwrap(), 3);
+    assert_eq!(store.outbox_backlog(10).await.unwrap().pending, 0);
+}
+
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn acknowledging_is_idempotent_and_final(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let all = fill(&store, 2).await;
-    let batch = seqs(&store, &take("a", 10)).await;
+    let batch = acks(&store, &take("a", 10)).await;
     assert_eq!(store.outbox_ack("a", &batch).await.unwrap(), 2);
     assert_eq!(store.outbox_ack("a", &batch).await.unwrap(), 0);
     assert_eq!(store.outbox_ack("b", &batch).await.unwrap(), 0);
@@ -148,7 +184,7 @@ async fn only_acknowledged_rows_past_the_retention_are_pruned(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let all = fill(&store, 4).await;
     let retention = Duration::from_secs(30 * 86_400);
-    let batch = seqs(&store, &take("a", 3)).await;
+    let batch = acks(&store, &take("a", 3)).await;
     store.outbox_ack("a", &batch[0..2]).await.unwrap();
     // The first was acknowledged long ago; the second just now; the third is leased, not
     // acknowledged; the fourth pending.

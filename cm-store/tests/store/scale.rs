@@ -1,11 +1,12 @@
-//! The hot queries at scale: the tick's due query, the reaper and the `fires` listing read on
-//! the order of the rows they return, not of the table. Each test builds a large table with one
+//! The hot queries at scale: the tick's due query, the reaper, the `fires` listing and the
+//! automatic pause read on the order of the rows they return, not of the table. Each test builds a large table with one
 //! `INSERT … SELECT generate_series`, runs the store's own statement under `EXPLAIN (ANALYZE,
 //! BUFFERS, FORMAT JSON)` in a transaction it rolls back, and reads the plan: how many rows the
 //! scans produced and how many buffers the statement touched. Without the right index each of
 //! them reads the whole group (100,000 rows, thousands of buffers).
 
 use cm_domain::FireStatus;
+use cm_store::autopause::PAUSE_FAILING_SQL;
 use cm_store::ledger::{DUE_SQL, LIST_FIRES_SQL, REAP_SQL};
 use cm_store::{FireCursor, FireFilter, FireLedger, PgStore};
 use serde_json::Value;
@@ -52,10 +53,26 @@ impl Plan {
             + root["Shared Read Blocks"].as_i64().unwrap_or(0)
     }
 
+    /// Rows the plan's nodes read and threw away by a filter (per loop times loops).
+    fn removed(&self) -> f64 {
+        self.nodes()
+            .iter()
+            .map(|n| {
+                n["Rows Removed by Filter"].as_f64().unwrap_or(0.0)
+                    * n["Actual Loops"].as_f64().unwrap_or(1.0)
+            })
+            .sum()
+    }
+
     /// Asserts the statement read on the order of `LIMIT` rows, not the group of `ROWS`.
     #[track_caller]
     fn assert_reads_about_the_limit(&self, what: &str) {
         let plan = serde_json::to_string_pretty(&self.0).unwrap();
+        assert!(
+            self.removed() <= (2 * LIMIT) as f64,
+            "{what}: the plan read and dropped {} rows for a limit of {LIMIT}:\n{plan}",
+            self.removed()
+        );
         assert!(
             self.most_rows() <= (2 * LIMIT) as f64,
             "{what}: a node produced {} rows for a limit of {LIMIT}:\n{plan}",
@@ -308,4 +325,51 @@ async fn pages_from_a_cursor_cover_the_listing_once_in_order(pool: PgPool) {
             assert_eq!(paged, whole, "status {status:?}, pages of {limit}");
         }
     }
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_automatic_pause_reads_the_fires_since_the_update_not_the_history(pool: PgPool) {
+    // A million fires of one routine, then a resume (its record starts clean) and one failure
+    // since: fewer than N fires since the update, so a read in occurrence order would walk the
+    // whole history looking for more.
+    const HISTORY: i64 = 1_000_000;
+    let routine = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO routines (id, name, schedule, kind, payload, updated_at)
+         VALUES ($1, 'long-lived', '* * * * *', 'message', '{}', now() - interval '1 minute')",
+    )
+    .bind(routine)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Row 0 is the failure, claimed now; rows 1 to HISTORY fired a minute apart before the
+    // update.
+    sqlx::query(
+        "INSERT INTO routine_fires
+             (routine_id, scheduled_at, claimed_at, status, completed_at, error, claimant,
+              claim_token, lease_expires_at)
+         SELECT $1, t, t, CASE WHEN i = 0 THEN 'failed' ELSE 'fired' END, t,
+                CASE WHEN i = 0 THEN 'boom' END, 'seed', gen_random_uuid(), t
+         FROM (SELECT i, CASE WHEN i = 0 THEN now()
+                              ELSE date_trunc('minute', now()) - make_interval(hours => 1, mins => i::int)
+                         END AS t
+               FROM generate_series(0, $2) AS i) s",
+    )
+    .bind(routine)
+    .bind(HISTORY)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE routine_fires")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let plan = explain(&pool, PAUSE_FAILING_SQL, |q| q.bind(5_i64).bind(3600.0_f64)).await;
+    plan.assert_reads_about_the_limit("automatic pause");
+    assert_eq!(
+        plan.0[0]["Plan"]["Actual Rows"].as_f64(),
+        Some(0.0),
+        "one failure is not five: nothing is paused\n{:#}",
+        plan.0
+    );
 }

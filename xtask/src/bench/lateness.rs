@@ -110,7 +110,7 @@ pub(super) async fn run(
         // A grace and a backlog far beyond a stall, so nothing is skipped by policy and a gap in
         // the ledger can only be a loss.
         misfire_grace: Duration::from_secs(3600),
-        max_backlog: 100_000,
+        max_backlog: SchedulerConfig::MAX_BACKLOG,
         ..SchedulerConfig::default()
     };
     let stop = tokio::time::Instant::now() + Duration::from_secs(options.lateness_seconds.into());

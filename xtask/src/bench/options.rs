@@ -168,7 +168,7 @@ impl Options {
             "--misfire-grace",
             "1h",
             "--max-backlog",
-            "100000",
+            "10000",
         ]
         .into_iter()
         .map(String::from)

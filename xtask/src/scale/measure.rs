@@ -30,7 +30,7 @@ fn run_flags() -> Vec<String> {
 fn claim_params() -> ClaimDueParams {
     let config = SchedulerConfig {
         misfire_grace: Duration::from_secs(3600),
-        max_backlog: 100_000,
+        max_backlog: SchedulerConfig::MAX_BACKLOG,
         ..SchedulerConfig::default()
     };
     let cap = FireCap::new(200).expect("200 is a cap");

@@ -22,7 +22,6 @@
 //! ([`crate::fakes::kubernetes`]); no cluster was available where it was built.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
@@ -36,6 +35,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::time::Instant;
 
 use crate::mission::{Launch, MissionConfig};
+use crate::retry::{Retried, until_deadline};
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
 /// The annotation holding the occurrence's key on every Job, whatever its name.
@@ -46,10 +46,6 @@ pub const CONTAINER_NAME: &str = "mission";
 
 /// The field manager cm writes Jobs as.
 const FIELD_MANAGER: &str = "cm-scheduler";
-
-/// The first pause between tries of a failing call; it doubles up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Launches each mission as a Kubernetes Job.
 #[derive(Clone)]
@@ -91,7 +87,7 @@ impl KubernetesDispatcher {
         image: String,
         config: MissionConfig,
     ) -> Result<Self, KubernetesSetupError> {
-        let user = numeric_user(config.user.as_deref())?;
+        let user = checked_settings(&config)?;
         let cluster = kube::Config::infer()
             .await
             .map_err(|e| KubernetesSetupError::Cluster(e.to_string()))?;
@@ -105,7 +101,7 @@ impl KubernetesDispatcher {
         image: String,
         config: MissionConfig,
     ) -> Result<Self, KubernetesSetupError> {
-        let user = numeric_user(config.user.as_deref())?;
+        let user = checked_settings(&config)?;
         let cluster_error = |e: kube::config::KubeconfigError| {
             KubernetesSetupError::Cluster(format!("kubeconfig {}: {e}", path.display()))
         };
@@ -123,7 +119,7 @@ impl KubernetesDispatcher {
         image: String,
         config: MissionConfig,
     ) -> Result<Self, KubernetesSetupError> {
-        let user = numeric_user(config.user.as_deref())?;
+        let user = checked_settings(&config)?;
         KubernetesDispatcher::with_config(cluster, image, config, user)
     }
 
@@ -306,33 +302,20 @@ impl KubernetesDispatcher {
         &self,
         deadline: Instant,
         what: &str,
-        mut call: F,
+        call: F,
     ) -> Result<T, DispatchError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, kube::Error>>,
     {
-        let mut backoff = FIRST_BACKOFF;
-        let mut last: Option<String> = None;
-        loop {
-            let error = match tokio::time::timeout_at(deadline, call()).await {
-                Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(e)) => e,
-                Err(_) => return Err(past_deadline(what, last)),
-            };
-            let text = describe(&error);
-            if is_refusal(&error) {
-                return Err(DispatchError::Rejected(format!(
-                    "kubernetes {what}: {text}"
-                )));
-            }
-            last = Some(text);
-            if Instant::now() + backoff >= deadline {
-                return Err(past_deadline(what, last));
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
-        }
+        until_deadline(deadline, is_refusal, call)
+            .await
+            .map_err(|failed| match failed {
+                Retried::Refused(e) => {
+                    DispatchError::Rejected(format!("kubernetes {what}: {}", describe(&e)))
+                }
+                Retried::PastDeadline(last) => past_deadline(what, last.map(|e| describe(&e))),
+            })
     }
 }
 
@@ -381,6 +364,103 @@ pub fn is_label_value(value: &str) -> bool {
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(b))
             && bytes[0].is_ascii_alphanumeric()
             && bytes[bytes.len() - 1].is_ascii_alphanumeric())
+}
+
+/// The operator's settings checked as the API server would check the Job, so a setting it
+/// would refuse stops `run` at start (naming the key) instead of failing every occurrence;
+/// returns the numeric user.
+fn checked_settings(
+    config: &MissionConfig,
+) -> Result<Option<(i64, Option<i64>)>, KubernetesSetupError> {
+    let k8s = &config.kubernetes;
+    let refuse = |key: &str, why: String| {
+        Err(KubernetesSetupError::Config(format!(
+            "mission config \"kubernetes\".{key}: {why}"
+        )))
+    };
+    if !is_dns_label(&k8s.namespace) {
+        return refuse(
+            "namespace",
+            format!(
+                "{:?} is not a DNS-1123 label (at most 63 lowercase letters, digits and '-', \
+                 starting and ending with a letter or digit)",
+                k8s.namespace
+            ),
+        );
+    }
+    if k8s.backoff_limit < 0 {
+        return refuse(
+            "backoff_limit",
+            format!("must be 0 or more, not {}", k8s.backoff_limit),
+        );
+    }
+    if k8s.ttl_seconds_after_finished < 0 {
+        return refuse(
+            "ttl_seconds_after_finished",
+            format!("must be 0 or more, not {}", k8s.ttl_seconds_after_finished),
+        );
+    }
+    if k8s.active_deadline_seconds < 1 {
+        return refuse(
+            "active_deadline_seconds",
+            format!("must be 1 or more, not {}", k8s.active_deadline_seconds),
+        );
+    }
+    if let Some(account) = &k8s.service_account
+        && !is_dns_subdomain(account)
+    {
+        return refuse(
+            "service_account",
+            format!("{account:?} is not a DNS-1123 subdomain"),
+        );
+    }
+    for (key, value) in [("cpu", &k8s.cpu), ("memory", &k8s.memory)] {
+        if let Some(value) = value
+            && !is_quantity(value)
+        {
+            return refuse(
+                key,
+                format!(
+                    "{value:?} is not a Kubernetes quantity (a non-negative number with an \
+                     optional suffix: 500m, 1.5, 2Gi, 1e3)"
+                ),
+            );
+        }
+    }
+    numeric_user(config.user.as_deref())
+}
+
+/// A Kubernetes resource quantity as `resource.ParseQuantity` reads it, not negative: a decimal
+/// number (`1`, `1.5`, `.5`, `5.`), then a binary suffix (`Ki` … `Ei`), a decimal one (`n`,
+/// `u`, `m`, `k`, `M`, `G`, `T`, `P`, `E`) or a decimal exponent (`e3`, `E-2`), or nothing.
+pub fn is_quantity(text: &str) -> bool {
+    let number = text.strip_prefix('+').unwrap_or(text);
+    let digits_end = number
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(number.len());
+    let (value, suffix) = number.split_at(digits_end);
+    let has_digit = value.bytes().any(|b| b.is_ascii_digit());
+    if !has_digit || value.matches('.').count() > 1 {
+        return false;
+    }
+    const SUFFIXES: [&str; 16] = [
+        "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E",
+    ];
+    if SUFFIXES.contains(&suffix) {
+        return true;
+    }
+    // A decimal exponent: e or E, an optional sign, digits.
+    let Some(exponent) = suffix.strip_prefix(['e', 'E']) else {
+        return false;
+    };
+    let exponent = exponent.strip_prefix(['+', '-']).unwrap_or(exponent);
+    !exponent.is_empty() && exponent.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// A DNS-1123 subdomain: dot-separated DNS labels, at most 253 characters (a service account's
+/// name).
+fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_dns_label)
 }
 
 /// `uid[:gid]` as numbers: Kubernetes runs a container as a numeric user only.
@@ -440,6 +520,103 @@ impl Dispatcher for KubernetesDispatcher {
         let launch = Launch::of(dispatch, &policy)?;
         let deadline = Instant::from_std(dispatch.deadline);
         self.launch(&launch, deadline).await
+    }
+}
+
+/// The run a Job's status shows: its `Complete` or `Failed` condition (or a succeeded pod),
+/// otherwise running.
+fn job_run_state(job: &Job) -> cm_domain::RunState {
+    use cm_domain::{ErrorText, RunState};
+    let Some(status) = &job.status else {
+        return RunState::Running;
+    };
+    let condition = |kind: &str| {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == kind && c.status == "True")
+    };
+    if condition("Complete").is_some() || status.succeeded.unwrap_or(0) > 0 {
+        return RunState::Succeeded;
+    }
+    match condition("Failed") {
+        Some(failed) => RunState::Failed {
+            exit_code: None,
+            reason: ErrorText::new(
+                match (failed.reason.as_deref(), failed.message.as_deref()) {
+                    (Some(reason), Some(message)) => format!("{reason}: {message}"),
+                    (Some(text), None) | (None, Some(text)) => text.to_owned(),
+                    (None, None) => "the Job failed".to_owned(),
+                },
+            ),
+        },
+        None => RunState::Running,
+    }
+}
+
+#[async_trait]
+impl crate::MissionRuntime for KubernetesDispatcher {
+    /// The API server answers: any answer counts (listing Jobs may be forbidden to a service
+    /// account that can create them), only a failure to reach it does not.
+    async fn ready(&self) -> Result<(), String> {
+        let params = kube::api::ListParams::default().limit(1);
+        match self.jobs.list_metadata(&params).await {
+            Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
+            Err(e) => Err(format!("cannot reach the Kubernetes API: {}", describe(&e))),
+        }
+    }
+
+    async fn observe(
+        &self,
+        run: &crate::RunRef,
+        deadline: std::time::Instant,
+    ) -> Result<cm_domain::RunState, DispatchError> {
+        let name = job_name(&run.name);
+        let found = self
+            .retrying(
+                Instant::from_std(deadline),
+                &format!("read Job {name}"),
+                || async {
+                    match self.jobs.get(&name).await {
+                        Ok(job) => Ok(Some(job)),
+                        Err(e) if status_code(&e) == Some(404) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                },
+            )
+            .await?;
+        Ok(match found {
+            Some(job) => job_run_state(&job),
+            None => cm_domain::RunState::Lost {
+                reason: cm_domain::ErrorText::new(format!(
+                    "the Kubernetes API has no Job {}/{name}",
+                    self.namespace
+                )),
+            },
+        })
+    }
+
+    async fn stop(
+        &self,
+        run: &crate::RunRef,
+        deadline: std::time::Instant,
+    ) -> Result<(), DispatchError> {
+        let name = job_name(&run.name);
+        // Background propagation: the Job goes now, and the garbage collector deletes its pods.
+        let params = kube::api::DeleteParams::background();
+        self.retrying(
+            Instant::from_std(deadline),
+            &format!("delete Job {name}"),
+            || async {
+                match self.jobs.delete(&name, &params).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if status_code(&e) == Some(404) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            },
+        )
+        .await
     }
 }
 
@@ -513,6 +690,57 @@ mod tests {
         for bad in ["-a", "a.", "2026-03-29T01:30:00Z", "a b", &"a".repeat(64)] {
             assert!(!is_label_value(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn quantities_parse_as_kubernetes_parses_them() {
+        for ok in [
+            "1", "0", "500m", "1.5", ".5", "5.", "2Gi", "128Mi", "1e3", "1E-2", "+1", "100k", "3Ei",
+        ] {
+            assert!(is_quantity(ok), "{ok}");
+        }
+        for bad in [
+            "", "1.5cores", "lots", "-1", "1.2.3", "Gi", "1gi", "1KiB", "1e", "1e+", "m", " 1",
+        ] {
+            assert!(!is_quantity(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn settings_the_api_server_would_refuse_are_refused_naming_the_key() {
+        let check = |json: &str, key: &str| {
+            let config = MissionConfig::from_json(json).unwrap();
+            let err = checked_settings(&config).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("\"kubernetes\".{key}")),
+                "{json}: {err}"
+            );
+        };
+        check(r#"{"kubernetes": {"backoff_limit": -1}}"#, "backoff_limit");
+        check(
+            r#"{"kubernetes": {"ttl_seconds_after_finished": -5}}"#,
+            "ttl_seconds_after_finished",
+        );
+        check(
+            r#"{"kubernetes": {"active_deadline_seconds": 0}}"#,
+            "active_deadline_seconds",
+        );
+        check(r#"{"kubernetes": {"cpu": "1.5cores"}}"#, "cpu");
+        check(r#"{"kubernetes": {"memory": "lots"}}"#, "memory");
+        check(
+            r#"{"kubernetes": {"namespace": "Not_A_Namespace"}}"#,
+            "namespace",
+        );
+        check(
+            r#"{"kubernetes": {"service_account": "Bad Name"}}"#,
+            "service_account",
+        );
+        let fine = MissionConfig::from_json(
+            r#"{"user": "1000", "kubernetes": {"namespace": "missions", "cpu": "500m",
+                "memory": "2Gi", "backoff_limit": 0, "ttl_seconds_after_finished": 0}}"#,
+        )
+        .unwrap();
+        assert_eq!(checked_settings(&fine).unwrap(), Some((1000, None)));
     }
 
     #[test]

@@ -43,7 +43,10 @@ pub mod mission_conformance;
 pub mod nats;
 mod outbox;
 mod process;
+#[cfg(any(feature = "docker", feature = "kubernetes"))]
+mod retry;
 mod routed;
+pub mod runtime;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 
@@ -64,6 +67,7 @@ pub use nats::NatsDispatcher;
 pub use outbox::OutboxDispatcher;
 pub use process::ProcessDispatcher;
 pub use routed::RoutedDispatcher;
+pub use runtime::{MissionRuntime, RunRef};
 #[cfg(feature = "webhook")]
 pub use webhook::WebhookDispatcher;
 

@@ -47,7 +47,7 @@ pub struct MissionConfig {
 }
 
 /// The Docker backend's settings.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DockerConfig {
     /// The network the container joins (`HostConfig.NetworkMode`); Docker's default when absent.
@@ -63,6 +63,10 @@ pub struct DockerConfig {
     /// and a retry of its occurrence after that would launch a second one.
     #[serde(default)]
     pub auto_remove: bool,
+    /// How long a stop (overlap policy `replace`) waits after SIGTERM before it kills, in
+    /// seconds (Docker's `t`); 10 by default, as `docker stop`.
+    #[serde(default = "default_stop_grace")]
+    pub stop_grace_seconds: i32,
 }
 
 /// The Kubernetes backend's settings.
@@ -107,6 +111,22 @@ impl Default for KubernetesConfig {
             memory: None,
         }
     }
+}
+
+impl Default for DockerConfig {
+    fn default() -> Self {
+        DockerConfig {
+            network: None,
+            memory_bytes: None,
+            nano_cpus: None,
+            auto_remove: false,
+            stop_grace_seconds: default_stop_grace(),
+        }
+    }
+}
+
+fn default_stop_grace() -> i32 {
+    10
 }
 
 fn default_namespace() -> String {

@@ -182,6 +182,74 @@ fn already_launched(marker_path: &Path) -> Result<Receipt, DispatchError> {
     }
 }
 
+/// The run an exit file records (`exit status: 3`, `signal: 9 (SIGKILL)`, as Rust prints an
+/// `ExitStatus`).
+fn exit_run_state(text: &str) -> cm_domain::RunState {
+    let text = text.trim();
+    match text
+        .strip_prefix("exit status: ")
+        .and_then(|code| code.parse::<i32>().ok())
+    {
+        Some(code) => cm_domain::RunState::exited(code, ""),
+        None => cm_domain::RunState::Failed {
+            exit_code: None,
+            reason: cm_domain::ErrorText::new(text),
+        },
+    }
+}
+
+#[async_trait]
+impl crate::MissionRuntime for ProcessDispatcher {
+    async fn ready(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// The exit file once the child ended; while it has none, running if its pid is still a
+    /// process (the scheduler that started it may have restarted), else lost.
+    async fn observe(
+        &self,
+        run: &crate::RunRef,
+        _deadline: std::time::Instant,
+    ) -> Result<cm_domain::RunState, DispatchError> {
+        let exit = self.workdir.join(format!("{}.exit", run.name));
+        if let Ok(text) = std::fs::read_to_string(&exit) {
+            return Ok(exit_run_state(&text));
+        }
+        let marker = std::fs::read_to_string(self.marker_path(&run.name)).unwrap_or_default();
+        let pid = marker.trim().strip_prefix("pid ").unwrap_or_default();
+        if !pid.is_empty() && Path::new(&format!("/proc/{pid}")).exists() {
+            return Ok(cm_domain::RunState::Running);
+        }
+        Ok(cm_domain::RunState::Lost {
+            reason: cm_domain::ErrorText::new(format!(
+                "no process {} and no exit status in {}",
+                if pid.is_empty() { "recorded" } else { pid },
+                exit.display()
+            )),
+        })
+    }
+
+    /// Sends SIGTERM to the child's process group (it runs in a group of its own).
+    async fn stop(
+        &self,
+        run: &crate::RunRef,
+        _deadline: std::time::Instant,
+    ) -> Result<(), DispatchError> {
+        let marker = std::fs::read_to_string(self.marker_path(&run.name)).unwrap_or_default();
+        let Some(pid) = marker.trim().strip_prefix("pid ") else {
+            return Ok(());
+        };
+        if self.workdir.join(format!("{}.exit", run.name)).exists() {
+            return Ok(());
+        }
+        let _ = tokio::process::Command::new("kill")
+            .args(["-TERM", "--", &format!("-{pid}")])
+            .status()
+            .await;
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Dispatcher for ProcessDispatcher {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {

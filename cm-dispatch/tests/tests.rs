@@ -7,10 +7,14 @@
 //! - `nats`: the NATS backend against the JetStream server at 127.0.0.1:4222 (feature `nats`),
 //!   through the conformance suite with `nats_proxy` between them to stall and refuse publishes.
 //! - `missions`: the mission backends (process runner for real, Docker against its fake).
+//! - `docker_engine`: the Docker backend against a real engine (`.ci/dockerd`, `CM_TEST_DOCKER_HOST`).
 //! - `kubernetes`: the Kubernetes mission backend against the fake API server.
 
 #[path = "dispatch/missions.rs"]
 mod missions;
+
+#[path = "dispatch/docker_engine.rs"]
+mod docker_engine;
 
 #[path = "dispatch/kubernetes.rs"]
 mod kubernetes;

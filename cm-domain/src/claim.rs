@@ -47,6 +47,10 @@ pub enum FireStatus {
     /// The dispatch returned an error, or its claimants crashed too many times. Terminal: the
     /// error is kept on the row and the occurrence is not retried on later ticks.
     Failed,
+    /// A mission not launched because an earlier run of its routine was still running under
+    /// the overlap policy `forbid`. Terminal: the reason, naming the running fire, is kept in
+    /// the row's error.
+    Skipped,
 }
 
 impl FireStatus {
@@ -56,10 +60,11 @@ impl FireStatus {
             FireStatus::Claimed => "claimed",
             FireStatus::Fired => "fired",
             FireStatus::Failed => "failed",
+            FireStatus::Skipped => "skipped",
         }
     }
 
-    /// Whether the status is terminal (`fired` or `failed`).
+    /// Whether the status is terminal (`fired`, `failed` or `skipped`).
     pub fn is_settled(self) -> bool {
         !matches!(self, FireStatus::Claimed)
     }
@@ -82,7 +87,7 @@ impl fmt::Display for FireStatus {
 
 /// A status text that is not `claimed`, `fired` or `failed`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown fire status {0:?} (expected claimed, fired or failed)")]
+#[error("unknown fire status {0:?} (expected claimed, fired, failed or skipped)")]
 pub struct ParseFireStatusError(pub String);
 
 impl FromStr for FireStatus {
@@ -93,6 +98,7 @@ impl FromStr for FireStatus {
             "claimed" => Ok(FireStatus::Claimed),
             "fired" => Ok(FireStatus::Fired),
             "failed" => Ok(FireStatus::Failed),
+            "skipped" => Ok(FireStatus::Skipped),
             other => Err(ParseFireStatusError(other.to_owned())),
         }
     }
@@ -193,10 +199,14 @@ impl ClaimOutcome {
     /// run out.
     pub fn classify(row: &ClaimRow, mine: ClaimToken) -> ClaimOutcome {
         match row.status {
-            FireStatus::Fired | FireStatus::Failed if row.token == mine && row.inserted => {
+            FireStatus::Fired | FireStatus::Failed | FireStatus::Skipped
+                if row.token == mine && row.inserted =>
+            {
                 ClaimOutcome::SettledInClaim(row.status)
             }
-            FireStatus::Fired | FireStatus::Failed => ClaimOutcome::Settled(row.status),
+            FireStatus::Fired | FireStatus::Failed | FireStatus::Skipped => {
+                ClaimOutcome::Settled(row.status)
+            }
             FireStatus::Claimed if row.token == mine && row.inserted => ClaimOutcome::Fresh,
             FireStatus::Claimed if row.token == mine => ClaimOutcome::Retry {
                 attempt: row.attempt,
@@ -268,6 +278,9 @@ pub enum Settlement {
     Fired,
     /// The dispatch failed; the error is kept.
     Failed(ErrorText),
+    /// The mission was not launched: an earlier run of its routine holds it (overlap
+    /// `forbid`); the reason is kept.
+    Skipped(ErrorText),
 }
 
 impl Settlement {
@@ -276,6 +289,7 @@ impl Settlement {
         match self {
             Settlement::Fired => FireStatus::Fired,
             Settlement::Failed(_) => FireStatus::Failed,
+            Settlement::Skipped(_) => FireStatus::Skipped,
         }
     }
 
@@ -283,7 +297,7 @@ impl Settlement {
     pub fn error(&self) -> Option<&str> {
         match self {
             Settlement::Fired => None,
-            Settlement::Failed(e) => Some(e.as_str()),
+            Settlement::Failed(e) | Settlement::Skipped(e) => Some(e.as_str()),
         }
     }
 }
@@ -381,6 +395,7 @@ mod tests {
         check(false, Claimed, OTHER, 1, -5, "in-flight");
         check(false, Fired, OTHER, 1, 30, "settled fired");
         check(false, Failed, OTHER, 2, -30, "settled failed");
+        check(false, Skipped, OTHER, 1, 30, "settled skipped");
         check(false, Fired, ME, 2, 30, "settled fired");
         // Inserted already settled by this claim (a database-local backend's transaction).
         check(true, Fired, ME, 1, 30, "settled in claim fired");
@@ -463,7 +478,12 @@ mod tests {
 
     #[test]
     fn status_round_trips() {
-        for s in [FireStatus::Claimed, FireStatus::Fired, FireStatus::Failed] {
+        for s in [
+            FireStatus::Claimed,
+            FireStatus::Fired,
+            FireStatus::Failed,
+            FireStatus::Skipped,
+        ] {
             assert_eq!(s.as_str().parse::<FireStatus>(), Ok(s));
         }
         assert!("done".parse::<FireStatus>().is_err());

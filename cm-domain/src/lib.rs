@@ -22,6 +22,8 @@
 //! - [`backfill`]: the occurrences of a past window, asked for by hand.
 //! - [`name`]: routine names ([`RoutineName`]): unique handles people type, safe to print.
 //! - [`mission`]: the mission file of a mission routine, validated field by field ([`Mission`]).
+//! - [`run`]: a mission's run watched after its launch ([`RunState`]), and the routine's
+//!   [`OverlapPolicy`] when runs would overlap ([`decide_overlap`]).
 //!
 //! # Example
 //!
@@ -48,6 +50,7 @@ pub mod misfire;
 pub mod mission;
 pub mod name;
 pub mod occurrence;
+pub mod run;
 pub mod schedule;
 pub mod tick;
 
@@ -61,6 +64,10 @@ pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError,
 pub use mission::{Mission, MissionError, MissionPolicy};
 pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
 pub use occurrence::{FireOrigin, IdempotencyKey, Occurrence, ParseFireOriginError, RoutineId};
+pub use run::{
+    OverlapDecision, OverlapPolicy, ParseOverlapPolicyError, ParseRunStateError, RunHolder,
+    RunState, RunStateName, decide_overlap,
+};
 pub use schedule::{
     Field, MAX_EXPRESSION_CHARS, Occurrences, Schedule, ScheduleError, Zone, ZoneError,
 };

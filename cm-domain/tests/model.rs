@@ -152,6 +152,10 @@ enum Transition {
     Dispatch { s: usize, pick: u8, ok: bool },
     /// Scheduler `s` settles one of its finished dispatches (picked by `pick`).
     Settle { s: usize, pick: u8 },
+    /// Scheduler `s` finds, before dispatching one of its claimed occurrences (picked by `pick`),
+    /// that an earlier run of the routine is still running under `forbid`: no effect, and the
+    /// occurrence is to be settled `skipped` with the running fire named.
+    Skip { s: usize, pick: u8 },
     /// Scheduler `s` runs the reaper.
     Reap(usize),
     /// Scheduler `s` dies: its memory (in-flight dispatches, an open tick) is gone.
@@ -287,6 +291,12 @@ impl ReferenceStateMachine for ClaimProtocol {
                     .prop_map(|(s, pick)| Transition::Settle { s, pick })
                     .boxed(),
             ));
+            options.push((
+                1,
+                (pick(), 0u8..8)
+                    .prop_map(|(s, pick)| Transition::Skip { s, pick })
+                    .boxed(),
+            ));
             options.push((1, pick().prop_map(Transition::Reap).boxed()));
             options.push((1, pick().prop_map(Transition::Crash).boxed()));
         }
@@ -310,6 +320,7 @@ impl ReferenceStateMachine for ClaimProtocol {
             Transition::TickCommit(s) => known(s) && state.up[s] && state.open[s],
             Transition::Dispatch { s, .. }
             | Transition::Settle { s, .. }
+            | Transition::Skip { s, .. }
             | Transition::Reap(s)
             | Transition::Crash(s) => known(s) && state.up[s],
             Transition::Restart { s, .. } => known(s) && !state.up[s],
@@ -704,6 +715,7 @@ impl World {
             }
             Transition::Dispatch { s, pick, ok } => self.dispatch(s, pick, ok),
             Transition::Settle { s, pick } => self.settle_item(s, pick),
+            Transition::Skip { s, pick } => self.skip(s, pick),
             Transition::Reap(s) => self.reap(s),
             Transition::Crash(s) => {
                 let scheduler = &mut self.schedulers[s];
@@ -1032,17 +1044,9 @@ impl World {
 
     /// The backend call: the side effect happens now, under the item's lease.
     fn dispatch(&mut self, s: usize, pick: u8, ok: bool) {
-        let pending: Vec<usize> = self.schedulers[s]
-            .items
-            .iter()
-            .enumerate()
-            .filter(|(_, i)| matches!(i.state, ItemState::Pending))
-            .map(|(k, _)| k)
-            .collect();
-        if pending.is_empty() {
+        let Some(k) = self.pending_item(s, pick) else {
             return;
-        }
-        let k = pending[pick as usize % pending.len()];
+        };
         let now = self.now;
         let item = self.schedulers[s].items[k].clone();
         if lease_expired(item.lease_until, now) {
@@ -1074,6 +1078,35 @@ impl World {
             item.attempt
         ));
         self.schedulers[s].items[k].state = ItemState::Done(result);
+    }
+
+    /// One of scheduler `s`'s claimed, not yet dispatched items, picked by `pick`.
+    fn pending_item(&self, s: usize, pick: u8) -> Option<usize> {
+        let pending: Vec<usize> = self.schedulers[s]
+            .items
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| matches!(i.state, ItemState::Pending))
+            .map(|(k, _)| k)
+            .collect();
+        (!pending.is_empty()).then(|| pending[pick as usize % pending.len()])
+    }
+
+    /// The overlap check of `forbid` before a launch: an earlier run holds the routine, so the
+    /// occurrence gets no effect and is settled `skipped` (by a later Settle step, fenced as
+    /// every settle is).
+    fn skip(&mut self, s: usize, pick: u8) {
+        let Some(k) = self.pending_item(s, pick) else {
+            return;
+        };
+        let occurrence = self.schedulers[s].items[k].occurrence;
+        self.log(format!(
+            "  {} skipped: an earlier run holds its routine",
+            self.occ(&occurrence)
+        ));
+        self.schedulers[s].items[k].state = ItemState::Done(Settlement::Skipped(ErrorText::new(
+            "skipped: the run of an earlier fire is still running (overlap forbid)",
+        )));
     }
 
     /// A scheduler settles one dispatch it finished.
@@ -1212,6 +1245,12 @@ impl World {
                     ));
                 }
                 Some(_) => {}
+                None if row.status == FireStatus::Skipped && row.error.is_none() => {
+                    return Err(format!(
+                        "[skipped-reason] {} was skipped without a reason",
+                        self.occ(occurrence)
+                    ));
+                }
                 None if row.status.is_settled() => {
                     observer
                         .settled

@@ -68,7 +68,7 @@ enum Command {
         #[arg(long, value_name = "ID|NAME")]
         routine: Option<String>,
         /// Only with this status.
-        #[arg(long, value_parser = ["claimed", "fired", "failed"])]
+        #[arg(long, value_parser = ["claimed", "fired", "failed", "skipped"])]
         status: Option<String>,
         /// At most this many (at least 1).
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
@@ -672,7 +672,8 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     let instance_id = args
         .instance_id
         .unwrap_or_else(cm_scheduler::default_instance_id);
-    let scheduler = Scheduler::new(
+    let (mission, runtime) = mission.unzip();
+    let mut scheduler = Scheduler::new(
         Arc::new(store.clone()),
         Arc::new(RoutedDispatcher::new(Some(message), mission)),
         config.clone(),
@@ -681,6 +682,9 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     .map_err(|e| input(e.to_string()))?
     .with_auto_pause(Arc::new(store.clone()), args.pause_after_failures)
     .with_outbox_pruning(Arc::new(store.clone()));
+    if let Some(runtime) = &runtime {
+        scheduler = scheduler.with_run_watch(Arc::new(store.clone()), runtime.clone());
+    }
     let scheduler = Arc::new(scheduler);
 
     let waiting = Arc::new(std::sync::Mutex::new(Some(
@@ -745,6 +749,15 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             return Ok(());
         }
     }
+    if let Some(runtime) = &runtime {
+        tokio::select! {
+            () = wait_for_runtime(runtime.as_ref(), &waiting) => {}
+            () = shutdown(stopped.clone()) => {
+                tracing::info!("stopped before the mission runtime answered");
+                return Ok(());
+            }
+        }
+    }
 
     let summary = scheduler
         .clone()
@@ -760,6 +773,26 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         "scheduler exited"
     );
     Ok(())
+}
+
+/// Waits until the mission runtime answers (a Docker engine restarting, a socket not there
+/// yet), retrying with backoff and keeping the reason for `/readyz`, as for the database.
+async fn wait_for_runtime(
+    runtime: &dyn cm_dispatch::MissionRuntime,
+    waiting: &std::sync::Mutex<Option<String>>,
+) {
+    let set_waiting = |reason: Option<String>| {
+        *waiting.lock().unwrap_or_else(|e| e.into_inner()) = reason;
+    };
+    let mut backoff = Duration::from_millis(500);
+    while let Err(e) = runtime.ready().await {
+        set_waiting(Some(format!("waiting for the mission runtime: {e}")));
+        tracing::warn!(error = %e, retry_in = ?backoff, "the mission runtime does not answer yet; retrying");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+    set_waiting(None);
+    tracing::info!("the mission runtime answers");
 }
 
 /// Completes on SIGINT or SIGTERM.

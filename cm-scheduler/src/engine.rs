@@ -44,6 +44,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::autopause::AutoPause;
 use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
+use crate::runs::{BeforeLaunch, RunWatch};
 use crate::stats::{Stats, add};
 
 /// How many rows one prune statement deletes (settled fires, or acknowledged outbox messages).
@@ -98,6 +99,8 @@ pub struct TickReport {
     pub claims: usize,
     /// Misfires skipped by policy.
     pub skipped: u64,
+    /// Missions settled `skipped`: an earlier run of their routine was still running.
+    pub overlap_skipped: usize,
 }
 
 impl TickReport {
@@ -157,6 +160,8 @@ pub struct Scheduler {
     auto_pause: Option<AutoPause>,
     outbox: Option<Arc<dyn OutboxConsumer>>,
     launches: LaunchWindow,
+    /// Mission runs watched after their launch (`runs.rs`).
+    runs: Option<Arc<RunWatch>>,
 }
 
 /// The mission launches of the last second, for the launch rate: each claim's count with the
@@ -239,6 +244,7 @@ impl Scheduler {
             auto_pause: None,
             outbox: None,
             launches: LaunchWindow::default(),
+            runs: None,
         })
     }
 
@@ -266,6 +272,17 @@ impl Scheduler {
             store,
             after_failures,
         });
+        self
+    }
+
+    /// Watches every mission launched to its end: marks its run `running` before the launch,
+    /// and asks `runtime` about the unfinished runs every tick interval (at least every second).
+    pub fn with_run_watch(
+        mut self,
+        store: Arc<dyn cm_store::MissionRuns>,
+        runtime: Arc<dyn cm_dispatch::MissionRuntime>,
+    ) -> Self {
+        self.runs = Some(Arc::new(RunWatch { store, runtime }));
         self
     }
 
@@ -588,6 +605,7 @@ impl Scheduler {
                                 .unwrap_or_default(),
                         ),
                         stats: self.stats.clone(),
+                        runs: self.runs.clone(),
                     };
                     let stats = self.stats.clone();
                     let ledger = self.ledger.clone();
@@ -770,7 +788,8 @@ impl Scheduler {
         tokio::join!(
             signal,
             self.tick_loop(stopped.clone(), &completer),
-            self.reap_loop(stopped, &completer),
+            self.reap_loop(stopped.clone(), &completer),
+            self.watch_loop(stopped),
         );
         // No new claims from here on; wait for every dispatch in flight to settle (each is
         // bounded by the dispatch timeout), then for the completer's last batch.
@@ -859,6 +878,27 @@ impl Scheduler {
         }
     }
 
+    /// Asks the mission runtime about unfinished runs every tick interval (at least every
+    /// second), beside the ticks; nothing without [`Scheduler::with_run_watch`].
+    async fn watch_loop(&self, mut stopped: watch::Receiver<bool>) {
+        let Some(runs) = &self.runs else { return };
+        let every = self.config.tick_interval.max(Duration::from_secs(1));
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = stopped.wait_for(|stop| *stop) => break,
+                _ = interval.tick() => {}
+            }
+            if let Err(e) = runs.pass(&self.stats).await {
+                error!(error = %e, "watching mission runs failed");
+                self.stats
+                    .tick_failed(format!("watching mission runs failed: {e}"));
+            }
+        }
+    }
+
     fn record(&self, result: Result<TickReport, TickError>, what: &str) -> bool {
         match result {
             Ok(report) => {
@@ -897,6 +937,7 @@ async fn collect(dispatches: &mut JoinSet<FireResult>, report: &mut TickReport) 
         match result {
             Ok(FireResult::Fired) => report.fired += 1,
             Ok(FireResult::Failed) => report.failed += 1,
+            Ok(FireResult::Skipped) => report.overlap_skipped += 1,
             Ok(FireResult::Unsettled) => report.unsettled += 1,
             Err(e) => {
                 // The wrapper itself never panics; a cancelled runtime ends it.
@@ -952,11 +993,13 @@ struct FireJob {
     /// long ago to say).
     first_claimed: Option<Instant>,
     stats: Arc<Stats>,
+    runs: Option<Arc<RunWatch>>,
 }
 
 enum FireResult {
     Fired,
     Failed,
+    Skipped,
     Unsettled,
 }
 
@@ -1017,65 +1060,52 @@ impl FireJob {
             self.deadline.into_std(),
         )
         .with_first_attempt_age(self.first_claimed.map_or(Duration::MAX, |at| at.elapsed()));
+        // Lateness is judged for scheduled fires only: a backfill of last week is not late.
         if fire.origin == FireOrigin::Schedule {
             self.stats.lateness.observe(lateness);
         }
-        let (settlement, receipt) = match tokio::time::timeout_at(
-            self.deadline,
-            self.dispatcher.dispatch(&dispatch),
-        )
-        .await
+        let before = match self
+            .runs
+            .as_ref()
+            .filter(|_| fire.kind == RoutineKind::Mission)
         {
-            Ok(Ok(receipt)) => {
-                debug!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
-                    scheduled_at = %fire.occurrence.scheduled_at, attempt,
-                    lateness_ms = lateness.as_millis() as u64, duplicate = receipt.duplicate,
-                    detail = %receipt.detail, "fired");
-                (Settlement::Fired, Some(receipt.detail))
+            Some(runs) => {
+                runs.before_launch(fire.occurrence, dispatch.deadline, &self.stats)
+                    .await
             }
-            Ok(Err(e)) if e.is_transient_store_error() => {
-                // cm's own database failed, not the target: leave the claim for a retry after
-                // its lease instead of settling the occurrence failed.
+            None => Ok(BeforeLaunch::Launch),
+        };
+        let (settlement, receipt) = match before {
+            Ok(BeforeLaunch::Launch) => {
+                match self.launch(&fire, &dispatch, attempt, lateness).await {
+                    Ok(ended) => ended,
+                    Err(unsettled) => return unsettled,
+                }
+            }
+            Ok(BeforeLaunch::Settle(settlement)) => {
+                info!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at,
+                    reason = settlement.error().unwrap_or(""), "mission not launched");
+                (settlement, None)
+            }
+            Err(e) => {
+                // Nothing was launched: leave the claim for a retry after its lease.
                 warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                     scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
-                    "dispatch hit a database error; the reaper will retry this occurrence after its lease");
+                    "cannot take the mission's run; the reaper will retry this occurrence after its lease");
                 add(&self.stats.left_for_retry, 1);
-                let why = format!("the dispatch hit a database error: {e}");
+                let why = format!("taking the mission's run hit a database error: {e}");
                 note_unsettled(&*self.ledger, &fire.fire_ref(), why).await;
                 return FireResult::Unsettled;
             }
-            Ok(Err(e @ DispatchError::Unavailable(_))) if attempt > 1 => {
-                // A taken-over claim: its claimant stopped before settling, perhaps after the
-                // target took the occurrence, so "unavailable now" does not say it failed.
-                // Leave it for the next attempt (bounded by the attempt limit, past which it is
-                // abandoned with its reason) rather than settle `failed` what may be delivered.
-                warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
-                    scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
-                    "a retried dispatch found the target unavailable; leaving it for the next attempt");
-                add(&self.stats.left_for_retry, 1);
-                return FireResult::Unsettled;
-            }
-            Ok(Err(e)) => {
-                warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
-                    scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e, "dispatch failed");
-                (Settlement::Failed(ErrorText::new(e.to_string())), None)
-            }
-            Err(_) => {
-                warn!(routine = %fire.routine_name, scheduled_at = %fire.occurrence.scheduled_at,
-                    attempt, timeout = ?self.budget, "dispatch timed out");
-                (
-                    Settlement::Failed(ErrorText::new(format!(
-                        "dispatch timed out after {}",
-                        humantime::format_duration(self.budget)
-                    ))),
-                    None,
-                )
-            }
         };
         let failed = matches!(settlement, Settlement::Failed(_));
+        let skipped = matches!(settlement, Settlement::Skipped(_));
         let unsettled = match &settlement {
             Settlement::Fired => "dispatched, but the settle was not written".to_string(),
-            Settlement::Failed(e) => format!("{}; the settle was not written", e.as_str()),
+            Settlement::Failed(e) | Settlement::Skipped(e) => {
+                format!("{}; the settle was not written", e.as_str())
+            }
         };
         let settle = FireSettle {
             fire: fire.fire_ref(),
@@ -1095,9 +1125,75 @@ impl FireJob {
         if failed {
             add(&self.stats.failed, 1);
             FireResult::Failed
+        } else if skipped {
+            add(&self.stats.overlap_skipped, 1);
+            FireResult::Skipped
         } else {
             add(&self.stats.fired, 1);
             FireResult::Fired
         }
+    }
+
+    /// Dispatches under the deadline: the settlement and receipt, or the result of a dispatch
+    /// left for a retry.
+    async fn launch(
+        &self,
+        fire: &ClaimedFire,
+        dispatch: &Dispatch,
+        attempt: u32,
+        lateness: Duration,
+    ) -> Result<(Settlement, Option<String>), FireResult> {
+        Ok(
+            match tokio::time::timeout_at(self.deadline, self.dispatcher.dispatch(dispatch)).await {
+                Ok(Ok(receipt)) => {
+                    debug!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at, attempt,
+                    lateness_ms = lateness.as_millis() as u64, duplicate = receipt.duplicate,
+                    detail = %receipt.detail, "fired");
+                    (Settlement::Fired, Some(receipt.detail))
+                }
+                Ok(Err(e)) if e.is_transient_store_error() => {
+                    // cm's own database failed, not the target: leave the claim for a retry
+                    // after its lease instead of settling the occurrence failed.
+                    warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
+                    "dispatch hit a database error; the reaper will retry this occurrence after its lease");
+                    add(&self.stats.left_for_retry, 1);
+                    let why = format!("the dispatch hit a database error: {e}");
+                    note_unsettled(&*self.ledger, &fire.fire_ref(), why).await;
+                    return Err(FireResult::Unsettled);
+                }
+                Ok(Err(e @ DispatchError::Unavailable(_))) if attempt > 1 => {
+                    // A taken-over claim: its claimant stopped before settling, perhaps after
+                    // the target took the occurrence, so "unavailable now" does not say it
+                    // failed. Leave it for the next attempt (bounded by the attempt limit, past
+                    // which it is abandoned with its reason) rather than settle `failed` what
+                    // may be delivered.
+                    warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
+                    "a retried dispatch found the target unavailable; leaving it for the next attempt");
+                    add(&self.stats.left_for_retry, 1);
+                    let why = format!("a retried dispatch found the target unavailable: {e}");
+                    note_unsettled(&*self.ledger, &fire.fire_ref(), why).await;
+                    return Err(FireResult::Unsettled);
+                }
+                Ok(Err(e)) => {
+                    warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e, "dispatch failed");
+                    (Settlement::Failed(ErrorText::new(e.to_string())), None)
+                }
+                Err(_) => {
+                    warn!(routine = %fire.routine_name, scheduled_at = %fire.occurrence.scheduled_at,
+                    attempt, timeout = ?self.budget, "dispatch timed out");
+                    (
+                        Settlement::Failed(ErrorText::new(format!(
+                            "dispatch timed out after {}",
+                            humantime::format_duration(self.budget)
+                        ))),
+                        None,
+                    )
+                }
+            },
+        )
     }
 }

@@ -29,6 +29,7 @@ pub mod completer;
 mod engine;
 pub mod health;
 pub mod http;
+pub mod runs;
 pub mod state;
 pub mod stats;
 pub mod status;

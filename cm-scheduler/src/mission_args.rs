@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
-use cm_dispatch::Dispatcher;
 use cm_dispatch::mission::MissionConfig;
+use cm_dispatch::{Dispatcher, MissionRuntime};
 
 /// The mission backend's flags, flattened into `run`'s.
 #[derive(Debug, Args)]
@@ -53,7 +53,9 @@ impl MissionArgs {
     /// The backend the flags describe, or `None` for `--mission-backend none`. A refused
     /// configuration is [`MissionSetupError::Config`], one line for the operator (the caller exits 2); a runtime
     /// that cannot be used (no Docker socket) is [`MissionSetupError::Runtime`] (exit 1).
-    pub async fn dispatcher(&self) -> Result<Option<Arc<dyn Dispatcher>>, MissionSetupError> {
+    /// The backend comes twice: as the dispatcher that launches, and as the runtime the run
+    /// watch asks about what it launched.
+    pub async fn dispatcher(&self) -> Backend {
         let needs_image = matches!(
             self.mission_backend,
             MissionBackend::Docker | MissionBackend::Kubernetes
@@ -95,7 +97,7 @@ impl MissionArgs {
                     workdir = %self.mission_workdir.display(),
                     "the process mission backend is for development only"
                 );
-                Ok(Some(Arc::new(runner)))
+                Ok(Some(both(Arc::new(runner))))
             }
             MissionBackend::Docker => {
                 let (image, settings) = self.image_and_config()?;
@@ -167,13 +169,21 @@ fn config(message: impl Into<String>) -> MissionSetupError {
     MissionSetupError::Config(message.into())
 }
 
-type Backend = Result<Option<Arc<dyn Dispatcher>>, MissionSetupError>;
+/// A mission backend as its dispatcher and as its runtime, or none.
+pub type Backend =
+    Result<Option<(Arc<dyn Dispatcher>, Arc<dyn MissionRuntime>)>, MissionSetupError>;
+
+fn both<B: Dispatcher + MissionRuntime + 'static>(
+    backend: Arc<B>,
+) -> (Arc<dyn Dispatcher>, Arc<dyn MissionRuntime>) {
+    (backend.clone(), backend)
+}
 
 #[cfg(feature = "docker")]
 fn docker(image: String, settings: MissionConfig) -> Backend {
     let backend = cm_dispatch::DockerDispatcher::from_env(image, settings)
         .map_err(|e| MissionSetupError::Runtime(e.to_string()))?;
-    Ok(Some(Arc::new(backend)))
+    Ok(Some(both(Arc::new(backend))))
 }
 
 #[cfg(not(feature = "docker"))]
@@ -192,7 +202,7 @@ async fn kubernetes(image: String, settings: MissionConfig) -> Backend {
             KubernetesSetupError::Config(message) => MissionSetupError::Config(message),
             KubernetesSetupError::Cluster(_) => MissionSetupError::Runtime(e.to_string()),
         })?;
-    Ok(Some(Arc::new(backend)))
+    Ok(Some(both(Arc::new(backend))))
 }
 
 #[cfg(not(feature = "kubernetes"))]

@@ -22,10 +22,17 @@ pub struct Counter {
 
 impl Counter {
     fn new(name: &'static str, outcome: Option<&'static str>) -> Self {
-        let recorded = match outcome {
-            Some(outcome) => metrics::counter!(name, "outcome" => outcome),
-            None => metrics::counter!(name),
-        };
+        match outcome {
+            Some(outcome) => Counter::labelled(name, "outcome", outcome),
+            None => Counter::recording(metrics::counter!(name)),
+        }
+    }
+
+    fn labelled(name: &'static str, label: &'static str, value: &'static str) -> Self {
+        Counter::recording(metrics::counter!(name, label => value))
+    }
+
+    fn recording(recorded: metrics::Counter) -> Self {
         // Registered at zero, so a scrape lists every series from the start.
         recorded.increment(0);
         Counter {
@@ -138,6 +145,7 @@ const OVERRUNS: &str = "cm_tick_overruns_total";
 const DISPATCHING: &str = "cm_dispatches_in_flight";
 const TICK_DURATION: &str = "cm_tick_duration_seconds";
 const LATENESS: &str = "cm_fire_lateness_seconds";
+const MISSION_RUNS: &str = "cm_mission_runs_total";
 
 /// A Prometheus recorder with cm's histogram buckets, not installed (tests record into it
 /// with [`metrics::with_local_recorder`]).
@@ -174,6 +182,10 @@ pub fn describe() {
         "Ticks that claimed nothing because the in-flight set was full."
     );
     describe_counter!(OVERRUNS, "Ticks that took longer than the tick interval.");
+    describe_counter!(
+        MISSION_RUNS,
+        "Mission runs by the state they reached: running (launched), succeeded, failed, lost."
+    );
     metrics::describe_gauge!(DISPATCHING, "Dispatches running now.");
     describe_histogram!(TICK_DURATION, "Time one tick took.");
     describe_histogram!(
@@ -207,6 +219,9 @@ pub struct Stats {
     pub unstarted: Counter,
     /// Dispatch tasks that panicked (their claims are retried after the lease, like a crash).
     pub dispatch_panics: Counter,
+    /// Missions settled `skipped`: an earlier run of their routine was still running
+    /// (overlap `forbid`).
+    pub overlap_skipped: Counter,
     /// Occurrences the cap deferred.
     pub deferred: Counter,
     /// Misfires skipped by policy.
@@ -223,6 +238,9 @@ pub struct Stats {
     /// Ticks that took longer than the tick interval (the next tick waited for the next
     /// boundary).
     pub tick_overruns: Counter,
+    /// Mission runs that reached each state, in the order of [`cm_domain::RunStateName::ALL`]:
+    /// begun (`running`), `succeeded`, `failed`, `lost`.
+    pub mission_runs: [Counter; 4],
     /// Dispatches running now.
     pub dispatching: Gauge,
     /// Seconds each tick took.
@@ -248,6 +266,7 @@ impl Default for Stats {
             settle_errors: outcome("settle_error"),
             unstarted: outcome("unstarted"),
             dispatch_panics: outcome("dispatch_panic"),
+            overlap_skipped: outcome("skipped"),
             deferred: Counter::new(DEFERRED, None),
             skipped: Counter::new(SKIPPED, None),
             reaped: Counter::new(REAPED, None),
@@ -255,6 +274,8 @@ impl Default for Stats {
             left_for_retry: outcome("left_for_retry"),
             saturated_ticks: Counter::new(SATURATED, None),
             tick_overruns: Counter::new(OVERRUNS, None),
+            mission_runs: cm_domain::RunStateName::ALL
+                .map(|state| Counter::labelled(MISSION_RUNS, "state", state.as_str())),
             dispatching: Gauge::new(DISPATCHING),
             tick_duration: Histogram::new(TICK_DURATION),
             lateness: Histogram::new(LATENESS),
@@ -279,6 +300,11 @@ impl Stats {
     /// Records a dispatch ending, settled or not.
     pub(crate) fn dispatch_ended(&self) {
         self.dispatching.add(-1);
+    }
+
+    /// Records a mission run reaching `state`.
+    pub(crate) fn run_reached(&self, state: cm_domain::RunStateName) {
+        add(&self.mission_runs[state as usize], 1);
     }
 
     /// Records a tick that succeeded.

@@ -58,7 +58,7 @@ th,td{text-align:left;padding:.35em .55em;border-bottom:1px solid #d8dee4;vertic
 th{background:#f6f8fa;font-weight:600;white-space:nowrap}
 th a{color:inherit}th a.on::after{content:' ▾'}
 time,.nowrap,td code,td.name{white-space:nowrap}
-.fired{color:#1a7f37}.failed{color:#cf222e;font-weight:600}.claimed{color:#9a6700}
+.fired{color:#1a7f37}.failed{color:#cf222e;font-weight:600}.claimed{color:#9a6700}.skipped{color:#57606a}
 .paused{color:#9a6700;font-weight:600}.active{color:#1a7f37}.muted{color:#59636e}.small{font-size:.85em}
 .reason{display:block;max-width:14em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.25em 1.2em}dt{font-weight:600}dd{margin:0}
@@ -490,6 +490,7 @@ pub async fn index(
                     span { span.cell.fired {} "fired" }
                     span { span.cell.failed {} "failed" }
                     span { span.cell.claimed {} "running" }
+                    span { span.cell.skipped {} "skipped" }
                 }
                 @if let Some(after) = next_page {
                     p { a href=(listing.href(listing.order, Some(after))) { "Next " (ROUTINES_PER_PAGE) " routines →" } }
@@ -576,6 +577,7 @@ pub async fn routine(
                 dt { "Schedule" } dd { code { (r.schedule) } }
                 dt { "Time zone" } dd { (r.timezone) }
                 dt { "Misfire policy" } dd { (r.misfire_policy) }
+                @if r.kind == cm_store::RoutineKind::Mission { dt { "Overlap" } dd { (r.overlap) } }
                 dt { "State" } dd {
                     @if r.paused { span.paused { "paused" } } @else { span.active { "active" } }
                     @if let Some(reason) = &r.paused_reason { " " span.error { (reason) } }
@@ -613,13 +615,16 @@ pub async fn routine(
                 (strip(&recent))
                 div.scroll { table id="fires" {
                     thead { tr {
-                        th { "Occurrence" } th { "Status" } th { "Attempt" } th { "Claimant" }
+                        th { "Occurrence" } th { "Status" } th { "Origin" } th { "Run" }
+                        th { "Attempt" } th { "Claimant" }
                         th { "Settled" } th { "Receipt" } th { "Error" }
                     } }
                     tbody { @for f in &fires {
                         tr {
                             td { (moment(f.scheduled_at, now)) }
                             td { (status_word(&f.status)) }
+                            td.muted { (f.origin) }
+                            td { (crate::runs::run_text(f)) }
                             td { (f.attempt) }
                             td.muted { (f.claimant) }
                             td { @if let Some(at) = f.completed_at { (moment(at, now)) } }
@@ -932,10 +937,11 @@ fn strip(fires: &[RecentFire]) -> Markup {
 fn strip_label(fires: &[RecentFire]) -> String {
     let count = |status: &str| fires.iter().filter(|f| f.status == status).count();
     format!(
-        "last {} fires: {} fired, {} failed, {} running",
+        "last {} fires: {} fired, {} failed, {} skipped, {} running",
         fires.len(),
         count("fired"),
         count("failed"),
+        count("skipped"),
         count("claimed")
     )
 }

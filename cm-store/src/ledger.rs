@@ -298,6 +298,13 @@ pub struct Fire {
     pub error: Option<String>,
     /// What the target answered to the dispatch that settled it.
     pub receipt: Option<String>,
+    /// A mission's run: `running`, `succeeded`, `failed` or `lost`; `None` for a message, or a
+    /// mission not launched.
+    pub run_state: Option<String>,
+    /// The run's exit code, when its runtime reported one.
+    pub run_exit_code: Option<i32>,
+    /// Why the run failed or was lost.
+    pub run_reason: Option<String>,
 }
 
 /// The occurrence ledger.
@@ -1059,6 +1066,9 @@ struct FireRow {
     completed_at: Option<DateTime<Utc>>,
     error: Option<String>,
     receipt: Option<String>,
+    run_state: Option<String>,
+    run_exit_code: Option<i32>,
+    run_reason: Option<String>,
 }
 
 impl From<FireRow> for Fire {
@@ -1075,6 +1085,9 @@ impl From<FireRow> for Fire {
             completed_at: r.completed_at,
             error: r.error,
             receipt: r.receipt,
+            run_state: r.run_state,
+            run_exit_code: r.run_exit_code,
+            run_reason: r.run_reason,
         }
     }
 }
@@ -1200,7 +1213,7 @@ const ADVANCE_SQL: &str = concat!(
 /// there on the primary key too, whose columns are in the other order.
 pub const LIST_FIRES_SQL: &str = "
 SELECT routine_id, scheduled_at, status, origin, claimant, attempt, claimed_at,
-       lease_expires_at, completed_at, error, receipt
+       lease_expires_at, completed_at, error, receipt, run_state, run_exit_code, run_reason
 FROM routine_fires
 WHERE ($1::uuid IS NULL OR routine_id = $1)
   AND ($2::text IS NULL OR status = $2)

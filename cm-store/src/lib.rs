@@ -10,6 +10,7 @@
 //! - [`outbox`]: the message outbox ([`OutboxStore`]).
 //! - [`status`]: the bounded read-only queries of the status page ([`StatusReader`]).
 //! - [`autopause`]: pausing routines whose last fires all failed ([`FailingRoutines`]).
+//! - [`runs`]: mission runs watched after their launch ([`MissionRuns`]).
 //! - [`consumer`]: the outbox's consumer contract: leased batches in `seq` order,
 //!   acknowledgement, the backlog, pruning ([`OutboxConsumer`]).
 //!
@@ -56,6 +57,7 @@ mod model;
 mod options;
 pub mod outbox;
 pub mod routines;
+pub mod runs;
 pub mod status;
 
 use sqlx::PgPool;
@@ -90,6 +92,9 @@ pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
 #[cfg(feature = "mock")]
 pub use routines::MockRoutineStore;
 pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
+#[cfg(feature = "mock")]
+pub use runs::MockMissionRuns;
+pub use runs::{MissionRuns, RunTake, RunUpdate, UnfinishedRun};
 pub use status::{
     FailedFire, FireRate, MinuteCount, OpenClaims, RecentFire, RoutineOrder, RoutineQuery,
     RoutineSummary, StatusReader,

@@ -96,6 +96,9 @@ pub struct Routine {
     pub payload: Value,
     /// `fire-once`, `catch-up` or `skip`.
     pub misfire_policy: String,
+    /// What a mission's occurrence does while an earlier run is still running: `allow`,
+    /// `forbid` (the default) or `replace`. Meaningless for messages.
+    pub overlap: String,
     /// Whether it is paused.
     pub paused: bool,
     /// Why cm paused it by itself (its last fires all failed); `None` when it runs or a person

@@ -34,6 +34,10 @@ mod reaper;
 #[path = "store/race.rs"]
 mod race;
 
+// Mission runs watched after their launch.
+#[path = "store/runs.rs"]
+mod runs;
+
 // Misfire policies after a simulated outage of an every-minute routine.
 #[path = "store/misfire.rs"]
 mod misfire;

@@ -4,6 +4,7 @@
 //! `{"Id", "Warnings"}`, 404 `No such image: …` when the image is absent, 409 `Conflict. The
 //! container name "/…" is already in use …` for a taken name; `POST /containers/{id}/start` 204,
 //! 304 when already started, 404 `No such container: …`; `GET /containers/{id}/json`;
+//! `POST /containers/{id}/stop` 204, 304 when not running; `DELETE /containers/{id}` 204;
 //! `POST /images/create` streaming pull progress; `GET /images/{name}/json`. Paths may carry the
 //! `/v1.NN` version prefix clients send.
 //!
@@ -21,9 +22,11 @@ use super::{Answer, Call, FakeRequest, Handler, Server, lock};
 /// What the next `start` of a container does instead of starting it normally.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StartFault {
-    /// Answer 500 and leave the container created, never started.
+    /// Answer 500 and leave the container created, never started: a fault of the engine, which
+    /// the backend tries again.
     Fail,
-    /// Answer 500 with this message, as the engine refusing the start for a reason of its own.
+    /// Answer 400 with this message, as the engine refusing the start of a container whose
+    /// settings cannot work (a missing command).
     Refuse(String),
     /// Never answer, and leave the container created: a scheduler killed now died between
     /// create and start.
@@ -54,6 +57,8 @@ pub struct Container {
     pub host_config: Value,
     /// How many times it was started (a real engine starts a container once until it stops).
     pub starts: usize,
+    /// Its exit code once it ended ([`FakeDocker::exit`]) or was stopped (137).
+    pub exit_code: Option<i64>,
 }
 
 impl Container {
@@ -71,6 +76,8 @@ struct State {
     containers: Vec<Container>,
     calls: Vec<Call>,
     start_faults: VecDeque<StartFault>,
+    /// How many of the next calls answer 503, as an engine restarting.
+    unavailable: usize,
     pulls: usize,
 }
 
@@ -101,6 +108,28 @@ impl FakeDocker {
     /// Makes the next start of a container (one call) behave as `fault` says.
     pub fn fault_next_start(&self, fault: StartFault) {
         lock(&self.state).start_faults.push_back(fault);
+    }
+
+    /// Makes the next `calls` calls (any route) answer 503, as an engine in the middle of a
+    /// restart.
+    pub fn unavailable_for(&self, calls: usize) {
+        lock(&self.state).unavailable = calls;
+    }
+
+    /// Ends the container named `name` with `code`, as its process exiting.
+    pub fn exit(&self, name: &str, code: i64) {
+        if let Some(c) = lock(&self.state)
+            .containers
+            .iter_mut()
+            .find(|c| c.name == name)
+        {
+            c.exit_code = Some(code);
+        }
+    }
+
+    /// Forgets the container named `name`, as `docker rm` by someone else.
+    pub fn forget(&self, name: &str) {
+        lock(&self.state).containers.retain(|c| c.name != name);
     }
 
     /// Every call received, in order.
@@ -138,13 +167,27 @@ impl Handler for Engine {
         let mut state = lock(&self.0);
         let path = strip_version(&request.path).to_owned();
         let index = state.calls.len();
-        state.calls.push(Call::received(request, &path));
-        let answer = route(&mut state, request, &path);
+        let mut call = Call::received(request, &path);
+        call.version = version_of(&request.path);
+        state.calls.push(call);
+        let answer = if state.unavailable > 0 {
+            state.unavailable -= 1;
+            message(503, "the engine is restarting".into())
+        } else {
+            route(&mut state, request, &path)
+        };
         if let Some((status, _)) = &answer {
             state.calls[index].status = *status;
         }
         answer
     }
+}
+
+/// `/v1.47/containers/create` -> `Some("1.47")`.
+fn version_of(path: &str) -> Option<String> {
+    let rest = path.strip_prefix("/v")?;
+    let version = &rest[..rest.find('/')?];
+    version.starts_with("1.").then(|| version.to_owned())
 }
 
 /// `/v1.47/containers/create` -> `/containers/create`.
@@ -200,12 +243,10 @@ fn route(state: &mut State, request: &FakeRequest, path: &str) -> Option<Answer>
             message(404, format!("No such image: {image}"))
         };
     }
-    let Some((target, action)) = path
-        .strip_prefix("/containers/")
-        .and_then(|rest| rest.rsplit_once('/'))
-    else {
+    let Some(rest) = path.strip_prefix("/containers/") else {
         return message(404, "page not found".into());
     };
+    let (target, action) = rest.rsplit_once('/').unwrap_or((rest, ""));
     let Some(at) = state
         .containers
         .iter()
@@ -215,6 +256,18 @@ fn route(state: &mut State, request: &FakeRequest, path: &str) -> Option<Answer>
     };
     match (method, action) {
         ("POST", "start") => start(state, at),
+        ("POST", "stop") => {
+            let c = &mut state.containers[at];
+            if c.starts == 0 || c.exit_code.is_some() {
+                return Some((304, String::new()));
+            }
+            c.exit_code = Some(137);
+            Some((204, String::new()))
+        }
+        ("DELETE", "") => {
+            state.containers.remove(at);
+            Some((204, String::new()))
+        }
         ("GET", "json") => Some((200, inspect(&state.containers[at]).to_string())),
         _ => message(404, "page not found".into()),
     }
@@ -276,6 +329,7 @@ fn create(state: &mut State, request: &FakeRequest) -> Option<Answer> {
             .unwrap_or_default(),
         host_config: body["HostConfig"].clone(),
         starts: 0,
+        exit_code: None,
     };
     let answer = json!({ "Id": container.id, "Warnings": [] }).to_string();
     state.containers.push(container);
@@ -288,7 +342,7 @@ fn start(state: &mut State, at: usize) -> Option<Answer> {
     }
     match state.start_faults.pop_front() {
         Some(StartFault::Fail) => message(500, "cannot start container: injected failure".into()),
-        Some(StartFault::Refuse(reason)) => message(500, reason),
+        Some(StartFault::Refuse(reason)) => message(400, reason),
         Some(StartFault::StallBeforeStart) => None,
         Some(StartFault::StallAfterStart) => {
             state.containers[at].starts += 1;
@@ -302,20 +356,25 @@ fn start(state: &mut State, at: usize) -> Option<Answer> {
 }
 
 fn inspect(c: &Container) -> Value {
-    let running = c.starts > 0;
+    let running = c.starts > 0 && c.exit_code.is_none();
+    let status = match (c.starts, c.exit_code) {
+        (_, Some(_)) => "exited",
+        (0, None) => "created",
+        _ => "running",
+    };
     json!({
         "Id": c.id,
         "Name": format!("/{}", c.name),
         "Image": format!("sha256:{}", "0".repeat(64)),
         "State": {
-            "Status": if running { "running" } else { "created" },
+            "Status": status,
             "Running": running,
             "Paused": false,
             "Restarting": false,
             "OOMKilled": false,
             "Dead": false,
             "Pid": if running { 4242 } else { 0 },
-            "ExitCode": 0,
+            "ExitCode": c.exit_code.unwrap_or(0),
             "Error": "",
             "StartedAt": if running { "2026-03-29T01:00:00.000000000Z" } else { "0001-01-01T00:00:00Z" },
             "FinishedAt": "0001-01-01T00:00:00Z"

@@ -30,6 +30,8 @@ pub struct Call {
     pub query: String,
     /// The status answered; 0 while the answer is withheld (a stalled call).
     pub status: u16,
+    /// The API version the path carried (`1.41` for `/v1.41/containers/create`), if any.
+    pub version: Option<String>,
 }
 
 impl Call {
@@ -45,6 +47,7 @@ impl Call {
                 .collect::<Vec<_>>()
                 .join("&"),
             status: 0,
+            version: None,
         }
     }
 }

@@ -516,3 +516,72 @@ async fn kubernetes_over_https_builds_its_tls_client_from_the_kubeconfig() {
         "{err}"
     );
 }
+
+/// `kubernetes-validate` (PyPI, the official OpenAPI schemas of each Kubernetes release): the
+/// program named by `CM_TEST_KUBERNETES_VALIDATE`, else the one on `PATH`. `.ci/run` installs
+/// it; in CI a missing validator fails the test.
+fn kubernetes_validate() -> Option<PathBuf> {
+    let program = std::env::var_os("CM_TEST_KUBERNETES_VALIDATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("kubernetes-validate"));
+    match std::process::Command::new(&program)
+        .arg("--version")
+        .output()
+    {
+        Ok(out) if out.status.success() => Some(program),
+        result if std::env::var_os("CI").is_some() => panic!(
+            "CI needs kubernetes-validate (pip install kubernetes-validate; .ci/run does): \
+             {result:?}"
+        ),
+        _ => {
+            eprintln!("kubernetes-validate is not installed; the Job's schema is not checked");
+            None
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_job_passes_the_official_batch_v1_schema() {
+    let Some(validator) = kubernetes_validate() else {
+        return;
+    };
+    let fake = FakeKubernetes::start(&["missions"], TOKEN);
+    let config = MissionConfig::from_json(
+        r#"{"command": ["run-mission", "--verbose"], "user": "1000:1000",
+            "kubernetes": {"namespace": "missions", "service_account": "mission-runner",
+                           "backoff_limit": 0, "cpu": "500m", "memory": "2Gi"}}"#,
+    )
+    .unwrap();
+    let backend = backend(&fake, config).await;
+    let dispatch = mission_dispatch(mission(), 1);
+    let launch =
+        cm_dispatch::mission::Launch::of(&dispatch, &cm_domain::MissionPolicy::default()).unwrap();
+    let mut job = serde_json::to_value(backend.job(&launch, &launch.name)).unwrap();
+    job["apiVersion"] = json!("batch/v1");
+    job["kind"] = json!("Job");
+    let file = std::env::temp_dir().join(format!("cm-job-{}.json", Uuid::new_v4().simple()));
+    std::fs::write(&file, job.to_string()).unwrap();
+    for version in ["1.25.0", "1.33.0", "1.37.0"] {
+        let out = std::process::Command::new(&validator)
+            .args(["--strict", "-k", version])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{version}: {}{}\n{job:#}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The validator is no rubber stamp: a field batch/v1 does not have fails it.
+    job["spec"]["backoffLimitt"] = json!(1);
+    std::fs::write(&file, job.to_string()).unwrap();
+    let out = std::process::Command::new(&validator)
+        .args(["--strict", "-k", "1.33.0"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(!out.status.success(), "a misspelt field passed the schema");
+}

@@ -330,8 +330,11 @@ impl EffectProbe for DockerProbe {
 }
 
 impl LaunchFaults for DockerProbe {
+    /// The start never answers: the dispatch ends at its deadline with the container created,
+    /// as a scheduler killed between create and start leaves it. (A start the engine answers
+    /// with an error is tried again, or, refused, removes the container.)
     fn crash_after_create(&self) {
-        self.0.fault_next_start(StartFault::Fail);
+        self.0.fault_next_start(StartFault::StallBeforeStart);
     }
 }
 
@@ -445,17 +448,124 @@ async fn docker_start_that_stalls_past_the_deadline_fails_and_the_retry_starts_i
 }
 
 #[tokio::test]
-async fn docker_that_does_not_answer_is_unavailable() {
-    // A port nothing listens on.
-    let docker = DockerDispatcher::connect(
-        "tcp://127.0.0.1:1",
-        IMAGE.to_owned(),
-        MissionConfig::default(),
-    )
-    .unwrap();
-    let err = docker
+async fn docker_that_does_not_answer_is_unavailable_naming_the_engine_and_the_cause() {
+    // A port nothing listens on, then a socket that is not there.
+    for (host, cause) in [
+        ("tcp://127.0.0.1:1", "Connection refused"),
+        (
+            "unix:///tmp/cm-no-such-engine.sock",
+            "no socket at /tmp/cm-no-such-engine.sock",
+        ),
+    ] {
+        let docker =
+            DockerDispatcher::connect(host, IMAGE.to_owned(), MissionConfig::default()).unwrap();
+        let mut dispatch = mission_dispatch(mission(), 1);
+        dispatch.deadline = Instant::now() + Duration::from_secs(1);
+        let err = docker.dispatch(&dispatch).await.unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, DispatchError::Unavailable(_)), "{text}");
+        assert!(
+            text.contains(&format!("cannot reach the Docker engine at {host}"))
+                && text.contains(cause),
+            "{text}"
+        );
+        let ready = cm_dispatch::MissionRuntime::ready(&docker)
+            .await
+            .unwrap_err();
+        assert!(ready.contains(host) && ready.contains(cause), "{ready}");
+    }
+}
+
+#[tokio::test]
+async fn docker_faults_of_the_engine_are_retried_within_the_deadline() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    let docker = docker_backend(&fake, MissionConfig::default());
+    // An engine restarting answers 503 to the version, the create and more; a start fails once.
+    fake.unavailable_for(4);
+    fake.fault_next_start(StartFault::Fail);
+    let dispatch = mission_dispatch(mission(), 1);
+    let receipt = docker.dispatch(&dispatch).await.unwrap();
+    assert!(!receipt.duplicate, "{receipt:?}");
+    let c = fake.container(dispatch.idempotency_key.as_str()).unwrap();
+    assert_eq!(c.starts, 1);
+    let answered: Vec<u16> = fake.calls().iter().map(|c| c.status).collect();
+    assert_eq!(
+        answered,
+        [503, 503, 503, 503, 200, 201, 500, 204],
+        "{:?}",
+        fake.calls()
+    );
+
+    // Past the deadline the last answer is kept.
+    fake.unavailable_for(1000);
+    let mut late = mission_dispatch(mission(), 1);
+    late.deadline = Instant::now() + Duration::from_millis(800);
+    let err = docker.dispatch(&late).await.unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Unavailable(t) if t.contains("the engine is restarting (503)")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn docker_sends_the_negotiated_api_version_in_every_path() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    let docker = docker_backend(&fake, MissionConfig::default());
+    docker
         .dispatch(&mission_dispatch(mission(), 1))
         .await
-        .unwrap_err();
-    assert!(matches!(err, DispatchError::Unavailable(_)), "{err}");
+        .unwrap();
+    let calls = fake.calls();
+    assert_eq!(calls[0].path, "/version");
+    assert!(calls.len() >= 3, "{calls:?}");
+    for call in &calls[1..] {
+        assert_eq!(call.version.as_deref(), Some("1.47"), "{call:?}");
+    }
+}
+
+#[tokio::test]
+async fn docker_start_refused_removes_the_container() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    let docker = docker_backend(&fake, MissionConfig::default());
+    fake.fault_next_start(StartFault::Refuse("no command specified".into()));
+    let dispatch = mission_dispatch(mission(), 1);
+    let err = docker.dispatch(&dispatch).await.unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Rejected(t) if t.contains("no command specified (400)")
+            && t.contains("the container was removed")),
+        "{err}"
+    );
+    assert_eq!(fake.containers(), vec![]);
+}
+
+#[tokio::test]
+async fn docker_runs_are_observed_from_inspect() {
+    use cm_dispatch::{MissionRuntime, RunRef};
+    let fake = FakeDocker::start(&[IMAGE]);
+    let docker = docker_backend(&fake, MissionConfig::default());
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    let mut states = Vec::new();
+    for code in [0, 3] {
+        let dispatch = mission_dispatch(mission(), 1);
+        docker.dispatch(&dispatch).await.unwrap();
+        let run = RunRef {
+            name: dispatch.idempotency_key.to_string(),
+        };
+        states.push(docker.observe(&run, deadline()).await.unwrap());
+        fake.exit(&run.name, code);
+        states.push(docker.observe(&run, deadline()).await.unwrap());
+        fake.forget(&run.name);
+        states.push(docker.observe(&run, deadline()).await.unwrap());
+    }
+    let names: Vec<String> = states
+        .iter()
+        .map(|s| format!("{} {}", s.name(), s.reason().unwrap_or_default()))
+        .collect();
+    assert_eq!(names[0], "running ");
+    assert_eq!(names[1], "succeeded ");
+    assert!(
+        names[2].starts_with("lost the Docker engine at tcp://"),
+        "{names:?}"
+    );
+    assert_eq!(names[4], "failed exit code 3");
 }

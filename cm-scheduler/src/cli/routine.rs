@@ -114,6 +114,10 @@ pub(super) struct CreateArgs {
     /// A mission routine described by this JSON file (an object with a "repository").
     #[arg(long)]
     mission: Option<PathBuf>,
+    /// What a mission's occurrence does while an earlier run is still running: allow (launch
+    /// anyway), forbid (settle it skipped; the default) or replace (stop the running one).
+    #[arg(long, value_parser = ["allow", "forbid", "replace"], requires = "mission")]
+    overlap: Option<String>,
     /// Create it paused.
     #[arg(long)]
     paused: bool,
@@ -151,6 +155,9 @@ pub(super) struct UpdateArgs {
     /// Make it a mission routine described by this JSON file.
     #[arg(long)]
     mission: Option<PathBuf>,
+    /// A new overlap policy (allow, forbid, replace) of a mission routine.
+    #[arg(long, value_parser = ["allow", "forbid", "replace"])]
+    overlap: Option<String>,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
     /// refused unless its env names and repository host are among the `env_allow` and
     /// `repository_hosts` it gives.
@@ -216,8 +223,13 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
             // input writes nothing.
             let policy = mission_policy(args.mission_config.as_deref())?;
             let new = new_routine(&RoutineFields::from(&args), &policy)?;
+            let overlap = args.overlap.as_deref().map(overlap).transpose()?;
             let store = connect_migrated(url).await?;
-            let routine = store.create_routine(new).await?;
+            let mut routine = store.create_routine(new).await?;
+            if let Some(policy) = overlap {
+                cm_store::MissionRuns::set_overlap(&store, routine.id, policy).await?;
+                routine.overlap = policy.as_str().to_owned();
+            }
             print_created(&routine, args.json)
         }
         RoutineCommand::Update(args) => update(url, args).await,
@@ -320,6 +332,11 @@ fn name(text: &str) -> Result<String, Failure> {
         .map_err(|e| input(e.to_string()))
 }
 
+fn overlap(text: &str) -> Result<cm_domain::OverlapPolicy, Failure> {
+    text.parse()
+        .map_err(|e: cm_domain::ParseOverlapPolicyError| input(e.to_string()))
+}
+
 fn misfire(text: &str) -> Result<MisfirePolicy, Failure> {
     text.parse()
         .map_err(|e: cm_domain::ParseMisfirePolicyError| input(e.to_string()))
@@ -400,15 +417,34 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
             )?),
         },
     };
-    if update == RoutineUpdate::default() {
+    let overlap = args.overlap.as_deref().map(overlap).transpose()?;
+    if update == RoutineUpdate::default() && overlap.is_none() {
         return Err(input(
             "nothing to change: give at least one of --name, --schedule, --timezone, --misfire, \
-             --message and --mission",
+             --message, --mission and --overlap",
         ));
     }
     let store = connect_migrated(url).await?;
-    let id = find(&store, &args.routine).await?.id;
-    let routine = store.update_routine(id, &update).await?;
+    let found = find(&store, &args.routine).await?;
+    let id = found.id;
+    if overlap.is_some() {
+        let kind = update
+            .action
+            .as_ref()
+            .map_or(found.kind, |action| action.kind);
+        if kind != cm_store::RoutineKind::Mission {
+            return Err(input("--overlap is for mission routines"));
+        }
+    }
+    let mut routine = if update == RoutineUpdate::default() {
+        found
+    } else {
+        store.update_routine(id, &update).await?
+    };
+    if let Some(policy) = overlap {
+        cm_store::MissionRuns::set_overlap(&store, id, policy).await?;
+        routine.overlap = policy.as_str().to_owned();
+    }
     print_created(&routine, args.json)
 }
 
@@ -561,6 +597,9 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
     say!("schedule    {}", printable(&routine.schedule));
     say!("timezone    {}", routine.timezone);
     say!("misfire     {}", routine.misfire_policy);
+    if routine.kind == RoutineKind::Mission {
+        say!("overlap     {}", routine.overlap);
+    }
     say!("state       {}", listing::state(routine));
     if let Some(source) = &routine.source {
         say!("source      {}", printable(source));

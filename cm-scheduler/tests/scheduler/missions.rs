@@ -54,6 +54,14 @@ async fn mission_backend_settings_are_refused_at_start() {
     let unknown = files.write("unknown.json", r#"{"docker": {"netwrk": "x"}}"#);
     let no_image = files.write("no-image.json", r#"{"command": ["run"]}"#);
     let named_user = files.write("named-user.json", r#"{"user": "mission"}"#);
+    // What the API server would refuse in every Job: refused at start, naming the key.
+    let k8s =
+        |name: &str, settings: &str| files.write(name, &format!(r#"{{"kubernetes": {settings}}}"#));
+    let backoff = k8s("backoff.json", r#"{"backoff_limit": -1}"#);
+    let ttl = k8s("ttl.json", r#"{"ttl_seconds_after_finished": -5}"#);
+    let cpu = k8s("cpu.json", r#"{"cpu": "1.5cores"}"#);
+    let memory = k8s("memory.json", r#"{"memory": "lots"}"#);
+    let namespace = k8s("namespace.json", r#"{"namespace": "Not_A_Namespace"}"#);
     let missing = files.write("dir-marker", "");
     let missing = format!("{missing}.absent");
     let run = |rest: &[&str]| -> Vec<String> {
@@ -70,6 +78,11 @@ async fn mission_backend_settings_are_refused_at_start() {
         (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &unknown]), "netwrk"),
         // Kubernetes runs a container as a number, never as a name from the image's passwd.
         (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &named_user]), "numeric user"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &backoff]), "\"kubernetes\".backoff_limit"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &ttl]), "\"kubernetes\".ttl_seconds_after_finished"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &cpu]), "\"kubernetes\".cpu"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &memory]), "\"kubernetes\".memory"),
+        (run(&["--mission-backend", "kubernetes", "--mission-image", IMAGE, "--mission-config", &namespace]), "\"kubernetes\".namespace"),
         (run(&["--mission-backend", "process"]), "--mission-command"),
         (run(&["--mission-image", IMAGE]), "--mission-backend"),
         (run(&["--mission-backend", "docker", "--mission-image", IMAGE, "--mission-command", "/bin/true"]), "--mission-command"),
@@ -226,7 +239,19 @@ async fn killed_mid_launch(fault: StartFault) {
         // B found it created, never started, and started it: the one start.
         expected.push(("POST /containers/ID/start".to_owned(), 204));
     }
-    assert_eq!(calls, expected);
+    assert_launched_with(&calls, &expected);
+}
+
+/// The launch made exactly the `expected` calls; after them come only the reads of the run
+/// watch (the mission's run asked about until it ends).
+fn assert_launched_with(calls: &[(String, u16)], expected: &[(String, u16)]) {
+    let launch = &calls[..expected.len().min(calls.len())];
+    assert_eq!(launch, expected, "{calls:?}");
+    let watch = &calls[launch.len()..];
+    assert!(
+        watch.iter().all(|(call, _)| call.starts_with("GET ")),
+        "{calls:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,6 +332,8 @@ async fn killed_mid_create(fault: CreateFault) {
     let calls: Vec<(String, u16)> = fake
         .calls()
         .into_iter()
+        // The readiness check at start lists Jobs; it launches nothing.
+        .filter(|c| !(c.method == "GET" && c.path.ends_with("/jobs")))
         .map(|c| {
             (
                 format!("{} {}", c.method, c.path.replace(key.as_str(), "NAME")),
@@ -328,7 +355,7 @@ async fn killed_mid_create(fault: CreateFault) {
             ),
         ],
     };
-    assert_eq!(calls, expected);
+    assert_launched_with(&calls, &expected);
     // `fires` shows which Job carried the occurrence out.
     let receipt = format!("job missions/{} uid {}", jobs[0].name, jobs[0].uid);
     let listed = ok(&db.url, &["fires", "--routine", &routine.to_string()]);
@@ -343,4 +370,146 @@ async fn a_scheduler_killed_before_its_job_was_stored_launches_one_job() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_killed_after_its_job_was_stored_launches_one_job() {
     killed_mid_create(CreateFault::StallAfterCreate).await;
+}
+
+/// `fires --json` of `routine`, one JSON object a fire.
+fn fires_json(db: &TestDb, routine: Uuid) -> Vec<serde_json::Value> {
+    ok(
+        &db.url,
+        &["fires", "--routine", &routine.to_string(), "--json"],
+    )
+    .lines()
+    .filter_map(|line| serde_json::from_str(line).ok())
+    .filter(|v: &serde_json::Value| v.get("scheduled_at").is_some())
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mission_runs_are_watched_to_their_exit_code_through_the_binary() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let routine = mission_routine(&db, &files);
+    let a = scheduler(&db, &fake, "A");
+    // The first launch runs; it then exits 3.
+    let launched = eventually(async || fake.containers().into_iter().find(|c| c.starts == 1)).await;
+    let Some(container) = launched else {
+        panic!("nothing launched; log:\n{}", a.log())
+    };
+    ok(&db.url, &["routine", "pause", &routine.to_string()]);
+    let running = eventually(async || {
+        fires_json(&db, routine)
+            .into_iter()
+            .find(|f| f["run_state"] == "running" && f["status"] == "fired")
+    })
+    .await;
+    assert!(
+        running.is_some(),
+        "{:?}\n{}",
+        fires_json(&db, routine),
+        a.log()
+    );
+    fake.exit(&container.name, 3);
+    let failed = eventually(async || {
+        fires_json(&db, routine)
+            .into_iter()
+            .find(|f| f["run_state"] == "failed")
+    })
+    .await
+    .unwrap_or_else(|| panic!("{:?}\n{}", fires_json(&db, routine), a.log()));
+    assert_eq!(failed["run_exit_code"], 3);
+    assert_eq!(failed["run_reason"], "exit code 3");
+    let table = ok(&db.url, &["fires", "--routine", &routine.to_string()]);
+    assert!(table.contains("failed (exit 3)"), "{table}");
+    let shown = ok(&db.url, &["routine", "show", &routine.to_string()]);
+    assert!(shown.contains("failed (exit 3)"), "{shown}");
+    assert!(
+        a.log().contains("mission run ended"),
+        "the end is logged: {}",
+        a.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_forbid_an_occurrence_due_while_a_run_is_running_is_skipped_naming_it() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    // Every 5 s; the fake's containers run until told to exit.
+    let routine = mission_routine(&db, &files);
+    let shown = ok(&db.url, &["routine", "show", &routine.to_string()]);
+    assert!(shown.contains("overlap     forbid"), "{shown}");
+    let a = scheduler(&db, &fake, "A");
+    let skipped = eventually(async || {
+        let listed = ok(
+            &db.url,
+            &[
+                "fires",
+                "--routine",
+                &routine.to_string(),
+                "--status",
+                "skipped",
+                "--json",
+            ],
+        );
+        listed
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|f| f["status"] == "skipped")
+    })
+    .await
+    .unwrap_or_else(|| panic!("nothing skipped; log:\n{}", a.log()));
+    ok(&db.url, &["routine", "pause", &routine.to_string()]);
+    let containers = fake.containers();
+    assert_eq!(containers.len(), 1, "one run at a time: {containers:?}");
+    let reason = skipped["error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(&containers[0].name) && reason.contains("still running"),
+        "{reason}"
+    );
+
+    // Under allow, the next occurrence launches beside the running one.
+    ok(
+        &db.url,
+        &[
+            "routine",
+            "update",
+            &routine.to_string(),
+            "--overlap",
+            "allow",
+        ],
+    );
+    ok(&db.url, &["routine", "resume", &routine.to_string()]);
+    let second = eventually(async || (fake.containers().len() >= 2).then_some(())).await;
+    assert!(
+        second.is_some(),
+        "allow launched no second run; log:\n{}",
+        a.log()
+    );
+    // --overlap is refused for a message routine, and writes nothing.
+    let message = created_id(&ok(
+        &db.url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "msg",
+            "--schedule",
+            "0 9 * * *",
+            "--message",
+            "hi",
+        ],
+    ));
+    check_fails(
+        &db.url,
+        &[
+            "routine",
+            "update",
+            &message.to_string(),
+            "--overlap",
+            "allow",
+        ],
+        2,
+        "mission routines",
+    );
 }

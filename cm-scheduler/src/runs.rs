@@ -1,0 +1,184 @@
+//! Mission runs watched to their end, beside the ticks.
+//!
+//! Before a mission launches, its routine's overlap policy decides whether it may, and its
+//! fire's run is marked `running` ([`RunWatch::before_launch`]). A pass
+//! every tick interval (at least every second) reads up to [`WATCH_BATCH`] runs not yet
+//! finished, least recently checked first, asks the runtime about each (Docker inspect, the
+//! Job's status, the process runner's exit file), at most [`WATCH_CONCURRENCY`] at once, and
+//! writes what it learned. A runtime that does not answer leaves its runs as they were, for the
+//! next pass.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cm_dispatch::{MissionRuntime, RunRef};
+use cm_domain::{ErrorText, FireStatus, Occurrence, RunHolder, Settlement};
+use cm_store::{MissionRuns, RunTake, RunUpdate, StoreError, UnfinishedRun};
+use tracing::{debug, info, warn};
+
+use crate::stats::Stats;
+
+/// How many runs one pass asks about: bounded, so a pass is short whatever is running; a
+/// larger set of runs is walked over several passes, least recently checked first.
+pub const WATCH_BATCH: u32 = 100;
+
+/// How many runtime calls a pass has open at once.
+pub const WATCH_CONCURRENCY: usize = 8;
+
+/// How long one runtime call of a pass may take.
+const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The ledger's runs and the runtime that runs them.
+pub struct RunWatch {
+    /// The run columns of the ledger.
+    pub store: Arc<dyn MissionRuns>,
+    /// The mission backend, seen after its launches.
+    pub runtime: Arc<dyn MissionRuntime>,
+}
+
+/// What a mission does before its launch, under its routine's overlap policy.
+pub enum BeforeLaunch {
+    /// Launch it (its run is marked `running`).
+    Launch,
+    /// Settle it with this instead of launching (`skipped` naming the running fire, or
+    /// `failed` when the running one could not be stopped).
+    Settle(Settlement),
+}
+
+impl RunWatch {
+    /// Decides under the routine's overlap policy whether the mission of `occurrence` launches,
+    /// stopping the running one first under `replace`; when it launches, its run is marked
+    /// `running` before the launch, so the run is watched even if this scheduler dies between
+    /// the launch and the settle.
+    pub async fn before_launch(
+        &self,
+        occurrence: Occurrence,
+        deadline: Instant,
+        stats: &Stats,
+    ) -> Result<BeforeLaunch, StoreError> {
+        let take = self.store.take_run(occurrence).await?;
+        let launch = match take {
+            RunTake::Launch => BeforeLaunch::Launch,
+            RunTake::Skip { holder, state } => {
+                let doing = match state {
+                    RunHolder::Launching => "is still being launched",
+                    _ => "is still running",
+                };
+                BeforeLaunch::Settle(Settlement::Skipped(ErrorText::new(format!(
+                    "skipped: the run of the fire of {} ({}) {doing} (overlap forbids a second)",
+                    holder
+                        .scheduled_at
+                        .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                    holder.idempotency_key()
+                ))))
+            }
+            RunTake::Replace { holder } => {
+                let name = holder.idempotency_key().to_string();
+                match self
+                    .runtime
+                    .stop(&RunRef { name: name.clone() }, deadline)
+                    .await
+                {
+                    Ok(()) => {
+                        info!(routine_id = %occurrence.routine_id, replaced = %name,
+                            "stopped the running mission to launch the next (overlap replace)");
+                        BeforeLaunch::Launch
+                    }
+                    Err(e) => BeforeLaunch::Settle(Settlement::Failed(ErrorText::new(format!(
+                        "overlap replace: cannot stop the running mission {name}: {e}"
+                    )))),
+                }
+            }
+        };
+        if matches!(launch, BeforeLaunch::Launch) {
+            stats.run_reached(cm_domain::RunStateName::Running);
+        }
+        Ok(launch)
+    }
+
+    /// One pass: reads the unfinished runs, asks the runtime, writes what changed. Returns how
+    /// many runs ended in this pass, or the store's error.
+    pub async fn pass(&self, stats: &Stats) -> Result<usize, StoreError> {
+        let runs = self.store.unfinished_runs(WATCH_BATCH).await?;
+        if runs.is_empty() {
+            return Ok(0);
+        }
+        let room = Arc::new(tokio::sync::Semaphore::new(WATCH_CONCURRENCY));
+        let mut asking = tokio::task::JoinSet::new();
+        for run in runs {
+            let (runtime, room) = (self.runtime.clone(), room.clone());
+            asking.spawn(async move {
+                let _turn = room.acquire_owned().await;
+                update(runtime.as_ref(), run).await
+            });
+        }
+        let mut updates: Vec<(Occurrence, RunUpdate)> = Vec::new();
+        while let Some(answer) = asking.join_next().await {
+            if let Ok(Some(update)) = answer {
+                updates.push(update);
+            }
+        }
+        let mut ended = 0;
+        for (occurrence, update) in &updates {
+            if let RunUpdate::Observed(state) = update
+                && state.is_finished()
+            {
+                ended += 1;
+                stats.run_reached(state.name());
+                info!(routine_id = %occurrence.routine_id, scheduled_at = %occurrence.scheduled_at,
+                    run = %state.name(), exit_code = ?state.exit_code(),
+                    reason = state.reason().unwrap_or(""), "mission run ended");
+            }
+        }
+        self.store.record_runs(&updates).await?;
+        Ok(ended)
+    }
+}
+
+/// What the runtime says of one unfinished run; `None` when it did not answer.
+async fn update(
+    runtime: &dyn MissionRuntime,
+    run: UnfinishedRun,
+) -> Option<(Occurrence, RunUpdate)> {
+    let occurrence = run.occurrence;
+    let update = match run.status {
+        FireStatus::Claimed => RunUpdate::Launching,
+        FireStatus::Fired => {
+            let name = occurrence.idempotency_key().to_string();
+            let deadline = Instant::now() + OBSERVE_TIMEOUT;
+            let observed =
+                tokio::time::timeout(OBSERVE_TIMEOUT, runtime.observe(&RunRef { name }, deadline))
+                    .await;
+            match observed {
+                Ok(Ok(state)) => RunUpdate::Observed(state),
+                Ok(Err(e)) => {
+                    warn!(routine_id = %occurrence.routine_id, scheduled_at = %occurrence.scheduled_at,
+                            error = %e, "cannot read a mission run; trying again next pass");
+                    return None;
+                }
+                Err(_) => {
+                    debug!(routine_id = %occurrence.routine_id, "reading a mission run timed out");
+                    return None;
+                }
+            }
+        }
+        // The launch failed after the run was begun (or a later status): no run to watch.
+        _ => RunUpdate::NotLaunched,
+    };
+    Some((occurrence, update))
+}
+
+/// A mission fire's run as `fires`, `routine show` and the status page show it: `running`,
+/// `succeeded`, `failed (exit 3)`, `failed (OOMKilled)`, `lost`; empty for a message or a
+/// mission not launched. The reason of a lost or failed run is in `--json`.
+pub fn run_text(f: &cm_store::Fire) -> String {
+    match (f.run_state.as_deref(), f.run_exit_code) {
+        (None, _) => String::new(),
+        (Some(state), Some(code)) => format!("{state} (exit {code})"),
+        (Some("failed"), None) => match f.run_reason.as_deref() {
+            Some(reason) => format!("failed ({reason})"),
+            None => "failed".into(),
+        },
+        (Some(state), None) => state.to_owned(),
+    }
+}

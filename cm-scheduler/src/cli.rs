@@ -690,6 +690,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     let waiting = Arc::new(std::sync::Mutex::new(Some(
         "waiting for the database: not reached yet".to_string(),
     )));
+    let mut started_health = None;
     if let (Some(listener), Some(metrics)) = (listener, metrics) {
         let health = Health::new(
             Arc::new(DatabaseReadiness {
@@ -702,6 +703,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             Duration::from_secs(2),
         );
         tokio::spawn(health.clone().run());
+        started_health = Some(health.clone());
         let page = http_pool(url, 2, Duration::from_secs(3)).map_err(invalid)?;
         let state = Arc::new(HttpState {
             stats: scheduler.stats(),
@@ -759,6 +761,10 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         }
     }
 
+    // The start-up is over: health says so now, not at its next interval.
+    if let Some(health) = &started_health {
+        health.refresh().await;
+    }
     let summary = scheduler
         .clone()
         .spawn(shutdown(stopped))

@@ -1170,6 +1170,7 @@ async fn a_retried_dispatch_whose_target_is_unavailable_is_left_for_the_next_att
         TickReport {
             failed: 1,
             unsettled: 1,
+            claims: 1,
             ..TickReport::default()
         }
     );

@@ -35,8 +35,7 @@ use cm_domain::{
 };
 use cm_store::{
     ClaimDueParams, ClaimedFire, DueCursor, FireLedger, FireRef, FireSettle, InClaimWrites,
-    OutboxConsumer,
-    ReapParams, RoutineKind, StoreError, TickClaim,
+    OutboxConsumer, ReapParams, RoutineKind, StoreError, TickClaim,
 };
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;

@@ -470,7 +470,7 @@ pub async fn index(
                     tbody { @for summary in &data.routines {
                         @let r = &summary.routine;
                         tr data-routine=(r.id) {
-                            td.name { a href=(routine_href(r)) { (r.name) } br; span.muted.small { (r.kind) } }
+                            td.name { a href=(routine_href(r)) { (shown(&r.name)) } br; span.muted.small { (r.kind) } }
                             td { code { (r.schedule) } br; span.muted.small { (r.timezone) } }
                             td { (next_run_cell(r, now)) }
                             td { (state_cell(r)) }
@@ -504,11 +504,11 @@ pub async fn index(
                     thead { tr { th { "Routine" } th { "Occurrence" } th { "Settled" } th { "Attempt" } th { "Error" } } }
                     tbody { @for f in &data.failures {
                         tr {
-                            td { a href={ "/routines/" (f.routine_id) } { (f.routine_name) } }
+                            td { a href={ "/routines/" (f.routine_id) } { (shown(&f.routine_name)) } }
                             td { (moment(f.scheduled_at, now)) }
                             td { @if let Some(at) = f.completed_at { (moment(at, now)) } }
                             td { (f.attempt) }
-                            td.error { (f.error.as_deref().unwrap_or("")) }
+                            td.error { (shown(f.error.as_deref().unwrap_or(""))) }
                         }
                     } }
                 } }
@@ -567,7 +567,7 @@ pub async fn routine(
             p { a href="/" { "← All routines" } }
             span.live { button id="live-toggle" type="button" hidden { "Live updates" } }
         }
-        h1 { (r.name) }
+        h1 { (shown(&r.name)) }
         (notice(&query))
         div id="live" {
             div.actions { (actions(status, &r, &back)) }
@@ -580,7 +580,7 @@ pub async fn routine(
                 @if r.kind == cm_store::RoutineKind::Mission { dt { "Overlap" } dd { (r.overlap) } }
                 dt { "State" } dd {
                     @if r.paused { span.paused { "paused" } } @else { span.active { "active" } }
-                    @if let Some(reason) = &r.paused_reason { " " span.error { (reason) } }
+                    @if let Some(reason) = &r.paused_reason { " " span.error { (shown(reason)) } }
                 }
                 dt { "Next run" } dd { (next_run_cell(&r, now)) }
                 dt { "Payload" } dd.muted { (payload_bytes) " bytes (contents not shown)" }
@@ -628,8 +628,8 @@ pub async fn routine(
                             td { (f.attempt) }
                             td.muted { (f.claimant) }
                             td { @if let Some(at) = f.completed_at { (moment(at, now)) } }
-                            td.muted { (f.receipt.as_deref().unwrap_or("")) }
-                            td.error { (f.error.as_deref().unwrap_or("")) }
+                            td.muted { (shown(f.receipt.as_deref().unwrap_or(""))) }
+                            td.error { (shown(f.error.as_deref().unwrap_or(""))) }
                         }
                     } }
                 } }
@@ -637,7 +637,7 @@ pub async fn routine(
         }
     };
     page(
-        &format!("cm: {}", r.name),
+        &format!("cm: {}", shown(&r.name)),
         Some(status),
         query.live.as_deref() != Some("off"),
         body,
@@ -789,7 +789,7 @@ fn with_notice(back: &str, done: &str, name: &str) -> String {
 
 /// What the last action did, from the query it redirected to.
 fn notice(query: &IndexQuery) -> Markup {
-    let of = query.of.as_deref().unwrap_or("");
+    let of = shown(query.of.as_deref().unwrap_or(""));
     let said = match query.done.as_deref() {
         Some("paused") => Some(format!("Paused “{of}”: it fires no more until resumed.")),
         Some("resumed") => Some(format!(
@@ -821,11 +821,11 @@ fn actions(status: &StatusPage, r: &Routine, back: &str) -> Markup {
     html! {
         div.actions {
             @if r.paused {
-                (form(Action::Resume, "Resume…", format!("Resume {}", r.name), "go"))
+                (form(Action::Resume, "Resume…", format!("Resume {}", shown(&r.name)), "go"))
             } @else {
-                (form(Action::Pause, "Pause…", format!("Pause {}", r.name), "danger"))
+                (form(Action::Pause, "Pause…", format!("Pause {}", shown(&r.name)), "danger"))
             }
-            (form(Action::Trigger, "Fire now…", format!("Fire {} now", r.name), "go"))
+            (form(Action::Trigger, "Fire now…", format!("Fire {} now", shown(&r.name)), "go"))
         }
     }
 }
@@ -873,7 +873,7 @@ fn figures(
             div.figure { "Lateness" b { (lateness) } }
         }
         @if let Some(error) = stats.last_error() {
-            p { "Latest loop error: " span.error.failed { (error) } }
+            p { "Latest loop error: " span.error.failed { (shown(&error)) } }
         }
     }
 }
@@ -895,7 +895,7 @@ fn state_cell(r: &Routine) -> Markup {
             span.paused { "paused" }
             @if let Some(reason) = &r.paused_reason {
                 @let reason = reason.strip_prefix("paused ").unwrap_or(reason);
-                span.reason.small.muted title=(reason) { (reason) }
+                span.reason.small.muted title=(shown(reason)) { (shown(reason)) }
             }
         } @else {
             span.active { "active" }
@@ -1093,4 +1093,10 @@ fn utc(at: DateTime<Utc>) -> String {
 
 fn seconds(d: Duration) -> String {
     format!("{:.3}s", d.as_secs_f64())
+}
+
+/// Stored text as the page shows it: control, invisible and bidirectional characters written
+/// as escapes (`\u{202e}`), so a name or an error cannot reorder or hide what is around it.
+fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    cm_domain::name::escape_unseen(text)
 }

@@ -660,6 +660,28 @@ async fn the_index_filters_sorts_and_pictures_the_fires(pool: PgPool) {
     assert!(page.contains("All 4 fires"), "{page}");
 }
 
+/// A name stored before invisible characters were refused (or written around the store's
+/// callers) is shown with them escaped: a right-to-left override cannot reorder the page.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn stored_text_is_shown_with_invisible_characters_escaped(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let r = every_minute(&store, "payroll", false).await;
+    sqlx::query("UPDATE routines SET name = $2 WHERE id = $1")
+        .bind(r.id)
+        .bind("pay\u{202e}lor\u{200b}x")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+    let (_, page) = get(&state, "/", None).await;
+    assert!(
+        !page.contains('\u{202e}') && !page.contains('\u{200b}'),
+        "{page}"
+    );
+    assert!(page.contains("pay\\u{202e}lor\\u{200b}x"), "{page}");
+}
+
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn a_pause_reason_is_said_once_and_kept_short_in_the_table(pool: PgPool) {
     let store = PgStore::new(pool.clone());

@@ -860,14 +860,8 @@ impl Scheduler {
     /// (at least every tick interval), beside the ticks.
     async fn reap_loop(&self, mut stopped: watch::Receiver<bool>, completer: &Arc<dyn Completer>) {
         let every = (self.config.lease.duration() / 2).max(self.config.tick_interval);
-        let mut interval = tokio::time::interval(every);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                _ = stopped.wait_for(|stop| *stop) => break,
-                _ = interval.tick() => {}
-            }
+        let mut beat = beat(every);
+        while next_beat(&mut beat, &mut stopped).await {
             let result = self.reap_and_start(completer, None).await;
             self.record(result, "reaper pass");
             self.prune().await;
@@ -882,14 +876,8 @@ impl Scheduler {
     async fn watch_loop(&self, mut stopped: watch::Receiver<bool>) {
         let Some(runs) = &self.runs else { return };
         let every = self.config.tick_interval.max(Duration::from_secs(1));
-        let mut interval = tokio::time::interval(every);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                _ = stopped.wait_for(|stop| *stop) => break,
-                _ = interval.tick() => {}
-            }
+        let mut beat = beat(every);
+        while next_beat(&mut beat, &mut stopped).await {
             if let Err(e) = runs.pass(&self.stats).await {
                 error!(error = %e, "watching mission runs failed");
                 self.stats
@@ -975,6 +963,23 @@ fn until_aligned(interval: Duration) -> Duration {
         .as_nanos();
     let wait = period - since_epoch % period;
     Duration::from_nanos(u64::try_from(wait).unwrap_or(0)) + MARGIN
+}
+
+/// An interval for a pass beside the ticks: a beat missed while a pass ran is delayed, not
+/// bunched.
+fn beat(every: Duration) -> tokio::time::Interval {
+    let mut interval = tokio::time::interval(every);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval
+}
+
+/// Waits for the next beat; `false` once the scheduler is told to stop (which wins a tie).
+async fn next_beat(beat: &mut tokio::time::Interval, stopped: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        biased;
+        _ = stopped.wait_for(|stop| *stop) => false,
+        _ = beat.tick() => true,
+    }
 }
 
 /// What one dispatch task needs, cloned out of the scheduler so the task is `'static`.

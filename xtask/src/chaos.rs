@@ -7,10 +7,11 @@
 //! The run, in order:
 //!
 //! 1. builds `cm-scheduler`, creates a fresh database `cm_chaos_<random>` on the server,
-//!    migrates it and creates `--routines` message routines firing every second with the
-//!    `catch-up` misfire policy, recording each one's first `next_run_at`;
-//! 2. starts what the faults and the backend need before the schedulers (a standby, a TCP
-//!    forwarder, a webhook receiver, a `nats-server`; [`backend`]), then `--processes`
+//!    migrates it, starts the backend (a webhook receiver, a `nats-server`, a `dockerd`;
+//!    [`backend`]) and creates `--routines` routines firing every second with the `catch-up`
+//!    misfire policy (message routines, or mission routines with `--mission-backend docker`),
+//!    recording each one's first `next_run_at`;
+//! 2. starts what the faults need before the schedulers (a standby, a TCP forwarder), then `--processes`
 //!    schedulers ([`fleet`]), each logging to its own file and serving `/readyz`;
 //! 3. for `--duration` seconds lets each [`fault`] act when it is due, SIGKILLs always among
 //!    them;
@@ -98,7 +99,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         options.processes,
         options.duration.as_secs(),
         options.db_restarts,
-        options.backend.name()
+        if options.docker {
+            "docker mission"
+        } else {
+            options.backend.name()
+        }
     );
 
     super::run({
@@ -208,26 +213,24 @@ fn create_routines(
     binary: &Path,
     url: &str,
     count: usize,
+    backend: &Backend,
 ) -> anyhow::Result<Vec<(Uuid, DateTime<Utc>)>> {
     let mut ids = Vec::with_capacity(count);
     for i in 0..count {
         let name = format!("chaos {i:02}");
-        let out = scheduler_output(
-            binary,
-            url,
-            &[
-                "routine",
-                "create",
-                "--name",
-                &name,
-                "--schedule",
-                "* * * * * *",
-                "--misfire",
-                "catch-up",
-                "--message",
-                &format!("chaos message {i:02}"),
-            ],
-        )?;
+        let what = backend.routine_args(i);
+        let mut args = vec![
+            "routine",
+            "create",
+            "--name",
+            &name,
+            "--schedule",
+            "* * * * * *",
+            "--misfire",
+            "catch-up",
+        ];
+        args.extend(what.iter().map(String::as_str));
+        let out = scheduler_output(binary, url, &args)?;
         let id: Uuid = out
             .trim()
             .parse()
@@ -279,7 +282,8 @@ fn exercise(
     let url = database_url(&options.server_url, db_name)?;
     scheduler_output(binary, &url, &["migrate"])?;
     let pool = own_pool(rt, &url)?;
-    let firsts = create_routines(rt, &pool, binary, &url, options.routines)?;
+    let backend = Backend::start(options, log_dir)?;
+    let firsts = create_routines(rt, &pool, binary, &url, options.routines, &backend)?;
     let ids: Vec<Uuid> = firsts.iter().map(|f| f.0).collect();
 
     let standby = match (options.failover, &options.standby_cluster, cluster) {
@@ -299,7 +303,6 @@ fn exercise(
         }
         _ => None,
     };
-    let backend = Backend::start(options, log_dir)?;
     let forwarder = if options.forwarded() {
         let f = forwarder::Forwarder::start(server_address(&options.server_url)?)?;
         eprintln!(
@@ -320,10 +323,15 @@ fn exercise(
         log_dir,
         options.processes,
         backend.scheduler_args(),
+        backend.scheduler_env(),
     )?;
 
     let start = Instant::now();
-    let mut faults: Vec<Box<dyn Fault>> = vec![Box::new(fault::kill::Kills::new(&mut rng, start))];
+    let mut faults: Vec<Box<dyn Fault>> = vec![Box::new(fault::kill::Kills::new(
+        &mut rng,
+        start,
+        fault::kill::aim_for(options),
+    ))];
     if let Some(cluster) = cluster
         && options.db_restarts > 0
     {
@@ -381,6 +389,16 @@ fn exercise(
             start,
             options.duration,
             options.broker_restarts,
+        )));
+    }
+    if let Backend::Docker(docker) = &backend
+        && options.dockerd_restarts > 0
+    {
+        faults.push(Box::new(fault::dockerd::DockerdRestarts::new(
+            docker.engine(),
+            start,
+            options.duration,
+            options.dockerd_restarts,
         )));
     }
     if let (Backend::Webhook(webhook), Some(length)) = (&backend, options.receiver_outage) {

@@ -11,6 +11,7 @@ use super::ledger::FireRow;
 use super::options::{Options, Replication};
 use super::report::Findings;
 
+pub(super) mod docker;
 pub(super) mod nats;
 pub(super) mod outbox;
 pub(super) mod webhook;
@@ -20,6 +21,8 @@ pub(super) enum Backend {
     Outbox,
     Webhook(webhook::WebhookBackend),
     Nats(nats::NatsBackend),
+    /// Mission routines on the run's own dockerd.
+    Docker(docker::DockerBackend),
 }
 
 /// What the check must know of a failover: when the standby took over, and whether
@@ -44,6 +47,9 @@ impl Backend {
     /// Starts the backend `options` name, its files under `dir`.
     pub fn start(options: &Options, dir: &Path) -> anyhow::Result<Backend> {
         use super::options::MessageBackend as M;
+        if options.docker {
+            return Ok(Backend::Docker(docker::DockerBackend::start(dir)?));
+        }
         Ok(match options.backend {
             M::Outbox => Backend::Outbox,
             M::Webhook => Backend::Webhook(webhook::WebhookBackend::start(options.seed, dir)?),
@@ -57,6 +63,23 @@ impl Backend {
             Backend::Outbox => Vec::new(),
             Backend::Webhook(w) => w.scheduler_args(),
             Backend::Nats(n) => n.scheduler_args(),
+            Backend::Docker(d) => d.scheduler_args(),
+        }
+    }
+
+    /// The environment every scheduler gets.
+    pub fn scheduler_env(&self) -> Vec<(String, String)> {
+        match self {
+            Backend::Docker(d) => d.scheduler_env(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// What `routine create` is given for routine `i`: a message, or a mission.
+    pub fn routine_args(&self, i: usize) -> Vec<String> {
+        match self {
+            Backend::Docker(d) => d.routine_args(),
+            _ => vec!["--message".to_string(), format!("chaos message {i:02}")],
         }
     }
 
@@ -73,8 +96,9 @@ impl Backend {
             Backend::Outbox => return rt.block_on(outbox::check(pool)).map(|c| c.findings()),
             Backend::Webhook(w) => w.check(rows, takeover, dir)?,
             Backend::Nats(n) => n.check(rt, rows)?,
+            Backend::Docker(d) => d.check(rows)?,
         };
-        // The other backends leave the outbox empty.
+        // The other backends (and mission routines) leave the outbox empty.
         let stray = rt.block_on(outbox::stray_rows(pool))?;
         findings.line("outbox rows", stray.to_string());
         findings.require(stray > 0, || {

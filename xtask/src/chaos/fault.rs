@@ -18,6 +18,7 @@ use super::report::Findings;
 use super::rng::Rng;
 
 pub(super) mod broker;
+pub(super) mod dockerd;
 pub(super) mod failover;
 pub(super) mod hang;
 pub(super) mod kill;
@@ -92,6 +93,13 @@ impl Chaos<'_> {
             .rt
             .block_on(sqlx::query_scalar("SELECT now()").fetch_one(&self.pool))?)
     }
+}
+
+/// `count` instants spread evenly over the run from `start`, none at its ends.
+pub(super) fn spread(start: Instant, duration: Duration, count: u32) -> Vec<Instant> {
+    (1..=count)
+        .map(|i| start + duration * i / (count + 1))
+        .collect()
 }
 
 /// The application name of the run's own connections, so faults that act on "every other

@@ -30,6 +30,16 @@ pub(super) const RUN_FLAGS: &[&str] = &[
     "10000",
 ];
 
+/// The pairs of [`RUN_FLAGS`] that `overrides` does not give again.
+fn run_flags(overrides: &[String]) -> Vec<&'static str> {
+    RUN_FLAGS
+        .chunks(2)
+        .filter(|pair| !overrides.iter().any(|o| o == pair[0]))
+        .flatten()
+        .copied()
+        .collect()
+}
+
 /// How long a scheduler may take to exit after SIGTERM: it settles in-flight dispatches, each
 /// bounded by the 2 s dispatch timeout.
 pub(super) const SIGTERM_TIMEOUT: Duration = Duration::from_secs(20);
@@ -51,8 +61,11 @@ pub(super) struct Fleet {
     slots: Vec<Scheduler>,
     /// Each slot's `/readyz` port on 127.0.0.1.
     ports: Vec<u16>,
-    /// Flags every scheduler gets after [`RUN_FLAGS`]: the message backend's.
+    /// Flags every scheduler gets after [`RUN_FLAGS`]: the backend's, which replace those of
+    /// [`RUN_FLAGS`] they name.
     backend_args: Vec<String>,
+    /// Environment every scheduler gets: the backend's.
+    backend_env: Vec<(String, String)>,
     /// Processes started so far, for unique log names and instance ids.
     started: u32,
     pub last_spawn: Option<Instant>,
@@ -66,6 +79,7 @@ impl Fleet {
         log_dir: &Path,
         processes: usize,
         backend_args: Vec<String>,
+        backend_env: Vec<(String, String)>,
     ) -> anyhow::Result<Fleet> {
         let ports = (0..processes)
             .map(|_| free_port())
@@ -77,6 +91,7 @@ impl Fleet {
             slots: Vec::new(),
             ports,
             backend_args,
+            backend_env,
             started: 0,
             last_spawn: None,
         };
@@ -109,8 +124,9 @@ impl Fleet {
             .arg(&instance_id)
             .arg("--listen")
             .arg(format!("127.0.0.1:{}", self.ports[slot]))
-            .args(RUN_FLAGS)
+            .args(run_flags(&self.backend_args))
             .args(&self.backend_args)
+            .envs(self.backend_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)
@@ -445,6 +461,15 @@ pub(crate) fn log_tail(path: &Path, lines: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_backend_flag_replaces_the_run_flag_it_names() {
+        assert_eq!(run_flags(&[]), RUN_FLAGS);
+        let flags = run_flags(&["--lease".to_string(), "8s".to_string()]);
+        assert!(!flags.contains(&"--lease") && !flags.contains(&"3s"));
+        assert_eq!(flags.len(), RUN_FLAGS.len() - 2);
+        assert!(flags.windows(2).any(|w| w == ["--tick-interval", "200ms"]));
+    }
 
     /// The probe against a server of the test's own: an answer, a reason, a silence.
     #[test]

@@ -281,6 +281,18 @@ pub(super) async fn fire_rows(pool: &PgPool) -> anyhow::Result<Vec<FireRow>> {
 pub(super) mod tests {
     use super::*;
 
+    /// A row of `routine` at second `s` of 2026-01-01, attempt 1, for the backends' checks.
+    pub fn fire_row(routine: Uuid, s: i64, status: &str) -> FireRow {
+        FireRow {
+            routine_id: routine,
+            scheduled_at: "2026-01-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap()
+                + chrono::TimeDelta::seconds(s),
+            status: status.into(),
+            attempt: 1,
+            error: String::new(),
+        }
+    }
+
     /// A routine with fires at seconds 0 to 4 of 2026-01-01, for the checks' tests.
     pub async fn five_fires(pool: &PgPool) -> (Uuid, DateTime<Utc>) {
         let id = Uuid::new_v4();

@@ -14,7 +14,12 @@ pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-u
                           [--message-backend outbox|webhook|nats] [--broker-restarts N]
                           [--network-hang SECONDS] [--failover sync|async --standby-cluster VERSION/NAME]
                           [--pin-xmin SECONDS [--pin-baseline]] [--starve-pool SECONDS]
-                          [--receiver-outage SECONDS]";
+                          [--receiver-outage SECONDS]
+                          [--mission-backend docker [--dockerd-restarts N]]";
+
+/// The routines of a `--mission-backend docker` run when `--routines` is not given: each fires
+/// a container every second on the run's one engine.
+pub(super) const DOCKER_ROUTINES: usize = 3;
 
 /// The server the chaos database is created on. Not `DATABASE_URL`: `.cargo/config.toml` sets
 /// that for every process cargo runs, so it would silently win over what the user meant.
@@ -78,6 +83,11 @@ pub(super) struct Options {
     pub starve_pool: Option<Duration>,
     /// How long the webhook receiver answers every request 503 (webhook backend only).
     pub receiver_outage: Option<Duration>,
+    /// Mission routines launched as containers on the run's own dockerd, instead of message
+    /// routines.
+    pub docker: bool,
+    /// Restarts of the run's dockerd (`--mission-backend docker` only).
+    pub dockerd_restarts: u32,
 }
 
 impl Options {
@@ -101,6 +111,8 @@ impl Options {
             pin_baseline: false,
             starve_pool: None,
             receiver_outage: None,
+            docker: false,
+            dockerd_restarts: 0,
         }
     }
 
@@ -135,6 +147,12 @@ impl Options {
         );
         if self.backend != MessageBackend::Outbox {
             c += &format!(" --message-backend {}", self.backend.name());
+        }
+        if self.docker {
+            c += &format!(
+                " --mission-backend docker --dockerd-restarts {}",
+                self.dockerd_restarts
+            );
         }
         if self.backend == MessageBackend::Nats {
             c += &format!(" --broker-restarts {}", self.broker_restarts);
@@ -182,11 +200,16 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
     }
     let mut options = Options::defaults(default_seed);
     let mut broker_restarts = None;
+    let mut dockerd_restarts = None;
+    let mut routines_given = false;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         match flag.as_str() {
             "--database-url" => options.server_url = value(&mut it, flag)?.to_string(),
-            "--routines" => options.routines = number(flag, value(&mut it, flag)?)?,
+            "--routines" => {
+                options.routines = number(flag, value(&mut it, flag)?)?;
+                routines_given = true;
+            }
             "--processes" => options.processes = number(flag, value(&mut it, flag)?)?,
             "--duration" => options.duration = seconds(flag, value(&mut it, flag)?)?,
             "--seed" => options.seed = number(flag, value(&mut it, flag)?)?,
@@ -205,6 +228,11 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
                     other => bail!("--message-backend is outbox, webhook or nats, not {other:?}"),
                 }
             }
+            "--mission-backend" => match value(&mut it, flag)? {
+                "docker" => options.docker = true,
+                other => bail!("--mission-backend is docker, not {other:?}"),
+            },
+            "--dockerd-restarts" => dockerd_restarts = Some(number(flag, value(&mut it, flag)?)?),
             "--broker-restarts" => broker_restarts = Some(number(flag, value(&mut it, flag)?)?),
             "--network-hang" => options.network_hang = Some(seconds(flag, value(&mut it, flag)?)?),
             "--failover" => {
@@ -233,6 +261,16 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
         (Some(_), _) => bail!("--broker-restarts needs --message-backend nats"),
         (None, _) => 0,
     };
+    options.dockerd_restarts = match (dockerd_restarts, options.docker) {
+        (Some(n), true) => n,
+        (None, true) => 1,
+        (Some(_), false) => bail!("--dockerd-restarts needs --mission-backend docker"),
+        (None, false) => 0,
+    };
+    // Every occurrence is a container on one small engine: a few routines, unless asked.
+    if options.docker && !routines_given {
+        options.routines = DOCKER_ROUTINES;
+    }
     check(&options)?;
     Ok(Some(options))
 }
@@ -247,6 +285,9 @@ fn check(o: &Options) -> anyhow::Result<()> {
     }
     if o.receiver_outage.is_some() && o.backend != MessageBackend::Webhook {
         bail!("--receiver-outage needs --message-backend webhook");
+    }
+    if o.docker && o.backend != MessageBackend::Outbox {
+        bail!("--mission-backend docker runs mission routines only: leave out --message-backend");
     }
     if o.failover.is_some() != o.standby_cluster.is_some() {
         bail!("--failover and --standby-cluster VERSION/NAME go together");
@@ -360,6 +401,8 @@ mod tests {
                 pin_baseline: true,
                 starve_pool: Some(Duration::from_secs(60)),
                 receiver_outage: Some(Duration::from_secs(20)),
+                docker: false,
+                dockerd_restarts: 0,
             }
         );
         assert!(options.forwarded());
@@ -374,6 +417,40 @@ mod tests {
             nats.command()
                 .ends_with("--message-backend nats --broker-restarts 2")
         );
+    }
+
+    #[test]
+    fn the_docker_mission_backend_runs_a_few_routines_and_restarts_its_engine_once() {
+        let docker = parse_args(&args(&["--short", "--mission-backend", "docker"]), 3)
+            .unwrap()
+            .unwrap();
+        assert!(docker.docker);
+        assert_eq!(docker.dockerd_restarts, 1);
+        assert_eq!(docker.routines, DOCKER_ROUTINES);
+        assert!(
+            docker
+                .command()
+                .contains("--routines 3 --processes 3 --duration 40")
+        );
+        assert!(
+            docker
+                .command()
+                .ends_with("--mission-backend docker --dockerd-restarts 1")
+        );
+        let given = parse_args(
+            &args(&[
+                "--mission-backend",
+                "docker",
+                "--routines",
+                "5",
+                "--dockerd-restarts",
+                "2",
+            ]),
+            3,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((given.routines, given.dockerd_restarts), (5, 2));
     }
 
     #[test]
@@ -429,6 +506,9 @@ mod tests {
             &["--network-hang", "45"],
             &["--pin-baseline"],
             &["--pin-xmin", "120", "--duration", "200"],
+            &["--mission-backend", "kubernetes"],
+            &["--dockerd-restarts", "1"],
+            &["--mission-backend", "docker", "--message-backend", "nats"],
         ] {
             match parse_args(&args(bad), 1) {
                 Ok(_) => panic!("{bad:?} was accepted"),

@@ -319,21 +319,10 @@ impl StreamCheck {
 
 #[cfg(test)]
 mod tests {
-    use chrono::{DateTime, Utc};
     use uuid::Uuid;
 
     use super::*;
-
-    fn row(routine: Uuid, s: i64, status: &str) -> FireRow {
-        FireRow {
-            routine_id: routine,
-            scheduled_at: "2026-01-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap()
-                + chrono::TimeDelta::seconds(s),
-            status: status.into(),
-            attempt: 1,
-            error: String::new(),
-        }
-    }
+    use crate::chaos::ledger::tests::fire_row as row;
 
     fn stored(row: &FireRow) -> Stored {
         Stored {

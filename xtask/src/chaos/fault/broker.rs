@@ -30,9 +30,7 @@ impl BrokerRestarts {
     ) -> Self {
         BrokerRestarts {
             server,
-            plan: (1..=count)
-                .map(|i| start + duration * i / (count + 1))
-                .collect(),
+            plan: super::spread(start, duration, count),
             done: Vec::new(),
         }
     }

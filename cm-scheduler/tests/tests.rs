@@ -17,6 +17,8 @@
 //!   pipe, pause reasons and creation order in listings, refusals in words, logs without colour.
 //! - `missions`: mission files and backend settings refused; schedulers killed mid-launch on
 //!   the fake Docker engine.
+//! - `missions_real`: overlap policies, exit codes and an engine restart through the binary on
+//!   the real Docker engine.
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
 //! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
 //!   message size, names) and files read no further than their limit.
@@ -54,6 +56,8 @@ mod http;
 mod inputs;
 #[path = "scheduler/missions.rs"]
 mod missions;
+#[path = "scheduler/missions_real.rs"]
+mod missions_real;
 #[path = "scheduler/mock_loop.rs"]
 mod mock_loop;
 #[path = "scheduler/operate.rs"]

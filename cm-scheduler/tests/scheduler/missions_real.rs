@@ -1,0 +1,549 @@
+//! Missions through the binary against a real Docker engine: `cm-scheduler run
+//! --mission-backend docker` on the engine `CM_TEST_DOCKER_HOST` names (the private dockerd
+//! `.ci/dockerd` starts), running the busybox image that script imports with network `none`.
+//! What the engine did is read back from it (`docker ps` and `docker inspect` by the
+//! `cm.routine-id` label), what cm settled from `fires --json`.
+//!
+//! Without `CM_TEST_DOCKER_HOST` and outside CI (`CI=true`) these tests say so and pass without
+//! running; otherwise an engine that does not answer fails them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::cli::{MissionFiles, created_id, ok};
+use crate::support::{TestDb, eventually_within};
+
+/// The image `.ci/dockerd` imports.
+const IMAGE: &str = "cm-test-busybox:1";
+
+/// Every mission sleeps `$NAP` seconds, then exits `$CODE`; a stop waits one second before it
+/// kills (`sh` as PID 1 ignores SIGTERM).
+const CONFIG: &str = r#"{"command": ["sh", "-c", "sleep \"${NAP:-0}\"; exit \"${CODE:-0}\""],
+    "docker": {"network": "none", "stop_grace_seconds": 1}}"#;
+
+/// The engine's address, or `None` (said on stderr) where no engine is configured outside CI.
+fn engine() -> Option<String> {
+    let configured = std::env::var("CM_TEST_DOCKER_HOST").ok();
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let Some(host) = configured.or_else(|| ci.then(|| "unix:///tmp/cm-dockerd/docker.sock".into()))
+    else {
+        eprintln!("CM_TEST_DOCKER_HOST is not set: run .ci/dockerd to test against a real engine");
+        return None;
+    };
+    let answer = docker(&host)
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .expect("running the docker client");
+    assert!(
+        answer.status.success(),
+        "the Docker engine at {host} does not answer (start it with .ci/dockerd): {}",
+        String::from_utf8_lossy(&answer.stderr)
+    );
+    Some(host)
+}
+
+/// The Debian client, matching its engine, on `host`.
+fn docker(host: &str) -> Command {
+    let debian = Path::new("/usr/bin/docker");
+    let mut c = Command::new(if debian.exists() {
+        debian
+    } else {
+        Path::new("docker")
+    });
+    c.arg("-H").arg(host);
+    c
+}
+
+/// One container cm launched, as the engine reports it.
+#[derive(Debug, Clone)]
+struct Container {
+    name: String,
+    started: DateTime<Utc>,
+    /// `None` while it runs.
+    finished: Option<DateTime<Utc>>,
+    exit_code: i64,
+}
+
+impl Container {
+    fn end(&self) -> DateTime<Utc> {
+        self.finished.unwrap_or(DateTime::<Utc>::MAX_UTC)
+    }
+}
+
+/// The containers of `routine`, in the order they started.
+fn containers(host: &str, routine: Uuid) -> Vec<Container> {
+    let ids = docker(host)
+        .args(["ps", "-a", "-q", "--filter"])
+        .arg(format!("label=cm.routine-id={routine}"))
+        .output()
+        .expect("docker ps");
+    let ids = String::from_utf8_lossy(&ids.stdout).into_owned();
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    if ids.is_empty() {
+        return Vec::new();
+    }
+    let out = docker(host)
+        .args([
+            "inspect",
+            "--format",
+            "{{.Name}}\t{{.State.StartedAt}}\t{{.State.FinishedAt}}\t{{.State.ExitCode}}",
+        ])
+        .args(&ids)
+        .output()
+        .expect("docker inspect");
+    let time = |t: &str| {
+        t.parse::<DateTime<Utc>>()
+            .ok()
+            .filter(|t| t.timestamp() > 0)
+    };
+    let mut list: Vec<Container> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split('\t').collect();
+            Some(Container {
+                name: f.first()?.trim_start_matches('/').to_owned(),
+                started: time(f.get(1)?)?,
+                finished: time(f.get(2)?),
+                exit_code: f.get(3)?.parse().ok()?,
+            })
+        })
+        .collect();
+    list.sort_by_key(|c| c.started);
+    list
+}
+
+/// Removes the containers of the routines a test made, whatever happened.
+struct Cleanup {
+    host: String,
+    routines: Vec<Uuid>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for routine in &self.routines {
+            let ids = docker(&self.host)
+                .args(["ps", "-a", "-q", "--filter"])
+                .arg(format!("label=cm.routine-id={routine}"))
+                .output();
+            if let Ok(ids) = ids {
+                let ids = String::from_utf8_lossy(&ids.stdout).into_owned();
+                if !ids.trim().is_empty() {
+                    let _ = docker(&self.host)
+                        .args(["rm", "-f"])
+                        .args(ids.split_whitespace())
+                        .stdout(Stdio::null())
+                        .status();
+                }
+            }
+        }
+    }
+}
+
+/// A `cm-scheduler run` on the real engine, killed when dropped.
+struct Run {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Run {
+    fn start(db: &TestDb, host: &str, files: &MissionFiles, extra: &[&str]) -> Run {
+        let config = files.write("config.json", CONFIG);
+        let log = std::env::temp_dir().join(format!("{}-real.log", db.name));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
+            .args(["--database-url", &db.url, "run", "--tick-interval", "200ms"])
+            .args(["--mission-backend", "docker", "--mission-image", IMAGE])
+            .args(["--mission-config", &config])
+            .args(extra)
+            .env("DOCKER_HOST", host)
+            .env("RUST_LOG", "info,sqlx=warn")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("starting cm-scheduler run");
+        Run { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A mission routine `name` on `schedule` whose missions sleep `nap` s and exit `code`.
+fn routine(
+    db: &TestDb,
+    files: &MissionFiles,
+    name: &str,
+    schedule: &str,
+    nap: u32,
+    code: u32,
+    overlap: &str,
+) -> Uuid {
+    let mission = files.write(
+        &format!("{name}.json"),
+        &format!(
+            r#"{{"repository": "https://git.example.com/team/repo.git", "task": "report",
+                "env": {{"NAP": "{nap}", "CODE": "{code}"}}}}"#
+        ),
+    );
+    created_id(&ok(
+        &db.url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            name,
+            "--schedule",
+            schedule,
+            "--mission",
+            &mission,
+            "--overlap",
+            overlap,
+        ],
+    ))
+}
+
+/// `fires --json` of `routine`, oldest first.
+fn fires(db: &TestDb, routine: Uuid) -> Vec<serde_json::Value> {
+    let mut list: Vec<serde_json::Value> = ok(
+        &db.url,
+        &["fires", "--routine", &routine.to_string(), "--json"],
+    )
+    .lines()
+    .filter_map(|line| serde_json::from_str(line).ok())
+    .filter(|v: &serde_json::Value| v.get("scheduled_at").is_some())
+    .collect();
+    list.sort_by_key(|f| f["scheduled_at"].as_str().unwrap_or_default().to_owned());
+    list
+}
+
+/// How many of `routine`'s fires are `fired`.
+fn fired_count(db: &TestDb, routine: Uuid) -> usize {
+    fires(db, routine)
+        .iter()
+        .filter(|f| f["status"] == "fired")
+        .count()
+}
+
+fn at(fire: &serde_json::Value) -> DateTime<Utc> {
+    fire["scheduled_at"].as_str().unwrap().parse().unwrap()
+}
+
+/// The container name (the idempotency key) of `routine`'s fire.
+fn key(routine: Uuid, fire: &serde_json::Value) -> String {
+    cm_domain::Occurrence::new(routine, at(fire))
+        .idempotency_key()
+        .to_string()
+}
+
+/// Every 5 s, each mission sleeping 12 s: `forbid` launches one container per 15 s and skips
+/// the two occurrences between, naming the running fire; `replace` stops the running container
+/// before it launches the next, so no two ever run at once; `allow` runs them side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_policies_on_the_real_engine() {
+    let Some(host) = engine() else { return };
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let every5 = "*/5 * * * * *";
+    let forbid = routine(&db, &files, "forbid", every5, 12, 0, "forbid");
+    let replace = routine(&db, &files, "replace", every5, 12, 0, "replace");
+    let allow = routine(&db, &files, "allow", every5, 12, 0, "allow");
+    let _cleanup = Cleanup {
+        host: host.clone(),
+        routines: vec![forbid, replace, allow],
+    };
+    let run = Run::start(
+        &db,
+        &host,
+        &files,
+        &["--lease", "30s", "--dispatch-timeout", "10s"],
+    );
+
+    // Six occurrences of forbid settled: launch, skip, skip, launch, skip, skip.
+    let settled = eventually_within(Duration::from_secs(60), async || {
+        let list = fires(&db, forbid);
+        (list.iter().filter(|f| f["status"] != "claimed").count() >= 6).then_some(())
+    })
+    .await;
+    for id in [forbid, replace, allow] {
+        ok(&db.url, &["routine", "pause", &id.to_string()]);
+    }
+    assert!(
+        settled.is_some(),
+        "forbid: {:?}\n{}",
+        fires(&db, forbid),
+        run.log()
+    );
+
+    let list = fires(&db, forbid);
+    let launched: Vec<&serde_json::Value> =
+        list.iter().filter(|f| f["status"] == "fired").collect();
+    let on_engine = containers(&host, forbid);
+    assert_eq!(launched.len(), on_engine.len(), "{list:?} {on_engine:?}");
+    assert!(launched.len() >= 2, "{list:?}");
+    for pair in launched.windows(2) {
+        assert_eq!(
+            (at(pair[1]) - at(pair[0])).num_seconds(),
+            15,
+            "one launch per 15 s window: {list:?}"
+        );
+    }
+    for fire in list.iter().filter(|f| f["status"] == "skipped") {
+        let before = launched
+            .iter()
+            .rev()
+            .find(|l| at(l) < at(fire))
+            .unwrap_or_else(|| panic!("skipped before any launch: {list:?}"));
+        let key = key(forbid, before);
+        let reason = fire["error"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains(&key) && reason.contains("still running"),
+            "{fire:?} should name {before:?}"
+        );
+        assert!((at(fire) - at(before)).num_seconds() < 15, "{list:?}");
+    }
+    assert_eq!(
+        list.iter().filter(|f| f["status"] == "skipped").count() + launched.len(),
+        list.len(),
+        "{list:?}"
+    );
+
+    // replace: every occurrence launched, each container ended before the next began.
+    let replaced = containers(&host, replace);
+    let fired = fired_count(&db, replace);
+    assert!(replaced.len() >= 4, "{replaced:?}\n{}", run.log());
+    assert_eq!(replaced.len(), fired, "{replaced:?}");
+    for pair in replaced.windows(2) {
+        assert!(
+            pair[0].end() <= pair[1].started,
+            "two replace containers ran at once: {pair:?}"
+        );
+        assert_ne!(
+            pair[0].exit_code, 0,
+            "the replaced run was stopped: {pair:?}"
+        );
+    }
+
+    // allow: every occurrence launched, and some ran side by side.
+    let allowed = containers(&host, allow);
+    let fired = fired_count(&db, allow);
+    assert_eq!(allowed.len(), fired, "{allowed:?}");
+    assert!(
+        allowed.windows(2).any(|p| p[1].started < p[0].end()),
+        "allow ran nothing at once: {allowed:?}"
+    );
+}
+
+/// `fires` shows what the engine said: `succeeded` for exit 0, `failed (exit 3)` for exit 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_on_the_real_engine_end_succeeded_and_failed_with_their_exit_codes() {
+    let Some(host) = engine() else { return };
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let zero = routine(&db, &files, "zero", "*/2 * * * * *", 0, 0, "forbid");
+    let three = routine(&db, &files, "three", "*/2 * * * * *", 0, 3, "forbid");
+    let _cleanup = Cleanup {
+        host: host.clone(),
+        routines: vec![zero, three],
+    };
+    let run = Run::start(&db, &host, &files, &[]);
+    let ended = |routine: Uuid, state: &'static str| {
+        let db = &db;
+        async move {
+            eventually_within(Duration::from_secs(30), async || {
+                fires(db, routine)
+                    .into_iter()
+                    .find(|f| f["run_state"] == state)
+            })
+            .await
+        }
+    };
+    let succeeded = ended(zero, "succeeded").await;
+    let failed = ended(three, "failed").await;
+    for id in [zero, three] {
+        ok(&db.url, &["routine", "pause", &id.to_string()]);
+    }
+    let succeeded = succeeded.unwrap_or_else(|| panic!("{:?}\n{}", fires(&db, zero), run.log()));
+    let failed = failed.unwrap_or_else(|| panic!("{:?}\n{}", fires(&db, three), run.log()));
+    // `succeeded` is exit 0 (the domain keeps no code for it); the engine says 0.
+    assert!(
+        matches!(succeeded["run_exit_code"].as_i64(), None | Some(0)),
+        "{succeeded:?}"
+    );
+    let zero_key = key(zero, &succeeded);
+    let engine_side = containers(&host, zero);
+    assert!(
+        engine_side
+            .iter()
+            .any(|c| c.name == zero_key && c.exit_code == 0 && c.finished.is_some()),
+        "{engine_side:?}"
+    );
+    assert_eq!(failed["run_exit_code"], 3, "{failed:?}");
+    assert_eq!(failed["run_reason"], "exit code 3", "{failed:?}");
+    let table = ok(&db.url, &["fires", "--routine", &three.to_string()]);
+    assert!(table.contains("failed (exit 3)"), "{table}");
+    let table = ok(&db.url, &["fires", "--routine", &zero.to_string()]);
+    assert!(table.contains("succeeded"), "{table}");
+    // The engine agrees.
+    let key = key(three, &failed);
+    let engine_side = containers(&host, three);
+    assert!(
+        engine_side
+            .iter()
+            .any(|c| c.name == key && c.exit_code == 3),
+        "{engine_side:?}"
+    );
+}
+
+/// A dockerd of the test's own (`.ci/dockerd` under a directory of its own), so it can be
+/// restarted without disturbing the engine other tests share. Stopped and removed when dropped.
+struct OwnEngine {
+    dir: PathBuf,
+    host: String,
+}
+
+impl OwnEngine {
+    fn start() -> OwnEngine {
+        let dir = std::env::temp_dir().join(format!(
+            "cm-dockerd-{}",
+            &Uuid::new_v4().simple().to_string()[..8]
+        ));
+        let mut engine = OwnEngine {
+            dir,
+            host: String::new(),
+        };
+        engine.up();
+        engine
+    }
+
+    /// Starts the engine (and imports the image the first time); `.ci/dockerd` waits until it
+    /// answers.
+    fn up(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/dockerd");
+        let out = Command::new(&script)
+            .env("CM_DOCKERD_DIR", &self.dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running .ci/dockerd");
+        assert!(
+            out.status.success(),
+            ".ci/dockerd failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.host = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    }
+
+    /// SIGTERM, as an operator's restart does, and waits until the process is gone.
+    fn down(&self) {
+        let pid = std::fs::read_to_string(self.dir.join("dockerd.pid")).unwrap_or_default();
+        let pid = pid.trim();
+        if pid.is_empty() {
+            return;
+        }
+        let _ = Command::new("kill").args(["-TERM", pid]).status();
+        let stat = Path::new("/proc").join(pid).join("stat");
+        let signalled = Instant::now();
+        // Gone, or a zombie nobody reaps.
+        while std::fs::read_to_string(&stat)
+            .is_ok_and(|s| !s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+        {
+            assert!(
+                signalled.elapsed() < Duration::from_secs(30),
+                "dockerd {pid} did not exit within 30 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for OwnEngine {
+    fn drop(&mut self) {
+        self.down();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A restart of the engine of about 2 s inside a 10 s dispatch timeout loses no occurrence and
+/// fails none: the launches that meet it retry until it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_inside_the_dispatch_timeout_loses_and_fails_nothing() {
+    if engine().is_none() {
+        return;
+    }
+    let mut own = OwnEngine::start();
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let every = routine(&db, &files, "every", "* * * * * *", 0, 0, "allow");
+    let run = Run::start(
+        &db,
+        &own.host,
+        &files,
+        &["--lease", "30s", "--dispatch-timeout", "10s"],
+    );
+    let fired = |n: usize| {
+        let db = &db;
+        async move {
+            eventually_within(Duration::from_secs(30), async || {
+                (fired_count(db, every) >= n).then_some(())
+            })
+            .await
+        }
+    };
+    assert!(fired(3).await.is_some(), "{}", run.log());
+    let stopped = Instant::now();
+    own.down();
+    std::thread::sleep(Duration::from_secs(2).saturating_sub(stopped.elapsed()));
+    own.up();
+    let down_for = stopped.elapsed();
+    let before = fires(&db, every).len();
+    assert!(fired(before + 3).await.is_some(), "{}", run.log());
+    ok(&db.url, &["routine", "pause", &every.to_string()]);
+    let settled = eventually_within(Duration::from_secs(30), async || {
+        let list = fires(&db, every);
+        list.iter()
+            .all(|f| f["status"] != "claimed")
+            .then_some(list)
+    })
+    .await
+    .unwrap_or_else(|| panic!("claims left: {:?}\n{}", fires(&db, every), run.log()));
+
+    assert!(
+        down_for < Duration::from_secs(8),
+        "the restart took {down_for:?}"
+    );
+    let failed: Vec<_> = settled.iter().filter(|f| f["status"] != "fired").collect();
+    assert!(failed.is_empty(), "{failed:?}\n{}", run.log());
+    for pair in settled.windows(2) {
+        assert_eq!(
+            (at(&pair[1]) - at(&pair[0])).num_seconds(),
+            1,
+            "an occurrence is missing: {settled:?}"
+        );
+    }
+    let on_engine = containers(&own.host, every);
+    let mut names: Vec<String> = on_engine.iter().map(|c| c.name.clone()).collect();
+    names.sort();
+    let mut keys: Vec<String> = settled.iter().map(|f| key(every, f)).collect();
+    keys.sort();
+    assert_eq!(names, keys, "one container per occurrence");
+    // Some launches met the engine down and waited for it, within their dispatch.
+    let waited = settled.iter().any(|f| {
+        let name = key(every, f);
+        on_engine
+            .iter()
+            .any(|c| c.name == name && (c.started - at(f)).num_milliseconds() > 1000)
+    });
+    assert!(waited, "no launch met the restart: {on_engine:?}");
+}

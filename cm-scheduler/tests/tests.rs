@@ -17,6 +17,8 @@
 //!   pipe, pause reasons and creation order in listings, refusals in words, logs without colour.
 //! - `missions`: mission files and backend settings refused; schedulers killed mid-launch on
 //!   the fake Docker engine.
+//! - `missions_operate`: a mission's overlap in `routine import`; `run` waiting for a Docker
+//!   engine that is not there yet; the process backend's runs watched to their end.
 //! - `missions_real`: overlap policies, exit codes and an engine restart through the binary on
 //!   the real Docker engine.
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
@@ -56,6 +58,8 @@ mod http;
 mod inputs;
 #[path = "scheduler/missions.rs"]
 mod missions;
+#[path = "scheduler/missions_operate.rs"]
+mod missions_operate;
 #[path = "scheduler/missions_real.rs"]
 mod missions_real;
 #[path = "scheduler/mock_loop.rs"]

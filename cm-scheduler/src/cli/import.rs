@@ -22,6 +22,9 @@ pub(super) struct RoutineFields {
     pub misfire: String,
     pub message: Option<String>,
     pub mission: Option<PathBuf>,
+    /// A mission routine's overlap policy as written (`allow`, `forbid`, `replace`); `forbid`
+    /// when absent.
+    pub overlap: Option<String>,
     pub paused: bool,
 }
 
@@ -40,6 +43,9 @@ struct JsonLine {
     /// A mission file, relative to the import file's directory.
     #[serde(default)]
     mission: Option<PathBuf>,
+    /// What an occurrence does while an earlier run of the mission is still running.
+    #[serde(default)]
+    overlap: Option<String>,
     #[serde(default)]
     paused: bool,
 }
@@ -79,6 +85,7 @@ pub(super) fn json_lines(text: impl BufRead, dir: &Path) -> Result<Vec<RoutineFi
             misfire: parsed.misfire,
             message: parsed.message,
             mission: parsed.mission.map(|path| dir.join(path)),
+            overlap: parsed.overlap,
             paused: parsed.paused,
         });
     }
@@ -183,6 +190,7 @@ pub(super) fn crontab(
             misfire: misfire.to_string(),
             message: Some(command.to_string()),
             mission: None,
+            overlap: None,
             paused: false,
         });
     }

@@ -211,6 +211,7 @@ impl From<&CreateArgs> for RoutineFields {
             misfire: args.misfire.clone(),
             message: args.message.clone(),
             mission: args.mission.clone(),
+            overlap: args.overlap.clone(),
             paused: args.paused,
         }
     }
@@ -493,11 +494,29 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
     let policy = mission_policy(args.mission_config.as_deref())?;
     let mut routines = Vec::with_capacity(fields.len());
     let mut lines: HashMap<String, usize> = HashMap::new();
+    // Each line's overlap policy, by routine name: a mission's, `forbid` unless the line says.
+    let mut overlaps: HashMap<String, cm_domain::OverlapPolicy> = HashMap::new();
     for f in &fields {
         let routine = new_routine(f, &policy).map_err(|e| match e {
             Failure::Input(what) => at_line(f.line, &what),
             other => other,
         })?;
+        match (&f.overlap, &f.mission) {
+            (Some(_), None) => {
+                return Err(at_line(f.line, "\"overlap\" is for mission routines"));
+            }
+            (given, Some(_)) => {
+                let chosen = match given {
+                    Some(text) => overlap(text).map_err(|e| match e {
+                        Failure::Input(what) => at_line(f.line, &format!("\"overlap\": {what}")),
+                        other => other,
+                    })?,
+                    None => cm_domain::OverlapPolicy::default(),
+                };
+                overlaps.insert(routine.name.clone(), chosen);
+            }
+            (None, None) => {}
+        }
         if let Some(first) = lines.insert(routine.name.clone(), f.line) {
             return Err(at_line(
                 f.line,
@@ -513,9 +532,16 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
     if let Some(source) = source {
         let store = connect_migrated(url).await?;
         for synced in store.sync_routines(&source, &routines).await? {
+            let mut action = synced.action;
+            if action != cm_store::SyncAction::Deleted
+                && set_imported_overlap(&store, &synced.routine, &overlaps).await?
+                && action == cm_store::SyncAction::Unchanged
+            {
+                action = cm_store::SyncAction::Updated;
+            }
             say!(
                 "{}  {}  {}",
-                synced.action.as_str(),
+                action.as_str(),
                 synced.routine.id,
                 printable(&synced.routine.name)
             );
@@ -534,6 +560,7 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
         other => other?,
     };
     for written in imported {
+        set_imported_overlap(&store, &written.routine, &overlaps).await?;
         say!(
             "{}  {}  {}",
             if written.created {
@@ -546,6 +573,23 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Gives an imported mission routine the overlap policy its line asked for (`forbid` when it
+/// named none); returns whether that changed it.
+async fn set_imported_overlap(
+    store: &PgStore,
+    routine: &cm_store::Routine,
+    overlaps: &HashMap<String, cm_domain::OverlapPolicy>,
+) -> Result<bool, Failure> {
+    let Some(&policy) = overlaps.get(&routine.name) else {
+        return Ok(false);
+    };
+    if routine.overlap == policy.as_str() {
+        return Ok(false);
+    }
+    cm_store::MissionRuns::set_overlap(store, routine.id, policy).await?;
+    Ok(true)
 }
 
 async fn list(url: &str, json: bool) -> Result<(), Failure> {

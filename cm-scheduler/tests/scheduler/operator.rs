@@ -28,7 +28,7 @@ impl TestDb {
         .expect("reading every row")
     }
 
-    async fn stored(&self, name: &str) -> serde_json::Value {
+    pub(crate) async fn stored(&self, name: &str) -> serde_json::Value {
         sqlx::query_scalar("SELECT to_jsonb(r) FROM routines r WHERE name = $1")
             .bind(name)
             .fetch_one(&self.pool)
@@ -77,7 +77,7 @@ impl TestDb {
 
 /// Asserts that every one of `cases` (arguments, a fragment of the one line on stderr) exits 2
 /// and writes nothing.
-async fn check_refused(db: &TestDb, cases: &[(Vec<String>, String)]) {
+pub(crate) async fn check_refused(db: &TestDb, cases: &[(Vec<String>, String)]) {
     let before = db.snapshot().await;
     for (args, fragment) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -86,7 +86,7 @@ async fn check_refused(db: &TestDb, cases: &[(Vec<String>, String)]) {
     }
 }
 
-fn case(args: &[&str], fragment: &str) -> (Vec<String>, String) {
+pub(crate) fn case(args: &[&str], fragment: &str) -> (Vec<String>, String) {
     (
         args.iter().map(|s| s.to_string()).collect(),
         fragment.to_string(),

@@ -20,7 +20,7 @@
 //! - `missions_operate`: a mission's overlap in `routine import`; `run` waiting for a Docker
 //!   engine that is not there yet; the process backend's runs watched to their end.
 //! - `missions_real`: overlap policies, exit codes and an engine restart through the binary on
-//!   the real Docker engine.
+//!   the real Docker engine (`CM_TEST_DOCKER_HOST`).
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
 //! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
 //!   message size, names) and files read no further than their limit.

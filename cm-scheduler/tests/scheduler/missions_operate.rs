@@ -2,9 +2,15 @@
 //! `routine import`, `run --mission-backend docker` started before its engine, and the process
 //! backend's runs watched to their end.
 
+use std::time::Duration;
+
+use cm_dispatch::fakes::docker::FakeDocker;
+
 use crate::cli::{MissionFiles, ok};
+use crate::missions_real::{SCRIPT, ended_zero_and_three, fires, routine};
+use crate::operate::Running;
 use crate::operator::{case, check_refused};
-use crate::support::TestDb;
+use crate::support::{TestDb, eventually_within};
 
 /// JSON Lines give a mission routine its `overlap` (`forbid` when the line names none), checked
 /// as `--overlap` is; a message routine's line may not have one. `--upsert` and `--sync` set it
@@ -88,4 +94,112 @@ async fn import_reads_a_missions_overlap_and_refuses_a_bad_one() {
     let changed = ok(url, &["routine", "import", &synced, "--sync"]);
     assert!(changed.starts_with("updated"), "{changed}");
     assert_eq!(overlap("s").await, "replace");
+}
+
+/// Starts forwarding connections on the Unix socket `path` to `to`, byte for byte, on threads
+/// of its own: the engine's socket appearing where the scheduler was told to find it.
+fn forward(path: &std::path::Path, to: std::net::SocketAddr) {
+    let listener = std::os::unix::net::UnixListener::bind(path).expect("binding the socket");
+    std::thread::spawn(move || {
+        for inbound in listener.incoming().flatten() {
+            let Ok(outbound) = std::net::TcpStream::connect(to) else {
+                continue;
+            };
+            let (mut in_read, mut out_write) =
+                (inbound.try_clone().unwrap(), outbound.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut in_read, &mut out_write);
+                let _ = out_write.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut out_read, mut in_write) = (outbound, inbound);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut out_read, &mut in_write);
+                let _ = in_write.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+}
+
+/// `run --mission-backend docker` with no engine at its address waits for one: it does not
+/// exit, `/readyz` answers 503 naming the engine's address and why, and it is ready once an
+/// engine answers there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_waits_for_a_docker_engine_that_is_not_there_yet() {
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    // A socket in a directory that exists, not there yet.
+    let socket = std::path::PathBuf::from(format!("{}.sock", files.write("engine", "")));
+    let host = format!("unix://{}", socket.display());
+    let mut scheduler = Running::start_with(
+        &db.url,
+        &[
+            "--mission-backend",
+            "docker",
+            "--mission-image",
+            "registry.example.com/cm/runner:1",
+        ],
+        &[("DOCKER_HOST", &host)],
+    );
+    let body = scheduler
+        .await_answer("/readyz", 503, "waiting for the mission runtime")
+        .await;
+    assert!(
+        body.contains(&host) && body.contains("no socket at"),
+        "{body}"
+    );
+    // Still waiting a few seconds on, not exited.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    scheduler.assert_alive();
+    scheduler.await_answer("/readyz", 503, &host).await;
+
+    let fake = FakeDocker::start(&["registry.example.com/cm/runner:1"]);
+    let fake_addr = fake
+        .host()
+        .trim_start_matches("tcp://")
+        .parse()
+        .expect("the fake's address");
+    forward(&socket, fake_addr);
+    scheduler.await_answer("/readyz", 200, "ready").await;
+    scheduler.assert_alive();
+    assert!(
+        scheduler.log().contains("the mission runtime answers"),
+        "{}",
+        scheduler.log()
+    );
+}
+
+/// The process backend's runs are watched to their end from its exit files: `succeeded` for
+/// exit 0, `failed` with exit code 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_backend_runs_end_succeeded_and_failed_with_their_exit_code() {
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let zero = routine(&db, &files, "zero", "*/2 * * * * *", 0, 0, "forbid");
+    let three = routine(&db, &files, "three", "*/2 * * * * *", 0, 3, "forbid");
+    let workdir = format!("{}.d", files.write("workdir-marker", ""));
+    let scheduler = Running::start_with(
+        &db.url,
+        &[
+            "--mission-backend",
+            "process",
+            "--mission-workdir",
+            &workdir,
+            "--mission-command",
+            "/bin/sh",
+            "-c",
+            SCRIPT,
+        ],
+        &[],
+    );
+    ended_zero_and_three(&db, zero, three, || scheduler.log()).await;
+    // No fire of either is left running once the last run ended.
+    let settled = eventually_within(Duration::from_secs(20), async || {
+        [zero, three]
+            .iter()
+            .all(|&r| fires(&db, r).iter().all(|f| f["run_state"] != "running"))
+            .then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "{:?}", fires(&db, zero));
+    let _ = std::fs::remove_dir_all(&workdir);
 }

@@ -20,10 +20,18 @@ use crate::support::{TestDb, eventually_within};
 /// The image `.ci/dockerd` imports.
 const IMAGE: &str = "cm-test-busybox:1";
 
-/// Every mission sleeps `$NAP` seconds, then exits `$CODE`; a stop waits one second before it
-/// kills (`sh` as PID 1 ignores SIGTERM).
-const CONFIG: &str = r#"{"command": ["sh", "-c", "sleep \"${NAP:-0}\"; exit \"${CODE:-0}\""],
-    "docker": {"network": "none", "stop_grace_seconds": 1}}"#;
+/// What every mission runs under `sh -c`: a sleep of `$NAP` seconds, then exit `$CODE`.
+pub(crate) const SCRIPT: &str = r#"sleep "${NAP:-0}"; exit "${CODE:-0}""#;
+
+/// The operator's settings: [`SCRIPT`]; a stop waits one second before it kills (`sh` as PID 1
+/// ignores SIGTERM).
+fn config() -> String {
+    serde_json::json!({
+        "command": ["sh", "-c", SCRIPT],
+        "docker": {"network": "none", "stop_grace_seconds": 1},
+    })
+    .to_string()
+}
 
 /// The engine's address, or `None` (said on stderr) where no engine is configured outside CI.
 fn engine() -> Option<String> {
@@ -151,7 +159,7 @@ struct Run {
 
 impl Run {
     fn start(db: &TestDb, host: &str, files: &MissionFiles, extra: &[&str]) -> Run {
-        let config = files.write("config.json", CONFIG);
+        let config = files.write("config.json", &config());
         let log = std::env::temp_dir().join(format!("{}-real.log", db.name));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
@@ -182,7 +190,7 @@ impl Drop for Run {
 }
 
 /// A mission routine `name` on `schedule` whose missions sleep `nap` s and exit `code`.
-fn routine(
+pub(crate) fn routine(
     db: &TestDb,
     files: &MissionFiles,
     name: &str,
@@ -216,7 +224,7 @@ fn routine(
 }
 
 /// `fires --json` of `routine`, oldest first.
-fn fires(db: &TestDb, routine: Uuid) -> Vec<serde_json::Value> {
+pub(crate) fn fires(db: &TestDb, routine: Uuid) -> Vec<serde_json::Value> {
     let mut list: Vec<serde_json::Value> = ok(
         &db.url,
         &["fires", "--routine", &routine.to_string(), "--json"],
@@ -346,6 +354,41 @@ async fn overlap_policies_on_the_real_engine() {
     );
 }
 
+/// Waits until a run of `zero` (missions exiting 0) has `succeeded` and one of `three` (exiting 3)
+/// has `failed`, pauses both, checks what `fires` shows of them (`failed (exit 3)`, no code but
+/// 0 for the success) and returns the two fires.
+pub(crate) async fn ended_zero_and_three(
+    db: &TestDb,
+    zero: Uuid,
+    three: Uuid,
+    log: impl Fn() -> String,
+) -> (serde_json::Value, serde_json::Value) {
+    let ended = async |routine: Uuid, state: &str| {
+        eventually_within(Duration::from_secs(30), async || {
+            fires(db, routine)
+                .into_iter()
+                .find(|f| f["run_state"] == state)
+        })
+        .await
+    };
+    let succeeded = ended(zero, "succeeded").await;
+    let failed = ended(three, "failed").await;
+    for id in [zero, three] {
+        ok(&db.url, &["routine", "pause", &id.to_string()]);
+    }
+    let succeeded = succeeded.unwrap_or_else(|| panic!("{:?}\n{}", fires(db, zero), log()));
+    let failed = failed.unwrap_or_else(|| panic!("{:?}\n{}", fires(db, three), log()));
+    assert!(
+        matches!(succeeded["run_exit_code"].as_i64(), None | Some(0)),
+        "{succeeded:?}"
+    );
+    assert_eq!(failed["run_exit_code"], 3, "{failed:?}");
+    assert_eq!(failed["run_reason"], "exit code 3", "{failed:?}");
+    let table = ok(&db.url, &["fires", "--routine", &three.to_string()]);
+    assert!(table.contains("failed (exit 3)"), "{table}");
+    (succeeded, failed)
+}
+
 /// `fires` shows what the engine said: `succeeded` for exit 0, `failed (exit 3)` for exit 3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_on_the_real_engine_end_succeeded_and_failed_with_their_exit_codes() {
@@ -359,29 +402,8 @@ async fn runs_on_the_real_engine_end_succeeded_and_failed_with_their_exit_codes(
         routines: vec![zero, three],
     };
     let run = Run::start(&db, &host, &files, &[]);
-    let ended = |routine: Uuid, state: &'static str| {
-        let db = &db;
-        async move {
-            eventually_within(Duration::from_secs(30), async || {
-                fires(db, routine)
-                    .into_iter()
-                    .find(|f| f["run_state"] == state)
-            })
-            .await
-        }
-    };
-    let succeeded = ended(zero, "succeeded").await;
-    let failed = ended(three, "failed").await;
-    for id in [zero, three] {
-        ok(&db.url, &["routine", "pause", &id.to_string()]);
-    }
-    let succeeded = succeeded.unwrap_or_else(|| panic!("{:?}\n{}", fires(&db, zero), run.log()));
-    let failed = failed.unwrap_or_else(|| panic!("{:?}\n{}", fires(&db, three), run.log()));
+    let (succeeded, failed) = ended_zero_and_three(&db, zero, three, || run.log()).await;
     // `succeeded` is exit 0 (the domain keeps no code for it); the engine says 0.
-    assert!(
-        matches!(succeeded["run_exit_code"].as_i64(), None | Some(0)),
-        "{succeeded:?}"
-    );
     let zero_key = key(zero, &succeeded);
     let engine_side = containers(&host, zero);
     assert!(
@@ -390,10 +412,6 @@ async fn runs_on_the_real_engine_end_succeeded_and_failed_with_their_exit_codes(
             .any(|c| c.name == zero_key && c.exit_code == 0 && c.finished.is_some()),
         "{engine_side:?}"
     );
-    assert_eq!(failed["run_exit_code"], 3, "{failed:?}");
-    assert_eq!(failed["run_reason"], "exit code 3", "{failed:?}");
-    let table = ok(&db.url, &["fires", "--routine", &three.to_string()]);
-    assert!(table.contains("failed (exit 3)"), "{table}");
     let table = ok(&db.url, &["fires", "--routine", &zero.to_string()]);
     assert!(table.contains("succeeded"), "{table}");
     // The engine agrees.

@@ -23,7 +23,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
 const PATIENCE: Duration = Duration::from_secs(30);
 
 /// A `cm-scheduler run --listen` process, killed when dropped; its log goes to a file.
-struct Running {
+pub(crate) struct Running {
     child: Child,
     log: PathBuf,
     addr: String,
@@ -31,6 +31,11 @@ struct Running {
 
 impl Running {
     fn start(url: &str, extra: &[&str]) -> Running {
+        Running::start_with(url, extra, &[])
+    }
+
+    /// `start` with `env` set for the process as well.
+    pub(crate) fn start_with(url: &str, extra: &[&str], env: &[(&str, &str)]) -> Running {
         // A free port: bound, read, released, then given to the scheduler.
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -51,6 +56,7 @@ impl Running {
                 "2s",
             ])
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info,sqlx=warn")
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("sharing the log file"))
@@ -60,11 +66,11 @@ impl Running {
         Running { child, log, addr }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn assert_alive(&mut self) {
+    pub(crate) fn assert_alive(&mut self) {
         let status = self.child.try_wait().expect("polling the scheduler");
         assert!(
             status.is_none(),
@@ -107,7 +113,7 @@ impl Running {
     }
 
     /// Waits until `path` answers `code` with a body containing `fragment`; returns the body.
-    async fn await_answer(&self, path: &str, code: u16, fragment: &str) -> String {
+    pub(crate) async fn await_answer(&self, path: &str, code: u16, fragment: &str) -> String {
         let mut last = (0, String::new());
         let found = eventually(async || {
             last = self.get(path).await;

@@ -11,6 +11,10 @@
 //! - **Throughput**: two `cm-scheduler run` processes (release build, the bench's flags) draining
 //!   the same number of occurrences owed by many routines once each, then by few routines many
 //!   times each; fires a second from the ledger, and the processes' peak memory.
+//! - **Mission rate**: 1k mission routines due on one second, launched by one `cm-scheduler run`
+//!   on the process backend (`/bin/true`), at the default `--max-mission-launches-per-second`
+//!   (10) and at 100: the launches' times from the backend's markers, the mean rate and the most
+//!   launched in any one second, against the configured rate (`missions`).
 //! - **`fires` first page** at 1M and 10M ledger rows (1% of them `failed`): the binary's
 //!   `fires --limit 50` (plain, `--status failed`, `--routine`), process start included, and the
 //!   store call alone.
@@ -30,6 +34,7 @@
 
 mod load;
 mod measure;
+mod missions;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -58,7 +63,7 @@ pub(crate) use progress;
 const USAGE: &str = "usage: cargo run --release -p xtask -- scale [--quick] [--keep] \
 [--only STEP] [--database-url URL]\n\
   --quick             a tenth of the sizes (a smoke test of every step)\n\
-  --only STEP         only this step: idle, throughput, due-at-once, fires or retention\n\
+  --only STEP         only this step: idle, throughput, due-at-once, mission-rate, fires or retention\n\
   --keep              keep the database cm_scale_<random> afterwards\n\
   --database-url URL  the server to create it on (default postgres://postgres@127.0.0.1:5432/postgres)";
 
@@ -87,6 +92,8 @@ pub(crate) struct Sizes {
     pub burst: Vec<u32>,
     /// The smaller and larger burst the per-fire cost is compared at.
     pub burst_pair: (u32, u32),
+    /// Mission routines due on one second in the "mission rate" step.
+    pub missions: u32,
 }
 
 /// Occurrences each routine of the "few" throughput run owes: seconds 0 to 49 of two minutes.
@@ -106,6 +113,7 @@ impl Sizes {
             phase_seconds: 15,
             burst: vec![10_000, 100_000, 1_000_000],
             burst_pair: (20_000, 200_000),
+            missions: 1_000,
         }
     }
 
@@ -122,6 +130,7 @@ impl Sizes {
             phase_seconds: 4,
             burst: vec![1_000, 10_000, 100_000],
             burst_pair: (2_000, 20_000),
+            missions: 100,
         }
     }
 }
@@ -138,7 +147,14 @@ pub(crate) struct Options {
 }
 
 /// The steps `--only` names, in the order they run.
-const STEPS: [&str; 5] = ["idle", "throughput", "due-at-once", "fires", "retention"];
+const STEPS: [&str; 6] = [
+    "idle",
+    "throughput",
+    "due-at-once",
+    "mission-rate",
+    "fires",
+    "retention",
+];
 
 impl Options {
     /// Whether `step` runs.

@@ -53,12 +53,48 @@ pub(super) async fn add_due_routines(
     schedule: &str,
     at: DateTime<Utc>,
 ) -> anyhow::Result<DateTime<Utc>> {
+    add_due(
+        pool,
+        n,
+        schedule,
+        at,
+        "'message', jsonb_build_object('text', 'scale message ' || i)",
+    )
+    .await
+}
+
+/// [`add_due_routines`] for mission routines (overlap `forbid`, the default), each asking for
+/// the task `scale <i>` of one repository.
+pub(super) async fn add_due_missions(
+    pool: &PgPool,
+    n: u32,
+    schedule: &str,
+    at: DateTime<Utc>,
+) -> anyhow::Result<DateTime<Utc>> {
+    add_due(
+        pool,
+        n,
+        schedule,
+        at,
+        "'mission', jsonb_build_object('repository', 'https://git.example.com/scale/r.git', \
+         'task', 'scale ' || i)",
+    )
+    .await
+}
+
+/// The load of [`add_due_routines`], `kind_and_payload` the SQL of those two columns.
+async fn add_due(
+    pool: &PgPool,
+    n: u32,
+    schedule: &str,
+    at: DateTime<Utc>,
+    kind_and_payload: &str,
+) -> anyhow::Result<DateTime<Utc>> {
     let done: DateTime<Utc> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH added AS (
              INSERT INTO routines
                  (id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at)
-             SELECT {ROUTINE_ID}, 'scale ' || i, $2, 'UTC', 'message',
-                    jsonb_build_object('text', 'scale message ' || i), 'catch-up', $3
+             SELECT {ROUTINE_ID}, 'scale ' || i, $2, 'UTC', {kind_and_payload}, 'catch-up', $3
              FROM generate_series(0, $1::bigint - 1) AS i
              RETURNING 1)
          SELECT clock_timestamp() FROM (SELECT count(*) FROM added) c"

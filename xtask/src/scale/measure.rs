@@ -71,6 +71,9 @@ pub(super) async fn all(
     if options.runs("due-at-once") {
         rows.extend(due_at_once(options, store.pool(), binary, url, dir).await?);
     }
+    if options.runs("mission-rate") {
+        rows.extend(super::missions::mission_rate(options, store.pool(), binary, url, dir).await?);
+    }
     if options.runs("fires") {
         rows.extend(ledger(options, &store, binary, url).await?);
     }
@@ -248,15 +251,19 @@ fn list(values: &[u32]) -> String {
 async fn one_occurrence(pool: &PgPool) -> anyhow::Result<(String, DateTime<Utc>)> {
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     let t = now.with_nanosecond(0).context("a whole second")? - TimeDelta::seconds(2);
-    let schedule = format!(
+    Ok((only_at(t), t))
+}
+
+/// A schedule whose one occurrence this year is the whole second `t`.
+pub(super) fn only_at(t: DateTime<Utc>) -> String {
+    format!(
         "{} {} {} {} {} *",
         t.second(),
         t.minute(),
         t.hour(),
         t.day(),
         t.month()
-    );
-    Ok((schedule, t))
+    )
 }
 
 /// What one throughput run measured.
@@ -483,14 +490,7 @@ async fn burst(
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     let margin = TimeDelta::seconds(5 + i64::from(routines / 20_000));
     let at = now.with_nanosecond(0).context("a whole second")? + margin;
-    let schedule = format!(
-        "{} {} {} {} {} *",
-        at.second(),
-        at.minute(),
-        at.hour(),
-        at.day(),
-        at.month()
-    );
+    let schedule = only_at(at);
     let loaded = load::add_due_routines(pool, routines, &schedule, at).await?;
     ensure!(
         loaded < at,

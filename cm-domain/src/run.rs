@@ -73,11 +73,14 @@ impl RunState {
         !matches!(self, RunState::Running)
     }
 
-    /// The exit code, for a failed run that has one.
+    /// The exit code: 0 for a succeeded run (every runtime's success is exit code 0: the
+    /// container's, the process's, every container of the Job's pod), a failed run's when its
+    /// runtime reports one.
     pub fn exit_code(&self) -> Option<i32> {
         match self {
+            RunState::Succeeded => Some(0),
             RunState::Failed { exit_code, .. } => *exit_code,
-            _ => None,
+            RunState::Running | RunState::Lost { .. } => None,
         }
     }
 
@@ -240,6 +243,8 @@ mod tests {
     #[test]
     fn exit_codes_become_states() {
         assert_eq!(RunState::exited(0, "ignored"), RunState::Succeeded);
+        assert_eq!(RunState::Succeeded.exit_code(), Some(0));
+        assert_eq!(RunState::Running.exit_code(), None);
         let failed = RunState::exited(3, "");
         assert_eq!(failed.exit_code(), Some(3));
         assert_eq!(failed.reason(), Some("exit code 3"));

@@ -169,7 +169,7 @@ async fn update(
 }
 
 /// A mission fire's run as `fires`, `routine show` and the status page show it: `running`,
-/// `succeeded`, `failed (exit 3)`, `failed (OOMKilled)`, `lost`; empty for a message or a
+/// `succeeded (exit 0)`, `failed (exit 3)`, `failed (OOMKilled)`, `lost`; empty for a message or a
 /// mission not launched. The reason of a lost or failed run is in `--json`.
 pub fn run_text(f: &cm_store::Fire) -> String {
     match (f.run_state.as_deref(), f.run_exit_code) {

@@ -301,11 +301,13 @@ async fn overlap_policies_on_the_real_engine() {
     let on_engine = containers(&host, forbid);
     assert_eq!(launched.len(), on_engine.len(), "{list:?} {on_engine:?}");
     assert!(launched.len() >= 2, "{list:?}");
+    // A run takes 12 s from its start: the next launch is three occurrences later, or more
+    // when the engine was slow to start the container (the run still running at 15 s).
     for pair in launched.windows(2) {
-        assert_eq!(
-            (at(pair[1]) - at(pair[0])).num_seconds(),
-            15,
-            "one launch per 15 s window: {list:?}"
+        let gap = (at(pair[1]) - at(pair[0])).num_seconds();
+        assert!(
+            gap >= 15 && gap % 5 == 0,
+            "one launch per window of 15 s or more: {list:?}"
         );
     }
     for fire in list.iter().filter(|f| f["status"] == "skipped") {
@@ -320,7 +322,8 @@ async fn overlap_policies_on_the_real_engine() {
             reason.contains(&key) && reason.contains("still running"),
             "{fire:?} should name {before:?}"
         );
-        assert!((at(fire) - at(before)).num_seconds() < 15, "{list:?}");
+        // Inside the 12 s run, and whatever the engine took to start it (well under 10 s).
+        assert!((at(fire) - at(before)).num_seconds() < 25, "{list:?}");
     }
     assert_eq!(
         list.iter().filter(|f| f["status"] == "skipped").count() + launched.len(),
@@ -379,7 +382,7 @@ pub(crate) async fn ended_zero_and_three(
     let succeeded = succeeded.unwrap_or_else(|| panic!("{:?}\n{}", fires(db, zero), log()));
     let failed = failed.unwrap_or_else(|| panic!("{:?}\n{}", fires(db, three), log()));
     assert!(
-        matches!(succeeded["run_exit_code"].as_i64(), None | Some(0)),
+        succeeded["run_exit_code"].as_i64() == Some(0),
         "{succeeded:?}"
     );
     assert_eq!(failed["run_exit_code"], 3, "{failed:?}");
@@ -403,7 +406,7 @@ async fn runs_on_the_real_engine_end_succeeded_and_failed_with_their_exit_codes(
     };
     let run = Run::start(&db, &host, &files, &[]);
     let (succeeded, failed) = ended_zero_and_three(&db, zero, three, || run.log()).await;
-    // `succeeded` is exit 0 (the domain keeps no code for it); the engine says 0.
+    // `succeeded` with exit code 0, as the engine says.
     let zero_key = key(zero, &succeeded);
     let engine_side = containers(&host, zero);
     assert!(
@@ -413,7 +416,7 @@ async fn runs_on_the_real_engine_end_succeeded_and_failed_with_their_exit_codes(
         "{engine_side:?}"
     );
     let table = ok(&db.url, &["fires", "--routine", &zero.to_string()]);
-    assert!(table.contains("succeeded"), "{table}");
+    assert!(table.contains("succeeded (exit 0)"), "{table}");
     // The engine agrees.
     let key = key(three, &failed);
     let engine_side = containers(&host, three);

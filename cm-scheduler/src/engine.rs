@@ -25,6 +25,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -158,46 +159,92 @@ pub struct Scheduler {
     completion: Completion,
     auto_pause: Option<AutoPause>,
     outbox: Option<Arc<dyn OutboxConsumer>>,
-    launches: LaunchWindow,
+    launches: Arc<LaunchWindow>,
     /// Mission runs watched after their launch (`runs.rs`).
     runs: Option<Arc<RunWatch>>,
 }
 
-/// The mission launches of the last second, for the launch rate: each claim's count with the
-/// instant it was claimed.
+/// The launch rate's gate: when each mission launch of the last second passed it, and how many
+/// missions are claimed and have not passed it yet. A claim takes at most what is left of the
+/// second ([`LaunchWindow::room`]); every launch then waits at the gate until fewer than the rate
+/// passed it in the last second ([`LaunchTicket::admit`]), so the runtime sees no more than the
+/// rate in any second, however the claims and their dispatch tasks are timed.
 #[derive(Debug, Default)]
 struct LaunchWindow {
-    recent: Mutex<VecDeque<(Instant, usize)>>,
+    passed: Mutex<VecDeque<Instant>>,
+    pending: AtomicUsize,
 }
 
 impl LaunchWindow {
     const WINDOW: Duration = Duration::from_secs(1);
 
-    /// How many more missions may be launched now under `per_second`.
+    /// How many more missions may be claimed now under `per_second`.
     fn room(&self, per_second: u32, now: Instant) -> usize {
-        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        while recent
+        let used = {
+            let mut passed = self.passed.lock().unwrap_or_else(|e| e.into_inner());
+            Self::forget(&mut passed, now);
+            passed.len()
+        };
+        (per_second as usize).saturating_sub(used + self.pending.load(Ordering::Acquire))
+    }
+
+    fn forget(passed: &mut VecDeque<Instant>, now: Instant) {
+        while passed
             .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) >= Self::WINDOW)
+            .is_some_and(|at| now.duration_since(*at) >= Self::WINDOW)
         {
-            recent.pop_front();
-        }
-        let used: usize = recent.iter().map(|(_, n)| n).sum();
-        (per_second as usize).saturating_sub(used)
-    }
-
-    /// Counts `n` launches claimed at `at`.
-    fn record(&self, at: Instant, n: usize) {
-        if n > 0 {
-            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-            recent.push_back((at, n));
+            passed.pop_front();
         }
     }
 
-    /// When the oldest launch in the window leaves it (room comes back), if any is there.
+    /// A claimed mission's place at the gate; it counts against the room until it is dropped.
+    fn ticket(self: &Arc<Self>, per_second: u32) -> LaunchTicket {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        LaunchTicket {
+            window: self.clone(),
+            per_second: per_second as usize,
+        }
+    }
+
+    /// When the oldest launch of the last second leaves it (room comes back), if any is there.
     fn next_room(&self) -> Option<Instant> {
-        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        recent.front().map(|(at, _)| *at + Self::WINDOW)
+        let passed = self.passed.lock().unwrap_or_else(|e| e.into_inner());
+        passed.front().map(|at| *at + Self::WINDOW)
+    }
+}
+
+/// A claimed mission's place at the launch rate's gate. Dropped without [`LaunchTicket::admit`]
+/// (the mission was skipped, its run could not be taken, its task ended), it gives its room back.
+struct LaunchTicket {
+    window: Arc<LaunchWindow>,
+    per_second: usize,
+}
+
+impl LaunchTicket {
+    /// Waits until fewer than the rate passed the gate in the last second, then passes it.
+    async fn admit(self) {
+        loop {
+            let wait = {
+                let mut passed = self.window.passed.lock().unwrap_or_else(|e| e.into_inner());
+                let now = Instant::now();
+                LaunchWindow::forget(&mut passed, now);
+                if passed.len() < self.per_second {
+                    passed.push_back(now);
+                    return;
+                }
+                passed.front().map(|at| *at + LaunchWindow::WINDOW)
+            };
+            match wait {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => return,
+            }
+        }
+    }
+}
+
+impl Drop for LaunchTicket {
+    fn drop(&mut self) {
+        self.window.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -242,7 +289,7 @@ impl Scheduler {
             completion: Completion::default(),
             auto_pause: None,
             outbox: None,
-            launches: LaunchWindow::default(),
+            launches: Arc::default(),
             runs: None,
         })
     }
@@ -402,8 +449,6 @@ impl Scheduler {
             self.stats.tick_succeeded();
             let (more_due, resume_after) = (claim.more_due, claim.resume_after);
             last_deferred = claim.deferred;
-            self.launches
-                .record(Instant::now(), self.launches_in(&claim));
             let report = self.start(claim, completer, wait.as_deref_mut()).await;
             total.add(&TickReport {
                 claims: 1,
@@ -462,22 +507,22 @@ impl Scheduler {
         })
     }
 
-    /// The missions a claim is about to launch.
-    fn launches_in(&self, claim: &TickClaim) -> usize {
-        if self.in_claim.mission.is_some() {
-            return 0;
+    /// A place at the launch rate's gate for a mission this process launches itself.
+    fn launch_ticket(&self, kind: RoutineKind) -> Option<LaunchTicket> {
+        if kind != RoutineKind::Mission || self.in_claim.mission.is_some() {
+            return None;
         }
-        claim
-            .fires
-            .iter()
-            .filter(|f| f.kind == RoutineKind::Mission)
-            .filter(|f| {
-                matches!(
-                    f.outcome(claim.token).action(self.config.max_attempts),
-                    ClaimAction::Dispatch { .. }
-                )
-            })
-            .count()
+        let per_second = self.config.max_mission_launches_per_second?;
+        Some(self.launches.ticket(per_second.get()))
+    }
+
+    /// Whether the launch rate leaves no mission to launch in this second.
+    fn launch_rate_spent(&self) -> bool {
+        self.in_claim.mission.is_none()
+            && self
+                .config
+                .max_mission_launches_per_second
+                .is_some_and(|per_second| self.launches.room(per_second.get(), Instant::now()) == 0)
     }
 
     async fn reap_and_start(
@@ -501,8 +546,6 @@ impl Scheduler {
             .await
             .map_err(TickError::Claim)?;
         add(&self.stats.reaped, claim.fires.len() as u64);
-        self.launches
-            .record(Instant::now(), self.launches_in(&claim));
         for fire in &claim.fires {
             warn!(
                 routine = %fire.occurrence.routine_id,
@@ -605,6 +648,7 @@ impl Scheduler {
                         ),
                         stats: self.stats.clone(),
                         runs: self.runs.clone(),
+                        launch_ticket: self.launch_ticket(fire.kind),
                     };
                     let stats = self.stats.clone();
                     let ledger = self.ledger.clone();
@@ -841,8 +885,12 @@ impl Scheduler {
             // claims.
             let began = Instant::now();
             let result = self.claim_and_start(completer, None, Some(&stopped)).await;
+            // A claim made while the launch rate's second was spent did not look at missions at
+            // all (so it holds none back): wake when that second ends as well.
             wake = match &result {
-                Ok(report) if report.held > 0 => self.launches.next_room(),
+                Ok(report) if report.held > 0 || self.launch_rate_spent() => {
+                    self.launches.next_room()
+                }
                 _ => None,
             };
             if self.record(result, "tick") {
@@ -998,6 +1046,8 @@ struct FireJob {
     first_claimed: Option<Instant>,
     stats: Arc<Stats>,
     runs: Option<Arc<RunWatch>>,
+    /// A mission's place at the launch rate's gate, passed just before its launch.
+    launch_ticket: Option<LaunchTicket>,
 }
 
 enum FireResult {
@@ -1054,7 +1104,7 @@ fn completed(fire: &ClaimedFire, completed: Completed, stats: &Stats) -> bool {
 }
 
 impl FireJob {
-    async fn fire(self, fire: ClaimedFire, attempt: u32, lateness: Duration) -> FireResult {
+    async fn fire(mut self, fire: ClaimedFire, attempt: u32, lateness: Duration) -> FireResult {
         let dispatch = Dispatch::new(
             fire.occurrence,
             fire.routine_name.clone(),
@@ -1081,6 +1131,9 @@ impl FireJob {
         };
         let (settlement, receipt) = match before {
             Ok(BeforeLaunch::Launch) => {
+                if let Some(ticket) = self.launch_ticket.take() {
+                    ticket.admit().await;
+                }
                 match self.launch(&fire, &dispatch, attempt, lateness).await {
                     Ok(ended) => ended,
                     Err(unsettled) => return unsettled,

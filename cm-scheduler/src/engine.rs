@@ -393,6 +393,7 @@ impl Scheduler {
                 in_claim: self.in_claim,
                 mission_room: self.mission_room(),
                 after,
+                group: None,
             };
             let claim = self
                 .ledger
@@ -494,6 +495,7 @@ impl Scheduler {
             claimant: self.instance_id.clone(),
             lease: self.config.lease,
             limit: u32::try_from(limit).unwrap_or(u32::MAX),
+            group: None,
         };
         let claim = self
             .ledger

@@ -34,8 +34,8 @@ use cm_domain::{
     MisfireRules, SchedulerConfig, Settlement,
 };
 use cm_store::{
-    ClaimDueParams, ClaimedFire, DueCursor, FireLedger, FireRef, FireSettle, InClaimWrites,
-    OutboxConsumer, ReapParams, RoutineKind, StoreError, TickClaim,
+    ClaimDueParams, ClaimedFire, DueCursor, FireLedger, FireRef, FireSettle, GroupDirectory,
+    GroupId, InClaimWrites, OutboxConsumer, ReapParams, RoutineKind, StoreError, TickClaim,
 };
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -43,6 +43,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::autopause::AutoPause;
 use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
+use crate::groups::GroupLeases;
 use crate::runs::{BeforeLaunch, RunWatch};
 use crate::stats::{Stats, add};
 
@@ -161,6 +162,9 @@ pub struct Scheduler {
     launches: LaunchWindow,
     /// Mission runs watched after their launch (`runs.rs`).
     runs: Option<Arc<RunWatch>>,
+    /// Claims per routine group, in the groups this scheduler leases (`groups.rs`); `None`
+    /// claims across every group at once.
+    groups: Option<Arc<GroupLeases>>,
 }
 
 /// The mission launches of the last second, for the launch rate: each claim's count with the
@@ -244,6 +248,7 @@ impl Scheduler {
             outbox: None,
             launches: LaunchWindow::default(),
             runs: None,
+            groups: None,
         })
     }
 
@@ -282,6 +287,19 @@ impl Scheduler {
         runtime: Arc<dyn cm_dispatch::MissionRuntime>,
     ) -> Self {
         self.runs = Some(Arc::new(RunWatch { store, runtime }));
+        self
+    }
+
+    /// The same scheduler claiming one routine group at a time: each tick claims in the groups
+    /// with due work that it leases or nobody leases, and the reaper in each group with expired
+    /// claims; the leases are renewed and rebalanced beside the ticks (`groups.rs`). Every claim
+    /// statement then names its group, which on Citus is one shard.
+    pub fn with_groups(mut self, directory: Arc<dyn GroupDirectory>) -> Self {
+        self.groups = Some(Arc::new(GroupLeases::new(
+            directory,
+            self.instance_id.clone(),
+            self.config.lease.duration(),
+        )));
         self
     }
 
@@ -365,6 +383,49 @@ impl Scheduler {
     ) -> Result<TickReport, TickError> {
         let started = Instant::now();
         add(&self.stats.ticks, 1);
+        let groups: Vec<Option<GroupId>> = match &self.groups {
+            None => vec![None],
+            Some(leases) => leases
+                .claimable()
+                .await
+                .map_err(TickError::Claim)?
+                .into_iter()
+                .map(Some)
+                .collect(),
+        };
+        let mut total = TickReport::default();
+        let mut last_deferred = 0;
+        for group in groups {
+            let (report, deferred) = self
+                .drain(completer, wait.as_deref_mut(), stopped, group)
+                .await?;
+            total.add(&report);
+            last_deferred = deferred;
+            if stopped.is_some_and(|s| *s.borrow()) {
+                break;
+            }
+        }
+        if last_deferred > 0 {
+            warn!(
+                deferred = last_deferred,
+                claims = total.claims,
+                "more occurrences due than there is room to dispatch; the rest wait for room"
+            );
+        }
+        self.stats.tick_duration.observe(started.elapsed());
+        Ok(total)
+    }
+
+    /// Claims what is due in `group` (every group: `None`) and starts its dispatches, claiming
+    /// again at once while a claim comes back full. Returns what it did and how many
+    /// occurrences its last claim deferred.
+    async fn drain(
+        &self,
+        completer: &Arc<dyn Completer>,
+        mut wait: Option<&mut JoinSet<FireResult>>,
+        stopped: Option<&watch::Receiver<bool>>,
+        group: Option<GroupId>,
+    ) -> Result<(TickReport, usize), TickError> {
         let cap = self.config.max_fires_per_tick.get();
         let mut batch = cap;
         let mut after: Option<DueCursor> = None;
@@ -393,7 +454,7 @@ impl Scheduler {
                 in_claim: self.in_claim,
                 mission_room: self.mission_room(),
                 after,
-                group: None,
+                group,
             };
             let claim = self
                 .ledger
@@ -426,15 +487,7 @@ impl Scheduler {
                 break;
             }
         }
-        if last_deferred > 0 {
-            warn!(
-                deferred = last_deferred,
-                claims = total.claims,
-                "more occurrences due than there is room to dispatch; the rest wait for room"
-            );
-        }
-        self.stats.tick_duration.observe(started.elapsed());
-        Ok(total)
+        Ok((total, last_deferred))
     }
 
     /// The most one claim of `batch` may take: occurrences written in the claim take no room;
@@ -484,7 +537,27 @@ impl Scheduler {
     async fn reap_and_start(
         &self,
         completer: &Arc<dyn Completer>,
+        mut wait: Option<&mut JoinSet<FireResult>>,
+    ) -> Result<TickReport, TickError> {
+        let Some(leases) = &self.groups else {
+            return self.reap_group(completer, wait, None).await;
+        };
+        let mut total = TickReport::default();
+        for group in leases.expired().await.map_err(TickError::Claim)? {
+            let report = self
+                .reap_group(completer, wait.as_deref_mut(), Some(group))
+                .await?;
+            total.add(&report);
+        }
+        Ok(total)
+    }
+
+    /// One reaper pass in `group` (every group: `None`).
+    async fn reap_group(
+        &self,
+        completer: &Arc<dyn Completer>,
         wait: Option<&mut JoinSet<FireResult>>,
+        group: Option<GroupId>,
     ) -> Result<TickReport, TickError> {
         let room = self.room.available_permits();
         let limit = room.min(self.config.max_fires_per_tick.get());
@@ -495,7 +568,7 @@ impl Scheduler {
             claimant: self.instance_id.clone(),
             lease: self.config.lease,
             limit: u32::try_from(limit).unwrap_or(u32::MAX),
-            group: None,
+            group,
         };
         let claim = self
             .ledger
@@ -790,7 +863,8 @@ impl Scheduler {
             signal,
             self.tick_loop(stopped.clone(), &completer),
             self.reap_loop(stopped.clone(), &completer),
-            self.watch_loop(stopped),
+            self.watch_loop(stopped.clone()),
+            self.lease_loop(stopped),
         );
         // No new claims from here on; wait for every dispatch in flight to settle (each is
         // bounded by the dispatch timeout), then for the completer's last batch.
@@ -870,6 +944,24 @@ impl Scheduler {
             if let Some(auto_pause) = &self.auto_pause {
                 auto_pause.pass(&self.stats).await;
             }
+        }
+    }
+
+    /// Renews and rebalances the group leases every third of a lease, beside the ticks, and
+    /// gives them up when the scheduler stops; nothing without [`Scheduler::with_groups`].
+    async fn lease_loop(&self, mut stopped: watch::Receiver<bool>) {
+        let Some(leases) = &self.groups else { return };
+        let mut beat = beat(leases.every().max(self.config.tick_interval));
+        loop {
+            if let Err(e) = leases.rebalance().await {
+                warn!(error = %e, "could not renew the group leases; claiming in free groups");
+            }
+            if !next_beat(&mut beat, &mut stopped).await {
+                break;
+            }
+        }
+        if let Err(e) = leases.release_all().await {
+            warn!(error = %e, "could not release the group leases; they run out by themselves");
         }
     }
 

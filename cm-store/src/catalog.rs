@@ -46,7 +46,8 @@ async fn take_name(
 pub(crate) fn name_conflict(e: sqlx::Error, name: &str) -> StoreError {
     let taken = e.as_database_error().is_some_and(|d| {
         d.kind() == sqlx::error::ErrorKind::UniqueViolation
-            && d.constraint() == Some("routine_names_pkey")
+            && d.constraint()
+                .is_some_and(|c| c.starts_with("routine_names_pkey"))
     });
     if taken {
         StoreError::NameTaken(name.to_string())

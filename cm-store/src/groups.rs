@@ -8,7 +8,7 @@
 //! in `cm_settings`; it never changes afterwards. [`group_of`] is the one function that maps a
 //! routine to its group, the same as the SQL function `cm_group_of` the migration defines.
 
-use chrono::{DateTime, Utc};
+use async_trait::async_trait;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -38,20 +38,49 @@ pub(crate) async fn stored_group_count(conn: &mut PgConnection) -> Result<u16, S
     Ok(u16::try_from(count).unwrap_or(1).max(1))
 }
 
-/// The groups with work due by `now`: a due routine or a due request. One read across the
-/// groups; on Citus it runs on every shard in parallel and returns a row per group.
+/// The groups with work due now: a due routine or a due request. One read across the groups;
+/// on Citus it runs on every shard in parallel and returns a row per group.
 const DUE_GROUPS_SQL: &str = "
-SELECT group_id FROM routines WHERE next_run_at <= $1 GROUP BY group_id
+SELECT group_id FROM routines WHERE next_run_at <= now() GROUP BY group_id
 UNION
-SELECT group_id FROM routine_requests WHERE scheduled_at <= $1 GROUP BY group_id
+SELECT group_id FROM routine_requests WHERE scheduled_at <= now() GROUP BY group_id
 ORDER BY 1";
 
-/// The groups with a claim whose lease ran out by `now` (for the reaper).
+/// The groups with a claim whose lease ran out (for the reaper).
 const EXPIRED_GROUPS_SQL: &str = "
 SELECT group_id FROM routine_fires
-WHERE status = 'claimed' AND lease_expires_at <= $1
+WHERE status = 'claimed' AND lease_expires_at <= now()
 GROUP BY group_id
 ORDER BY 1";
+
+/// What a scheduler asks about groups: which have work, and who leases which. The claims
+/// themselves go through [`crate::FireLedger`] with [`crate::ClaimDueParams::group`] set.
+#[async_trait]
+pub trait GroupDirectory: Send + Sync {
+    /// The schema's group count.
+    async fn group_count(&self) -> Result<u16, StoreError>;
+
+    /// The groups with a routine or a request due now, in group order.
+    async fn due_groups(&self) -> Result<Vec<GroupId>, StoreError>;
+
+    /// The groups with a claim whose lease ran out, in group order.
+    async fn expired_groups(&self) -> Result<Vec<GroupId>, StoreError>;
+
+    /// Renews `holder`'s group leases and takes those of `wanted` nobody holds live, for
+    /// `lease`; returns every group `holder` holds afterwards, in group order.
+    async fn lease_groups(
+        &self,
+        holder: &str,
+        wanted: &[GroupId],
+        lease: std::time::Duration,
+    ) -> Result<Vec<GroupId>, StoreError>;
+
+    /// Gives up `holder`'s leases on `groups`.
+    async fn release_groups(&self, holder: &str, groups: &[GroupId]) -> Result<(), StoreError>;
+
+    /// Every live group lease: `(group, holder)`, in group order.
+    async fn live_group_leases(&self) -> Result<Vec<(GroupId, String)>, StoreError>;
+}
 
 /// Takes and renews group leases for `$1` until `$2`: every group it holds is renewed, and of
 /// the groups nobody holds (or whose holder's lease ran out by `$3`), those in `$4` are taken.
@@ -73,7 +102,120 @@ SELECT group_id FROM renewed UNION SELECT group_id FROM taken ORDER BY 1";
 const LIVE_LEASES_SQL: &str =
     "SELECT group_id, holder FROM group_leases WHERE expires_at > $1 ORDER BY group_id";
 
+/// A table `migrate --citus` distributes.
+struct CitusTable {
+    table: &'static str,
+    /// The distribution column; `None` makes a reference table (a copy on every node).
+    column: Option<&'static str>,
+    /// The table it is co-located with.
+    colocate_with: Option<&'static str>,
+    /// Drops the trigger that fills a missing group on plain PostgreSQL: Citus routes a row by
+    /// its group before any trigger could run, and refuses triggers on distributed tables.
+    drop_trigger: Option<&'static str>,
+}
+
+/// The tables `migrate --citus` distributes, in order (a table after those its foreign keys
+/// name).
+const CITUS_TABLES: &[CitusTable] = &[
+    CitusTable {
+        table: "cm_settings",
+        column: None,
+        colocate_with: None,
+        drop_trigger: None,
+    },
+    CitusTable {
+        table: "group_leases",
+        column: None,
+        colocate_with: None,
+        drop_trigger: None,
+    },
+    CitusTable {
+        table: "routine_names",
+        column: Some("name"),
+        colocate_with: None,
+        drop_trigger: None,
+    },
+    CitusTable {
+        table: "routines",
+        column: Some("group_id"),
+        colocate_with: None,
+        drop_trigger: Some("DROP TRIGGER IF EXISTS routines_fill_group_id ON routines"),
+    },
+    CitusTable {
+        table: "routine_fires",
+        column: Some("group_id"),
+        colocate_with: Some("routines"),
+        drop_trigger: Some("DROP TRIGGER IF EXISTS routine_fires_fill_group_id ON routine_fires"),
+    },
+    CitusTable {
+        table: "routine_requests",
+        column: Some("group_id"),
+        colocate_with: Some("routines"),
+        drop_trigger: Some(
+            "DROP TRIGGER IF EXISTS routine_requests_fill_group_id ON routine_requests",
+        ),
+    },
+    CitusTable {
+        table: "outbox_messages",
+        column: Some("group_id"),
+        colocate_with: Some("routines"),
+        drop_trigger: Some(
+            "DROP TRIGGER IF EXISTS outbox_messages_fill_group_id ON outbox_messages",
+        ),
+    },
+];
+
 impl PgStore {
+    /// Distributes the migrated schema on Citus: the per-routine tables by `group_id`,
+    /// co-located with `routines` (so a claim naming a group is one shard on one worker),
+    /// `routine_names` by name, and the settings and group leases as reference tables. Tables
+    /// already distributed are left as they are, so running it again changes nothing. Returns
+    /// how many tables it distributed.
+    pub async fn distribute_on_citus(&self) -> Result<usize, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let citus: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        if !citus {
+            return Err(StoreError::InvalidRoutine(
+                "the citus extension is not installed in this database (CREATE EXTENSION citus)"
+                    .into(),
+            ));
+        }
+        let mut distributed = 0;
+        for spec in CITUS_TABLES {
+            let done: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass)",
+            )
+            .bind(spec.table)
+            .fetch_one(&mut *conn)
+            .await?;
+            if done {
+                continue;
+            }
+            if let Some(drop) = spec.drop_trigger {
+                sqlx::query(drop).execute(&mut *conn).await?;
+            }
+            let query = match (spec.column, spec.colocate_with) {
+                (None, _) => sqlx::query("SELECT create_reference_table($1)").bind(spec.table),
+                (Some(column), None) => sqlx::query("SELECT create_distributed_table($1, $2)")
+                    .bind(spec.table)
+                    .bind(column),
+                (Some(column), Some(with)) => {
+                    sqlx::query("SELECT create_distributed_table($1, $2, colocate_with => $3)")
+                        .bind(spec.table)
+                        .bind(column)
+                        .bind(with)
+                }
+            };
+            query.execute(&mut *conn).await?;
+            distributed += 1;
+        }
+        Ok(distributed)
+    }
+
     /// The schema's group count (fixed when it was migrated; read once).
     pub async fn group_count(&self) -> Result<u16, StoreError> {
         if let Some(count) = self.group_count.get() {
@@ -88,32 +230,34 @@ impl PgStore {
     pub async fn group_of_routine(&self, id: Uuid) -> Result<GroupId, StoreError> {
         Ok(group_of(id, self.group_count().await?))
     }
+}
 
-    /// The groups with a routine or a request due by `now`, in group order.
-    pub async fn due_groups(&self, now: DateTime<Utc>) -> Result<Vec<GroupId>, StoreError> {
+#[async_trait]
+impl GroupDirectory for PgStore {
+    async fn group_count(&self) -> Result<u16, StoreError> {
+        PgStore::group_count(self).await
+    }
+
+    async fn due_groups(&self) -> Result<Vec<GroupId>, StoreError> {
         Ok(sqlx::query_scalar(DUE_GROUPS_SQL)
-            .bind(now)
             .fetch_all(&self.pool)
             .await?)
     }
 
-    /// The groups with a claim whose lease ran out by `now`, in group order.
-    pub async fn expired_groups(&self, now: DateTime<Utc>) -> Result<Vec<GroupId>, StoreError> {
+    async fn expired_groups(&self) -> Result<Vec<GroupId>, StoreError> {
         Ok(sqlx::query_scalar(EXPIRED_GROUPS_SQL)
-            .bind(now)
             .fetch_all(&self.pool)
             .await?)
     }
 
-    /// Renews the group leases `holder` has and takes those of `wanted` that nobody holds live,
-    /// each until `until`; returns every group `holder` holds afterwards.
-    pub async fn lease_groups(
+    async fn lease_groups(
         &self,
         holder: &str,
         wanted: &[GroupId],
-        until: DateTime<Utc>,
+        lease: std::time::Duration,
     ) -> Result<Vec<GroupId>, StoreError> {
         let now = self.ping().await?;
+        let until = now + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
         Ok(sqlx::query_scalar(LEASE_GROUPS_SQL)
             .bind(holder)
             .bind(until)
@@ -123,9 +267,7 @@ impl PgStore {
             .await?)
     }
 
-    /// Gives up `holder`'s leases on `groups` (a scheduler holding more than its share, or
-    /// stopping), so another takes them at once instead of after the lease.
-    pub async fn release_groups(&self, holder: &str, groups: &[GroupId]) -> Result<(), StoreError> {
+    async fn release_groups(&self, holder: &str, groups: &[GroupId]) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM group_leases WHERE holder = $1 AND group_id = ANY($2)")
             .bind(holder)
             .bind(groups)
@@ -134,11 +276,8 @@ impl PgStore {
         Ok(())
     }
 
-    /// Every live group lease at `now`: `(group, holder)`, in group order.
-    pub async fn live_group_leases(
-        &self,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<(GroupId, String)>, StoreError> {
+    async fn live_group_leases(&self) -> Result<Vec<(GroupId, String)>, StoreError> {
+        let now = self.ping().await?;
         Ok(sqlx::query_as(LIVE_LEASES_SQL)
             .bind(now)
             .fetch_all(&self.pool)

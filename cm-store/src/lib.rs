@@ -81,7 +81,7 @@ pub use consumer::{
 };
 pub use cursor::{FireCursor, ParseFireCursorError};
 pub use error::StoreError;
-pub use groups::{GroupId, group_of};
+pub use groups::{GroupDirectory, GroupId, group_of};
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;
 pub use ledger::{

@@ -123,3 +123,10 @@ CREATE TABLE group_leases (
     holder TEXT NOT NULL,
     expires_at TIMESTAMPTZ NOT NULL
 );
+
+-- The schedulers taking part, each renewed with its leases: a scheduler that holds no group yet
+-- is counted too, so the others give it its share.
+CREATE TABLE group_holders (
+    holder TEXT PRIMARY KEY,
+    expires_at TIMESTAMPTZ NOT NULL
+);

@@ -785,9 +785,21 @@ impl Scheduler {
         let started = Instant::now();
         let budget = self.config.lease.duration() / 4;
         let retention = self.config.retention;
+        let groups = self.maintained_groups();
         if let Some(outbox) = &self.outbox {
-            match prune_in_batches(budget / 2, || {
-                outbox.outbox_prune_acked(retention, PRUNE_BATCH)
+            match prune_in_batches(budget / 2, || async {
+                let mut pruned = 0;
+                for group in &groups {
+                    pruned += match group {
+                        None => outbox.outbox_prune_acked(retention, PRUNE_BATCH).await?,
+                        Some(g) => {
+                            outbox
+                                .outbox_prune_acked_in(*g, retention, PRUNE_BATCH)
+                                .await?
+                        }
+                    };
+                }
+                Ok(pruned)
             })
             .await
             {
@@ -809,7 +821,17 @@ impl Scheduler {
         let stats = &self.stats;
         let left = budget.saturating_sub(started.elapsed());
         let pruned = prune_in_batches(left, || async {
-            let pruned = self.ledger.prune_settled(retention, PRUNE_BATCH).await?;
+            let mut pruned = 0;
+            for group in &groups {
+                pruned += match group {
+                    None => self.ledger.prune_settled(retention, PRUNE_BATCH).await?,
+                    Some(g) => {
+                        self.ledger
+                            .prune_settled_in(*g, retention, PRUNE_BATCH)
+                            .await?
+                    }
+                };
+            }
             add(&stats.pruned, pruned);
             Ok(pruned)
         })
@@ -826,6 +848,15 @@ impl Scheduler {
                 self.stats.tick_failed(format!("pruning failed: {e}"));
                 false
             }
+        }
+    }
+
+    /// The groups this scheduler's maintenance (prunes, the automatic pause) covers: those it
+    /// leases, each on its own; or every group at once (`None`) without group claims.
+    fn maintained_groups(&self) -> Vec<Option<GroupId>> {
+        match &self.groups {
+            None => vec![None],
+            Some(leases) => leases.held().into_iter().map(Some).collect(),
         }
     }
 
@@ -942,7 +973,9 @@ impl Scheduler {
             self.record(result, "reaper pass");
             self.prune().await;
             if let Some(auto_pause) = &self.auto_pause {
-                auto_pause.pass(&self.stats).await;
+                for group in self.maintained_groups() {
+                    auto_pause.pass(&self.stats, group).await;
+                }
             }
         }
     }

@@ -80,6 +80,14 @@ impl GroupLeases {
         Ok(mine)
     }
 
+    /// The groups this scheduler held at its last rebalance, in group order.
+    pub fn held(&self) -> Vec<GroupId> {
+        self.view
+            .lock()
+            .map(|v| v.mine.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
     /// The groups with a claim whose lease ran out, for the reaper (whoever leases them: a
     /// crashed scheduler's claims are taken over before its group leases run out).
     pub async fn expired(&self) -> Result<Vec<GroupId>, StoreError> {
@@ -91,7 +99,9 @@ impl GroupLeases {
     pub async fn rebalance(&self) -> Result<BTreeSet<GroupId>, StoreError> {
         let count = usize::from(self.directory.group_count().await?);
         let live = self.directory.live_group_leases().await?;
+        let present = self.directory.live_holders().await?;
         let mut holders: BTreeSet<&str> = live.iter().map(|(_, h)| h.as_str()).collect();
+        holders.extend(present.iter().map(String::as_str));
         holders.insert(&self.holder);
         let share = share(count, holders.len());
         let held: BTreeSet<GroupId> = live
@@ -149,12 +159,9 @@ impl GroupLeases {
     /// Gives up every lease this scheduler holds (it is stopping), so the others take its
     /// groups at their next rebalance instead of after the lease.
     pub async fn release_all(&self) -> Result<(), StoreError> {
-        let mine: Vec<GroupId> = self
-            .view
-            .lock()
-            .map(|v| v.mine.iter().copied().collect())
-            .unwrap_or_default();
-        self.directory.release_groups(&self.holder, &mine).await
+        self.directory
+            .release_groups(&self.holder, &self.held())
+            .await
     }
 }
 

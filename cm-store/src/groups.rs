@@ -80,13 +80,22 @@ pub trait GroupDirectory: Send + Sync {
 
     /// Every live group lease: `(group, holder)`, in group order.
     async fn live_group_leases(&self) -> Result<Vec<(GroupId, String)>, StoreError>;
+
+    /// The schedulers whose presence is live (renewed with their leases), holding groups or
+    /// not.
+    async fn live_holders(&self) -> Result<Vec<String>, StoreError>;
 }
 
 /// Takes and renews group leases for `$1` until `$2`: every group it holds is renewed, and of
 /// the groups nobody holds (or whose holder's lease ran out by `$3`), those in `$4` are taken.
 /// Returns the groups `$1` holds afterwards.
 const LEASE_GROUPS_SQL: &str = "
-WITH renewed AS (
+WITH present AS (
+    INSERT INTO group_holders (holder, expires_at) VALUES ($1, $2)
+    ON CONFLICT (holder) DO UPDATE SET expires_at = excluded.expires_at
+    RETURNING 1
+),
+renewed AS (
     UPDATE group_leases SET expires_at = $2 WHERE holder = $1 RETURNING group_id
 ),
 taken AS (
@@ -125,6 +134,12 @@ const CITUS_TABLES: &[CitusTable] = &[
     },
     CitusTable {
         table: "group_leases",
+        column: None,
+        colocate_with: None,
+        drop_trigger: None,
+    },
+    CitusTable {
+        table: "group_holders",
         column: None,
         colocate_with: None,
         drop_trigger: None,
@@ -274,6 +289,16 @@ impl GroupDirectory for PgStore {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    async fn live_holders(&self) -> Result<Vec<String>, StoreError> {
+        let now = self.ping().await?;
+        Ok(
+            sqlx::query_scalar("SELECT holder FROM group_holders WHERE expires_at > $1 ORDER BY 1")
+                .bind(now)
+                .fetch_all(&self.pool)
+                .await?,
+        )
     }
 
     async fn live_group_leases(&self) -> Result<Vec<(GroupId, String)>, StoreError> {

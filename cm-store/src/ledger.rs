@@ -353,6 +353,18 @@ pub trait FireLedger: Send + Sync {
     /// Deletes at most `limit` settled rows settled, and scheduled, longer than `retention` ago,
     /// oldest first. Returns how many it deleted. Rows still `claimed` are never pruned.
     async fn prune_settled(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
+
+    /// [`FireLedger::prune_settled`] among the fires of `group` only (on Citus, one shard). By
+    /// default, every group's.
+    async fn prune_settled_in(
+        &self,
+        group: GroupId,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let _ = group;
+        self.prune_settled(retention, limit).await
+    }
 }
 
 /// A row returned by the claim and reaper statements.
@@ -1082,22 +1094,28 @@ impl FireLedger for PgStore {
     async fn prune_settled(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
         // The ledger is the dedupe: a settled row is what stops an occurrence firing twice, so
         // only rows far older than any occurrence a scheduler could compute again go.
-        let deleted = sqlx::query(
-            "DELETE FROM routine_fires
-             WHERE (routine_id, scheduled_at) IN (
-                 SELECT routine_id, scheduled_at FROM routine_fires
-                 WHERE status <> 'claimed'
-                   AND completed_at < now() - make_interval(secs => $1)
-                   AND scheduled_at < now() - make_interval(secs => $1)
-                 ORDER BY completed_at
-                 LIMIT $2
-                 FOR UPDATE SKIP LOCKED)",
-        )
-        .bind(retention.as_secs_f64())
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
+        let deleted = sqlx::query(PRUNE_SQL)
+            .bind(retention.as_secs_f64())
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(deleted)
+    }
+
+    async fn prune_settled_in(
+        &self,
+        group: GroupId,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let deleted = sqlx::query(PRUNE_GROUP_SQL)
+            .bind(retention.as_secs_f64())
+            .bind(i64::from(limit))
+            .bind(group)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
         Ok(deleted)
     }
 
@@ -1308,6 +1326,34 @@ const ADVANCE_GROUP_SQL: &str = concat!(
     advance_cte!("$1", "$2", "$3", "$4", "$5", " AND r.group_id = $6"),
     " SELECT count(*) FROM advanced"
 );
+
+/// Deletes settled fires past the retention (`$1` seconds), at most `$2`, oldest settled first;
+/// the argument keeps it in one group.
+macro_rules! prune_sql {
+    ($group:literal) => {
+        concat!(
+            "
+DELETE FROM routine_fires
+WHERE (routine_id, scheduled_at) IN (
+    SELECT routine_id, scheduled_at FROM routine_fires
+    WHERE status <> 'claimed'
+      AND completed_at < now() - make_interval(secs => $1)
+      AND scheduled_at < now() - make_interval(secs => $1)",
+            $group,
+            "
+    ORDER BY completed_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)",
+            $group
+        )
+    };
+}
+
+/// Prunes settled fires of every group.
+const PRUNE_SQL: &str = prune_sql!("");
+
+/// Prunes settled fires of the group `$3`.
+const PRUNE_GROUP_SQL: &str = prune_sql!(" AND group_id = $3");
 
 /// Listing fires. `$1` the routine or NULL, `$2` the status or NULL, `$3`/`$4` the cursor's
 /// instant and routine or NULL, `$5` the limit. The order (scheduled_at, routine_id) descending

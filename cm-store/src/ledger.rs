@@ -717,6 +717,13 @@ impl PgStore {
         claim: &ClaimInput<'_>,
         advance: &Advance,
     ) -> Result<Vec<ClaimedFire>, StoreError> {
+        if let Some(group) = params.group
+            && self.is_citus().await?
+        {
+            return self
+                .claim_rows_on_one_shard(tx, params, claim, advance, group)
+                .await;
+        }
         let (token, claims) = (claim.token, claim.claims);
         let ids: Vec<Uuid> = claims.iter().map(|(o, _)| o.routine_id).collect();
         let instants: Vec<DateTime<Utc>> = claims.iter().map(|(o, _)| o.scheduled_at).collect();
@@ -1204,7 +1211,7 @@ const TAKE_REQUESTS_SQL: &str = concat!(
 );
 
 /// Takes at most `$1` due requests of the group `$2`.
-const TAKE_GROUP_REQUESTS_SQL: &str = concat!(
+pub const TAKE_GROUP_REQUESTS_SQL: &str = concat!(
     take_requests_sql!("$1", "\n      AND q.group_id = $2 AND r.group_id = $2"),
     " AND group_id = $2 RETURNING routine_id, scheduled_at, origin"
 );
@@ -1321,7 +1328,7 @@ const ADVANCE_SQL: &str = concat!(
 );
 
 /// [`ADVANCE_SQL`] within the group `$6`.
-const ADVANCE_GROUP_SQL: &str = concat!(
+pub const ADVANCE_GROUP_SQL: &str = concat!(
     "WITH ",
     advance_cte!("$1", "$2", "$3", "$4", "$5", " AND r.group_id = $6"),
     " SELECT count(*) FROM advanced"
@@ -1460,7 +1467,7 @@ FROM claimed c JOIN routines r ON r.id = c.routine_id AND r.group_id = c.group_i
 const CLAIM_SQL: &str = claim_sql!("");
 
 /// [`CLAIM_SQL`] within the group `$13`.
-const CLAIM_GROUP_SQL: &str = claim_sql!(" AND r.group_id = $13");
+pub const CLAIM_GROUP_SQL: &str = claim_sql!(" AND r.group_id = $13");
 
 /// The claim statement with the transactional outbox (see [`CLAIM_WITH_OUTBOX_SQL`]); the
 /// argument is the filter that keeps it in one group (`$16`), or nothing.
@@ -1538,7 +1545,7 @@ JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
 const CLAIM_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!("");
 
 /// [`CLAIM_WITH_OUTBOX_SQL`] within the group `$16`.
-const CLAIM_GROUP_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!(" AND r.group_id = $16");
+pub const CLAIM_GROUP_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!(" AND r.group_id = $16");
 
 /// The reaper's statement; the arguments keep it in one group, or are empty.
 macro_rules! reap_sql {
@@ -1580,3 +1587,226 @@ pub const REAP_SQL: &str = reap_sql!("", "");
 /// [`REAP_SQL`] within the group `$5`: the expired claims are found through
 /// `routine_fires_group_lease_idx` `(group_id, lease_expires_at)`.
 pub const REAP_GROUP_SQL: &str = reap_sql!(" AND group_id = $5", " AND f.group_id = $5");
+
+/// The claim on Citus, kept in one group: the fires' upsert ([`SHARD_CLAIM_SQL`]), the outbox
+/// rows ([`SHARD_OUTBOX_SQL`]), the clocks ([`ADVANCE_GROUP_SQL`]) and the routines' names and
+/// payloads ([`SHARD_ROUTINES_SQL`]), each a statement of its own. Citus runs a statement whose
+/// CTEs write several tables through intermediate results on the coordinator and commits it in
+/// two phases; each of these is a router statement on the group's shard, so the claim's
+/// transaction stays on one worker and commits there in one phase. The same occurrences are
+/// claimed, with the same upsert, as by the one-statement claim on plain PostgreSQL.
+///
+/// `$1`/`$2` the occurrences, `$3` the claimant, `$4` the token, `$5` the lease in seconds, `$6`
+/// the origins, `$7` the claim's clock, `$8` each occurrence's outbox number (drawn before, for
+/// every occurrence; used by in-claim kinds only), `$9`/`$10` whether message and mission
+/// routines are settled in the claim, `$11` the group.
+pub const SHARD_CLAIM_SQL: &str = concat!(
+    "
+INSERT INTO routine_fires AS f
+    (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
+     status, completed_at, receipt, origin, group_id)
+SELECT t.routine_id, t.scheduled_at, $3, $4, 1, $7::timestamptz,
+       $7::timestamptz + make_interval(secs => $5),
+       CASE WHEN t.in_claim THEN 'fired' ELSE 'claimed' END,
+       CASE WHEN t.in_claim THEN $7::timestamptz END,
+       CASE WHEN t.in_claim THEN 'outbox seq ' || t.seq END,
+       t.origin, t.group_id
+FROM (
+    SELECT u.routine_id, u.scheduled_at, u.origin, u.seq, r.group_id,
+           (r.kind = 'message' AND $9) OR (r.kind = 'mission' AND $10) AS in_claim
+    FROM routines r
+    JOIN UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $8::bigint[])
+         AS u(routine_id, scheduled_at, origin, seq)
+      ON r.id = u.routine_id
+    WHERE r.group_id = $11
+) t",
+    claim_upsert!("$7::timestamptz")
+);
+
+/// The outbox rows of the fresh occurrences settled in a claim on Citus: `$1`/`$2` the
+/// occurrences, `$3` their numbers, `$4` their idempotency keys, `$5` the group. Returns the
+/// numbers written (a message already there is not written again).
+pub const SHARD_OUTBOX_SQL: &str = "
+INSERT INTO outbox_messages
+    (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
+OVERRIDING SYSTEM VALUE
+SELECT t.seq, t.routine_id, t.scheduled_at, t.idempotency_key, 1, r.payload, r.group_id
+FROM routines r
+JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::bigint[], $4::text[])
+     AS t(routine_id, scheduled_at, seq, idempotency_key)
+  ON r.id = t.routine_id
+WHERE r.group_id = $5
+ON CONFLICT DO NOTHING
+RETURNING seq";
+
+/// The names, kinds and payloads of the routines `$1` of the group `$2`.
+pub const SHARD_ROUTINES_SQL: &str =
+    "SELECT id, name, kind, payload FROM routines WHERE group_id = $2 AND id = ANY($1)";
+
+/// A row of [`SHARD_CLAIM_SQL`]: the fire as the upsert left it.
+#[derive(FromRow)]
+struct UpsertedRow {
+    inserted: bool,
+    routine_id: Uuid,
+    scheduled_at: DateTime<Utc>,
+    status: String,
+    claimant: String,
+    claim_token: Uuid,
+    attempt: i32,
+    lease_expires_at: DateTime<Utc>,
+    receipt: Option<String>,
+    origin: String,
+    error: Option<String>,
+    first_claimed_at: Option<DateTime<Utc>>,
+}
+
+impl PgStore {
+    /// Whether the schema is distributed on Citus (`routines` is a distributed table), read
+    /// once.
+    async fn is_citus(&self) -> Result<bool, StoreError> {
+        if let Some(citus) = self.citus.get() {
+            return Ok(*citus);
+        }
+        let mut conn = self.pool.acquire().await?;
+        let extension: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        let citus = extension
+            && sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition
+                                WHERE logicalrelid = 'routines'::regclass)",
+            )
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(*self.citus.get_or_init(|| citus))
+    }
+
+    /// The claim's writes on Citus, one router statement each (see [`SHARD_CLAIM_SQL`]).
+    async fn claim_rows_on_one_shard(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        params: &ClaimDueParams,
+        claim: &ClaimInput<'_>,
+        advance: &Advance,
+        group: GroupId,
+    ) -> Result<Vec<ClaimedFire>, StoreError> {
+        let claims = claim.claims;
+        let ids: Vec<Uuid> = claims.iter().map(|(o, _)| o.routine_id).collect();
+        let instants: Vec<DateTime<Utc>> = claims.iter().map(|(o, _)| o.scheduled_at).collect();
+        let origins: Vec<&str> = claims.iter().map(|(_, origin)| origin.as_str()).collect();
+        let outbox = Some(InClaimEffect::Outbox);
+        let (message, mission) = (
+            params.in_claim.message == outbox,
+            params.in_claim.mission == outbox,
+        );
+        // Numbers drawn in the order of the occurrences (oldest first), as the one-statement
+        // claim draws them.
+        let seqs: Vec<i64> = if message || mission {
+            sqlx::query_scalar(
+                "SELECT nextval('outbox_messages_seq_seq') FROM generate_series(1, $1) ORDER BY 1",
+            )
+            .bind(i64::try_from(claims.len()).unwrap_or(i64::MAX))
+            .fetch_all(&mut **tx)
+            .await?
+        } else {
+            vec![0; claims.len()]
+        };
+        let upserted: Vec<UpsertedRow> = sqlx::query_as(SHARD_CLAIM_SQL)
+            .bind(&ids)
+            .bind(&instants)
+            .bind(&params.claimant)
+            .bind(claim.token.0)
+            .bind(lease_seconds(params.lease))
+            .bind(&origins)
+            .bind(claim.now)
+            .bind(&seqs)
+            .bind(message)
+            .bind(mission)
+            .bind(group)
+            .fetch_all(&mut **tx)
+            .await?;
+        let fresh: Vec<&UpsertedRow> = upserted
+            .iter()
+            .filter(|r| r.inserted && r.receipt.is_some())
+            .collect();
+        let written = if fresh.is_empty() {
+            0
+        } else {
+            let keys: Vec<String> = fresh
+                .iter()
+                .map(|r| {
+                    Occurrence::new(r.routine_id, r.scheduled_at)
+                        .idempotency_key()
+                        .as_str()
+                        .to_owned()
+                })
+                .collect();
+            let seqs: Vec<i64> = fresh
+                .iter()
+                .filter_map(|r| {
+                    r.receipt
+                        .as_deref()?
+                        .strip_prefix("outbox seq ")?
+                        .parse()
+                        .ok()
+                })
+                .collect();
+            let written: Vec<i64> = sqlx::query_scalar(SHARD_OUTBOX_SQL)
+                .bind(fresh.iter().map(|r| r.routine_id).collect::<Vec<_>>())
+                .bind(fresh.iter().map(|r| r.scheduled_at).collect::<Vec<_>>())
+                .bind(&seqs)
+                .bind(&keys)
+                .bind(group)
+                .fetch_all(&mut **tx)
+                .await?;
+            written.len()
+        };
+        if !advance.ids.is_empty() {
+            advance
+                .bind(sqlx::query(ADVANCE_GROUP_SQL))
+                .bind(claim.now)
+                .bind(group)
+                .execute(&mut **tx)
+                .await?;
+        }
+        let routines: std::collections::HashMap<Uuid, (String, String, Value)> =
+            sqlx::query_as::<_, (Uuid, String, String, Value)>(SHARD_ROUTINES_SQL)
+                .bind(&ids)
+                .bind(group)
+                .fetch_all(&mut **tx)
+                .await?
+                .into_iter()
+                .map(|(id, name, kind, payload)| (id, (name, kind, payload)))
+                .collect();
+        let mut rows: Vec<ClaimedRow> = upserted
+            .into_iter()
+            .filter_map(|r| {
+                let (name, kind, payload) = routines.get(&r.routine_id)?.clone();
+                Some(ClaimedRow {
+                    inserted: r.inserted,
+                    routine_id: r.routine_id,
+                    scheduled_at: r.scheduled_at,
+                    status: r.status,
+                    claimant: r.claimant,
+                    claim_token: r.claim_token,
+                    attempt: r.attempt,
+                    lease_expires_at: r.lease_expires_at,
+                    name,
+                    kind,
+                    origin: r.origin,
+                    payload,
+                    receipt: r.receipt,
+                    error: r.error,
+                    first_claimed_at: r.first_claimed_at,
+                    written: Some(i64::try_from(written).unwrap_or(i64::MAX)),
+                })
+            })
+            .collect();
+        if message || mission {
+            mark_unwritten_messages(tx, &mut rows).await?;
+        }
+        rows.into_iter().map(ClaimedFire::try_from).collect()
+    }
+}

@@ -113,6 +113,8 @@ pub struct PgStore {
     pool: PgPool,
     /// The schema's group count, read once (it never changes after the migration).
     group_count: std::sync::Arc<std::sync::OnceLock<u16>>,
+    /// Whether the schema is distributed on Citus, read once.
+    citus: std::sync::Arc<std::sync::OnceLock<bool>>,
 }
 
 impl PgStore {
@@ -121,6 +123,7 @@ impl PgStore {
         PgStore {
             pool,
             group_count: std::sync::Arc::default(),
+            citus: std::sync::Arc::default(),
         }
     }
 

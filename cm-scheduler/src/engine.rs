@@ -294,13 +294,29 @@ impl Scheduler {
     /// with due work that it leases or nobody leases, and the reaper in each group with expired
     /// claims; the leases are renewed and rebalanced beside the ticks (`groups.rs`). Every claim
     /// statement then names its group, which on Citus is one shard.
-    pub fn with_groups(mut self, directory: Arc<dyn GroupDirectory>) -> Self {
+    ///
+    /// It does so where the schema is distributed (Citus), or always with `always`; on plain
+    /// PostgreSQL a claim across every group is cheaper per occurrence, and the leases are
+    /// still kept.
+    pub fn with_groups(mut self, directory: Arc<dyn GroupDirectory>, always: bool) -> Self {
         self.groups = Some(Arc::new(GroupLeases::new(
             directory,
             self.instance_id.clone(),
             self.config.lease.duration(),
+            always,
         )));
         self
+    }
+
+    /// The groups to claim in, one claim walk each: the due groups this scheduler may claim in
+    /// when it claims per group, else one walk across every group (`None`).
+    async fn claim_groups(&self) -> Result<Vec<Option<GroupId>>, StoreError> {
+        match &self.groups {
+            Some(leases) if leases.per_group().await? => {
+                Ok(leases.claimable().await?.into_iter().map(Some).collect())
+            }
+            _ => Ok(vec![None]),
+        }
     }
 
     /// The instance id written on this scheduler's claims.
@@ -383,16 +399,7 @@ impl Scheduler {
     ) -> Result<TickReport, TickError> {
         let started = Instant::now();
         add(&self.stats.ticks, 1);
-        let groups: Vec<Option<GroupId>> = match &self.groups {
-            None => vec![None],
-            Some(leases) => leases
-                .claimable()
-                .await
-                .map_err(TickError::Claim)?
-                .into_iter()
-                .map(Some)
-                .collect(),
-        };
+        let groups = self.claim_groups().await.map_err(TickError::Claim)?;
         let mut total = TickReport::default();
         let mut last_deferred = 0;
         for group in groups {
@@ -539,8 +546,9 @@ impl Scheduler {
         completer: &Arc<dyn Completer>,
         mut wait: Option<&mut JoinSet<FireResult>>,
     ) -> Result<TickReport, TickError> {
-        let Some(leases) = &self.groups else {
-            return self.reap_group(completer, wait, None).await;
+        let leases = match &self.groups {
+            Some(leases) if leases.per_group().await.map_err(TickError::Claim)? => leases,
+            _ => return self.reap_group(completer, wait, None).await,
         };
         let mut total = TickReport::default();
         for group in leases.expired().await.map_err(TickError::Claim)? {
@@ -785,7 +793,7 @@ impl Scheduler {
         let started = Instant::now();
         let budget = self.config.lease.duration() / 4;
         let retention = self.config.retention;
-        let groups = self.maintained_groups();
+        let groups = self.maintained_groups().await;
         if let Some(outbox) = &self.outbox {
             match prune_in_batches(budget / 2, || async {
                 let mut pruned = 0;
@@ -853,10 +861,12 @@ impl Scheduler {
 
     /// The groups this scheduler's maintenance (prunes, the automatic pause) covers: those it
     /// leases, each on its own; or every group at once (`None`) without group claims.
-    fn maintained_groups(&self) -> Vec<Option<GroupId>> {
+    async fn maintained_groups(&self) -> Vec<Option<GroupId>> {
         match &self.groups {
-            None => vec![None],
-            Some(leases) => leases.held().into_iter().map(Some).collect(),
+            Some(leases) if leases.per_group().await.unwrap_or(true) => {
+                leases.held().into_iter().map(Some).collect()
+            }
+            _ => vec![None],
         }
     }
 
@@ -973,7 +983,7 @@ impl Scheduler {
             self.record(result, "reaper pass");
             self.prune().await;
             if let Some(auto_pause) = &self.auto_pause {
-                for group in self.maintained_groups() {
+                for group in self.maintained_groups().await {
                     auto_pause.pass(&self.stats, group).await;
                 }
             }

@@ -30,6 +30,8 @@ pub struct GroupLeases {
     directory: Arc<dyn GroupDirectory>,
     holder: String,
     lease: Duration,
+    /// Claim per group even where the schema is not distributed.
+    always: bool,
     view: Mutex<View>,
 }
 
@@ -48,18 +50,27 @@ pub fn share(count: usize, holders: usize) -> usize {
 }
 
 impl GroupLeases {
-    /// Leases for `holder` (the scheduler's instance id), each lasting `lease`.
+    /// Leases for `holder` (the scheduler's instance id), each lasting `lease`; claims go per
+    /// group where the schema is distributed, or everywhere with `always`.
     pub fn new(
         directory: Arc<dyn GroupDirectory>,
         holder: impl Into<String>,
         lease: Duration,
+        always: bool,
     ) -> Self {
         GroupLeases {
             directory,
             holder: holder.into(),
             lease,
+            always,
             view: Mutex::default(),
         }
+    }
+
+    /// Whether claims, reaper passes and maintenance go group by group: on a distributed schema
+    /// (Citus) always, elsewhere when asked to.
+    pub async fn per_group(&self) -> Result<bool, StoreError> {
+        Ok(self.always || self.directory.distributed().await?)
     }
 
     /// How often [`GroupLeases::rebalance`] should run: a third of a lease.

@@ -113,14 +113,7 @@ impl FailingRoutines for PgStore {
         after_failures: u32,
         window: Duration,
     ) -> Result<Vec<AutoPaused>, StoreError> {
-        if after_failures == 0 {
-            return Ok(Vec::new());
-        }
-        Ok(sqlx::query_as(PAUSE_FAILING_SQL)
-            .bind(i64::from(after_failures))
-            .bind(window.as_secs_f64())
-            .fetch_all(&self.pool)
-            .await?)
+        self.pause_failing(None, after_failures, window).await
     }
 
     async fn pause_failing_routines_in(
@@ -129,14 +122,33 @@ impl FailingRoutines for PgStore {
         after_failures: u32,
         window: Duration,
     ) -> Result<Vec<AutoPaused>, StoreError> {
+        self.pause_failing(Some(group), after_failures, window)
+            .await
+    }
+}
+
+impl PgStore {
+    /// The automatic pause in `group`, or in every group.
+    async fn pause_failing(
+        &self,
+        group: Option<GroupId>,
+        after_failures: u32,
+        window: Duration,
+    ) -> Result<Vec<AutoPaused>, StoreError> {
         if after_failures == 0 {
             return Ok(Vec::new());
         }
-        Ok(sqlx::query_as(PAUSE_FAILING_GROUP_SQL)
-            .bind(i64::from(after_failures))
-            .bind(window.as_secs_f64())
-            .bind(group)
-            .fetch_all(&self.pool)
-            .await?)
+        let query = sqlx::query_as(match group {
+            None => PAUSE_FAILING_SQL,
+            Some(_) => PAUSE_FAILING_GROUP_SQL,
+        })
+        .bind(i64::from(after_failures))
+        .bind(window.as_secs_f64());
+        Ok(match group {
+            Some(group) => query.bind(group),
+            None => query,
+        }
+        .fetch_all(&self.pool)
+        .await?)
     }
 }

@@ -24,6 +24,20 @@ pub(crate) async fn routine_group(
     Ok(group_of(id, stored_group_count(conn).await?))
 }
 
+/// The routine `id`, locked `FOR UPDATE` in the caller's transaction (through its group, so on
+/// Citus one shard); [`StoreError::RoutineNotFound`] when there is none.
+pub(crate) async fn lock_routine(conn: &mut PgConnection, id: Uuid) -> Result<Routine, StoreError> {
+    let group = routine_group(conn, id).await?;
+    sqlx::query_as::<_, Routine>(
+        "SELECT * FROM routines WHERE id = $1 AND group_id = $2 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(group)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::RoutineNotFound(id))
+}
+
 /// Records that `name` is the routine `id`'s, in the caller's transaction; a name another
 /// routine has is [`StoreError::NameTaken`].
 async fn take_name(
@@ -202,15 +216,7 @@ pub(crate) async fn update_routine(
     update: &RoutineUpdate,
 ) -> Result<Routine, StoreError> {
     let mut tx = pool.begin().await?;
-    let group = routine_group(&mut tx, id).await?;
-    let current = sqlx::query_as::<_, Routine>(
-        "SELECT * FROM routines WHERE id = $1 AND group_id = $2 FOR UPDATE",
-    )
-    .bind(id)
-    .bind(group)
-    .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(StoreError::RoutineNotFound(id))?;
+    let current = lock_routine(&mut tx, id).await?;
     let now = db_now(&mut tx).await?;
     let updated = apply_update(&mut tx, &current, update, now).await?;
     tx.commit().await?;

@@ -84,6 +84,9 @@ pub trait GroupDirectory: Send + Sync {
     /// The schedulers whose presence is live (renewed with their leases), holding groups or
     /// not.
     async fn live_holders(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Whether the schema is distributed (on Citus), where every claim must stay in one group.
+    async fn distributed(&self) -> Result<bool, StoreError>;
 }
 
 /// Takes and renews group leases for `$1` until `$2`: every group it holds is renewed, and of
@@ -289,6 +292,10 @@ impl GroupDirectory for PgStore {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    async fn distributed(&self) -> Result<bool, StoreError> {
+        self.is_citus().await
     }
 
     async fn live_holders(&self) -> Result<Vec<String>, StoreError> {

@@ -696,6 +696,29 @@ struct ClaimInput<'a> {
     groups: &'a [GroupId],
 }
 
+impl ClaimInput<'_> {
+    /// The occurrences as the claim statements' parallel arrays: routines, instants, origins.
+    fn columns(&self) -> (Vec<Uuid>, Vec<DateTime<Utc>>, Vec<&'static str>) {
+        (
+            self.claims.iter().map(|(o, _)| o.routine_id).collect(),
+            self.claims.iter().map(|(o, _)| o.scheduled_at).collect(),
+            self.claims
+                .iter()
+                .map(|(_, origin)| origin.as_str())
+                .collect(),
+        )
+    }
+}
+
+/// Whether message and mission routines are settled with an outbox row in the claim.
+fn outbox_kinds(params: &ClaimDueParams) -> (bool, bool) {
+    let outbox = Some(InClaimEffect::Outbox);
+    (
+        params.in_claim.message == outbox,
+        params.in_claim.mission == outbox,
+    )
+}
+
 /// Binds the group a statement is kept in, its last parameter, when there is one.
 fn bind_group<'q>(
     query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
@@ -725,14 +748,8 @@ impl PgStore {
                 .await;
         }
         let (token, claims) = (claim.token, claim.claims);
-        let ids: Vec<Uuid> = claims.iter().map(|(o, _)| o.routine_id).collect();
-        let instants: Vec<DateTime<Utc>> = claims.iter().map(|(o, _)| o.scheduled_at).collect();
-        let origins: Vec<&str> = claims.iter().map(|(_, origin)| origin.as_str()).collect();
-        let outbox = Some(InClaimEffect::Outbox);
-        let (message, mission) = (
-            params.in_claim.message == outbox,
-            params.in_claim.mission == outbox,
-        );
+        let (ids, instants, origins) = claim.columns();
+        let (message, mission) = outbox_kinds(params);
         let rows: Vec<ClaimedRow> = if message || mission {
             let keys: Vec<String> = claims
                 .iter()
@@ -1663,7 +1680,7 @@ struct UpsertedRow {
 impl PgStore {
     /// Whether the schema is distributed on Citus (`routines` is a distributed table), read
     /// once.
-    async fn is_citus(&self) -> Result<bool, StoreError> {
+    pub(crate) async fn is_citus(&self) -> Result<bool, StoreError> {
         if let Some(citus) = self.citus.get() {
             return Ok(*citus);
         }
@@ -1693,14 +1710,8 @@ impl PgStore {
         group: GroupId,
     ) -> Result<Vec<ClaimedFire>, StoreError> {
         let claims = claim.claims;
-        let ids: Vec<Uuid> = claims.iter().map(|(o, _)| o.routine_id).collect();
-        let instants: Vec<DateTime<Utc>> = claims.iter().map(|(o, _)| o.scheduled_at).collect();
-        let origins: Vec<&str> = claims.iter().map(|(_, origin)| origin.as_str()).collect();
-        let outbox = Some(InClaimEffect::Outbox);
-        let (message, mission) = (
-            params.in_claim.message == outbox,
-            params.in_claim.mission == outbox,
-        );
+        let (ids, instants, origins) = claim.columns();
+        let (message, mission) = outbox_kinds(params);
         // Numbers drawn in the order of the occurrences (oldest first), as the one-statement
         // claim draws them.
         let seqs: Vec<i64> = if message || mission {

@@ -161,15 +161,8 @@ impl RoutineStore for PgStore {
 
     async fn set_routine_paused(&self, id: Uuid, paused: bool) -> Result<Routine, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let group = catalog::routine_group(&mut tx, id).await?;
-        let routine = sqlx::query_as::<_, Routine>(
-            "SELECT * FROM routines WHERE id = $1 AND group_id = $2 FOR UPDATE",
-        )
-        .bind(id)
-        .bind(group)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::RoutineNotFound(id))?;
+        let routine = catalog::lock_routine(&mut tx, id).await?;
+        let group = routine.group_id;
         if routine.paused == paused {
             return Ok(routine);
         }

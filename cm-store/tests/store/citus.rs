@@ -20,9 +20,7 @@ use cm_store::{
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::support::{
-    EVERY_MINUTE, create, outbox_params, params, reap_params, set_next_run, token_of,
-};
+use crate::support::{YEARLY, create, outbox_params, params, reap_params, set_next_run, token_of};
 
 /// A database of its own on the Citus cluster, migrated and distributed; dropped by
 /// [`CitusDb::drop_all`].
@@ -32,6 +30,9 @@ struct CitusDb {
     store: PgStore,
     pool: PgPool,
 }
+
+/// Serialises the tests' database set-up.
+static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The coordinator's URL, or `None` (outside CI) when no cluster is configured.
 fn citus_url() -> Option<String> {
@@ -63,6 +64,9 @@ async fn execute(conn: &mut PgConnection, sql: String) {
 impl CitusDb {
     async fn create() -> Option<CitusDb> {
         let coordinator = citus_url()?;
+        // One database at a time: CREATE DATABASE copies template1, which refuses a second
+        // copy while one is running.
+        let _one = CREATING.lock().await;
         let name = format!("cm_citus_{}", &Uuid::new_v4().simple().to_string()[..12]);
         let mut admin = PgConnection::connect(&coordinator).await.unwrap();
         let nodes: Vec<(String, i32, i32)> = sqlx::query_as(
@@ -117,6 +121,8 @@ impl CitusDb {
         })
     }
 
+    /// Drops the database on every node, best effort: the coordinator's connections to the
+    /// workers in it close a moment after the test's, so a refused drop is tried again.
     async fn drop_all(self) {
         self.pool.close().await;
         let mut admin = PgConnection::connect(&self.coordinator).await.unwrap();
@@ -125,11 +131,20 @@ impl CitusDb {
             "SET citus.enable_create_database_propagation = on".into(),
         )
         .await;
-        execute(
-            &mut admin,
-            format!("DROP DATABASE {} WITH (FORCE)", self.name),
-        )
-        .await;
+        let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        for _ in 0..20 {
+            let dropped = sqlx::query(sqlx::AssertSqlSafe(drop.clone()))
+                .execute(&mut admin)
+                .await;
+            if dropped.is_ok() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        eprintln!(
+            "could not drop {} on every node; .ci/citus --drop clears it",
+            self.name
+        );
     }
 
     /// How many two-phase commits the coordinator has recorded in this database (rows of
@@ -142,13 +157,14 @@ impl CitusDb {
     }
 }
 
-/// Routines, each due a minute ago, in at least `groups` different groups.
+/// Routines, each due a minute ago (and, yearly, not again for months), in at least `groups`
+/// different groups.
 async fn due_routines(db: &CitusDb, groups: usize) -> Vec<(Uuid, GroupId)> {
     let count = db.store.group_count().await.unwrap();
     let mut routines = Vec::new();
     let mut seen = BTreeSet::new();
     while seen.len() < groups {
-        let routine = create(&db.store, EVERY_MINUTE, MisfirePolicy::FireOnce).await;
+        let routine = create(&db.store, YEARLY, MisfirePolicy::FireOnce).await;
         assert_eq!(routine.group_id, group_of(routine.id, count));
         let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
             .fetch_one(&db.pool)

@@ -14,7 +14,8 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::support::{
-    EVERY_MINUTE, create, create_named, db_now, expire_lease, params, reap_params, set_next_run,
+    EVERY_MINUTE, YEARLY, create, create_named, db_now, expire_lease, params, reap_params,
+    set_next_run,
 };
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
@@ -123,12 +124,13 @@ async fn names_stay_unique_through_their_own_table(pool: PgPool) {
     assert!(names.contains(&("standup".into(), second.id)));
 }
 
-/// Routines due a minute ago until at least `groups` groups have one.
+/// Yearly routines due a minute ago (not again for months) until at least `groups` groups have
+/// one.
 async fn due_in_groups(store: &PgStore, pool: &PgPool, groups: usize) -> Vec<(Uuid, GroupId)> {
     let mut routines = Vec::new();
     let mut seen = BTreeSet::new();
     while seen.len() < groups {
-        let routine = create(store, EVERY_MINUTE, MisfirePolicy::FireOnce).await;
+        let routine = create(store, YEARLY, MisfirePolicy::FireOnce).await;
         set_next_run(pool, routine.id, db_now(pool).await - TimeDelta::minutes(1)).await;
         seen.insert(routine.group_id);
         routines.push((routine.id, routine.group_id));

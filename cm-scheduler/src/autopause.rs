@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cm_store::FailingRoutines;
+use cm_store::{FailingRoutines, GroupId};
 use tracing::error;
 
 use crate::stats::Stats;
@@ -23,12 +23,20 @@ pub(crate) struct AutoPause {
 impl AutoPause {
     /// One pass. Returns whether it succeeded; a failure is logged and kept for health like a
     /// failed tick, and the next pass tries again.
-    pub(crate) async fn pass(&self, stats: &Stats) -> bool {
-        match self
-            .store
-            .pause_failing_routines(self.after_failures, WINDOW)
-            .await
-        {
+    pub(crate) async fn pass(&self, stats: &Stats, group: Option<GroupId>) -> bool {
+        let paused = match group {
+            None => {
+                self.store
+                    .pause_failing_routines(self.after_failures, WINDOW)
+                    .await
+            }
+            Some(group) => {
+                self.store
+                    .pause_failing_routines_in(group, self.after_failures, WINDOW)
+                    .await
+            }
+        };
+        match paused {
             Ok(paused) => {
                 for routine in paused {
                     error!(routine = %routine.name, routine_id = %routine.id, reason = %routine.reason,

@@ -35,8 +35,8 @@ use cm_domain::{
     MisfireRules, SchedulerConfig, Settlement,
 };
 use cm_store::{
-    ClaimDueParams, ClaimedFire, DueCursor, FireLedger, FireRef, FireSettle, InClaimWrites,
-    OutboxConsumer, ReapParams, RoutineKind, StoreError, TickClaim,
+    ClaimDueParams, ClaimedFire, DueCursor, FireLedger, FireRef, FireSettle, GroupDirectory,
+    GroupId, InClaimWrites, OutboxConsumer, ReapParams, RoutineKind, StoreError, TickClaim,
 };
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -44,6 +44,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::autopause::AutoPause;
 use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
+use crate::groups::GroupLeases;
 use crate::runs::{BeforeLaunch, RunWatch};
 use crate::stats::{Stats, add};
 
@@ -162,6 +163,9 @@ pub struct Scheduler {
     launches: Arc<LaunchWindow>,
     /// Mission runs watched after their launch (`runs.rs`).
     runs: Option<Arc<RunWatch>>,
+    /// Claims per routine group, in the groups this scheduler leases (`groups.rs`); `None`
+    /// claims across every group at once.
+    groups: Option<Arc<GroupLeases>>,
 }
 
 /// The launch rate's gate: when each mission launch of the last second passed it, and how many
@@ -291,6 +295,7 @@ impl Scheduler {
             outbox: None,
             launches: Arc::default(),
             runs: None,
+            groups: None,
         })
     }
 
@@ -330,6 +335,35 @@ impl Scheduler {
     ) -> Self {
         self.runs = Some(Arc::new(RunWatch { store, runtime }));
         self
+    }
+
+    /// The same scheduler claiming one routine group at a time: each tick claims in the groups
+    /// with due work that it leases or nobody leases, and the reaper in each group with expired
+    /// claims; the leases are renewed and rebalanced beside the ticks (`groups.rs`). Every claim
+    /// statement then names its group, which on Citus is one shard.
+    ///
+    /// It does so where the schema is distributed (Citus), or always with `always`; on plain
+    /// PostgreSQL a claim across every group is cheaper per occurrence, and the leases are
+    /// still kept.
+    pub fn with_groups(mut self, directory: Arc<dyn GroupDirectory>, always: bool) -> Self {
+        self.groups = Some(Arc::new(GroupLeases::new(
+            directory,
+            self.instance_id.clone(),
+            self.config.lease.duration(),
+            always,
+        )));
+        self
+    }
+
+    /// The groups to claim in, one claim walk each: the due groups this scheduler may claim in
+    /// when it claims per group, else one walk across every group (`None`).
+    async fn claim_groups(&self) -> Result<Vec<Option<GroupId>>, StoreError> {
+        match &self.groups {
+            Some(leases) if leases.per_group().await? => {
+                Ok(leases.claimable().await?.into_iter().map(Some).collect())
+            }
+            _ => Ok(vec![None]),
+        }
     }
 
     /// The instance id written on this scheduler's claims.
@@ -412,6 +446,40 @@ impl Scheduler {
     ) -> Result<TickReport, TickError> {
         let started = Instant::now();
         add(&self.stats.ticks, 1);
+        let groups = self.claim_groups().await.map_err(TickError::Claim)?;
+        let mut total = TickReport::default();
+        let mut last_deferred = 0;
+        for group in groups {
+            let (report, deferred) = self
+                .drain(completer, wait.as_deref_mut(), stopped, group)
+                .await?;
+            total.add(&report);
+            last_deferred = deferred;
+            if stopped.is_some_and(|s| *s.borrow()) {
+                break;
+            }
+        }
+        if last_deferred > 0 {
+            warn!(
+                deferred = last_deferred,
+                claims = total.claims,
+                "more occurrences due than there is room to dispatch; the rest wait for room"
+            );
+        }
+        self.stats.tick_duration.observe(started.elapsed());
+        Ok(total)
+    }
+
+    /// Claims what is due in `group` (every group: `None`) and starts its dispatches, claiming
+    /// again at once while a claim comes back full. Returns what it did and how many
+    /// occurrences its last claim deferred.
+    async fn drain(
+        &self,
+        completer: &Arc<dyn Completer>,
+        mut wait: Option<&mut JoinSet<FireResult>>,
+        stopped: Option<&watch::Receiver<bool>>,
+        group: Option<GroupId>,
+    ) -> Result<(TickReport, usize), TickError> {
         let cap = self.config.max_fires_per_tick.get();
         let mut batch = cap;
         let mut after: Option<DueCursor> = None;
@@ -440,6 +508,7 @@ impl Scheduler {
                 in_claim: self.in_claim,
                 mission_room: self.mission_room(),
                 after,
+                group,
             };
             let claim = self
                 .ledger
@@ -470,15 +539,7 @@ impl Scheduler {
                 break;
             }
         }
-        if last_deferred > 0 {
-            warn!(
-                deferred = last_deferred,
-                claims = total.claims,
-                "more occurrences due than there is room to dispatch; the rest wait for room"
-            );
-        }
-        self.stats.tick_duration.observe(started.elapsed());
-        Ok(total)
+        Ok((total, last_deferred))
     }
 
     /// The most one claim of `batch` may take: occurrences written in the claim take no room;
@@ -528,7 +589,28 @@ impl Scheduler {
     async fn reap_and_start(
         &self,
         completer: &Arc<dyn Completer>,
+        mut wait: Option<&mut JoinSet<FireResult>>,
+    ) -> Result<TickReport, TickError> {
+        let leases = match &self.groups {
+            Some(leases) if leases.per_group().await.map_err(TickError::Claim)? => leases,
+            _ => return self.reap_group(completer, wait, None).await,
+        };
+        let mut total = TickReport::default();
+        for group in leases.expired().await.map_err(TickError::Claim)? {
+            let report = self
+                .reap_group(completer, wait.as_deref_mut(), Some(group))
+                .await?;
+            total.add(&report);
+        }
+        Ok(total)
+    }
+
+    /// One reaper pass in `group` (every group: `None`).
+    async fn reap_group(
+        &self,
+        completer: &Arc<dyn Completer>,
         wait: Option<&mut JoinSet<FireResult>>,
+        group: Option<GroupId>,
     ) -> Result<TickReport, TickError> {
         let room = self.room.available_permits();
         let limit = room.min(self.config.max_fires_per_tick.get());
@@ -539,6 +621,7 @@ impl Scheduler {
             claimant: self.instance_id.clone(),
             lease: self.config.lease,
             limit: u32::try_from(limit).unwrap_or(u32::MAX),
+            group,
         };
         let claim = self
             .ledger
@@ -754,9 +837,21 @@ impl Scheduler {
         let started = Instant::now();
         let budget = self.config.lease.duration() / 4;
         let retention = self.config.retention;
+        let groups = self.maintained_groups().await;
         if let Some(outbox) = &self.outbox {
-            match prune_in_batches(budget / 2, || {
-                outbox.outbox_prune_acked(retention, PRUNE_BATCH)
+            match prune_in_batches(budget / 2, || async {
+                let mut pruned = 0;
+                for group in &groups {
+                    pruned += match group {
+                        None => outbox.outbox_prune_acked(retention, PRUNE_BATCH).await?,
+                        Some(g) => {
+                            outbox
+                                .outbox_prune_acked_in(*g, retention, PRUNE_BATCH)
+                                .await?
+                        }
+                    };
+                }
+                Ok(pruned)
             })
             .await
             {
@@ -778,7 +873,17 @@ impl Scheduler {
         let stats = &self.stats;
         let left = budget.saturating_sub(started.elapsed());
         let pruned = prune_in_batches(left, || async {
-            let pruned = self.ledger.prune_settled(retention, PRUNE_BATCH).await?;
+            let mut pruned = 0;
+            for group in &groups {
+                pruned += match group {
+                    None => self.ledger.prune_settled(retention, PRUNE_BATCH).await?,
+                    Some(g) => {
+                        self.ledger
+                            .prune_settled_in(*g, retention, PRUNE_BATCH)
+                            .await?
+                    }
+                };
+            }
             add(&stats.pruned, pruned);
             Ok(pruned)
         })
@@ -795,6 +900,17 @@ impl Scheduler {
                 self.stats.tick_failed(format!("pruning failed: {e}"));
                 false
             }
+        }
+    }
+
+    /// The groups this scheduler's maintenance (prunes, the automatic pause) covers: those it
+    /// leases, each on its own; or every group at once (`None`) without group claims.
+    async fn maintained_groups(&self) -> Vec<Option<GroupId>> {
+        match &self.groups {
+            Some(leases) if leases.per_group().await.unwrap_or(true) => {
+                leases.held().into_iter().map(Some).collect()
+            }
+            _ => vec![None],
         }
     }
 
@@ -832,7 +948,8 @@ impl Scheduler {
             signal,
             self.tick_loop(stopped.clone(), &completer),
             self.reap_loop(stopped.clone(), &completer),
-            self.watch_loop(stopped),
+            self.watch_loop(stopped.clone()),
+            self.lease_loop(stopped),
         );
         // No new claims from here on; wait for every dispatch in flight to settle (each is
         // bounded by the dispatch timeout), then for the completer's last batch.
@@ -914,8 +1031,28 @@ impl Scheduler {
             self.record(result, "reaper pass");
             self.prune().await;
             if let Some(auto_pause) = &self.auto_pause {
-                auto_pause.pass(&self.stats).await;
+                for group in self.maintained_groups().await {
+                    auto_pause.pass(&self.stats, group).await;
+                }
             }
+        }
+    }
+
+    /// Renews and rebalances the group leases every third of a lease, beside the ticks, and
+    /// gives them up when the scheduler stops; nothing without [`Scheduler::with_groups`].
+    async fn lease_loop(&self, mut stopped: watch::Receiver<bool>) {
+        let Some(leases) = &self.groups else { return };
+        let mut beat = beat(leases.every().max(self.config.tick_interval));
+        loop {
+            if let Err(e) = leases.rebalance().await {
+                warn!(error = %e, "could not renew the group leases; claiming in free groups");
+            }
+            if !next_beat(&mut beat, &mut stopped).await {
+                break;
+            }
+        }
+        if let Err(e) = leases.release_all().await {
+            warn!(error = %e, "could not release the group leases; they run out by themselves");
         }
     }
 

@@ -27,6 +27,7 @@
 mod autopause;
 pub mod completer;
 mod engine;
+pub mod groups;
 pub mod health;
 pub mod http;
 pub mod runs;

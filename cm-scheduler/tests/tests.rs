@@ -39,6 +39,8 @@ mod browser;
 mod abandon;
 #[path = "scheduler/autopause.rs"]
 mod autopause;
+#[path = "scheduler/citus.rs"]
+mod citus;
 #[path = "scheduler/cli.rs"]
 mod cli;
 #[path = "scheduler/cli_hardening.rs"]

@@ -6,7 +6,7 @@ use sqlx::FromRow;
 use std::time::Duration;
 use uuid::Uuid;
 
-use crate::{PgStore, StoreError};
+use crate::{GroupId, PgStore, StoreError};
 
 /// A routine the store paused because its last fires all failed.
 #[derive(Debug, Clone, PartialEq, Eq, FromRow)]
@@ -32,6 +32,18 @@ pub trait FailingRoutines: Send + Sync {
         after_failures: u32,
         window: Duration,
     ) -> Result<Vec<AutoPaused>, StoreError>;
+
+    /// [`FailingRoutines::pause_failing_routines`] among the routines of `group` only (on
+    /// Citus, one shard). By default, every group's.
+    async fn pause_failing_routines_in(
+        &self,
+        group: GroupId,
+        after_failures: u32,
+        window: Duration,
+    ) -> Result<Vec<AutoPaused>, StoreError> {
+        let _ = group;
+        self.pause_failing_routines(after_failures, window).await
+    }
 }
 
 /// The automatic pause. `$1` is how many newest fires must all have failed, `$2` the window in
@@ -44,13 +56,20 @@ pub trait FailingRoutines: Send + Sync {
 /// `updated_at`, whichever comes first, however long the routine's history: read in occurrence
 /// order, a routine with fewer than `$1` fires since its update was read back to its first
 /// fire. A routine a tick holds locked is skipped this pass.
-pub const PAUSE_FAILING_SQL: &str = "
+macro_rules! pause_failing_sql {
+    ($recent:literal, $routines:literal) => {
+        concat!(
+            "
 WITH recent AS (
     SELECT DISTINCT routine_id FROM routine_fires
-    WHERE status = 'failed' AND scheduled_at > now() - make_interval(secs => $2)
+    WHERE status = 'failed' AND scheduled_at > now() - make_interval(secs => $2)",
+            $recent,
+            "
 ),
 failing AS (
-    SELECT r.id, last.error
+    SELECT r.id,
+           left(format('paused by cm: its last %s fires failed; the latest: %s', $1, last.error),
+                1000) AS reason
     FROM routines r
     JOIN recent ON recent.routine_id = r.id
     CROSS JOIN LATERAL (
@@ -58,20 +77,34 @@ failing AS (
                count(*) FILTER (WHERE f.status = 'failed') AS failed,
                (array_agg(f.error ORDER BY f.claimed_at DESC, f.scheduled_at DESC))[1] AS error
         FROM (SELECT status, error, claimed_at, scheduled_at FROM routine_fires
-              WHERE routine_id = r.id AND claimed_at >= r.updated_at
+              WHERE routine_id = r.id AND claimed_at >= r.updated_at",
+            $recent,
+            "
               ORDER BY claimed_at DESC, scheduled_at DESC
               LIMIT $1) f
     ) last
-    WHERE NOT r.paused AND last.fires = $1 AND last.failed = $1
+    WHERE NOT r.paused AND last.fires = $1 AND last.failed = $1",
+            $routines,
+            "
     FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE routines r
-SET paused = true, next_run_at = NULL, updated_at = now(),
-    paused_reason = left(format('paused by cm: its last %s fires failed; the latest: %s',
-                                $1, failing.error), 1000)
+SET paused = true, next_run_at = NULL, updated_at = now(), paused_reason = failing.reason
 FROM failing
-WHERE r.id = failing.id AND NOT r.paused
-RETURNING r.id, r.name, r.paused_reason AS reason";
+WHERE r.id = failing.id AND NOT r.paused",
+            $routines,
+            "
+RETURNING r.id, r.name, r.paused_reason AS reason"
+        )
+    };
+}
+
+/// The automatic pause across every group (see `pause_failing_sql!`).
+pub const PAUSE_FAILING_SQL: &str = pause_failing_sql!("", "");
+
+/// [`PAUSE_FAILING_SQL`] within the group `$3` (one shard on Citus).
+pub const PAUSE_FAILING_GROUP_SQL: &str =
+    pause_failing_sql!(" AND group_id = $3", " AND r.group_id = $3");
 
 #[async_trait]
 impl FailingRoutines for PgStore {
@@ -80,13 +113,42 @@ impl FailingRoutines for PgStore {
         after_failures: u32,
         window: Duration,
     ) -> Result<Vec<AutoPaused>, StoreError> {
+        self.pause_failing(None, after_failures, window).await
+    }
+
+    async fn pause_failing_routines_in(
+        &self,
+        group: GroupId,
+        after_failures: u32,
+        window: Duration,
+    ) -> Result<Vec<AutoPaused>, StoreError> {
+        self.pause_failing(Some(group), after_failures, window)
+            .await
+    }
+}
+
+impl PgStore {
+    /// The automatic pause in `group`, or in every group.
+    async fn pause_failing(
+        &self,
+        group: Option<GroupId>,
+        after_failures: u32,
+        window: Duration,
+    ) -> Result<Vec<AutoPaused>, StoreError> {
         if after_failures == 0 {
             return Ok(Vec::new());
         }
-        Ok(sqlx::query_as(PAUSE_FAILING_SQL)
-            .bind(i64::from(after_failures))
-            .bind(window.as_secs_f64())
-            .fetch_all(&self.pool)
-            .await?)
+        let query = sqlx::query_as(match group {
+            None => PAUSE_FAILING_SQL,
+            Some(_) => PAUSE_FAILING_GROUP_SQL,
+        })
+        .bind(i64::from(after_failures))
+        .bind(window.as_secs_f64());
+        Ok(match group {
+            Some(group) => query.bind(group),
+            None => query,
+        }
+        .fetch_all(&self.pool)
+        .await?)
     }
 }

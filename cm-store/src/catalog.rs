@@ -8,6 +8,7 @@ use cm_domain::Schedule;
 use sqlx::{Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::groups::{GroupId, group_of, stored_group_count};
 pub use crate::model::{
     ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
     SyncAction, SyncedRoutine,
@@ -15,11 +16,52 @@ pub use crate::model::{
 use crate::model::{NewRoutine, Routine};
 use crate::{MIGRATOR, PgStore, StoreError};
 
+/// The group of the routine `id`, by the schema's group count.
+pub(crate) async fn routine_group(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> Result<GroupId, StoreError> {
+    Ok(group_of(id, stored_group_count(conn).await?))
+}
+
+/// The routine `id`, locked `FOR UPDATE` in the caller's transaction (through its group, so on
+/// Citus one shard); [`StoreError::RoutineNotFound`] when there is none.
+pub(crate) async fn lock_routine(conn: &mut PgConnection, id: Uuid) -> Result<Routine, StoreError> {
+    let group = routine_group(conn, id).await?;
+    sqlx::query_as::<_, Routine>(
+        "SELECT * FROM routines WHERE id = $1 AND group_id = $2 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(group)
+    .fetch_optional(conn)
+    .await?
+    .ok_or(StoreError::RoutineNotFound(id))
+}
+
+/// Records that `name` is the routine `id`'s, in the caller's transaction; a name another
+/// routine has is [`StoreError::NameTaken`].
+async fn take_name(
+    conn: &mut PgConnection,
+    name: &str,
+    id: Uuid,
+    group: GroupId,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO routine_names (name, routine_id, group_id) VALUES ($1, $2, $3)")
+        .bind(name)
+        .bind(id)
+        .bind(group)
+        .execute(conn)
+        .await
+        .map_err(|e| name_conflict(e, name))?;
+    Ok(())
+}
+
 /// Maps a unique violation of the name constraint to [`StoreError::NameTaken`].
 pub(crate) fn name_conflict(e: sqlx::Error, name: &str) -> StoreError {
     let taken = e.as_database_error().is_some_and(|d| {
         d.kind() == sqlx::error::ErrorKind::UniqueViolation
-            && d.constraint() == Some("routines_name_key")
+            && d.constraint()
+                .is_some_and(|c| c.starts_with("routine_names_pkey"))
     });
     if taken {
         StoreError::NameTaken(name.to_string())
@@ -43,14 +85,17 @@ pub(crate) async fn insert_routine(
     } else {
         routine.schedule.next_after(now)
     };
+    let id = Uuid::now_v7();
+    let group = routine_group(conn, id).await?;
+    take_name(conn, &routine.name, id, group).await?;
     sqlx::query_as::<_, Routine>(
         "INSERT INTO routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
-              source)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+              source, group_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
          RETURNING *",
     )
-    .bind(Uuid::now_v7())
+    .bind(id)
     .bind(&routine.name)
     .bind(routine.schedule.expression())
     .bind(routine.schedule.zone().name())
@@ -60,6 +105,7 @@ pub(crate) async fn insert_routine(
     .bind(routine.paused)
     .bind(next_run_at)
     .bind(source)
+    .bind(group)
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, &routine.name))
@@ -97,11 +143,19 @@ async fn apply_update(
     let misfire = update
         .misfire
         .map_or(current.misfire_policy.as_str(), |m| m.as_str());
+    if name != current.name {
+        take_name(conn, name, current.id, current.group_id).await?;
+        sqlx::query("DELETE FROM routine_names WHERE name = $1 AND routine_id = $2")
+            .bind(&current.name)
+            .bind(current.id)
+            .execute(&mut *conn)
+            .await?;
+    }
     sqlx::query_as::<_, Routine>(
         "UPDATE routines
          SET name = $2, schedule = $3, timezone = $4, kind = $5, payload = $6,
              misfire_policy = $7, next_run_at = $8, updated_at = now()
-         WHERE id = $1
+         WHERE id = $1 AND group_id = $9
          RETURNING *",
     )
     .bind(current.id)
@@ -112,6 +166,7 @@ async fn apply_update(
     .bind(payload)
     .bind(misfire)
     .bind(next_run_at)
+    .bind(current.group_id)
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, name))
@@ -161,11 +216,7 @@ pub(crate) async fn update_routine(
     update: &RoutineUpdate,
 ) -> Result<Routine, StoreError> {
     let mut tx = pool.begin().await?;
-    let current = sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE id = $1 FOR UPDATE")
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(StoreError::RoutineNotFound(id))?;
+    let current = lock_routine(&mut tx, id).await?;
     let now = db_now(&mut tx).await?;
     let updated = apply_update(&mut tx, &current, update, now).await?;
     tx.commit().await?;
@@ -233,12 +284,18 @@ fn same_settings(stored: &Routine, routine: &NewRoutine) -> bool {
 /// Deletes a routine the caller holds locked, with its requests and fires (children first, as
 /// `delete_routine` does, so no claim waits on a lock held here).
 pub(crate) async fn delete_locked(conn: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
+    let group = routine_group(conn, id).await?;
     for statement in [
-        "DELETE FROM routine_requests WHERE routine_id = $1",
-        "DELETE FROM routine_fires WHERE routine_id = $1",
-        "DELETE FROM routines WHERE id = $1",
+        "DELETE FROM routine_requests WHERE routine_id = $1 AND group_id = $2",
+        "DELETE FROM routine_fires WHERE routine_id = $1 AND group_id = $2",
+        "DELETE FROM routines WHERE id = $1 AND group_id = $2",
+        "DELETE FROM routine_names WHERE routine_id = $1 AND group_id = $2",
     ] {
-        sqlx::query(statement).bind(id).execute(&mut *conn).await?;
+        sqlx::query(statement)
+            .bind(id)
+            .bind(group)
+            .execute(&mut *conn)
+            .await?;
     }
     Ok(())
 }

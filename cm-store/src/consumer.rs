@@ -30,7 +30,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::outbox::OutboxRow;
-use crate::{PgStore, StoreError};
+use crate::{GroupId, PgStore, StoreError};
 
 /// What a consumer asks of one take.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +41,10 @@ pub struct OutboxTake {
     pub limit: u32,
     /// How long the batch is the consumer's; after it, the batch is presumed crashed.
     pub lease: Duration,
+    /// Take from this group only, in `seq` order within it (on Citus, one shard); `None` takes
+    /// across every group in `seq` order (plain PostgreSQL only). Either way each routine's
+    /// messages come in order: a routine's messages are all in its group.
+    pub group: Option<GroupId>,
 }
 
 /// A message taken by a consumer.
@@ -127,7 +131,51 @@ pub trait OutboxConsumer: Send + Sync {
     /// Deletes at most `limit` messages acknowledged longer than `retention` ago. Returns how
     /// many. A pass that finds the table locked for more than a second deletes nothing.
     async fn outbox_prune_acked(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
+
+    /// [`OutboxConsumer::outbox_prune_acked`] among the messages of `group` only (on Citus,
+    /// one shard). By default, every group's.
+    async fn outbox_prune_acked_in(
+        &self,
+        group: GroupId,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let _ = group;
+        self.outbox_prune_acked(retention, limit).await
+    }
 }
+
+/// The take: leases up to `$2` pending messages to `$1` for `$3` seconds under the token `$4`,
+/// oldest `seq` first; the argument keeps it in one group (`$5`).
+macro_rules! take_sql {
+    ($group:literal, $outer:literal) => {
+        concat!(
+            "
+UPDATE outbox_messages o
+SET leased_by = $1, lease_expires_at = now() + make_interval(secs => $3),
+    deliveries = o.deliveries + 1, lease_token = $4
+FROM (SELECT seq, group_id FROM outbox_messages
+      WHERE acked_at IS NULL
+        AND (lease_expires_at IS NULL OR lease_expires_at <= now())",
+            $group,
+            "
+      ORDER BY seq
+      LIMIT $2
+      FOR UPDATE SKIP LOCKED) taken
+WHERE o.seq = taken.seq AND o.group_id = taken.group_id",
+            $outer,
+            "
+RETURNING o.seq, o.routine_id, o.scheduled_at, o.idempotency_key, o.attempt,
+          o.payload, o.created_at, o.deliveries, o.lease_token"
+        )
+    };
+}
+
+/// Takes across every group.
+const TAKE_SQL: &str = take_sql!("", "");
+
+/// Takes within the group `$5`.
+const TAKE_GROUP_SQL: &str = take_sql!(" AND group_id = $5", " AND o.group_id = $5");
 
 /// How long a prune pass waits for a lock on the outbox before it gives up for this pass.
 const PRUNE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
@@ -135,26 +183,19 @@ const PRUNE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
 #[async_trait]
 impl OutboxConsumer for PgStore {
     async fn outbox_take(&self, take: &OutboxTake) -> Result<Vec<OutboxDelivery>, StoreError> {
-        let mut rows: Vec<OutboxDelivery> = sqlx::query_as(
-            "UPDATE outbox_messages o
-             SET leased_by = $1, lease_expires_at = now() + make_interval(secs => $3),
-                 deliveries = o.deliveries + 1, lease_token = $4
-             FROM (SELECT seq FROM outbox_messages
-                   WHERE acked_at IS NULL
-                     AND (lease_expires_at IS NULL OR lease_expires_at <= now())
-                   ORDER BY seq
-                   LIMIT $2
-                   FOR UPDATE SKIP LOCKED) taken
-             WHERE o.seq = taken.seq
-             RETURNING o.seq, o.routine_id, o.scheduled_at, o.idempotency_key, o.attempt,
-                       o.payload, o.created_at, o.deliveries, o.lease_token",
-        )
+        let query = sqlx::query_as(match take.group {
+            None => TAKE_SQL,
+            Some(_) => TAKE_GROUP_SQL,
+        })
         .bind(&take.consumer)
         .bind(i64::from(take.limit))
         .bind(take.lease.as_secs_f64())
-        .bind(Uuid::new_v4())
-        .fetch_all(&self.pool)
-        .await?;
+        .bind(Uuid::new_v4());
+        let query = match take.group {
+            Some(group) => query.bind(group),
+            None => query,
+        };
+        let mut rows: Vec<OutboxDelivery> = query.fetch_all(&self.pool).await?;
         // RETURNING follows no order; the contract is seq order.
         rows.sort_by_key(|r| r.message.seq);
         Ok(rows)
@@ -208,26 +249,64 @@ impl OutboxConsumer for PgStore {
     }
 
     async fn outbox_prune_acked(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
+        self.prune_acked(None, retention, limit).await
+    }
+
+    async fn outbox_prune_acked_in(
+        &self,
+        group: GroupId,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        self.prune_acked(Some(group), retention, limit).await
+    }
+}
+
+/// Deletes acknowledged messages past the retention (`$1` seconds), at most `$2`, oldest
+/// acknowledgement first; the argument keeps it in one group (`$3`).
+macro_rules! prune_acked_sql {
+    ($group:literal) => {
+        concat!(
+            "
+DELETE FROM outbox_messages
+WHERE (seq, group_id) IN (SELECT seq, group_id FROM outbox_messages
+                          WHERE acked_at IS NOT NULL
+                            AND acked_at < now() - make_interval(secs => $1)
+                            AND scheduled_at < now() - make_interval(secs => $1)",
+            $group,
+            "
+                          ORDER BY acked_at
+                          LIMIT $2
+                          FOR UPDATE SKIP LOCKED)",
+            $group
+        )
+    };
+}
+
+impl PgStore {
+    async fn prune_acked(
+        &self,
+        group: Option<GroupId>,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
         // Like the ledger's pruning: a row is also what makes a retried dispatch write nothing,
         // so only rows of occurrences older than the retention go. Pruning is housekeeping run
         // inside the scheduler's loop: if something holds the table locked, this pass waits at
         // most PRUNE_LOCK_TIMEOUT and prunes nothing, leaving the rows to the next pass.
         let mut tx = self.pool.begin().await?;
         sqlx::query(PRUNE_LOCK_TIMEOUT).execute(&mut *tx).await?;
-        let deleted = sqlx::query(
-            "DELETE FROM outbox_messages
-             WHERE seq IN (SELECT seq FROM outbox_messages
-                           WHERE acked_at IS NOT NULL
-                             AND acked_at < now() - make_interval(secs => $1)
-                             AND scheduled_at < now() - make_interval(secs => $1)
-                           ORDER BY acked_at
-                           LIMIT $2
-                           FOR UPDATE SKIP LOCKED)",
-        )
+        let query = match group {
+            None => sqlx::query(prune_acked_sql!("")),
+            Some(_) => sqlx::query(prune_acked_sql!(" AND group_id = $3")),
+        }
         .bind(retention.as_secs_f64())
-        .bind(i64::from(limit))
-        .execute(&mut *tx)
-        .await;
+        .bind(i64::from(limit));
+        let query = match group {
+            Some(group) => query.bind(group),
+            None => query,
+        };
+        let deleted = query.execute(&mut *tx).await;
         match deleted {
             Ok(done) => {
                 tx.commit().await?;

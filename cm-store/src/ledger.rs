@@ -52,6 +52,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection as _, FromRow, Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::groups::{GroupId, group_of};
 use crate::routines::RoutineKind;
 use crate::{FireCursor, PgStore, StoreError};
 
@@ -106,6 +107,10 @@ pub struct ClaimDueParams {
     /// [`TickClaim::resume_after`]) instead of from the oldest due routine; `None` for the
     /// whole walk.
     pub after: Option<DueCursor>,
+    /// Claim within this group only: every statement of the claim names it, so on Citus the
+    /// claim touches one shard and commits on one worker. `None` claims across every group
+    /// (plain PostgreSQL only: a distributed table refuses such a claim's row locks).
+    pub group: Option<GroupId>,
 }
 
 /// A place in the due walk, `(next_run_at, id)` of a routine: a claim resumed there reads the
@@ -127,6 +132,9 @@ pub struct ReapParams {
     pub lease: Lease,
     /// The most claims one pass takes over.
     pub limit: u32,
+    /// Take over claims of this group only (see [`ClaimDueParams::group`]); `None` for every
+    /// group.
+    pub group: Option<GroupId>,
 }
 
 /// The result of one claim (a tick's, or a reaper pass's).
@@ -345,6 +353,18 @@ pub trait FireLedger: Send + Sync {
     /// Deletes at most `limit` settled rows settled, and scheduled, longer than `retention` ago,
     /// oldest first. Returns how many it deleted. Rows still `claimed` are never pruned.
     async fn prune_settled(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
+
+    /// [`FireLedger::prune_settled`] among the fires of `group` only (on Citus, one shard). By
+    /// default, every group's.
+    async fn prune_settled_in(
+        &self,
+        group: GroupId,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let _ = group;
+        self.prune_settled(retention, limit).await
+    }
 }
 
 /// A row returned by the claim and reaper statements.
@@ -467,11 +487,16 @@ pub fn request_share(cap: usize) -> usize {
 async fn take_requests(
     tx: &mut Transaction<'_, Postgres>,
     limit: usize,
+    group: Option<GroupId>,
 ) -> Result<Vec<Request>, StoreError> {
-    let rows: Vec<(Uuid, DateTime<Utc>, String)> = sqlx::query_as(TAKE_REQUESTS_SQL)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(&mut **tx)
-        .await?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let query = match group {
+        None => sqlx::query_as(TAKE_REQUESTS_SQL).bind(limit),
+        Some(group) => sqlx::query_as(TAKE_GROUP_REQUESTS_SQL)
+            .bind(limit)
+            .bind(group),
+    };
+    let rows: Vec<(Uuid, DateTime<Utc>, String)> = query.fetch_all(&mut **tx).await?;
     rows.into_iter()
         .map(|(id, at, origin)| Ok((id, at, request_origin(id, &origin)?)))
         .collect()
@@ -662,6 +687,49 @@ impl Advance {
     }
 }
 
+/// What the claim statement writes: the planned occurrences (oldest first), each one's group,
+/// the claim's token, and its clock (read once, by the due statement).
+struct ClaimInput<'a> {
+    token: ClaimToken,
+    now: DateTime<Utc>,
+    claims: &'a [(Occurrence, FireOrigin)],
+    groups: &'a [GroupId],
+}
+
+impl ClaimInput<'_> {
+    /// The occurrences as the claim statements' parallel arrays: routines, instants, origins.
+    fn columns(&self) -> (Vec<Uuid>, Vec<DateTime<Utc>>, Vec<&'static str>) {
+        (
+            self.claims.iter().map(|(o, _)| o.routine_id).collect(),
+            self.claims.iter().map(|(o, _)| o.scheduled_at).collect(),
+            self.claims
+                .iter()
+                .map(|(_, origin)| origin.as_str())
+                .collect(),
+        )
+    }
+}
+
+/// Whether message and mission routines are settled with an outbox row in the claim.
+fn outbox_kinds(params: &ClaimDueParams) -> (bool, bool) {
+    let outbox = Some(InClaimEffect::Outbox);
+    (
+        params.in_claim.message == outbox,
+        params.in_claim.mission == outbox,
+    )
+}
+
+/// Binds the group a statement is kept in, its last parameter, when there is one.
+fn bind_group<'q>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    group: Option<GroupId>,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    match group {
+        Some(group) => query.bind(group),
+        None => query,
+    }
+}
+
 impl PgStore {
     /// The claim's second statement: every planned occurrence claimed (and, for an in-claim
     /// kind, settled with its effect) and the routines' clocks moved, together.
@@ -669,24 +737,29 @@ impl PgStore {
         &self,
         tx: &mut Transaction<'_, Postgres>,
         params: &ClaimDueParams,
-        token: ClaimToken,
-        claims: &[(Occurrence, FireOrigin)],
+        claim: &ClaimInput<'_>,
         advance: &Advance,
     ) -> Result<Vec<ClaimedFire>, StoreError> {
-        let ids: Vec<Uuid> = claims.iter().map(|(o, _)| o.routine_id).collect();
-        let instants: Vec<DateTime<Utc>> = claims.iter().map(|(o, _)| o.scheduled_at).collect();
-        let origins: Vec<&str> = claims.iter().map(|(_, origin)| origin.as_str()).collect();
-        let outbox = Some(InClaimEffect::Outbox);
-        let (message, mission) = (
-            params.in_claim.message == outbox,
-            params.in_claim.mission == outbox,
-        );
+        if let Some(group) = params.group
+            && self.is_citus().await?
+        {
+            return self
+                .claim_rows_on_one_shard(tx, params, claim, advance, group)
+                .await;
+        }
+        let (token, claims) = (claim.token, claim.claims);
+        let (ids, instants, origins) = claim.columns();
+        let (message, mission) = outbox_kinds(params);
         let rows: Vec<ClaimedRow> = if message || mission {
             let keys: Vec<String> = claims
                 .iter()
                 .map(|(o, _)| o.idempotency_key().as_str().to_owned())
                 .collect();
-            let query = sqlx::query(CLAIM_WITH_OUTBOX_SQL)
+            let statement = match params.group {
+                None => CLAIM_WITH_OUTBOX_SQL,
+                Some(_) => CLAIM_GROUP_WITH_OUTBOX_SQL,
+            };
+            let query = sqlx::query(statement)
                 .bind(&ids)
                 .bind(&instants)
                 .bind(&params.claimant)
@@ -696,23 +769,27 @@ impl PgStore {
                 .bind(message)
                 .bind(mission)
                 .bind(&keys);
-            let mut rows: Vec<ClaimedRow> = advance
-                .bind(query)
+            let query = advance.bind(query).bind(claim.now).bind(claim.groups);
+            let mut rows: Vec<ClaimedRow> = bind_group(query, params.group)
                 .try_map(|row| ClaimedRow::from_row(&row))
                 .fetch_all(&mut **tx)
                 .await?;
             mark_unwritten_messages(tx, &mut rows).await?;
             rows
         } else {
-            let query = sqlx::query(CLAIM_SQL)
+            let statement = match params.group {
+                None => CLAIM_SQL,
+                Some(_) => CLAIM_GROUP_SQL,
+            };
+            let query = sqlx::query(statement)
                 .bind(&ids)
                 .bind(&instants)
                 .bind(&params.claimant)
                 .bind(token.0)
                 .bind(lease_seconds(params.lease))
                 .bind(&origins);
-            advance
-                .bind(query)
+            let query = advance.bind(query).bind(claim.now).bind(claim.groups);
+            bind_group(query, params.group)
                 .try_map(|row| ClaimedRow::from_row(&row))
                 .fetch_all(&mut **tx)
                 .await?
@@ -736,26 +813,23 @@ impl FireLedger for PgStore {
         // with its claim. The clock, the requests and the due routines come in one statement.
         let share = request_share(cap);
         let missions_open = params.mission_room != Some(0);
-        let rows: Vec<DueRow> = match params.after {
-            None => {
-                sqlx::query_as(DUE_SQL)
-                    .bind(i64::from(params.max_routines))
-                    .bind(i64::try_from(share).unwrap_or(i64::MAX))
-                    .bind(missions_open)
-                    .fetch_all(&mut *tx)
-                    .await?
-            }
-            Some(after) => {
-                sqlx::query_as(DUE_AFTER_SQL)
-                    .bind(i64::from(params.max_routines))
-                    .bind(i64::try_from(share).unwrap_or(i64::MAX))
-                    .bind(missions_open)
-                    .bind(after.next_run_at)
-                    .bind(after.routine_id)
-                    .fetch_all(&mut *tx)
-                    .await?
-            }
+        let statement = match (params.after, params.group) {
+            (None, None) => DUE_SQL,
+            (None, Some(_)) => DUE_GROUP_SQL,
+            (Some(_), None) => DUE_AFTER_SQL,
+            (Some(_), Some(_)) => DUE_GROUP_AFTER_SQL,
         };
+        let mut query = sqlx::query_as(statement)
+            .bind(i64::from(params.max_routines))
+            .bind(i64::try_from(share).unwrap_or(i64::MAX))
+            .bind(missions_open);
+        if let Some(after) = params.after {
+            query = query.bind(after.next_run_at).bind(after.routine_id);
+        }
+        if let Some(group) = params.group {
+            query = query.bind(group);
+        }
+        let rows: Vec<DueRow> = query.fetch_all(&mut *tx).await?;
         let DueSet {
             now,
             mut requested,
@@ -809,7 +883,7 @@ impl FireLedger for PgStore {
 
         let room = cap.saturating_sub(tick.claims.len() + requested.len());
         if requests_may_remain && room > 0 {
-            requested.extend(take_requests(&mut tx, room).await?);
+            requested.extend(take_requests(&mut tx, room, params.group).await?);
         }
         let mut claims: Vec<(Occurrence, FireOrigin)> = tick
             .claims
@@ -830,27 +904,45 @@ impl FireLedger for PgStore {
         let advance = Advance::new(&due, &tick, &requested);
         let mut fires = if claims.is_empty() {
             if !advance.ids.is_empty() {
-                advance
-                    .bind(sqlx::query(ADVANCE_SQL))
-                    .execute(&mut *tx)
-                    .await?;
+                let statement = match params.group {
+                    None => ADVANCE_SQL,
+                    Some(_) => ADVANCE_GROUP_SQL,
+                };
+                let query = advance.bind(sqlx::query(statement)).bind(now);
+                bind_group(query, params.group).execute(&mut *tx).await?;
             }
             Vec::new()
         } else {
-            self.claim_rows(&mut tx, params, token, &claims, &advance)
-                .await?
+            let count = self.group_count().await?;
+            let groups: Vec<GroupId> = claims
+                .iter()
+                .map(|(o, _)| group_of(o.routine_id, count))
+                .collect();
+            let claim = ClaimInput {
+                token,
+                now,
+                claims: &claims,
+                groups: &groups,
+            };
+            self.claim_rows(&mut tx, params, &claim, &advance).await?
         };
         fires.sort_by_key(|f| f.occurrence);
 
         if !unusable.is_empty() {
             let ids: Vec<Uuid> = unusable.iter().map(|u| u.routine_id).collect();
-            sqlx::query(
-                "UPDATE routines SET paused = true, next_run_at = NULL, updated_at = now()
-                 WHERE id = ANY($1)",
-            )
+            let query = sqlx::query(match params.group {
+                None => {
+                    "UPDATE routines SET paused = true, next_run_at = NULL, updated_at = $2
+                     WHERE id = ANY($1)"
+                }
+                Some(_) => {
+                    "UPDATE routines SET paused = true, next_run_at = NULL, updated_at = $2
+                     WHERE id = ANY($1) AND group_id = $3"
+                }
+            })
             .bind(&ids)
-            .execute(&mut *tx)
-            .await?;
+            .bind(now);
+            bind_group(query, params.group).execute(&mut *tx).await?;
         }
         tx.commit().await?;
 
@@ -991,11 +1083,16 @@ impl FireLedger for PgStore {
         let token = ClaimToken::new_v4();
         let mut conn = self.pool.acquire().await?;
         let (mut tx, began, now) = begin_claim(&mut conn).await?;
-        let rows: Vec<ClaimedRow> = sqlx::query_as(REAP_SQL)
-            .bind(i64::from(params.limit))
-            .bind(&params.claimant)
-            .bind(token.0)
-            .bind(lease_seconds(params.lease))
+        let query = sqlx::query(match params.group {
+            None => REAP_SQL,
+            Some(_) => REAP_GROUP_SQL,
+        })
+        .bind(i64::from(params.limit))
+        .bind(&params.claimant)
+        .bind(token.0)
+        .bind(lease_seconds(params.lease));
+        let rows: Vec<ClaimedRow> = bind_group(query, params.group)
+            .try_map(|row| ClaimedRow::from_row(&row))
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -1021,22 +1118,28 @@ impl FireLedger for PgStore {
     async fn prune_settled(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
         // The ledger is the dedupe: a settled row is what stops an occurrence firing twice, so
         // only rows far older than any occurrence a scheduler could compute again go.
-        let deleted = sqlx::query(
-            "DELETE FROM routine_fires
-             WHERE (routine_id, scheduled_at) IN (
-                 SELECT routine_id, scheduled_at FROM routine_fires
-                 WHERE status <> 'claimed'
-                   AND completed_at < now() - make_interval(secs => $1)
-                   AND scheduled_at < now() - make_interval(secs => $1)
-                 ORDER BY completed_at
-                 LIMIT $2
-                 FOR UPDATE SKIP LOCKED)",
-        )
-        .bind(retention.as_secs_f64())
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await?
-        .rows_affected();
+        let deleted = sqlx::query(PRUNE_SQL)
+            .bind(retention.as_secs_f64())
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(deleted)
+    }
+
+    async fn prune_settled_in(
+        &self,
+        group: GroupId,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let deleted = sqlx::query(PRUNE_GROUP_SQL)
+            .bind(retention.as_secs_f64())
+            .bind(i64::from(limit))
+            .bind(group)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
         Ok(deleted)
     }
 
@@ -1098,14 +1201,16 @@ impl From<FireRow> for Fire {
 /// deleted: the claim then never waits on a routine while holding a request, the wait that
 /// deadlocked against `delete_routine`.
 macro_rules! take_requests_sql {
-    ($limit:literal) => {
+    ($limit:literal, $group:literal) => {
         concat!(
             "
 DELETE FROM routine_requests
-WHERE (routine_id, scheduled_at) IN (
-    SELECT q.routine_id, q.scheduled_at
-    FROM routine_requests q JOIN routines r ON r.id = q.routine_id
-    WHERE q.scheduled_at <= now()
+WHERE (routine_id, scheduled_at, group_id) IN (
+    SELECT q.routine_id, q.scheduled_at, q.group_id
+    FROM routine_requests q JOIN routines r ON r.id = q.routine_id AND r.group_id = q.group_id
+    WHERE q.scheduled_at <= now()",
+            $group,
+            "
     ORDER BY q.scheduled_at, q.routine_id
     LIMIT ",
             $limit,
@@ -1118,19 +1223,26 @@ WHERE (routine_id, scheduled_at) IN (
 
 /// Takes at most `$1` due requests (see `take_requests_sql!`).
 const TAKE_REQUESTS_SQL: &str = concat!(
-    take_requests_sql!("$1"),
+    take_requests_sql!("$1", ""),
     " RETURNING routine_id, scheduled_at, origin"
+);
+
+/// Takes at most `$1` due requests of the group `$2`.
+pub const TAKE_GROUP_REQUESTS_SQL: &str = concat!(
+    take_requests_sql!("$1", "\n      AND q.group_id = $2 AND r.group_id = $2"),
+    " AND group_id = $2 RETURNING routine_id, scheduled_at, origin"
 );
 
 /// The claim's first statement, around a due walk: the database's clock (one row, always), the
 /// due requests (`$2` at most) and the due routines, locked. `$1` is the most routines to lock,
 /// `$3` whether mission routines may be locked at all (their launch budget is not spent).
 macro_rules! due_sql {
-    ($walk:literal) => {
+    ($walk:literal, $group:literal, $requests:literal, $take:literal) => {
         concat!(
             "
 WITH requested AS (",
-            take_requests_sql!("$2"),
+            take_requests_sql!("$2", $requests),
+            $take,
             "
     RETURNING routine_id, scheduled_at, origin
 ),
@@ -1139,6 +1251,7 @@ due AS (
     FROM routines
     WHERE next_run_at <= now()",
             $walk,
+            $group,
             "
       AND ($3 OR kind <> 'mission')
     ORDER BY next_run_at, id
@@ -1161,27 +1274,50 @@ FROM due"
 /// The claim's first statement over the whole due walk (see `due_sql!`). It reads
 /// `routines_due_idx` `(next_run_at, id)` in order and stops after `$1` rows, however many
 /// routines share the oldest instant.
-pub const DUE_SQL: &str = due_sql!("");
+pub const DUE_SQL: &str = due_sql!("", "", "", "");
+
+/// [`DUE_SQL`] within the group `$4`: every table it reads is filtered on `group_id`, so on
+/// Citus it runs on one shard. It reads `routines_group_due_idx` `(group_id, next_run_at, id)`.
+pub const DUE_GROUP_SQL: &str = due_sql!(
+    "",
+    "\n      AND group_id = $4",
+    "\n      AND q.group_id = $4 AND r.group_id = $4",
+    " AND group_id = $4"
+);
 
 /// The claim's first statement resumed after `($4, $5)`, the `(next_run_at, id)` of the last
 /// routine a previous claim handled: the index scan starts there, so a drain does not re-read
 /// the entries of the routines its earlier claims moved on (dead until vacuumed).
 pub const DUE_AFTER_SQL: &str = due_sql!(
     "
-      AND (next_run_at, id) > ($4::timestamptz, $5::uuid)"
+      AND (next_run_at, id) > ($4::timestamptz, $5::uuid)",
+    "",
+    "",
+    ""
+);
+
+/// [`DUE_AFTER_SQL`] within the group `$6`.
+pub const DUE_GROUP_AFTER_SQL: &str = due_sql!(
+    "
+      AND (next_run_at, id) > ($4::timestamptz, $5::uuid)",
+    "\n      AND group_id = $6",
+    "\n      AND q.group_id = $6 AND r.group_id = $6",
+    " AND group_id = $6"
 );
 
 /// Moves routines' clocks, the last four parameters of the claim statements: `$1` the routines,
 /// `$2` their new `next_run_at`, `$3` whether it moves, `$4` whether the routine ran (claimed
 /// an occurrence, `last_run_at` becomes now).
 macro_rules! advance_cte {
-    ($ids:literal, $next:literal, $moves:literal, $ran:literal) => {
+    ($ids:literal, $next:literal, $moves:literal, $ran:literal, $now:literal, $group:literal) => {
         concat!(
             "
 advanced AS (
     UPDATE routines AS r
     SET next_run_at = CASE WHEN t.moves THEN t.next_run_at ELSE r.next_run_at END,
-        last_run_at = CASE WHEN t.ran THEN now() ELSE r.last_run_at END
+        last_run_at = CASE WHEN t.ran THEN ",
+            $now,
+            "::timestamptz ELSE r.last_run_at END
     FROM UNNEST(",
             $ids,
             "::uuid[], ",
@@ -1191,19 +1327,57 @@ advanced AS (
             "::bool[], ",
             $ran,
             "::bool[]) AS t(id, next_run_at, moves, ran)
-    WHERE r.id = t.id
+    WHERE r.id = t.id",
+            $group,
+            "
     RETURNING 1
 )"
         )
     };
 }
 
-/// The advance alone, for a claim that moved clocks (misfires skipped) but claimed nothing.
+/// The advance alone, for a claim that moved clocks (misfires skipped) but claimed nothing;
+/// `$5` is the claim's clock.
 const ADVANCE_SQL: &str = concat!(
     "WITH ",
-    advance_cte!("$1", "$2", "$3", "$4"),
+    advance_cte!("$1", "$2", "$3", "$4", "$5", ""),
     " SELECT count(*) FROM advanced"
 );
+
+/// [`ADVANCE_SQL`] within the group `$6`.
+pub const ADVANCE_GROUP_SQL: &str = concat!(
+    "WITH ",
+    advance_cte!("$1", "$2", "$3", "$4", "$5", " AND r.group_id = $6"),
+    " SELECT count(*) FROM advanced"
+);
+
+/// Deletes settled fires past the retention (`$1` seconds), at most `$2`, oldest settled first;
+/// the argument keeps it in one group.
+macro_rules! prune_sql {
+    ($group:literal) => {
+        concat!(
+            "
+DELETE FROM routine_fires
+WHERE (routine_id, scheduled_at) IN (
+    SELECT routine_id, scheduled_at FROM routine_fires
+    WHERE status <> 'claimed'
+      AND completed_at < now() - make_interval(secs => $1)
+      AND scheduled_at < now() - make_interval(secs => $1)",
+            $group,
+            "
+    ORDER BY completed_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)",
+            $group
+        )
+    };
+}
+
+/// Prunes settled fires of every group.
+const PRUNE_SQL: &str = prune_sql!("");
+
+/// Prunes settled fires of the group `$3`.
+const PRUNE_GROUP_SQL: &str = prune_sql!(" AND group_id = $3");
 
 /// Listing fires. `$1` the routine or NULL, `$2` the status or NULL, `$3`/`$4` the cursor's
 /// instant and routine or NULL, `$5` the limit. The order (scheduled_at, routine_id) descending
@@ -1243,52 +1417,137 @@ SELECT EXISTS (SELECT 1 FROM settled) AS settled,
 /// `claimed` and its lease has run out by this transaction's clock
 /// (`cm_domain::claim::lease_expired`); otherwise every column is rewritten with its own value.
 macro_rules! claim_upsert {
-    () => {
-        "
-    ON CONFLICT (routine_id, scheduled_at) DO UPDATE SET
-        claimant = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
+    ($now:literal) => {
+        concat!(
+            "
+    ON CONFLICT (routine_id, scheduled_at, group_id) DO UPDATE SET
+        claimant = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= ",
+            $now,
+            "
                         THEN excluded.claimant ELSE f.claimant END,
-        claim_token = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
+        claim_token = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= ",
+            $now,
+            "
                            THEN excluded.claim_token ELSE f.claim_token END,
-        attempt = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
+        attempt = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= ",
+            $now,
+            "
                        THEN f.attempt + 1 ELSE f.attempt END,
-        claimed_at = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
+        claimed_at = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= ",
+            $now,
+            "
                           THEN excluded.claimed_at ELSE f.claimed_at END,
-        lease_expires_at = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= now()
+        lease_expires_at = CASE WHEN f.status = 'claimed' AND f.lease_expires_at <= ",
+            $now,
+            "
                                 THEN excluded.lease_expires_at ELSE f.lease_expires_at END
     RETURNING (f.xmax = 0) AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
               f.claim_token, f.attempt, f.lease_expires_at, f.receipt, f.origin, f.error,
-              f.first_claimed_at"
+              f.first_claimed_at, f.group_id"
+        )
+    };
+}
+
+/// The claim statement when every occurrence goes to a dispatch (see [`CLAIM_SQL`]); the
+/// argument is the filter that keeps it in one group (`$13`), or nothing.
+macro_rules! claim_sql {
+    ($group:literal) => {
+        concat!(
+            "
+WITH claimed AS (
+    INSERT INTO routine_fires AS f
+        (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
+         origin, group_id)
+    SELECT t.routine_id, t.scheduled_at, $3, $4, 1, $11::timestamptz,
+           $11::timestamptz + make_interval(secs => $5), t.origin, t.group_id
+    FROM UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $12::smallint[])
+         AS t(routine_id, scheduled_at, origin, group_id)",
+            claim_upsert!("$11::timestamptz"),
+            "
+),",
+            advance_cte!("$7", "$8", "$9", "$10", "$11", $group),
+            "
+SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
+       c.lease_expires_at, r.name, r.kind, c.origin, r.payload, NULL::text AS receipt,
+       NULL::bigint AS written, c.error, c.first_claimed_at
+FROM claimed c JOIN routines r ON r.id = c.routine_id AND r.group_id = c.group_id",
+            $group
+        )
     };
 }
 
 /// The claim statement when every occurrence goes to a dispatch. `$1`/`$2` are the occurrences
 /// as parallel arrays, oldest first, `$3` the claimant, `$4` the claim token, `$5` the lease in
 /// seconds, `$6` each occurrence's origin; `$7` to `$10` move the routines' clocks in the same
-/// statement (`advance_cte!`).
-const CLAIM_SQL: &str = concat!(
-    "
-WITH claimed AS (
+/// statement (`advance_cte!`); `$11` is the claim's clock (read once, in the due statement),
+/// `$12` each occurrence's group.
+const CLAIM_SQL: &str = claim_sql!("");
+
+/// [`CLAIM_SQL`] within the group `$13`.
+pub const CLAIM_GROUP_SQL: &str = claim_sql!(" AND r.group_id = $13");
+
+/// The claim statement with the transactional outbox (see [`CLAIM_WITH_OUTBOX_SQL`]); the
+/// argument is the filter that keeps it in one group (`$16`), or nothing.
+macro_rules! claim_with_outbox_sql {
+    ($group:literal) => {
+        concat!(
+            "
+WITH input AS MATERIALIZED (
+    SELECT o.*,
+           CASE WHEN (o.kind = 'message' AND $7) OR (o.kind = 'mission' AND $8)
+                THEN nextval('outbox_messages_seq_seq') END AS outbox_seq
+    FROM (
+        SELECT t.routine_id, t.scheduled_at, t.origin, t.idempotency_key, t.group_id, r.name,
+               r.kind, r.payload
+        FROM UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $9::text[], $15::smallint[])
+             WITH ORDINALITY AS t(routine_id, scheduled_at, origin, idempotency_key, group_id, n)
+        JOIN routines r ON r.id = t.routine_id AND r.group_id = t.group_id",
+            $group,
+            "
+        ORDER BY t.n
+    ) o
+),
+claimed AS (
     INSERT INTO routine_fires AS f
         (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
-         origin)
-    SELECT t.routine_id, t.scheduled_at, $3, $4, 1, now(), now() + make_interval(secs => $5),
-           t.origin
-    FROM UNNEST($1::uuid[], $2::timestamptz[], $6::text[]) AS t(routine_id, scheduled_at, origin)",
-    claim_upsert!(),
-    "
+         status, completed_at, receipt, origin, group_id)
+    SELECT i.routine_id, i.scheduled_at, $3, $4, 1, $14::timestamptz,
+           $14::timestamptz + make_interval(secs => $5),
+           CASE WHEN i.outbox_seq IS NULL THEN 'claimed' ELSE 'fired' END,
+           CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE $14::timestamptz END,
+           CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE 'outbox seq ' || i.outbox_seq END,
+           i.origin, i.group_id
+    FROM input i",
+            claim_upsert!("$14::timestamptz"),
+            "
+),
+outbox AS (
+    INSERT INTO outbox_messages
+        (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
+    OVERRIDING SYSTEM VALUE
+    SELECT i.outbox_seq, c.routine_id, c.scheduled_at, i.idempotency_key, 1, i.payload,
+           c.group_id
+    FROM claimed c
+    JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at
+    WHERE c.inserted AND i.outbox_seq IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING seq
 ),",
-    advance_cte!("$7", "$8", "$9", "$10"),
-    "
+            advance_cte!("$10", "$11", "$12", "$13", "$14", $group),
+            "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
-       c.lease_expires_at, r.name, r.kind, c.origin, r.payload, NULL::text AS receipt,
-       NULL::bigint AS written, c.error, c.first_claimed_at
-FROM claimed c JOIN routines r ON r.id = c.routine_id"
-);
+       c.lease_expires_at, i.name, i.kind, c.origin, i.payload, c.receipt,
+       (SELECT count(*) FROM outbox) AS written, c.error, c.first_claimed_at
+FROM claimed c
+JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
+        )
+    };
+}
 
 /// The claim statement with the transactional outbox. `$1` to `$6` as in [`CLAIM_SQL`]; `$7`
 /// and `$8` say whether message and mission routines are settled with an outbox row in the
-/// claim, `$9` holds the occurrences' idempotency keys, and `$10` to `$13` move the clocks.
+/// claim, `$9` holds the occurrences' idempotency keys, `$10` to `$13` move the clocks, `$14`
+/// is the claim's clock and `$15` each occurrence's group.
 ///
 /// An occurrence of an in-claim kind is inserted already `fired`, its receipt naming the outbox
 /// sequence number drawn for it, and its message is written by the same statement when (and
@@ -1300,63 +1559,22 @@ FROM claimed c JOIN routines r ON r.id = c.routine_id"
 /// (oldest occurrence first), so within one claim a routine's messages are numbered in
 /// `scheduled_at` order. A number is drawn before the insert so the fire row is written once;
 /// numbers drawn for rows that turn out to exist are simply unused.
-const CLAIM_WITH_OUTBOX_SQL: &str = concat!(
-    "
-WITH input AS MATERIALIZED (
-    SELECT o.*,
-           CASE WHEN (o.kind = 'message' AND $7) OR (o.kind = 'mission' AND $8)
-                THEN nextval('outbox_messages_seq_seq') END AS outbox_seq
-    FROM (
-        SELECT t.routine_id, t.scheduled_at, t.origin, t.idempotency_key, r.name, r.kind,
-               r.payload
-        FROM UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $9::text[])
-             WITH ORDINALITY AS t(routine_id, scheduled_at, origin, idempotency_key, n)
-        JOIN routines r ON r.id = t.routine_id
-        ORDER BY t.n
-    ) o
-),
-claimed AS (
-    INSERT INTO routine_fires AS f
-        (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
-         status, completed_at, receipt, origin)
-    SELECT i.routine_id, i.scheduled_at, $3, $4, 1, now(), now() + make_interval(secs => $5),
-           CASE WHEN i.outbox_seq IS NULL THEN 'claimed' ELSE 'fired' END,
-           CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE now() END,
-           CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE 'outbox seq ' || i.outbox_seq END,
-           i.origin
-    FROM input i",
-    claim_upsert!(),
-    "
-),
-outbox AS (
-    INSERT INTO outbox_messages (seq, routine_id, scheduled_at, idempotency_key, attempt, payload)
-    OVERRIDING SYSTEM VALUE
-    SELECT i.outbox_seq, c.routine_id, c.scheduled_at, i.idempotency_key, 1, i.payload
-    FROM claimed c
-    JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at
-    WHERE c.inserted AND i.outbox_seq IS NOT NULL
-    ON CONFLICT DO NOTHING
-    RETURNING seq
-),",
-    advance_cte!("$10", "$11", "$12", "$13"),
-    "
-SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
-       c.lease_expires_at, i.name, i.kind, c.origin, i.payload, c.receipt,
-       (SELECT count(*) FROM outbox) AS written, c.error, c.first_claimed_at
-FROM claimed c
-JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
-);
+const CLAIM_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!("");
 
-/// The reaper. `$1` is the most rows to take, `$2` the claimant, `$3` the claim token, `$4`
-/// the lease in seconds. The expired rows are found through `routine_fires_lease_idx` (the lease
-/// of `claimed` rows), so a pass reads the expired claims only, never the live ones; they are
-/// taken oldest claim first and locked with `SKIP LOCKED`, so two reapers never take the same
-/// row, and a row a claim statement holds is left to it.
-pub const REAP_SQL: &str = "
+/// [`CLAIM_WITH_OUTBOX_SQL`] within the group `$16`.
+pub const CLAIM_GROUP_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!(" AND r.group_id = $16");
+
+/// The reaper's statement; the arguments keep it in one group, or are empty.
+macro_rules! reap_sql {
+    ($expired:literal, $update:literal) => {
+        concat!(
+            "
 WITH expired AS (
-    SELECT routine_id, scheduled_at
+    SELECT routine_id, scheduled_at, group_id
     FROM routine_fires
-    WHERE status = 'claimed' AND lease_expires_at <= now()
+    WHERE status = 'claimed' AND lease_expires_at <= now()",
+            $expired,
+            "
     ORDER BY claimed_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -1365,7 +1583,241 @@ UPDATE routine_fires AS f
 SET claimant = $2, claim_token = $3, attempt = f.attempt + 1, claimed_at = now(),
     lease_expires_at = now() + make_interval(secs => $4)
 FROM expired e, routines r
-WHERE f.routine_id = e.routine_id AND f.scheduled_at = e.scheduled_at AND r.id = f.routine_id
+WHERE f.routine_id = e.routine_id AND f.scheduled_at = e.scheduled_at
+  AND f.group_id = e.group_id AND r.id = f.routine_id AND r.group_id = f.group_id",
+            $update,
+            "
 RETURNING false AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
           f.claim_token, f.attempt, f.lease_expires_at, r.name, r.kind, f.origin, r.payload,
-          NULL::text AS receipt, NULL::bigint AS written, f.error, f.first_claimed_at";
+          NULL::text AS receipt, NULL::bigint AS written, f.error, f.first_claimed_at"
+        )
+    };
+}
+
+/// The reaper. `$1` is the most rows to take, `$2` the claimant, `$3` the claim token, `$4`
+/// the lease in seconds. The expired rows are found through `routine_fires_lease_idx` (the lease
+/// of `claimed` rows), so a pass reads the expired claims only, never the live ones; they are
+/// taken oldest claim first and locked with `SKIP LOCKED`, so two reapers never take the same
+/// row, and a row a claim statement holds is left to it.
+pub const REAP_SQL: &str = reap_sql!("", "");
+
+/// [`REAP_SQL`] within the group `$5`: the expired claims are found through
+/// `routine_fires_group_lease_idx` `(group_id, lease_expires_at)`.
+pub const REAP_GROUP_SQL: &str = reap_sql!(" AND group_id = $5", " AND f.group_id = $5");
+
+/// The claim on Citus, kept in one group: the fires' upsert ([`SHARD_CLAIM_SQL`]), the outbox
+/// rows ([`SHARD_OUTBOX_SQL`]), the clocks ([`ADVANCE_GROUP_SQL`]) and the routines' names and
+/// payloads ([`SHARD_ROUTINES_SQL`]), each a statement of its own. Citus runs a statement whose
+/// CTEs write several tables through intermediate results on the coordinator and commits it in
+/// two phases; each of these is a router statement on the group's shard, so the claim's
+/// transaction stays on one worker and commits there in one phase. The same occurrences are
+/// claimed, with the same upsert, as by the one-statement claim on plain PostgreSQL.
+///
+/// `$1`/`$2` the occurrences, `$3` the claimant, `$4` the token, `$5` the lease in seconds, `$6`
+/// the origins, `$7` the claim's clock, `$8` each occurrence's outbox number (drawn before, for
+/// every occurrence; used by in-claim kinds only), `$9`/`$10` whether message and mission
+/// routines are settled in the claim, `$11` the group.
+pub const SHARD_CLAIM_SQL: &str = concat!(
+    "
+INSERT INTO routine_fires AS f
+    (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
+     status, completed_at, receipt, origin, group_id)
+SELECT t.routine_id, t.scheduled_at, $3, $4, 1, $7::timestamptz,
+       $7::timestamptz + make_interval(secs => $5),
+       CASE WHEN t.in_claim THEN 'fired' ELSE 'claimed' END,
+       CASE WHEN t.in_claim THEN $7::timestamptz END,
+       CASE WHEN t.in_claim THEN 'outbox seq ' || t.seq END,
+       t.origin, t.group_id
+FROM (
+    SELECT u.routine_id, u.scheduled_at, u.origin, u.seq, r.group_id,
+           (r.kind = 'message' AND $9) OR (r.kind = 'mission' AND $10) AS in_claim
+    FROM routines r
+    JOIN UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $8::bigint[])
+         AS u(routine_id, scheduled_at, origin, seq)
+      ON r.id = u.routine_id
+    WHERE r.group_id = $11
+) t",
+    claim_upsert!("$7::timestamptz")
+);
+
+/// The outbox rows of the fresh occurrences settled in a claim on Citus: `$1`/`$2` the
+/// occurrences, `$3` their numbers, `$4` their idempotency keys, `$5` the group. Returns the
+/// numbers written (a message already there is not written again).
+pub const SHARD_OUTBOX_SQL: &str = "
+INSERT INTO outbox_messages
+    (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
+OVERRIDING SYSTEM VALUE
+SELECT t.seq, t.routine_id, t.scheduled_at, t.idempotency_key, 1, r.payload, r.group_id
+FROM routines r
+JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::bigint[], $4::text[])
+     AS t(routine_id, scheduled_at, seq, idempotency_key)
+  ON r.id = t.routine_id
+WHERE r.group_id = $5
+ON CONFLICT DO NOTHING
+RETURNING seq";
+
+/// The names, kinds and payloads of the routines `$1` of the group `$2`.
+pub const SHARD_ROUTINES_SQL: &str =
+    "SELECT id, name, kind, payload FROM routines WHERE group_id = $2 AND id = ANY($1)";
+
+/// A row of [`SHARD_CLAIM_SQL`]: the fire as the upsert left it.
+#[derive(FromRow)]
+struct UpsertedRow {
+    inserted: bool,
+    routine_id: Uuid,
+    scheduled_at: DateTime<Utc>,
+    status: String,
+    claimant: String,
+    claim_token: Uuid,
+    attempt: i32,
+    lease_expires_at: DateTime<Utc>,
+    receipt: Option<String>,
+    origin: String,
+    error: Option<String>,
+    first_claimed_at: Option<DateTime<Utc>>,
+}
+
+impl PgStore {
+    /// Whether the schema is distributed on Citus (`routines` is a distributed table), read
+    /// once.
+    pub(crate) async fn is_citus(&self) -> Result<bool, StoreError> {
+        if let Some(citus) = self.citus.get() {
+            return Ok(*citus);
+        }
+        let mut conn = self.pool.acquire().await?;
+        let extension: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        let citus = extension
+            && sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition
+                                WHERE logicalrelid = 'routines'::regclass)",
+            )
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(*self.citus.get_or_init(|| citus))
+    }
+
+    /// The claim's writes on Citus, one router statement each (see [`SHARD_CLAIM_SQL`]).
+    async fn claim_rows_on_one_shard(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        params: &ClaimDueParams,
+        claim: &ClaimInput<'_>,
+        advance: &Advance,
+        group: GroupId,
+    ) -> Result<Vec<ClaimedFire>, StoreError> {
+        let claims = claim.claims;
+        let (ids, instants, origins) = claim.columns();
+        let (message, mission) = outbox_kinds(params);
+        // Numbers drawn in the order of the occurrences (oldest first), as the one-statement
+        // claim draws them.
+        let seqs: Vec<i64> = if message || mission {
+            sqlx::query_scalar(
+                "SELECT nextval('outbox_messages_seq_seq') FROM generate_series(1, $1) ORDER BY 1",
+            )
+            .bind(i64::try_from(claims.len()).unwrap_or(i64::MAX))
+            .fetch_all(&mut **tx)
+            .await?
+        } else {
+            vec![0; claims.len()]
+        };
+        let upserted: Vec<UpsertedRow> = sqlx::query_as(SHARD_CLAIM_SQL)
+            .bind(&ids)
+            .bind(&instants)
+            .bind(&params.claimant)
+            .bind(claim.token.0)
+            .bind(lease_seconds(params.lease))
+            .bind(&origins)
+            .bind(claim.now)
+            .bind(&seqs)
+            .bind(message)
+            .bind(mission)
+            .bind(group)
+            .fetch_all(&mut **tx)
+            .await?;
+        let fresh: Vec<&UpsertedRow> = upserted
+            .iter()
+            .filter(|r| r.inserted && r.receipt.is_some())
+            .collect();
+        let written = if fresh.is_empty() {
+            0
+        } else {
+            let keys: Vec<String> = fresh
+                .iter()
+                .map(|r| {
+                    Occurrence::new(r.routine_id, r.scheduled_at)
+                        .idempotency_key()
+                        .as_str()
+                        .to_owned()
+                })
+                .collect();
+            let seqs: Vec<i64> = fresh
+                .iter()
+                .filter_map(|r| {
+                    r.receipt
+                        .as_deref()?
+                        .strip_prefix("outbox seq ")?
+                        .parse()
+                        .ok()
+                })
+                .collect();
+            let written: Vec<i64> = sqlx::query_scalar(SHARD_OUTBOX_SQL)
+                .bind(fresh.iter().map(|r| r.routine_id).collect::<Vec<_>>())
+                .bind(fresh.iter().map(|r| r.scheduled_at).collect::<Vec<_>>())
+                .bind(&seqs)
+                .bind(&keys)
+                .bind(group)
+                .fetch_all(&mut **tx)
+                .await?;
+            written.len()
+        };
+        if !advance.ids.is_empty() {
+            advance
+                .bind(sqlx::query(ADVANCE_GROUP_SQL))
+                .bind(claim.now)
+                .bind(group)
+                .execute(&mut **tx)
+                .await?;
+        }
+        let routines: std::collections::HashMap<Uuid, (String, String, Value)> =
+            sqlx::query_as::<_, (Uuid, String, String, Value)>(SHARD_ROUTINES_SQL)
+                .bind(&ids)
+                .bind(group)
+                .fetch_all(&mut **tx)
+                .await?
+                .into_iter()
+                .map(|(id, name, kind, payload)| (id, (name, kind, payload)))
+                .collect();
+        let mut rows: Vec<ClaimedRow> = upserted
+            .into_iter()
+            .filter_map(|r| {
+                let (name, kind, payload) = routines.get(&r.routine_id)?.clone();
+                Some(ClaimedRow {
+                    inserted: r.inserted,
+                    routine_id: r.routine_id,
+                    scheduled_at: r.scheduled_at,
+                    status: r.status,
+                    claimant: r.claimant,
+                    claim_token: r.claim_token,
+                    attempt: r.attempt,
+                    lease_expires_at: r.lease_expires_at,
+                    name,
+                    kind,
+                    origin: r.origin,
+                    payload,
+                    receipt: r.receipt,
+                    error: r.error,
+                    first_claimed_at: r.first_claimed_at,
+                    written: Some(i64::try_from(written).unwrap_or(i64::MAX)),
+                })
+            })
+            .collect();
+        if message || mission {
+            mark_unwritten_messages(tx, &mut rows).await?;
+        }
+        rows.into_iter().map(ClaimedFire::try_from).collect()
+    }
+}

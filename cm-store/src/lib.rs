@@ -11,6 +11,8 @@
 //! - [`status`]: the bounded read-only queries of the status page ([`StatusReader`]).
 //! - [`autopause`]: pausing routines whose last fires all failed ([`FailingRoutines`]).
 //! - [`runs`]: mission runs watched after their launch ([`MissionRuns`]).
+//! - [`groups`]: routine groups, the hash buckets every per-routine row carries, and the
+//!   schedulers' leases on them.
 //! - [`consumer`]: the outbox's consumer contract: leased batches in `seq` order,
 //!   acknowledgement, the backlog, pruning ([`OutboxConsumer`]).
 //!
@@ -52,6 +54,7 @@ pub mod catalog;
 pub mod consumer;
 mod cursor;
 mod error;
+pub mod groups;
 pub mod ledger;
 mod model;
 mod options;
@@ -78,6 +81,7 @@ pub use consumer::{
 };
 pub use cursor::{FireCursor, ParseFireCursorError};
 pub use error::StoreError;
+pub use groups::{GroupDirectory, GroupId, group_of};
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;
 pub use ledger::{
@@ -107,12 +111,20 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// The schema's group count, read once (it never changes after the migration).
+    group_count: std::sync::Arc<std::sync::OnceLock<u16>>,
+    /// Whether the schema is distributed on Citus, read once.
+    citus: std::sync::Arc<std::sync::OnceLock<bool>>,
 }
 
 impl PgStore {
     /// A store on an existing pool.
     pub fn new(pool: PgPool) -> Self {
-        PgStore { pool }
+        PgStore {
+            pool,
+            group_count: std::sync::Arc::default(),
+            citus: std::sync::Arc::default(),
+        }
     }
 
     /// Connects a pool of up to ten connections to `url`. A statement waits at most five
@@ -139,7 +151,7 @@ impl PgStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_with(options.apply(connect))
             .await?;
-        Ok(PgStore { pool })
+        Ok(PgStore::new(pool))
     }
 
     /// A pool like [`PgStore::connect`]'s that connects on first use instead of now, so a
@@ -150,7 +162,7 @@ impl PgStore {
             .max_connections(10)
             .acquire_timeout(std::time::Duration::from_secs(5))
             .connect_lazy(url)?;
-        Ok(PgStore { pool })
+        Ok(PgStore::new(pool))
     }
 
     /// [`PgStore::connect_lazy`] with [`StoreOptions`]: the pool connects on first use, and
@@ -161,7 +173,7 @@ impl PgStore {
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(options.apply(connect));
-        Ok(PgStore { pool })
+        Ok(PgStore::new(pool))
     }
 
     /// Creates the database `url` names if it does not exist yet (connecting to the server's

@@ -83,6 +83,8 @@ pub struct NewRoutine {
 pub struct Routine {
     /// Its id.
     pub id: Uuid,
+    /// Its group ([`crate::group_of`] of its id): every row of the routine carries it.
+    pub group_id: i16,
     /// Its name.
     pub name: String,
     /// The cron expression as written.

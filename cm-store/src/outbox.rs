@@ -58,8 +58,9 @@ pub trait OutboxStore: Send + Sync {
 impl OutboxStore for PgStore {
     async fn outbox_insert(&self, message: &OutboxMessage) -> Result<bool, StoreError> {
         let inserted = sqlx::query(
-            "INSERT INTO outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload)
-             VALUES ($1, $2, $3, $4, $5)
+            "INSERT INTO outbox_messages
+                 (routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
+             SELECT $1, $2, $3, $4, $5, cm_group_of($1, group_count) FROM cm_settings
              ON CONFLICT DO NOTHING",
         )
         .bind(message.occurrence.routine_id)

@@ -161,12 +161,8 @@ impl RoutineStore for PgStore {
 
     async fn set_routine_paused(&self, id: Uuid, paused: bool) -> Result<Routine, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let routine =
-            sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE id = $1 FOR UPDATE")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await?
-                .ok_or(StoreError::RoutineNotFound(id))?;
+        let routine = catalog::lock_routine(&mut tx, id).await?;
+        let group = routine.group_id;
         if routine.paused == paused {
             return Ok(routine);
         }
@@ -181,11 +177,12 @@ impl RoutineStore for PgStore {
         let row = sqlx::query_as::<_, Routine>(
             "UPDATE routines
              SET paused = $2, next_run_at = $3, paused_reason = NULL, updated_at = now()
-             WHERE id = $1 RETURNING *",
+             WHERE id = $1 AND group_id = $4 RETURNING *",
         )
         .bind(id)
         .bind(paused)
         .bind(next_run_at)
+        .bind(group)
         .fetch_one(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -198,26 +195,30 @@ impl RoutineStore for PgStore {
         instants: &[DateTime<Utc>],
     ) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
+        let group = catalog::routine_group(&mut tx, id).await?;
         // Lock the routine so a concurrent delete cannot slip between the check and the insert.
         let exists: Option<Uuid> =
-            sqlx::query_scalar("SELECT id FROM routines WHERE id = $1 FOR SHARE")
+            sqlx::query_scalar("SELECT id FROM routines WHERE id = $1 AND group_id = $2 FOR SHARE")
                 .bind(id)
+                .bind(group)
                 .fetch_optional(&mut *tx)
                 .await?;
         if exists.is_none() {
             return Err(StoreError::RoutineNotFound(id));
         }
         let requested = sqlx::query(
-            "INSERT INTO routine_requests (routine_id, scheduled_at, origin)
-             SELECT $1, t.scheduled_at, 'backfill'
+            "INSERT INTO routine_requests (routine_id, scheduled_at, origin, group_id)
+             SELECT $1, t.scheduled_at, 'backfill', $3
              FROM UNNEST($2::timestamptz[]) AS t(scheduled_at)
              WHERE NOT EXISTS (
                  SELECT 1 FROM routine_fires f
-                 WHERE f.routine_id = $1 AND f.scheduled_at = t.scheduled_at)
+                 WHERE f.routine_id = $1 AND f.scheduled_at = t.scheduled_at
+                   AND f.group_id = $3)
              ON CONFLICT DO NOTHING",
         )
         .bind(id)
         .bind(instants)
+        .bind(group)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -227,19 +228,24 @@ impl RoutineStore for PgStore {
 
     async fn trigger_routine(&self, id: Uuid) -> Result<DateTime<Utc>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let now: Option<DateTime<Utc>> =
-            sqlx::query_scalar("SELECT now() FROM routines WHERE id = $1 FOR SHARE")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let group = catalog::routine_group(&mut tx, id).await?;
+        let now: Option<DateTime<Utc>> = sqlx::query_scalar(
+            "SELECT now() FROM routines WHERE id = $1 AND group_id = $2 FOR SHARE",
+        )
+        .bind(id)
+        .bind(group)
+        .fetch_optional(&mut *tx)
+        .await?;
         let now = now.ok_or(StoreError::RoutineNotFound(id))?;
         // Two triggers in the same microsecond name the same occurrence, and fire once.
         sqlx::query(
-            "INSERT INTO routine_requests (routine_id, scheduled_at, origin) VALUES ($1, $2, 'trigger')
+            "INSERT INTO routine_requests (routine_id, scheduled_at, origin, group_id)
+             VALUES ($1, $2, 'trigger', $3)
              ON CONFLICT DO NOTHING",
         )
         .bind(id)
         .bind(now)
+        .bind(group)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
@@ -254,11 +260,14 @@ impl RoutineStore for PgStore {
         // routine and then wait for a request a claim holds while that claim waits for the
         // routine: a deadlock.
         let mut tx = self.pool.begin().await?;
-        let locked: Option<Uuid> =
-            sqlx::query_scalar("SELECT id FROM routines WHERE id = $1 FOR UPDATE")
-                .bind(id)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let group = catalog::routine_group(&mut tx, id).await?;
+        let locked: Option<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM routines WHERE id = $1 AND group_id = $2 FOR UPDATE",
+        )
+        .bind(id)
+        .bind(group)
+        .fetch_optional(&mut *tx)
+        .await?;
         if locked.is_none() {
             return Err(StoreError::RoutineNotFound(id));
         }

@@ -92,3 +92,13 @@ mod timeouts;
 // crashed consumer's batch taken again, acknowledgement, the backlog, pruning.
 #[path = "store/consumer.rs"]
 mod consumer;
+
+// Routine groups: the group cm computes against the schema's, names in their own table, claims,
+// reaper passes and leases kept in one group.
+#[path = "store/groups.rs"]
+mod groups;
+
+// The store on a real Citus cluster (`CM_TEST_CITUS_URL`): distributed by group, each claim
+// statement one task, no two-phase commit during a claim.
+#[path = "store/citus.rs"]
+mod citus;

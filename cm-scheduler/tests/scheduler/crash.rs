@@ -251,7 +251,7 @@ impl SchedulerProcess {
     }
 
     /// Stops the process with SIGTERM and asserts it exits 0 within a few seconds.
-    async fn shut_down_gracefully(&mut self) {
+    pub(crate) async fn shut_down_gracefully(&mut self) {
         self.terminate();
         let status = self.wait_exit(Duration::from_secs(10)).await;
         assert!(

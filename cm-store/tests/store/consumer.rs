@@ -39,6 +39,7 @@ async fn fill(store: &PgStore, n: i64) -> Vec<i64> {
 
 fn take(consumer: &str, limit: u32) -> OutboxTake {
     OutboxTake {
+        group: None,
         consumer: consumer.into(),
         limit,
         lease: Duration::from_secs(60),

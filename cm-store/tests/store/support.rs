@@ -127,6 +127,7 @@ pub fn claim_params(claimant: &str, cap: usize, rules: MisfireRules) -> ClaimDue
         in_claim: InClaimWrites::default(),
         mission_room: None,
         after: None,
+        group: None,
     }
 }
 
@@ -154,6 +155,7 @@ pub fn reap_params(claimant: &str, limit: u32) -> ReapParams {
         claimant: claimant.into(),
         lease: Lease::new(LEASE).unwrap(),
         limit,
+        group: None,
     }
 }
 

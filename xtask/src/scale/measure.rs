@@ -46,6 +46,7 @@ fn claim_params() -> ClaimDueParams {
         },
         mission_room: None,
         after: None,
+        group: None,
     }
 }
 

@@ -1,0 +1,318 @@
+//! Routine groups: every routine belongs to one of a fixed number of groups, a hash bucket of
+//! its id, and every per-routine row carries its routine's group. A claim, a reaper pass or a
+//! prune that names one group reads and writes one group's rows only: on Citus, where the tables
+//! are distributed by `group_id` and co-located, that is one shard and a one-phase commit on one
+//! worker; on plain PostgreSQL it is the same schema and the same statements.
+//!
+//! The count is chosen when the schema is migrated (`cm.group_count`, 64 unless set) and kept
+//! in `cm_settings`; it never changes afterwards. [`group_of`] is the one function that maps a
+//! routine to its group, the same as the SQL function `cm_group_of` the migration defines.
+
+use async_trait::async_trait;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::{PgStore, StoreError};
+
+/// A group: `0 .. group_count`.
+pub type GroupId = i16;
+
+/// The group of the routine `id` among `group_count` groups: the id's last four bytes (random in
+/// version 4 and version 7 UUIDs alike) as an unsigned big-endian integer, modulo the count.
+/// `cm_group_of(id, group_count)` in SQL computes the same.
+///
+/// # Panics
+///
+/// When `group_count` is zero (the schema refuses it).
+pub fn group_of(id: Uuid, group_count: u16) -> GroupId {
+    let bytes = id.as_bytes();
+    let tail = u32::from_be_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]);
+    GroupId::try_from(tail % u32::from(group_count)).unwrap_or(GroupId::MAX)
+}
+
+/// The schema's group count, as the migration recorded it.
+pub(crate) async fn stored_group_count(conn: &mut PgConnection) -> Result<u16, StoreError> {
+    let count: i16 = sqlx::query_scalar("SELECT group_count FROM cm_settings")
+        .fetch_one(conn)
+        .await?;
+    Ok(u16::try_from(count).unwrap_or(1).max(1))
+}
+
+/// The groups with work due now: a due routine or a due request. One read across the groups;
+/// on Citus it runs on every shard in parallel and returns a row per group.
+const DUE_GROUPS_SQL: &str = "
+SELECT group_id FROM routines WHERE next_run_at <= now() GROUP BY group_id
+UNION
+SELECT group_id FROM routine_requests WHERE scheduled_at <= now() GROUP BY group_id
+ORDER BY 1";
+
+/// The groups with a claim whose lease ran out (for the reaper).
+const EXPIRED_GROUPS_SQL: &str = "
+SELECT group_id FROM routine_fires
+WHERE status = 'claimed' AND lease_expires_at <= now()
+GROUP BY group_id
+ORDER BY 1";
+
+/// What a scheduler asks about groups: which have work, and who leases which. The claims
+/// themselves go through [`crate::FireLedger`] with [`crate::ClaimDueParams::group`] set.
+#[async_trait]
+pub trait GroupDirectory: Send + Sync {
+    /// The schema's group count.
+    async fn group_count(&self) -> Result<u16, StoreError>;
+
+    /// The groups with a routine or a request due now, in group order.
+    async fn due_groups(&self) -> Result<Vec<GroupId>, StoreError>;
+
+    /// The groups with a claim whose lease ran out, in group order.
+    async fn expired_groups(&self) -> Result<Vec<GroupId>, StoreError>;
+
+    /// Renews `holder`'s group leases and takes those of `wanted` nobody holds live, for
+    /// `lease`; returns every group `holder` holds afterwards, in group order.
+    async fn lease_groups(
+        &self,
+        holder: &str,
+        wanted: &[GroupId],
+        lease: std::time::Duration,
+    ) -> Result<Vec<GroupId>, StoreError>;
+
+    /// Gives up `holder`'s leases on `groups`.
+    async fn release_groups(&self, holder: &str, groups: &[GroupId]) -> Result<(), StoreError>;
+
+    /// Every live group lease: `(group, holder)`, in group order.
+    async fn live_group_leases(&self) -> Result<Vec<(GroupId, String)>, StoreError>;
+
+    /// The schedulers whose presence is live (renewed with their leases), holding groups or
+    /// not.
+    async fn live_holders(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Whether the schema is distributed (on Citus), where every claim must stay in one group.
+    async fn distributed(&self) -> Result<bool, StoreError>;
+}
+
+/// Takes and renews group leases for `$1` until `$2`: every group it holds is renewed, and of
+/// the groups nobody holds (or whose holder's lease ran out by `$3`), those in `$4` are taken.
+/// Returns the groups `$1` holds afterwards.
+const LEASE_GROUPS_SQL: &str = "
+WITH present AS (
+    INSERT INTO group_holders (holder, expires_at) VALUES ($1, $2)
+    ON CONFLICT (holder) DO UPDATE SET expires_at = excluded.expires_at
+    RETURNING 1
+),
+renewed AS (
+    UPDATE group_leases SET expires_at = $2 WHERE holder = $1 RETURNING group_id
+),
+taken AS (
+    INSERT INTO group_leases (group_id, holder, expires_at)
+    SELECT g, $1, $2 FROM UNNEST($4::smallint[]) AS g
+    ON CONFLICT (group_id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+    WHERE group_leases.expires_at <= $3
+    RETURNING group_id
+)
+SELECT group_id FROM renewed UNION SELECT group_id FROM taken ORDER BY 1";
+
+/// Who holds which group, live at `$1`.
+const LIVE_LEASES_SQL: &str =
+    "SELECT group_id, holder FROM group_leases WHERE expires_at > $1 ORDER BY group_id";
+
+/// A table `migrate --citus` distributes.
+struct CitusTable {
+    table: &'static str,
+    /// The distribution column; `None` makes a reference table (a copy on every node).
+    column: Option<&'static str>,
+    /// The table it is co-located with.
+    colocate_with: Option<&'static str>,
+    /// Drops the trigger that fills a missing group on plain PostgreSQL: Citus routes a row by
+    /// its group before any trigger could run, and refuses triggers on distributed tables.
+    drop_trigger: Option<&'static str>,
+}
+
+/// The tables `migrate --citus` distributes, in order (a table after those its foreign keys
+/// name).
+const CITUS_TABLES: &[CitusTable] = &[
+    CitusTable {
+        table: "cm_settings",
+        column: None,
+        colocate_with: None,
+        drop_trigger: None,
+    },
+    CitusTable {
+        table: "group_leases",
+        column: None,
+        colocate_with: None,
+        drop_trigger: None,
+    },
+    CitusTable {
+        table: "group_holders",
+        column: None,
+        colocate_with: None,
+        drop_trigger: None,
+    },
+    CitusTable {
+        table: "routine_names",
+        column: Some("name"),
+        colocate_with: None,
+        drop_trigger: None,
+    },
+    CitusTable {
+        table: "routines",
+        column: Some("group_id"),
+        colocate_with: None,
+        drop_trigger: Some("DROP TRIGGER IF EXISTS routines_fill_group_id ON routines"),
+    },
+    CitusTable {
+        table: "routine_fires",
+        column: Some("group_id"),
+        colocate_with: Some("routines"),
+        drop_trigger: Some("DROP TRIGGER IF EXISTS routine_fires_fill_group_id ON routine_fires"),
+    },
+    CitusTable {
+        table: "routine_requests",
+        column: Some("group_id"),
+        colocate_with: Some("routines"),
+        drop_trigger: Some(
+            "DROP TRIGGER IF EXISTS routine_requests_fill_group_id ON routine_requests",
+        ),
+    },
+    CitusTable {
+        table: "outbox_messages",
+        column: Some("group_id"),
+        colocate_with: Some("routines"),
+        drop_trigger: Some(
+            "DROP TRIGGER IF EXISTS outbox_messages_fill_group_id ON outbox_messages",
+        ),
+    },
+];
+
+impl PgStore {
+    /// Distributes the migrated schema on Citus: the per-routine tables by `group_id`,
+    /// co-located with `routines` (so a claim naming a group is one shard on one worker),
+    /// `routine_names` by name, and the settings and group leases as reference tables. Tables
+    /// already distributed are left as they are, so running it again changes nothing. Returns
+    /// how many tables it distributed.
+    pub async fn distribute_on_citus(&self) -> Result<usize, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let citus: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        if !citus {
+            return Err(StoreError::InvalidRoutine(
+                "the citus extension is not installed in this database (CREATE EXTENSION citus)"
+                    .into(),
+            ));
+        }
+        let mut distributed = 0;
+        for spec in CITUS_TABLES {
+            let done: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass)",
+            )
+            .bind(spec.table)
+            .fetch_one(&mut *conn)
+            .await?;
+            if done {
+                continue;
+            }
+            if let Some(drop) = spec.drop_trigger {
+                sqlx::query(drop).execute(&mut *conn).await?;
+            }
+            let query = match (spec.column, spec.colocate_with) {
+                (None, _) => sqlx::query("SELECT create_reference_table($1)").bind(spec.table),
+                (Some(column), None) => sqlx::query("SELECT create_distributed_table($1, $2)")
+                    .bind(spec.table)
+                    .bind(column),
+                (Some(column), Some(with)) => {
+                    sqlx::query("SELECT create_distributed_table($1, $2, colocate_with => $3)")
+                        .bind(spec.table)
+                        .bind(column)
+                        .bind(with)
+                }
+            };
+            query.execute(&mut *conn).await?;
+            distributed += 1;
+        }
+        Ok(distributed)
+    }
+
+    /// The schema's group count (fixed when it was migrated; read once).
+    pub async fn group_count(&self) -> Result<u16, StoreError> {
+        if let Some(count) = self.group_count.get() {
+            return Ok(*count);
+        }
+        let mut conn = self.pool.acquire().await?;
+        let count = stored_group_count(&mut conn).await?;
+        Ok(*self.group_count.get_or_init(|| count))
+    }
+
+    /// The group of the routine `id` (see [`group_of`]).
+    pub async fn group_of_routine(&self, id: Uuid) -> Result<GroupId, StoreError> {
+        Ok(group_of(id, self.group_count().await?))
+    }
+}
+
+#[async_trait]
+impl GroupDirectory for PgStore {
+    async fn group_count(&self) -> Result<u16, StoreError> {
+        PgStore::group_count(self).await
+    }
+
+    async fn due_groups(&self) -> Result<Vec<GroupId>, StoreError> {
+        Ok(sqlx::query_scalar(DUE_GROUPS_SQL)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn expired_groups(&self) -> Result<Vec<GroupId>, StoreError> {
+        Ok(sqlx::query_scalar(EXPIRED_GROUPS_SQL)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn lease_groups(
+        &self,
+        holder: &str,
+        wanted: &[GroupId],
+        lease: std::time::Duration,
+    ) -> Result<Vec<GroupId>, StoreError> {
+        let now = self.ping().await?;
+        let until = now + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
+        Ok(sqlx::query_scalar(LEASE_GROUPS_SQL)
+            .bind(holder)
+            .bind(until)
+            .bind(now)
+            .bind(wanted)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn release_groups(&self, holder: &str, groups: &[GroupId]) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM group_leases WHERE holder = $1 AND group_id = ANY($2)")
+            .bind(holder)
+            .bind(groups)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn distributed(&self) -> Result<bool, StoreError> {
+        self.is_citus().await
+    }
+
+    async fn live_holders(&self) -> Result<Vec<String>, StoreError> {
+        let now = self.ping().await?;
+        Ok(
+            sqlx::query_scalar("SELECT holder FROM group_holders WHERE expires_at > $1 ORDER BY 1")
+                .bind(now)
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn live_group_leases(&self) -> Result<Vec<(GroupId, String)>, StoreError> {
+        let now = self.ping().await?;
+        Ok(sqlx::query_as(LIVE_LEASES_SQL)
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+}

@@ -1,0 +1,491 @@
+//! The store on a real Citus cluster (a coordinator and workers), beside plain PostgreSQL: the
+//! schema distributed by `group_id` (`PgStore::distribute_on_citus`), then the claim, settle,
+//! reaper and outbox consumer through it, every claim statement routed to one shard (on Citus a
+//! claim kept in a group runs the per-table statements `SHARD_*_SQL` in place of the
+//! one-statement claim), and no two-phase commit during a claim.
+//!
+//! `CM_TEST_CITUS_URL` names the coordinator (`.ci/citus` prints it). Each test makes a database
+//! of its own on every node (`CREATE DATABASE` propagated by Citus, the extension created and the
+//! workers registered in it), and drops it at the end. Without the variable the tests say so and
+//! pass, unless `CI=true`, where they fail: in CI they must run.
+
+use std::collections::BTreeSet;
+
+use chrono::TimeDelta;
+use cm_domain::{ClaimOutcome, FireStatus, MisfirePolicy, Settlement};
+use cm_store::{
+    FireLedger, FireSettle, GroupDirectory, GroupId, OutboxAck, OutboxConsumer, OutboxTake,
+    PgStore, SettleOutcome, group_of,
+};
+use sqlx::{Connection, PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::support::{YEARLY, create, outbox_params, params, reap_params, set_next_run, token_of};
+
+/// A database of its own on the Citus cluster, migrated and distributed; dropped by
+/// [`CitusDb::drop_all`].
+struct CitusDb {
+    coordinator: String,
+    name: String,
+    store: PgStore,
+    pool: PgPool,
+}
+
+/// Serialises the tests' database set-up.
+static CREATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The coordinator's URL, or `None` (outside CI) when no cluster is configured.
+fn citus_url() -> Option<String> {
+    match std::env::var("CM_TEST_CITUS_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
+            panic!("CI=true and CM_TEST_CITUS_URL is not set: start the cluster with .ci/citus")
+        }
+        _ => {
+            eprintln!("CM_TEST_CITUS_URL is not set: the Citus tests did not run");
+            None
+        }
+    }
+}
+
+/// `url` with its database part replaced by `database`.
+fn with_database(url: &str, database: &str) -> String {
+    let base = url.rsplit_once('/').map_or(url, |(base, _)| base);
+    format!("{base}/{database}")
+}
+
+async fn execute(conn: &mut PgConnection, sql: String) {
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(conn)
+        .await
+        .unwrap();
+}
+
+impl CitusDb {
+    async fn create() -> Option<CitusDb> {
+        let coordinator = citus_url()?;
+        // One database at a time: CREATE DATABASE copies template1, which refuses a second
+        // copy while one is running.
+        let _one = CREATING.lock().await;
+        let name = format!("cm_citus_{}", &Uuid::new_v4().simple().to_string()[..12]);
+        let mut admin = PgConnection::connect(&coordinator).await.unwrap();
+        let nodes: Vec<(String, i32, i32)> = sqlx::query_as(
+            "SELECT nodename::text, nodeport, groupid FROM pg_dist_node WHERE isactive ORDER BY 3",
+        )
+        .fetch_all(&mut admin)
+        .await
+        .unwrap();
+        assert!(
+            nodes.iter().filter(|(_, _, g)| *g != 0).count() >= 2,
+            "the cluster at {coordinator} should have two workers: {nodes:?}"
+        );
+        execute(
+            &mut admin,
+            "SET citus.enable_create_database_propagation = on".into(),
+        )
+        .await;
+        execute(&mut admin, format!("CREATE DATABASE {name}")).await;
+        let url = with_database(&coordinator, &name);
+        for (host, port, group) in nodes.iter().filter(|(_, _, g)| *g != 0) {
+            let worker = format!("postgres://postgres@{host}:{port}/{name}");
+            let mut conn = PgConnection::connect(&worker).await.unwrap();
+            execute(&mut conn, "CREATE EXTENSION citus".into()).await;
+            let _ = group;
+        }
+        let mut conn = PgConnection::connect(&url).await.unwrap();
+        execute(&mut conn, "CREATE EXTENSION citus".into()).await;
+        let (host, port, _) = nodes.iter().find(|(_, _, g)| *g == 0).cloned().unwrap();
+        execute(
+            &mut conn,
+            format!("SELECT citus_set_coordinator_host('{host}', {port})"),
+        )
+        .await;
+        for (host, port, _) in nodes.iter().filter(|(_, _, g)| *g != 0) {
+            execute(
+                &mut conn,
+                format!("SELECT citus_add_node('{host}', {port})"),
+            )
+            .await;
+        }
+        let store = PgStore::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        assert_eq!(store.distribute_on_citus().await.unwrap(), 8);
+        // Again: nothing left to distribute, nothing changed.
+        assert_eq!(store.distribute_on_citus().await.unwrap(), 0);
+        let pool = store.pool().clone();
+        Some(CitusDb {
+            coordinator,
+            name,
+            store,
+            pool,
+        })
+    }
+
+    /// Drops the database on every node, best effort: the coordinator's connections to the
+    /// workers in it close a moment after the test's, so a refused drop is tried again.
+    async fn drop_all(self) {
+        self.pool.close().await;
+        let mut admin = PgConnection::connect(&self.coordinator).await.unwrap();
+        execute(
+            &mut admin,
+            "SET citus.enable_create_database_propagation = on".into(),
+        )
+        .await;
+        let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        for _ in 0..20 {
+            let dropped = sqlx::query(sqlx::AssertSqlSafe(drop.clone()))
+                .execute(&mut admin)
+                .await;
+            if dropped.is_ok() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        eprintln!(
+            "could not drop {} on every node; .ci/citus --drop clears it",
+            self.name
+        );
+    }
+
+    /// How many two-phase commits the coordinator has recorded in this database (rows of
+    /// `pg_dist_transaction`, kept until recovery, which the test cluster runs rarely).
+    async fn two_phase_commits(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM pg_dist_transaction")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+}
+
+/// Routines, each due a minute ago (and, yearly, not again for months), in at least `groups`
+/// different groups.
+async fn due_routines(db: &CitusDb, groups: usize) -> Vec<(Uuid, GroupId)> {
+    let count = db.store.group_count().await.unwrap();
+    let mut routines = Vec::new();
+    let mut seen = BTreeSet::new();
+    while seen.len() < groups {
+        let routine = create(&db.store, YEARLY, MisfirePolicy::FireOnce).await;
+        assert_eq!(routine.group_id, group_of(routine.id, count));
+        let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        set_next_run(&db.pool, routine.id, now - TimeDelta::minutes(1)).await;
+        seen.insert(routine.group_id);
+        routines.push((routine.id, routine.group_id));
+    }
+    routines
+}
+
+#[tokio::test]
+async fn claims_settles_reaps_and_consumes_per_group_on_citus() {
+    let Some(db) = CitusDb::create().await else {
+        return;
+    };
+    let routines = due_routines(&db, 3).await;
+    let groups: BTreeSet<GroupId> = routines.iter().map(|(_, g)| *g).collect();
+    assert_eq!(
+        db.store.due_groups().await.unwrap(),
+        groups.iter().copied().collect::<Vec<_>>()
+    );
+
+    // A claim in one group takes that group's routines only.
+    let first = *groups.first().unwrap();
+    let claim = db
+        .store
+        .claim_due(&cm_store::ClaimDueParams {
+            group: Some(first),
+            ..params("a")
+        })
+        .await
+        .unwrap();
+    let in_first: BTreeSet<Uuid> = routines
+        .iter()
+        .filter(|(_, g)| *g == first)
+        .map(|(id, _)| *id)
+        .collect();
+    let claimed: BTreeSet<Uuid> = claim
+        .fires
+        .iter()
+        .map(|f| f.occurrence.routine_id)
+        .collect();
+    assert_eq!(claimed, in_first);
+    for fire in &claim.fires {
+        assert_eq!(fire.outcome(claim.token), ClaimOutcome::Fresh);
+    }
+    assert!(!db.store.due_groups().await.unwrap().contains(&first));
+
+    // Settle them through the cross-group statement.
+    let settles: Vec<FireSettle> = claim
+        .fires
+        .iter()
+        .map(|f| FireSettle {
+            fire: f.fire_ref(),
+            settlement: Settlement::Fired,
+            receipt: Some("ok".into()),
+        })
+        .collect();
+    let outcomes = db.store.settle_fires(&settles).await.unwrap();
+    assert!(outcomes.iter().all(|o| *o == SettleOutcome::Settled));
+
+    // Every other group, claimed one at a time, then its leases run out: the reaper, group by
+    // group, takes each over as a retry.
+    let mut held = Vec::new();
+    for group in groups.iter().skip(1) {
+        let claim = db
+            .store
+            .claim_due(&cm_store::ClaimDueParams {
+                group: Some(*group),
+                ..params("b")
+            })
+            .await
+            .unwrap();
+        assert!(!claim.fires.is_empty());
+        held.extend(claim.fires.iter().map(|f| f.occurrence));
+    }
+    sqlx::query(
+        "UPDATE routine_fires SET lease_expires_at = now() - interval '1 second'
+         WHERE status = 'claimed'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let expired = db.store.expired_groups().await.unwrap();
+    assert_eq!(expired, groups.iter().skip(1).copied().collect::<Vec<_>>());
+    let mut reaped = Vec::new();
+    for group in expired {
+        let tick = db
+            .store
+            .reap_expired(&cm_store::ReapParams {
+                group: Some(group),
+                ..reap_params("reaper", 100)
+            })
+            .await
+            .unwrap();
+        for fire in &tick.fires {
+            assert_eq!(fire.outcome(tick.token), ClaimOutcome::Retry { attempt: 2 });
+            assert_eq!(token_of(&db.pool, fire.occurrence).await, tick.token);
+        }
+        reaped.extend(tick.fires.iter().map(|f| f.occurrence));
+    }
+    reaped.sort();
+    held.sort();
+    assert_eq!(reaped, held);
+
+    // The outbox claim writes each fresh occurrence's message in the claim; a consumer takes
+    // them group by group, in seq order within the group, and acknowledges them.
+    let more = due_routines(&db, 2).await;
+    let mut written = 0;
+    for group in db.store.due_groups().await.unwrap() {
+        let claim = db
+            .store
+            .claim_due(&cm_store::ClaimDueParams {
+                group: Some(group),
+                ..outbox_params("c")
+            })
+            .await
+            .unwrap();
+        for fire in &claim.fires {
+            assert_eq!(fire.row.status, FireStatus::Fired);
+            assert!(fire.receipt.as_deref().unwrap().starts_with("outbox seq "));
+        }
+        written += claim.fires.len();
+    }
+    assert_eq!(written, more.len());
+    let mut delivered = 0;
+    for group in more.iter().map(|(_, g)| *g).collect::<BTreeSet<_>>() {
+        let batch = db
+            .store
+            .outbox_take(&OutboxTake {
+                consumer: "consumer".into(),
+                limit: 100,
+                lease: std::time::Duration::from_secs(30),
+                group: Some(group),
+            })
+            .await
+            .unwrap();
+        let seqs: Vec<i64> = batch.iter().map(|d| d.message.seq).collect();
+        let mut sorted = seqs.clone();
+        sorted.sort_unstable();
+        assert_eq!(seqs, sorted);
+        let acks: Vec<OutboxAck> = batch
+            .iter()
+            .map(|d| OutboxAck {
+                seq: d.message.seq,
+                lease_token: d.lease_token,
+            })
+            .collect();
+        assert_eq!(
+            db.store.outbox_ack("consumer", &acks).await.unwrap(),
+            batch.len() as u64
+        );
+        delivered += batch.len();
+    }
+    assert_eq!(delivered, more.len());
+    db.drop_all().await;
+}
+
+/// The claim statements' plans, as `EXPLAIN` prints them on the coordinator, with the group
+/// bound: each is one task (a router query on one shard).
+#[tokio::test]
+async fn every_claim_statement_is_one_task_on_citus() {
+    let Some(db) = CitusDb::create().await else {
+        return;
+    };
+    let group: GroupId = 3;
+    let ids = vec![Uuid::new_v4()];
+    let at = vec![chrono::Utc::now()];
+    let now = chrono::Utc::now();
+    let explain = |sql: &str| sqlx::AssertSqlSafe(format!("EXPLAIN {sql}"));
+    let mut plans: Vec<(&str, Vec<String>)> = Vec::new();
+    plans.push((
+        "due",
+        sqlx::query_scalar(explain(cm_store::ledger::DUE_GROUP_SQL))
+            .bind(10_i64)
+            .bind(2_i64)
+            .bind(true)
+            .bind(group)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap(),
+    ));
+    plans.push((
+        "due, resumed",
+        sqlx::query_scalar(explain(cm_store::ledger::DUE_GROUP_AFTER_SQL))
+            .bind(10_i64)
+            .bind(2_i64)
+            .bind(true)
+            .bind(now)
+            .bind(ids[0])
+            .bind(group)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap(),
+    ));
+    plans.push((
+        "requests",
+        sqlx::query_scalar(explain(cm_store::ledger::TAKE_GROUP_REQUESTS_SQL))
+            .bind(10_i64)
+            .bind(group)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap(),
+    ));
+    let advance = |q: sqlx::query::QueryScalar<'static, _, String, _>| {
+        q.bind(ids.clone())
+            .bind(vec![Some(now)])
+            .bind(vec![true])
+            .bind(vec![true])
+    };
+    plans.push((
+        "claim",
+        sqlx::query_scalar(explain(cm_store::ledger::SHARD_CLAIM_SQL))
+            .bind(ids.clone())
+            .bind(at.clone())
+            .bind("a")
+            .bind(Uuid::new_v4())
+            .bind(30.0_f64)
+            .bind(vec!["schedule"])
+            .bind(now)
+            .bind(vec![1_i64])
+            .bind(true)
+            .bind(false)
+            .bind(group)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap(),
+    ));
+    plans.push((
+        "outbox",
+        sqlx::query_scalar(explain(cm_store::ledger::SHARD_OUTBOX_SQL))
+            .bind(ids.clone())
+            .bind(at.clone())
+            .bind(vec![1_i64])
+            .bind(vec!["key"])
+            .bind(group)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap(),
+    ));
+    plans.push((
+        "routines",
+        sqlx::query_scalar(explain(cm_store::ledger::SHARD_ROUTINES_SQL))
+            .bind(ids.clone())
+            .bind(group)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap(),
+    ));
+    plans.push((
+        "advance",
+        advance(sqlx::query_scalar(explain(
+            cm_store::ledger::ADVANCE_GROUP_SQL,
+        )))
+        .bind(now)
+        .bind(group)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap(),
+    ));
+    plans.push((
+        "reaper",
+        sqlx::query_scalar(explain(cm_store::ledger::REAP_GROUP_SQL))
+            .bind(10_i64)
+            .bind("a")
+            .bind(Uuid::new_v4())
+            .bind(30.0_f64)
+            .bind(group)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap(),
+    ));
+    for (name, plan) in &plans {
+        let text = plan.join("\n");
+        let tasks: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("Task Count: "))
+            .collect();
+        assert_eq!(
+            tasks,
+            ["1"],
+            "the {name} statement is not one task:\n{text}"
+        );
+    }
+    db.drop_all().await;
+}
+
+/// A claim commits on one worker with a plain `COMMIT`: the coordinator records no two-phase
+/// commit for it, while a statement over every group (the control) records some.
+#[tokio::test]
+async fn a_claim_commits_without_two_phase_commit_on_citus() {
+    let Some(db) = CitusDb::create().await else {
+        return;
+    };
+    let routines = due_routines(&db, 2).await;
+    let before = db.two_phase_commits().await;
+    for group in db.store.due_groups().await.unwrap() {
+        for params in [params("a"), outbox_params("b")] {
+            db.store
+                .claim_due(&cm_store::ClaimDueParams {
+                    group: Some(group),
+                    ..params
+                })
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(db.two_phase_commits().await, before, "a claim used 2PC");
+    assert!(db.store.due_groups().await.unwrap().is_empty());
+    // The control: one transaction writing to several shards commits in two phases.
+    let mut tx = db.pool.begin().await.unwrap();
+    for (id, _) in &routines {
+        sqlx::query("UPDATE routines SET updated_at = now() WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    assert!(db.two_phase_commits().await > before);
+    db.drop_all().await;
+}

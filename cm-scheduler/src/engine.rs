@@ -23,7 +23,6 @@
 //! it can start at once, so no claim waits for room while its lease runs, and every dispatch
 //! runs under a timeout that ends before its lease does, counted from before its claim began.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -168,15 +167,39 @@ pub struct Scheduler {
     groups: Option<Arc<GroupLeases>>,
 }
 
-/// The launch rate's gate: when each mission launch of the last second passed it, and how many
-/// missions are claimed and have not passed it yet. A claim takes at most what is left of the
-/// second ([`LaunchWindow::room`]); every launch then waits at the gate until fewer than the rate
-/// passed it in the last second ([`LaunchTicket::admit`]), so the runtime sees no more than the
-/// rate in any second, however the claims and their dispatch tasks are timed.
+/// The launch rate's gate. A launch counts from when it passes the gate until a second after its
+/// runtime answered (while it is under way it always counts): so however long a launch takes to
+/// reach the runtime, no more than the rate arrive there in any second. Missions claimed and not
+/// yet through the gate count too, so a claim takes only what the gate has room for
+/// ([`LaunchWindow::room`]) and nobody waits at the gate with a lease running for long.
 #[derive(Debug, Default)]
 struct LaunchWindow {
-    passed: Mutex<VecDeque<Instant>>,
+    passed: Mutex<Passed>,
     pending: AtomicUsize,
+}
+
+/// The launches that count: each with the instant its runtime answered, `None` while under way.
+#[derive(Debug, Default)]
+struct Passed {
+    launches: Vec<(u64, Option<Instant>)>,
+    next_id: u64,
+}
+
+impl Passed {
+    /// When the first launch that counts stops counting, if one has ended.
+    fn next_room(&self) -> Option<Instant> {
+        self.launches
+            .iter()
+            .filter_map(|(_, answered)| *answered)
+            .min()
+            .map(|at| at + LaunchWindow::WINDOW)
+    }
+
+    fn forget(&mut self, now: Instant) {
+        self.launches.retain(|(_, answered)| {
+            answered.is_none_or(|at| now.duration_since(at) < LaunchWindow::WINDOW)
+        });
+    }
 }
 
 impl LaunchWindow {
@@ -186,19 +209,10 @@ impl LaunchWindow {
     fn room(&self, per_second: u32, now: Instant) -> usize {
         let used = {
             let mut passed = self.passed.lock().unwrap_or_else(|e| e.into_inner());
-            Self::forget(&mut passed, now);
-            passed.len()
+            passed.forget(now);
+            passed.launches.len()
         };
         (per_second as usize).saturating_sub(used + self.pending.load(Ordering::Acquire))
-    }
-
-    fn forget(passed: &mut VecDeque<Instant>, now: Instant) {
-        while passed
-            .front()
-            .is_some_and(|at| now.duration_since(*at) >= Self::WINDOW)
-        {
-            passed.pop_front();
-        }
     }
 
     /// A claimed mission's place at the gate; it counts against the room until it is dropped.
@@ -210,10 +224,12 @@ impl LaunchWindow {
         }
     }
 
-    /// When the oldest launch of the last second leaves it (room comes back), if any is there.
+    /// When the first launch that counts stops counting (room comes back), if one has ended.
     fn next_room(&self) -> Option<Instant> {
-        let passed = self.passed.lock().unwrap_or_else(|e| e.into_inner());
-        passed.front().map(|at| *at + Self::WINDOW)
+        self.passed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .next_room()
     }
 }
 
@@ -225,22 +241,28 @@ struct LaunchTicket {
 }
 
 impl LaunchTicket {
-    /// Waits until fewer than the rate passed the gate in the last second, then passes it.
-    async fn admit(self) {
+    /// Waits until fewer than the rate count, then passes the gate: the launch counts until a
+    /// second after its [`Launching`] is dropped.
+    async fn admit(self) -> Launching {
         loop {
             let wait = {
                 let mut passed = self.window.passed.lock().unwrap_or_else(|e| e.into_inner());
-                let now = Instant::now();
-                LaunchWindow::forget(&mut passed, now);
-                if passed.len() < self.per_second {
-                    passed.push_back(now);
-                    return;
+                passed.forget(Instant::now());
+                if passed.launches.len() < self.per_second {
+                    let id = passed.next_id;
+                    passed.next_id += 1;
+                    passed.launches.push((id, None));
+                    return Launching {
+                        window: self.window.clone(),
+                        id,
+                    };
                 }
-                passed.front().map(|at| *at + LaunchWindow::WINDOW)
+                passed.next_room()
             };
             match wait {
                 Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => return,
+                // Every launch that counts is still under way: look again shortly.
+                None => tokio::time::sleep(Duration::from_millis(10)).await,
             }
         }
     }
@@ -249,6 +271,22 @@ impl LaunchTicket {
 impl Drop for LaunchTicket {
     fn drop(&mut self) {
         self.window.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A launch under way; dropped once its runtime answered.
+struct Launching {
+    window: Arc<LaunchWindow>,
+    id: u64,
+}
+
+impl Drop for Launching {
+    fn drop(&mut self) {
+        let mut passed = self.window.passed.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if let Some(entry) = passed.launches.iter_mut().find(|(id, _)| *id == self.id) {
+            entry.1 = Some(now);
+        }
     }
 }
 
@@ -1268,10 +1306,13 @@ impl FireJob {
         };
         let (settlement, receipt) = match before {
             Ok(BeforeLaunch::Launch) => {
-                if let Some(ticket) = self.launch_ticket.take() {
-                    ticket.admit().await;
-                }
-                match self.launch(&fire, &dispatch, attempt, lateness).await {
+                let launching = match self.launch_ticket.take() {
+                    Some(ticket) => Some(ticket.admit().await),
+                    None => None,
+                };
+                let launched = self.launch(&fire, &dispatch, attempt, lateness).await;
+                drop(launching);
+                match launched {
                     Ok(ended) => ended,
                     Err(unsettled) => return unsettled,
                 }
@@ -1389,5 +1430,59 @@ impl FireJob {
                 }
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// However the launches are timed, the runtime sees no more than the rate in any second: each
+    /// launch below notes when it reached the "runtime" (somewhere between passing the gate and
+    /// its answer, as over a real connection), and no window of a second holds more than the rate.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_gate_lets_no_more_than_the_rate_reach_the_runtime_in_any_second() {
+        const RATE: u32 = 8;
+        let window = Arc::new(LaunchWindow::default());
+        let reached = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = JoinSet::new();
+        for i in 0..3 * RATE as u64 {
+            // Claimed all at once, more than the rate: the gate must hold the rest back.
+            let ticket = window.ticket(RATE);
+            let reached = reached.clone();
+            tasks.spawn(async move {
+                let launching = ticket.admit().await;
+                // Some launches take a while to reach the runtime, some answer slowly.
+                tokio::time::sleep(Duration::from_millis(5 * (i % 4))).await;
+                reached.lock().unwrap().push(Instant::now());
+                tokio::time::sleep(Duration::from_millis(10 * (i % 3))).await;
+                drop(launching);
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        let mut times = reached.lock().unwrap().clone();
+        times.sort();
+        assert_eq!(times.len(), 3 * RATE as usize);
+        for (start, at) in times.iter().enumerate() {
+            let within = times[start..]
+                .iter()
+                .take_while(|t| t.duration_since(*at) < LaunchWindow::WINDOW)
+                .count();
+            assert!(within <= RATE as usize, "{within} launches within a second");
+        }
+        // Every ticket was given back, and room comes back once the last second has passed.
+        assert_eq!(window.pending.load(Ordering::Acquire), 0);
+        tokio::time::sleep(LaunchWindow::WINDOW).await;
+        assert_eq!(window.room(RATE, Instant::now()), RATE as usize);
+    }
+
+    /// A ticket dropped unused (a skipped mission) gives its room back at once.
+    #[test]
+    fn an_unused_ticket_gives_its_room_back() {
+        let window = Arc::new(LaunchWindow::default());
+        let ticket = window.ticket(2);
+        assert_eq!(window.room(2, Instant::now()), 1);
+        drop(ticket);
+        assert_eq!(window.room(2, Instant::now()), 2);
     }
 }

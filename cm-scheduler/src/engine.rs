@@ -25,6 +25,7 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -161,6 +162,9 @@ pub struct Scheduler {
     launches: LaunchWindow,
     /// Mission runs watched after their launch (`runs.rs`).
     runs: Option<Arc<RunWatch>>,
+    /// How many occurrences each routine of the last claim that fired gave, on average (at
+    /// least one): how many routines the next claim locks to fill its batch.
+    owed_per_routine: AtomicUsize,
 }
 
 /// The mission launches of the last second, for the launch rate: each claim's count with the
@@ -244,6 +248,7 @@ impl Scheduler {
             outbox: None,
             launches: LaunchWindow::default(),
             runs: None,
+            owed_per_routine: AtomicUsize::new(1),
         })
     }
 
@@ -386,10 +391,7 @@ impl Scheduler {
                 lease: self.config.lease,
                 cap: budget,
                 rules: MisfireRules::from(&self.config),
-                // Every routine locked owes at least one occurrence unless its policy skips them
-                // all; a few more than the batch keep such routines from holding the claim back.
-                max_routines: u32::try_from(budget.get() + budget.get() / 16 + 1)
-                    .unwrap_or(u32::MAX),
+                max_routines: self.routines_to_lock(budget),
                 in_claim: self.in_claim,
                 mission_room: self.mission_room(),
                 after,
@@ -401,6 +403,7 @@ impl Scheduler {
                 .map_err(TickError::Claim)?;
             self.stats.tick_succeeded();
             let (more_due, resume_after) = (claim.more_due, claim.resume_after);
+            self.note_owed_per_routine(&claim);
             last_deferred = claim.deferred;
             self.launches
                 .record(Instant::now(), self.launches_in(&claim));
@@ -434,6 +437,33 @@ impl Scheduler {
         }
         self.stats.tick_duration.observe(started.elapsed());
         Ok(total)
+    }
+
+    /// How many due routines a claim of `budget` occurrences locks. Every routine locked owes at
+    /// least one occurrence unless its policy skips them all, and a routine behind owes many
+    /// (a backlog), all claimed with it: the batch divided by what each routine of the last
+    /// claim gave is what fills it, and a few more keep routines that owe less from holding
+    /// the claim back. Locking the batch's count of routines whatever they owe would lock and
+    /// plan (every occurrence each owes) many times the routines the batch can take; a claim
+    /// that locks too few comes back `more_due` and is followed at once, with the estimate
+    /// corrected.
+    fn routines_to_lock(&self, budget: FireCap) -> u32 {
+        let per_routine = self.owed_per_routine.load(Ordering::Relaxed).max(1);
+        let wanted = budget.get().div_ceil(per_routine);
+        u32::try_from(wanted + wanted / 16 + 1).unwrap_or(u32::MAX)
+    }
+
+    /// Keeps how many occurrences each routine of `claim` gave, for the next claim's lock count
+    /// ([`Scheduler::routines_to_lock`]); a claim that fired nothing resets it to one.
+    fn note_owed_per_routine(&self, claim: &TickClaim) {
+        let routines: std::collections::HashSet<_> = claim
+            .fires
+            .iter()
+            .map(|f| f.occurrence.routine_id)
+            .collect();
+        let per_routine = claim.fires.len().checked_div(routines.len()).unwrap_or(1);
+        self.owed_per_routine
+            .store(per_routine.max(1), Ordering::Relaxed);
     }
 
     /// The most one claim of `batch` may take: occurrences written in the claim take no room;

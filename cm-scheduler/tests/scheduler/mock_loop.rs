@@ -1180,3 +1180,51 @@ async fn a_retried_dispatch_whose_target_is_unavailable_is_left_for_the_next_att
     assert_eq!(settles[0].0.occurrence, occurrence(0));
     assert_eq!(Stats::get(&scheduler.stats().left_for_retry), 1);
 }
+
+/// A claim of routines behind by many occurrences each (a backlog, claimed whole) is followed
+/// by one that locks only as many routines as that many occurrences each fills its batch with,
+/// not the batch's count of routines; a claim that fires nothing sets it back to one a routine.
+#[tokio::test]
+async fn routines_locked_follow_what_each_routine_of_the_last_claim_owed() {
+    // Six fires of two routines, three each; the claim came back full.
+    let backlog = || {
+        let mut full = claim(&[Row::Fresh; 6], 0);
+        for (n, fire) in (0u32..).zip(&mut full.fires) {
+            fire.occurrence = Occurrence::new(Uuid::from_u128(u128::from(n % 2) + 1), at(n));
+        }
+        full.more_due = true;
+        full
+    };
+    let mut queue = VecDeque::from([backlog(), claim(&[], 0), claim(&[], 0)]);
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let record = asked.clone();
+    let mut ledger = MockFireLedger::new();
+    ledger.expect_claim_due().times(3).returning(move |p| {
+        record.lock().unwrap().push((p.cap.get(), p.max_routines));
+        Ok(queue.pop_front().unwrap())
+    });
+    ledger
+        .expect_settle_fires()
+        .returning(|batch| Ok(vec![SettleOutcome::Settled; batch.len()]));
+    let (dispatcher, _calls) = counting_dispatcher(receipt);
+    let config = SchedulerConfig {
+        max_fires_per_tick: FireCap::new(6).unwrap(),
+        max_in_flight: 100,
+        ..config()
+    };
+    let scheduler = Scheduler::new(Arc::new(ledger), Arc::new(dispatcher), config, "me").unwrap();
+
+    // The first tick: the full claim, then (the batch doubled to 12) one that locks 12 ÷ 3.
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!((report.claims, report.fired), (2, 6), "{report:?}");
+    // The next tick starts over at the cap, one occurrence a routine again.
+    scheduler.tick().await.unwrap();
+    assert_eq!(
+        *asked.lock().unwrap(),
+        vec![
+            (6, 6 + 6 / 16 + 1),
+            (12, 4 + 4 / 16 + 1),
+            (6, 6 + 6 / 16 + 1)
+        ]
+    );
+}

@@ -87,6 +87,8 @@ pub(crate) struct Sizes {
     pub burst: Vec<u32>,
     /// The smaller and larger burst the per-fire cost is compared at.
     pub burst_pair: (u32, u32),
+    /// Every-second routines, and for how many seconds, whose lateness is measured at defaults.
+    pub every_second: (u32, u64),
 }
 
 /// Occurrences each routine of the "few" throughput run owes: seconds 0 to 49 of two minutes.
@@ -106,6 +108,7 @@ impl Sizes {
             phase_seconds: 15,
             burst: vec![10_000, 100_000, 1_000_000],
             burst_pair: (20_000, 200_000),
+            every_second: (1_000, 20),
         }
     }
 
@@ -122,6 +125,7 @@ impl Sizes {
             phase_seconds: 4,
             burst: vec![1_000, 10_000, 100_000],
             burst_pair: (2_000, 20_000),
+            every_second: (1_000, 6),
         }
     }
 }

@@ -51,21 +51,26 @@ fn scheduler(
     Scheduler::new(Arc::new(store.clone()), dispatcher, config, "drain-test").unwrap()
 }
 
+/// A scheduler whose messages go to an in-memory backend, and that backend.
+fn message_scheduler(
+    store: &PgStore,
+    config: SchedulerConfig,
+) -> (Scheduler, Arc<MemoryDispatcher>) {
+    let messages = Arc::new(MemoryDispatcher::new());
+    let routed = RoutedDispatcher::new(Some(messages.clone()), None);
+    (scheduler(store, Arc::new(routed), config), messages)
+}
+
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn a_full_claim_is_followed_at_once_so_one_tick_drains_what_is_due(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     due_yearly(&store, &pool, 200, RoutineKind::Message).await;
-    let messages = Arc::new(MemoryDispatcher::new());
     let config = SchedulerConfig {
         max_fires_per_tick: FireCap::new(5).unwrap(),
         max_in_flight: 1_000,
         ..SchedulerConfig::default()
     };
-    let scheduler = scheduler(
-        &store,
-        Arc::new(RoutedDispatcher::new(Some(messages.clone()), None)),
-        config,
-    );
+    let (scheduler, messages) = message_scheduler(&store, config);
     // One tick, not forty: every claim that came back full was followed by another.
     let report = scheduler.tick().await.unwrap();
     assert_eq!(report.fired, 200, "{report:?}");
@@ -216,7 +221,6 @@ async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(po
     .fetch_all(&pool)
     .await
     .unwrap();
-    let messages = Arc::new(MemoryDispatcher::new());
     let config = SchedulerConfig {
         max_fires_per_tick: FireCap::new(25).unwrap(),
         max_in_flight: 2_000,
@@ -224,11 +228,7 @@ async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(po
         max_backlog: 1_000,
         ..SchedulerConfig::default()
     };
-    let scheduler = scheduler(
-        &store,
-        Arc::new(RoutedDispatcher::new(Some(messages.clone()), None)),
-        config,
-    );
+    let (scheduler, messages) = message_scheduler(&store, config);
     let report = scheduler.tick().await.unwrap();
     // Every routine's clock moved past what it owed, and each second it moved over has one
     // fire, dispatched once.

@@ -53,8 +53,9 @@ use crate::stats::{Stats, add};
 /// deletes far more rows a second than the engine fires.
 pub const PRUNE_BATCH: u32 = 10_000;
 
-/// The largest batch one claim of a drain takes (or the cap, if larger). A drain's first claim
-/// takes the cap; each claim that comes back full doubles the next one's batch up to this bound,
+/// The largest batch one claim of a drain takes (or the cap, if larger). A tick's first claim
+/// takes the cap, or as many as the previous tick claimed if that was more (up to this bound);
+/// each claim that comes back full doubles the next one's batch up to this bound,
 /// so a burst is drained in transactions large enough to keep the database busy (measured in
 /// docs/BENCHMARKS.md, "Fast by default") while each stays short: a claim of this many
 /// occurrences commits in tens of milliseconds.
@@ -165,6 +166,9 @@ pub struct Scheduler {
     /// How many occurrences each routine of the last claim that fired gave, on average (at
     /// least one): how many routines the next claim locks to fill its batch.
     owed_per_routine: AtomicUsize,
+    /// The batch the next tick's first claim takes: what the last tick claimed, between the cap
+    /// and [`DRAIN_BATCH_LIMIT`] (see [`Scheduler::claim_and_start`]).
+    first_batch: AtomicUsize,
 }
 
 /// The mission launches of the last second, for the launch rate: each claim's count with the
@@ -249,6 +253,7 @@ impl Scheduler {
             launches: LaunchWindow::default(),
             runs: None,
             owed_per_routine: AtomicUsize::new(1),
+            first_batch: AtomicUsize::new(0),
         })
     }
 
@@ -371,7 +376,12 @@ impl Scheduler {
         let started = Instant::now();
         add(&self.stats.ticks, 1);
         let cap = self.config.max_fires_per_tick.get();
-        let mut batch = cap;
+        let limit = DRAIN_BATCH_LIMIT.max(cap);
+        // A tick starts where the last one's work left it: as many as it claimed (at least the
+        // cap, at most the limit), so a load that comes due every second (a thousand
+        // every-second routines) is claimed in one or two claims, not the ramp from the cap.
+        let mut batch = self.first_batch.load(Ordering::Relaxed).clamp(cap, limit);
+        let mut claimed = 0usize;
         let mut after: Option<DueCursor> = None;
         let mut total = TickReport::default();
         let mut last_deferred = 0;
@@ -404,6 +414,7 @@ impl Scheduler {
             self.stats.tick_succeeded();
             let (more_due, resume_after) = (claim.more_due, claim.resume_after);
             self.note_owed_per_routine(&claim);
+            claimed += claim.fires.len();
             last_deferred = claim.deferred;
             self.launches
                 .record(Instant::now(), self.launches_in(&claim));
@@ -419,7 +430,7 @@ impl Scheduler {
                 // Resume after what this claim handled; grow the batch while claims come back
                 // full.
                 after = resume_after;
-                batch = (batch * 2).min(DRAIN_BATCH_LIMIT.max(cap));
+                batch = (batch * 2).min(limit);
             } else if after.is_some() {
                 // The resumed walk ran out: one more claim over the whole walk picks up what
                 // came due behind it (a routine created, resumed or released meanwhile).
@@ -428,6 +439,7 @@ impl Scheduler {
                 break;
             }
         }
+        self.first_batch.store(claimed, Ordering::Relaxed);
         if last_deferred > 0 {
             warn!(
                 deferred = last_deferred,

@@ -59,7 +59,7 @@ pub(crate) use progress;
 const USAGE: &str = "usage: cargo run --release -p xtask -- scale [--quick] [--keep] \
 [--only STEP] [--database-url URL]\n\
   --quick             a tenth of the sizes (a smoke test of every step)\n\
-  --only STEP         only this step: idle, throughput, due-at-once, fires or retention\n\
+  --only STEP         only this step: idle, throughput, due-at-once, every-second, fires or retention\n\
   --keep              keep the database cm_scale_<random> afterwards\n\
   --database-url URL  the server to create it on (default postgres://postgres@127.0.0.1:5432/postgres)";
 
@@ -143,7 +143,14 @@ pub(crate) struct Options {
 }
 
 /// The steps `--only` names, in the order they run.
-const STEPS: [&str; 5] = ["idle", "throughput", "due-at-once", "fires", "retention"];
+const STEPS: [&str; 6] = [
+    "idle",
+    "throughput",
+    "due-at-once",
+    "every-second",
+    "fires",
+    "retention",
+];
 
 impl Options {
     /// Whether `step` runs.

@@ -1222,3 +1222,43 @@ async fn routines_locked_follow_what_each_routine_of_the_last_claim_owed() {
     // Six routines and one more for six; four (12 ÷ 3) and one more for twelve.
     assert_eq!(*asked.lock().unwrap(), vec![(6, 7), (12, 5), (6, 7)]);
 }
+
+/// A tick's first claim takes as many as the previous tick claimed (at least the cap), so a load
+/// due every second is claimed without the ramp from the cap each time; a tick that claimed
+/// nothing sends the next one back to the cap.
+#[tokio::test]
+async fn a_tick_starts_at_what_the_last_one_claimed() {
+    let full = {
+        let mut full = claim(&[Row::Fresh; 6], 0);
+        full.more_due = true;
+        full
+    };
+    let mut queue = VecDeque::from([
+        full,
+        claim(&[Row::Fresh; 10], 0),
+        claim(&[], 0),
+        claim(&[], 0),
+    ]);
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let record = asked.clone();
+    let mut ledger = MockFireLedger::new();
+    ledger.expect_claim_due().times(4).returning(move |p| {
+        record.lock().unwrap().push(p.cap.get());
+        Ok(queue.pop_front().unwrap())
+    });
+    ledger
+        .expect_settle_fires()
+        .returning(|batch| Ok(vec![SettleOutcome::Settled; batch.len()]));
+    let (dispatcher, _calls) = counting_dispatcher(receipt);
+    let config = SchedulerConfig {
+        max_fires_per_tick: FireCap::new(6).unwrap(),
+        max_in_flight: 100,
+        ..config()
+    };
+    let scheduler = Scheduler::new(Arc::new(ledger), Arc::new(dispatcher), config, "me").unwrap();
+    for _ in 0..3 {
+        scheduler.tick().await.unwrap();
+    }
+    // The cap, then doubled; the next tick at the 16 the first claimed; then the cap again.
+    assert_eq!(*asked.lock().unwrap(), vec![6, 12, 16, 6]);
+}

@@ -71,6 +71,9 @@ pub(super) async fn all(
     if options.runs("due-at-once") {
         rows.extend(due_at_once(options, store.pool(), binary, url, dir).await?);
     }
+    if options.runs("every-second") {
+        rows.extend(every_second_row(options, store.pool(), binary, url, dir).await?);
+    }
     if options.runs("fires") {
         rows.extend(ledger(options, &store, binary, url).await?);
     }
@@ -618,6 +621,17 @@ async fn due_at_once(
             ),
         ));
     }
+    Ok(rows)
+}
+
+/// The "every second" step: [`every_second`] at the sizes of the run, as a report row.
+async fn every_second_row(
+    options: &Options,
+    pool: &PgPool,
+    binary: &Path,
+    url: &str,
+    dir: &Path,
+) -> anyhow::Result<Vec<Row>> {
     let (routines, seconds) = options.sizes.every_second;
     let (p50, p99, max, fires) = every_second(pool, binary, url, dir, routines, seconds).await?;
     progress!(
@@ -626,7 +640,7 @@ async fn due_at_once(
         p99 * 1000.0,
         max * 1000.0
     );
-    rows.push(Row::new(
+    Ok(vec![Row::new(
         "Every-second routines, defaults, 2 processes: lateness p50 / p99 / max",
         count(routines.into()),
         format!(
@@ -638,8 +652,7 @@ async fn due_at_once(
         format!(
             "`* * * * * *` for {seconds} s, {fires} fires, ledger checked; target p99 ≤ 100 ms"
         ),
-    ));
-    Ok(rows)
+    )])
 }
 
 /// Every-second message routines `* * * * * *` (`catch-up`), `routines` of them first due on

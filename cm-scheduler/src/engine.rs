@@ -53,8 +53,9 @@ use crate::stats::{Stats, add};
 /// deletes far more rows a second than the engine fires.
 pub const PRUNE_BATCH: u32 = 10_000;
 
-/// The largest batch one claim of a drain takes (or the cap, if larger). A drain's first claim
-/// takes the cap; each claim that comes back full doubles the next one's batch up to this bound,
+/// The largest batch one claim of a drain takes (or the cap, if larger). A tick's first claim
+/// takes the cap, or as many as the previous tick claimed if that was more (up to this bound);
+/// each claim that comes back full doubles the next one's batch up to this bound,
 /// so a burst is drained in transactions large enough to keep the database busy (measured in
 /// docs/BENCHMARKS.md, "Fast by default") while each stays short: a claim of this many
 /// occurrences commits in tens of milliseconds.
@@ -165,6 +166,12 @@ pub struct Scheduler {
     /// Claims per routine group, in the groups this scheduler leases (`groups.rs`); `None`
     /// claims across every group at once.
     groups: Option<Arc<GroupLeases>>,
+    /// How many occurrences each routine of the last claim that fired gave, on average (at
+    /// least one): how many routines the next claim locks to fill its batch.
+    owed_per_routine: AtomicUsize,
+    /// The batch the next tick's first claim takes: what the last tick claimed, between the cap
+    /// and [`DRAIN_BATCH_LIMIT`] (see [`Scheduler::claim_and_start`]).
+    first_batch: AtomicUsize,
 }
 
 /// The launch rate's gate. A launch counts from when it passes the gate until a second after its
@@ -334,6 +341,8 @@ impl Scheduler {
             launches: Arc::default(),
             runs: None,
             groups: None,
+            owed_per_routine: AtomicUsize::new(1),
+            first_batch: AtomicUsize::new(0),
         })
     }
 
@@ -519,7 +528,12 @@ impl Scheduler {
         group: Option<GroupId>,
     ) -> Result<(TickReport, usize), TickError> {
         let cap = self.config.max_fires_per_tick.get();
-        let mut batch = cap;
+        let limit = DRAIN_BATCH_LIMIT.max(cap);
+        // A tick starts where the last one's work left it: as many as it claimed (at least the
+        // cap, at most the limit), so a load that comes due every second (a thousand
+        // every-second routines) is claimed in one or two claims, not the ramp from the cap.
+        let mut batch = self.first_batch.load(Ordering::Relaxed).clamp(cap, limit);
+        let mut claimed = 0usize;
         let mut after: Option<DueCursor> = None;
         let mut total = TickReport::default();
         let mut last_deferred = 0;
@@ -539,10 +553,7 @@ impl Scheduler {
                 lease: self.config.lease,
                 cap: budget,
                 rules: MisfireRules::from(&self.config),
-                // Every routine locked owes at least one occurrence unless its policy skips them
-                // all; a few more than the batch keep such routines from holding the claim back.
-                max_routines: u32::try_from(budget.get() + budget.get() / 16 + 1)
-                    .unwrap_or(u32::MAX),
+                max_routines: self.routines_to_lock(budget),
                 in_claim: self.in_claim,
                 mission_room: self.mission_room(),
                 after,
@@ -555,6 +566,8 @@ impl Scheduler {
                 .map_err(TickError::Claim)?;
             self.stats.tick_succeeded();
             let (more_due, resume_after) = (claim.more_due, claim.resume_after);
+            self.note_owed_per_routine(&claim);
+            claimed += claim.fires.len();
             last_deferred = claim.deferred;
             let report = self.start(claim, completer, wait.as_deref_mut()).await;
             total.add(&TickReport {
@@ -568,7 +581,7 @@ impl Scheduler {
                 // Resume after what this claim handled; grow the batch while claims come back
                 // full.
                 after = resume_after;
-                batch = (batch * 2).min(DRAIN_BATCH_LIMIT.max(cap));
+                batch = (batch * 2).min(limit);
             } else if after.is_some() {
                 // The resumed walk ran out: one more claim over the whole walk picks up what
                 // came due behind it (a routine created, resumed or released meanwhile).
@@ -577,7 +590,35 @@ impl Scheduler {
                 break;
             }
         }
+        self.first_batch.store(claimed, Ordering::Relaxed);
         Ok((total, last_deferred))
+    }
+
+    /// How many due routines a claim of `budget` occurrences locks. Every routine locked owes at
+    /// least one occurrence unless its policy skips them all, and a routine behind owes many
+    /// (a backlog), all claimed with it: the batch divided by what each routine of the last
+    /// claim gave is what fills it, and a few more keep routines that owe less from holding
+    /// the claim back. Locking the batch's count of routines whatever they owe would lock and
+    /// plan (every occurrence each owes) many times the routines the batch can take; a claim
+    /// that locks too few comes back `more_due` and is followed at once, with the estimate
+    /// corrected.
+    fn routines_to_lock(&self, budget: FireCap) -> u32 {
+        let per_routine = self.owed_per_routine.load(Ordering::Relaxed).max(1);
+        let wanted = budget.get().div_ceil(per_routine);
+        u32::try_from(wanted + wanted / 16 + 1).unwrap_or(u32::MAX)
+    }
+
+    /// Keeps how many occurrences each routine of `claim` gave, for the next claim's lock count
+    /// ([`Scheduler::routines_to_lock`]); a claim that fired nothing resets it to one.
+    fn note_owed_per_routine(&self, claim: &TickClaim) {
+        let routines: std::collections::HashSet<_> = claim
+            .fires
+            .iter()
+            .map(|f| f.occurrence.routine_id)
+            .collect();
+        let per_routine = claim.fires.len().checked_div(routines.len()).unwrap_or(1);
+        self.owed_per_routine
+            .store(per_routine.max(1), Ordering::Relaxed);
     }
 
     /// The most one claim of `batch` may take: occurrences written in the claim take no room;

@@ -6,8 +6,8 @@
 //!
 //! - **Idle tick**: with 1k, 100k and 1M parked routines (nothing due for an hour), the latency
 //!   of the store's claim (`claim_due`, the engine's parameters), median and p99, and the buffers
-//!   `EXPLAIN (ANALYZE, BUFFERS)` reports for its due query; then the peak memory (`VmHWM`) of an
-//!   idle `cm-scheduler run` on the million.
+//!   `EXPLAIN (ANALYZE, BUFFERS)` reports for its due query; then the peak memory (`VmHWM`) and
+//!   CPU of an idle `cm-scheduler run` on the million, with defaults and with a 10 ms tick.
 //! - **Throughput**: two `cm-scheduler run` processes (release build, the bench's flags) draining
 //!   the same number of occurrences owed by many routines once each, then by few routines many
 //!   times each; fires a second from the ledger, and the processes' peak memory.
@@ -24,7 +24,8 @@
 //!   lateness p50/p99/max, peak memory and CPU per process; the same with the bench's tuned
 //!   flags beside it (the ratio defaults/tuned); and 20k against 200k due at once with
 //!   `--max-fires-per-tick 2000 --tick-interval 50ms`, one process and two (the per-fire cost
-//!   must not grow with how many are due).
+//!   must not grow with how many are due); last, 1,000 every-second routines fired by two
+//!   processes with defaults for 20 s, their lateness p50/p99/max.
 //! - **Retention**: with millions of settled rows past the retention, the claim rate of the store's
 //!   claim beside a continuous prune (`prune_settled`, the engine's batch) against the claim rate
 //!   without, and the prune's own rate.
@@ -63,7 +64,8 @@ pub(crate) use progress;
 const USAGE: &str = "usage: cargo run --release -p xtask -- scale [--quick] [--keep] \
 [--only STEP] [--database-url URL]\n\
   --quick             a tenth of the sizes (a smoke test of every step)\n\
-  --only STEP         only this step: idle, throughput, due-at-once, mission-rate, fires or retention\n\
+  --only STEP         only this step: idle, throughput, due-at-once, every-second, mission-rate,
+                      fires or retention\n\
   --keep              keep the database cm_scale_<random> afterwards\n\
   --database-url URL  the server to create it on (default postgres://postgres@127.0.0.1:5432/postgres)";
 
@@ -94,6 +96,8 @@ pub(crate) struct Sizes {
     pub burst_pair: (u32, u32),
     /// Mission routines due on one second in the "mission rate" step.
     pub missions: u32,
+    /// Every-second routines, and for how many seconds, whose lateness is measured at defaults.
+    pub every_second: (u32, u64),
 }
 
 /// Occurrences each routine of the "few" throughput run owes: seconds 0 to 49 of two minutes.
@@ -114,6 +118,7 @@ impl Sizes {
             burst: vec![10_000, 100_000, 1_000_000],
             burst_pair: (20_000, 200_000),
             missions: 1_000,
+            every_second: (1_000, 20),
         }
     }
 
@@ -131,6 +136,7 @@ impl Sizes {
             burst: vec![1_000, 10_000, 100_000],
             burst_pair: (2_000, 20_000),
             missions: 100,
+            every_second: (1_000, 6),
         }
     }
 }
@@ -147,11 +153,12 @@ pub(crate) struct Options {
 }
 
 /// The steps `--only` names, in the order they run.
-const STEPS: [&str; 6] = [
+const STEPS: [&str; 7] = [
     "idle",
     "throughput",
     "due-at-once",
     "mission-rate",
+    "every-second",
     "fires",
     "retention",
 ];

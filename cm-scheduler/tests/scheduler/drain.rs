@@ -51,21 +51,26 @@ fn scheduler(
     Scheduler::new(Arc::new(store.clone()), dispatcher, config, "drain-test").unwrap()
 }
 
+/// A scheduler whose messages go to an in-memory backend, and that backend.
+fn message_scheduler(
+    store: &PgStore,
+    config: SchedulerConfig,
+) -> (Scheduler, Arc<MemoryDispatcher>) {
+    let messages = Arc::new(MemoryDispatcher::new());
+    let routed = RoutedDispatcher::new(Some(messages.clone()), None);
+    (scheduler(store, Arc::new(routed), config), messages)
+}
+
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn a_full_claim_is_followed_at_once_so_one_tick_drains_what_is_due(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     due_yearly(&store, &pool, 200, RoutineKind::Message).await;
-    let messages = Arc::new(MemoryDispatcher::new());
     let config = SchedulerConfig {
         max_fires_per_tick: FireCap::new(5).unwrap(),
         max_in_flight: 1_000,
         ..SchedulerConfig::default()
     };
-    let scheduler = scheduler(
-        &store,
-        Arc::new(RoutedDispatcher::new(Some(messages.clone()), None)),
-        config,
-    );
+    let (scheduler, messages) = message_scheduler(&store, config);
     // One tick, not forty: every claim that came back full was followed by another.
     let report = scheduler.tick().await.unwrap();
     assert_eq!(report.fired, 200, "{report:?}");
@@ -185,4 +190,71 @@ async fn lateness_counts_scheduled_fires_only(pool: PgPool) {
     // Only the scheduled occurrence (this 1 January) is counted, however late it was.
     let lateness = &scheduler.stats().lateness;
     assert_eq!(lateness.count(), 1);
+}
+
+/// A backlog spread unevenly (some routines 40 s behind, others 2 s) is drained in one tick,
+/// each occurrence exactly once: the claims lock as many routines as the last claim's owed
+/// each, and a claim that locked too few (the routines behind it owe less) is followed at once.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    for i in 0..30 {
+        store
+            .create_routine(NewRoutine {
+                name: format!("every second {i}"),
+                schedule: Schedule::parse("* * * * * *", "UTC").unwrap(),
+                kind: RoutineKind::Message,
+                payload: json!({ "text": "hello" }),
+                misfire: MisfirePolicy::CatchUp,
+                paused: false,
+            })
+            .await
+            .unwrap();
+    }
+    // The first ten owe 41 occurrences each, the rest 3; the clocks before the drain.
+    let before: Vec<(uuid::Uuid, DateTime<Utc>)> = sqlx::query_as(
+        "UPDATE routines
+         SET next_run_at = date_trunc('second', now())
+             - make_interval(secs => CASE WHEN split_part(name, ' ', 3)::int < 10 THEN 40 ELSE 2 END)
+         RETURNING id, next_run_at",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let config = SchedulerConfig {
+        max_fires_per_tick: FireCap::new(25).unwrap(),
+        max_in_flight: 2_000,
+        misfire_grace: Duration::from_secs(600),
+        max_backlog: 1_000,
+        ..SchedulerConfig::default()
+    };
+    let (scheduler, messages) = message_scheduler(&store, config);
+    let report = scheduler.tick().await.unwrap();
+    // Every routine's clock moved past what it owed, and each second it moved over has one
+    // fire, dispatched once.
+    let mut owed = 0;
+    for (id, was) in before {
+        let (clock, fires): (DateTime<Utc>, i64) = sqlx::query_as(
+            "SELECT r.next_run_at, count(f.*)
+             FROM routines r LEFT JOIN routine_fires f ON f.routine_id = r.id
+                  AND f.status = 'fired'
+             WHERE r.id = $1 GROUP BY r.next_run_at",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let seconds = (clock - was).num_seconds();
+        assert!(seconds >= 3, "{id}: clock moved {seconds} s");
+        assert_eq!(fires, seconds, "{id}");
+        owed += seconds;
+    }
+    assert!(owed >= 10 * 41 + 20 * 3, "{owed}");
+    assert_eq!(report.fired as i64, owed, "{report:?}");
+    assert_eq!(messages.calls().len() as i64, owed);
+    let all: i64 = sqlx::query_scalar("SELECT count(*) FROM routine_fires")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(all, owed);
 }

@@ -1180,3 +1180,79 @@ async fn a_retried_dispatch_whose_target_is_unavailable_is_left_for_the_next_att
     assert_eq!(settles[0].0.occurrence, occurrence(0));
     assert_eq!(Stats::get(&scheduler.stats().left_for_retry), 1);
 }
+
+/// What a scheduler's claims asked for: each claim's cap and the most routines it may lock.
+type Asked = Arc<Mutex<Vec<(usize, u32)>>>;
+
+/// A scheduler of cap 6 whose ledger answers its claims with `claims`, in order (and no more),
+/// recording what each asked for; every settle succeeds.
+fn asking_scheduler(claims: Vec<TickClaim>) -> (Scheduler, Asked) {
+    let count = claims.len();
+    let mut queue = VecDeque::from(claims);
+    let asked = Asked::default();
+    let record = asked.clone();
+    let mut ledger = MockFireLedger::new();
+    ledger.expect_claim_due().times(count).returning(move |p| {
+        record.lock().unwrap().push((p.cap.get(), p.max_routines));
+        Ok(queue.pop_front().unwrap())
+    });
+    ledger
+        .expect_settle_fires()
+        .returning(|batch| Ok(vec![SettleOutcome::Settled; batch.len()]));
+    let (dispatcher, _calls) = counting_dispatcher(receipt);
+    let config = SchedulerConfig {
+        max_fires_per_tick: FireCap::new(6).unwrap(),
+        max_in_flight: 100,
+        ..config()
+    };
+    let scheduler = Scheduler::new(Arc::new(ledger), Arc::new(dispatcher), config, "me").unwrap();
+    (scheduler, asked)
+}
+
+/// A claim of `rows` that came back full (more is due).
+fn full_claim(rows: &[Row]) -> TickClaim {
+    TickClaim {
+        more_due: true,
+        ..claim(rows, 0)
+    }
+}
+
+/// A claim of routines behind by many occurrences each (a backlog, claimed whole) is followed
+/// by one that locks only as many routines as that many occurrences each fills its batch with,
+/// not the batch's count of routines; a claim that fires nothing sets it back to one a routine.
+#[tokio::test]
+async fn routines_locked_follow_what_each_routine_of_the_last_claim_owed() {
+    // Six fires of two routines, three each; the claim came back full.
+    let mut backlog = full_claim(&[Row::Fresh; 6]);
+    for (n, fire) in (0u32..).zip(&mut backlog.fires) {
+        fire.occurrence = Occurrence::new(Uuid::from_u128(u128::from(n % 2) + 1), at(n));
+    }
+    let (scheduler, asked) = asking_scheduler(vec![backlog, claim(&[], 0), claim(&[], 0)]);
+
+    // The first tick: the full claim, then (the batch doubled to 12) one that locks 12 ÷ 3.
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!((report.claims, report.fired), (2, 6), "{report:?}");
+    // The next tick starts over at the cap, one occurrence a routine again.
+    scheduler.tick().await.unwrap();
+    // Six routines and one more for six; four (12 ÷ 3) and one more for twelve.
+    assert_eq!(*asked.lock().unwrap(), vec![(6, 7), (12, 5), (6, 7)]);
+}
+
+/// A tick's first claim takes as many as the previous tick claimed (at least the cap), so a load
+/// due every second is claimed without the ramp from the cap each time; a tick that claimed
+/// nothing sends the next one back to the cap.
+#[tokio::test]
+async fn a_tick_starts_at_what_the_last_one_claimed() {
+    let (scheduler, asked) = asking_scheduler(vec![
+        full_claim(&[Row::Fresh; 6]),
+        claim(&[Row::Fresh; 10], 0),
+        claim(&[], 0),
+        claim(&[], 0),
+    ]);
+    for _ in 0..3 {
+        scheduler.tick().await.unwrap();
+    }
+    // The cap, then doubled; the next tick at the 16 the first claimed; then the cap again.
+    let caps: Vec<usize> = asked.lock().unwrap().iter().map(|(cap, _)| *cap).collect();
+    assert_eq!(caps, vec![6, 12, 16, 6]);
+}

@@ -154,26 +154,25 @@ impl Options {
         Ok(Some(options))
     }
 
-    /// The flags every throughput process runs with, before `--engine-args`.
+    /// The flags every throughput process runs with: the bench's, then `--engine-args`.
     pub fn run_flags(&self) -> Vec<String> {
-        [
-            "--tick-interval",
-            &format_duration(self.tick),
-            "--max-fires-per-tick",
-            &self.batch.to_string(),
-            "--lease",
-            "60s",
-            "--dispatch-timeout",
-            "30s",
-            "--misfire-grace",
-            "1h",
-            "--max-backlog",
-            "10000",
-        ]
-        .into_iter()
-        .map(String::from)
-        .chain(self.engine_args.iter().cloned())
-        .collect()
+        let (tick, batch) = (format_duration(self.tick), self.batch.to_string());
+        let defaults = [
+            ("--tick-interval", tick.as_str()),
+            ("--max-fires-per-tick", batch.as_str()),
+            ("--lease", "60s"),
+            ("--dispatch-timeout", "30s"),
+            ("--misfire-grace", "1h"),
+            ("--max-backlog", "10000"),
+        ];
+        // A flag `--engine-args` names replaces the bench's own (the binary refuses a flag
+        // given twice).
+        defaults
+            .into_iter()
+            .filter(|(flag, _)| !self.engine_args.iter().any(|a| a == flag))
+            .flat_map(|(flag, value)| [flag.to_owned(), value.to_owned()])
+            .chain(self.engine_args.iter().cloned())
+            .collect()
     }
 }
 
@@ -286,6 +285,21 @@ mod tests {
             ["--tick-interval", "50ms", "--max-fires-per-tick", "100"]
         );
         assert_eq!(flags[flags.len() - 2..], ["--max-in-flight", "64"]);
+    }
+
+    #[test]
+    fn an_engine_flag_replaces_the_benchs_own() {
+        let options = parse(&["--engine-args", "--misfire-grace 10m --max-backlog 100000"])
+            .unwrap()
+            .unwrap();
+        let flags = options.run_flags();
+        let given = |flag: &str| flags.iter().filter(|f| *f == flag).count();
+        assert_eq!((given("--misfire-grace"), given("--max-backlog")), (1, 1));
+        assert_eq!(
+            flags[flags.len() - 4..],
+            ["--misfire-grace", "10m", "--max-backlog", "100000"]
+        );
+        assert_eq!(given("--lease"), 1);
     }
 
     #[test]

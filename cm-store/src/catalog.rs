@@ -38,6 +38,58 @@ pub(crate) async fn lock_routine(conn: &mut PgConnection, id: Uuid) -> Result<Ro
     .ok_or(StoreError::RoutineNotFound(id))
 }
 
+/// The routines named `names` and, with a `source`, those that came from it, locked `FOR UPDATE`
+/// in the caller's transaction, in name order. Names resolve through `routine_names` and
+/// sources through an unlocked read; the rows are then locked group by group, each statement
+/// naming its group (on Citus one shard each), in `(group, id)` order, so two imports naming
+/// the same routines cannot deadlock. A routine renamed or moved to another source between the
+/// read and the lock is left out. Syncs of one source take a transaction-scoped advisory lock
+/// on it first, so a routine another sync of that source creates meanwhile is not missed.
+async fn lock_named(
+    conn: &mut PgConnection,
+    names: &[&str],
+    source: Option<&str>,
+) -> Result<Vec<Routine>, StoreError> {
+    if let Some(source) = source {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('cm.source:' || $1, 0))")
+            .bind(source)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let mut targets: Vec<(GroupId, Uuid)> =
+        sqlx::query_as("SELECT group_id, routine_id FROM routine_names WHERE name = ANY($1)")
+            .bind(names)
+            .fetch_all(&mut *conn)
+            .await?;
+    if let Some(source) = source {
+        let from_source: Vec<(GroupId, Uuid)> =
+            sqlx::query_as("SELECT group_id, id FROM routines WHERE source = $1")
+                .bind(source)
+                .fetch_all(&mut *conn)
+                .await?;
+        targets.extend(from_source);
+    }
+    targets.sort_unstable();
+    targets.dedup();
+    let mut locked = Vec::with_capacity(targets.len());
+    for group in targets.chunk_by(|a, b| a.0 == b.0) {
+        let ids: Vec<Uuid> = group.iter().map(|(_, id)| *id).collect();
+        let rows: Vec<Routine> = sqlx::query_as(
+            "SELECT * FROM routines WHERE group_id = $1 AND id = ANY($2) ORDER BY id FOR UPDATE",
+        )
+        .bind(group[0].0)
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
+        locked.extend(rows);
+    }
+    locked.retain(|r| {
+        names.contains(&r.name.as_str()) || (source.is_some() && r.source.as_deref() == source)
+    });
+    locked.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(locked)
+}
+
 /// Records that `name` is the routine `id`'s, in the caller's transaction; a name another
 /// routine has is [`StoreError::NameTaken`].
 async fn take_name(
@@ -231,12 +283,7 @@ pub(crate) async fn import_routines(
     let mut tx = pool.begin().await?;
     let now = db_now(&mut tx).await?;
     let names: Vec<&str> = routines.iter().map(|r| r.name.as_str()).collect();
-    // Locked in name order, so two imports naming the same routines cannot deadlock.
-    let existing: Vec<Routine> =
-        sqlx::query_as("SELECT * FROM routines WHERE name = ANY($1) ORDER BY name FOR UPDATE")
-            .bind(&names)
-            .fetch_all(&mut *tx)
-            .await?;
+    let existing = lock_named(&mut tx, &names, None).await?;
     let mut imported = Vec::with_capacity(routines.len());
     for routine in routines {
         let found = existing.iter().find(|r| r.name == routine.name);
@@ -308,15 +355,7 @@ pub(crate) async fn sync_routines(
     let mut tx = pool.begin().await?;
     let now = db_now(&mut tx).await?;
     let names: Vec<&str> = routines.iter().map(|r| r.name.as_str()).collect();
-    // The source's routines and those the file names, locked in name order as an import
-    // locks them.
-    let existing: Vec<Routine> = sqlx::query_as(
-        "SELECT * FROM routines WHERE source = $1 OR name = ANY($2) ORDER BY name FOR UPDATE",
-    )
-    .bind(source)
-    .bind(&names)
-    .fetch_all(&mut *tx)
-    .await?;
+    let existing = lock_named(&mut tx, &names, Some(source)).await?;
     let mut synced = Vec::with_capacity(routines.len());
     for routine in routines {
         let found = existing.iter().find(|r| r.name == routine.name);
@@ -340,10 +379,12 @@ pub(crate) async fn sync_routines(
                     // A routine of that name without a source (made by hand, or imported
                     // without --sync) joins this one.
                     let updated = sqlx::query_as::<_, Routine>(
-                        "UPDATE routines SET source = $2 WHERE id = $1 RETURNING *",
+                        "UPDATE routines SET source = $2 WHERE id = $1 AND group_id = $3
+                         RETURNING *",
                     )
                     .bind(current.id)
                     .bind(source)
+                    .bind(current.group_id)
                     .fetch_one(&mut *tx)
                     .await?;
                     (updated, SyncAction::Updated)

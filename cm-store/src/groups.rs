@@ -91,7 +91,9 @@ pub trait GroupDirectory: Send + Sync {
 
 /// Takes and renews group leases for `$1` until `$2`: every group it holds is renewed, and of
 /// the groups nobody holds (or whose holder's lease ran out by `$3`), those in `$4` are taken.
-/// Returns the groups `$1` holds afterwards.
+/// Returns the groups `$1` holds afterwards. A group in `$4` that `$1` itself held until its
+/// lease ran out (a scheduler started again under its instance id) is left to the take: the
+/// renewal and the take may not both write one row in one statement.
 const LEASE_GROUPS_SQL: &str = "
 WITH present AS (
     INSERT INTO group_holders (holder, expires_at) VALUES ($1, $2)
@@ -99,13 +101,14 @@ WITH present AS (
     RETURNING 1
 ),
 renewed AS (
-    UPDATE group_leases SET expires_at = $2 WHERE holder = $1 RETURNING group_id
+    UPDATE group_leases SET expires_at = $2 WHERE holder = $1 AND group_id <> ALL($4)
+    RETURNING group_id
 ),
 taken AS (
     INSERT INTO group_leases (group_id, holder, expires_at)
     SELECT g, $1, $2 FROM UNNEST($4::smallint[]) AS g
     ON CONFLICT (group_id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
-    WHERE group_leases.expires_at <= $3
+    WHERE group_leases.expires_at <= $3 OR group_leases.holder = $1
     RETURNING group_id
 )
 SELECT group_id FROM renewed UNION SELECT group_id FROM taken ORDER BY 1";

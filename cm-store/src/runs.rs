@@ -91,9 +91,11 @@ pub trait MissionRuns: Send + Sync {
 #[async_trait]
 impl MissionRuns for PgStore {
     async fn begin_run(&self, occurrence: Occurrence) -> Result<(), StoreError> {
+        let group = self.group_of_routine(occurrence.routine_id).await?;
         sqlx::query(BEGIN_RUN_SQL)
             .bind(occurrence.routine_id)
             .bind(occurrence.scheduled_at)
+            .bind(group)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -104,28 +106,36 @@ impl MissionRuns for PgStore {
         routine_id: Uuid,
         policy: OverlapPolicy,
     ) -> Result<bool, StoreError> {
-        let updated =
-            sqlx::query("UPDATE routines SET overlap = $2, updated_at = now() WHERE id = $1")
-                .bind(routine_id)
-                .bind(policy.as_str())
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
+        let group = self.group_of_routine(routine_id).await?;
+        let updated = sqlx::query(
+            "UPDATE routines SET overlap = $2, updated_at = now() WHERE id = $1 AND group_id = $3",
+        )
+        .bind(routine_id)
+        .bind(policy.as_str())
+        .bind(group)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
         Ok(updated == 1)
     }
 
     async fn take_run(&self, occurrence: Occurrence) -> Result<RunTake, StoreError> {
+        // Every statement names the routine's group: on Citus the transaction is one shard's.
+        let group = self.group_of_routine(occurrence.routine_id).await?;
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin().await?;
         // The routine's row lock serialises the deciders of one routine. The holder's fire is
         // read by a statement of its own, after the lock is granted: in READ COMMITTED a join
         // in the locking statement would be re-evaluated against the holder row of the old
         // snapshot, and two schedulers could both find the run free.
-        let row: Option<(String, Option<DateTime<Utc>>)> =
-            sqlx::query_as("SELECT overlap, run_holder FROM routines WHERE id = $1 FOR UPDATE")
-                .bind(occurrence.routine_id)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let row: Option<(String, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT overlap, run_holder FROM routines WHERE id = $1 AND group_id = $2
+                 FOR UPDATE",
+        )
+        .bind(occurrence.routine_id)
+        .bind(group)
+        .fetch_optional(&mut *tx)
+        .await?;
         // A routine deleted meanwhile: its fire goes with it, and the settle will say so.
         let Some((policy, holder_at)) = row else {
             return Ok(RunTake::Launch);
@@ -133,10 +143,11 @@ impl MissionRuns for PgStore {
         let (holder_status, holder_run): (Option<String>, Option<String>) = match holder_at {
             Some(at) => sqlx::query_as(
                 "SELECT status, run_state FROM routine_fires
-                 WHERE routine_id = $1 AND scheduled_at = $2",
+                 WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3",
             )
             .bind(occurrence.routine_id)
             .bind(at)
+            .bind(group)
             .fetch_optional(&mut *tx)
             .await?
             .map_or((None, None), |(status, run): (String, Option<String>)| {
@@ -171,15 +182,17 @@ impl MissionRuns for PgStore {
             _ => RunTake::Launch,
         };
         if policy != OverlapPolicy::Allow {
-            sqlx::query("UPDATE routines SET run_holder = $2 WHERE id = $1")
+            sqlx::query("UPDATE routines SET run_holder = $2 WHERE id = $1 AND group_id = $3")
                 .bind(occurrence.routine_id)
                 .bind(occurrence.scheduled_at)
+                .bind(group)
                 .execute(&mut *tx)
                 .await?;
         }
         sqlx::query(BEGIN_RUN_SQL)
             .bind(occurrence.routine_id)
             .bind(occurrence.scheduled_at)
+            .bind(group)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -265,11 +278,11 @@ fn holder_state(run: &Option<String>, status: &Option<String>) -> RunHolder {
     }
 }
 
-/// Begins a run: `$1`/`$2` the occurrence, a fire still `claimed`.
+/// Begins a run: `$1`/`$2` the occurrence, a fire still `claimed`, `$3` its routine's group.
 const BEGIN_RUN_SQL: &str = "
 UPDATE routine_fires SET run_state = 'running', run_exit_code = NULL, run_reason = NULL,
     run_checked_at = now()
-WHERE routine_id = $1 AND scheduled_at = $2 AND status = 'claimed'";
+WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3 AND status = 'claimed'";
 
 /// The watch pass's read. `$1` is the most runs to return. It reads `routine_fires_running_idx`
 /// in its order and stops after `$1` rows: the runs still running, never the finished ledger.

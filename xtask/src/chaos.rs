@@ -39,6 +39,7 @@ use uuid::Uuid;
 use crate::database_url;
 
 mod backend;
+mod citus;
 mod fault;
 mod fleet;
 pub(crate) use fleet::{log_tail, scheduler_command};
@@ -81,7 +82,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let cluster = if options.db_restarts > 0 || options.failover.is_some() {
+    let workers = citus::workers(&options.citus_workers)?;
+    let cluster = if let (Some(first), true) = (workers.first(), options.db_restarts > 0) {
+        // On Citus a restart takes down a worker: the coordinator stays up.
+        Some(first.clone())
+    } else if options.db_restarts > 0 || options.failover.is_some() {
         Some(Cluster::resolve(
             options.pg_cluster.as_deref(),
             &options.server_url,
@@ -127,6 +132,9 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     std::fs::create_dir_all(&log_dir)?;
     rt.block_on(sqlx::Postgres::create_database(&url))
         .with_context(|| format!("creating database {db_name}"))?;
+    if !workers.is_empty() {
+        citus::prepare(&rt, &options.server_url, &db_name, &workers)?;
+    }
     eprintln!("chaos: database {db_name}, logs in {}", log_dir.display());
 
     let mut restores: Vec<Restore> = Vec::new();
@@ -143,7 +151,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     // Whatever happened, PostgreSQL must be running again for everyone else.
     if let Some(cluster) = &cluster
         && options.failover.is_none()
-        && !super::postgres_answers(&options.server_url)
+        && !super::postgres_answers(&cluster.url(&options.server_url)?)
     {
         eprintln!("chaos: PostgreSQL is down; starting it");
         cluster.start()?;
@@ -165,6 +173,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     if !keep {
         rt.block_on(sqlx::Postgres::force_drop_database(&final_url))
             .with_context(|| format!("dropping database {db_name}"))?;
+        citus::drop_on_workers(&rt, &options.server_url, &db_name, &workers)?;
     }
     for restore in restores {
         restore()?;
@@ -280,7 +289,12 @@ fn exercise(
     let mut rng = Rng::new(options.seed);
     let mut report = Report::default();
     let url = database_url(&options.server_url, db_name)?;
-    scheduler_output(binary, &url, &["migrate"])?;
+    let migrate: &[&str] = if options.citus_workers.is_empty() {
+        &["migrate"]
+    } else {
+        &["migrate", "--citus"]
+    };
+    scheduler_output(binary, &url, migrate)?;
     let pool = own_pool(rt, &url)?;
     let backend = Backend::start(options, log_dir)?;
     let firsts = create_routines(rt, &pool, binary, &url, options.routines, &backend)?;
@@ -464,16 +478,22 @@ fn exercise(
     });
     report.terminations = chaos.fleet.terminate_all();
 
-    report.ledger = rt.block_on(ledger::check_ledger(&chaos.pool, &firsts, paused_at))?;
-    let rows = rt.block_on(ledger::fire_rows(&chaos.pool))?;
+    let checks = if options.citus_workers.is_empty() {
+        chaos.pool.clone()
+    } else {
+        citus::checking_pool(rt, &url)?
+    };
+    report.ledger = rt.block_on(ledger::check_ledger(&checks, &firsts, paused_at))?;
+    let rows = rt.block_on(ledger::fire_rows(&checks))?;
     report.backend = backend.check(
         rt,
-        &chaos.pool,
+        &checks,
         &rows,
         Takeover::new(chaos.failover_at, options),
         log_dir,
     )?;
     report.faults = faults.iter().map(|f| f.findings()).collect();
+    rt.block_on(checks.close());
     rt.block_on(chaos.pool.close());
     Ok((report, url))
 }

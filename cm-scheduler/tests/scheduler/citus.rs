@@ -1,7 +1,8 @@
 //! Two schedulers, whole processes, claiming group by group in the groups they lease: against a
 //! real Citus cluster (`CM_TEST_CITUS_URL`, the coordinator `.ci/citus` prints; the schema
 //! migrated and distributed by `migrate --citus`), and on plain PostgreSQL with
-//! `--claim-per-group`. No tick error, every occurrence claimed once. Without the variable the
+//! `--claim-per-group`. No tick error, every occurrence claimed once. A mission routine's run
+//! on Citus, launched and watched to its exit code. Without the variable the
 //! Citus test says so and passes, unless `CI=true`, where it fails.
 
 use std::process::{Command, Stdio};
@@ -117,25 +118,24 @@ async fn two_schedulers_share_the_groups(db: &TestDb, args: &[&str]) {
     assert_eq!(holders, 2);
 }
 
-#[tokio::test]
-async fn two_schedulers_run_on_citus_without_tick_errors() {
+/// A database of its own on the Citus cluster, migrated and distributed by `migrate --citus`;
+/// `None` (outside CI) when no cluster is configured. [`drop_citus`] drops it on every node.
+async fn citus_test_db() -> Option<TestDb> {
     let name = format!("cm_citus_{}", &Uuid::new_v4().simple().to_string()[..12]);
-    let Some(url) = citus_database(&name) else {
-        return;
-    };
+    let url = citus_database(&name)?;
     cli(&url, &["migrate", "--citus"]);
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .connect(&url)
         .await
         .unwrap();
-    let db = TestDb {
-        name: name.clone(),
-        url: url.clone(),
-        pool: pool.clone(),
-    };
-    two_schedulers_share_the_groups(&db, &[]).await;
-    pool.close().await;
+    Some(TestDb { name, url, pool })
+}
+
+/// Drops the database of [`citus_test_db`] on every node.
+async fn drop_citus(db: TestDb) {
+    let name = db.name.clone();
+    db.pool.close().await;
     drop(db);
     let coordinator = std::env::var("CM_TEST_CITUS_URL").unwrap();
     let mut admin = PgConnection::connect(&coordinator).await.unwrap();
@@ -155,6 +155,26 @@ async fn two_schedulers_run_on_citus_without_tick_errors() {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+#[tokio::test]
+async fn two_schedulers_run_on_citus_without_tick_errors() {
+    let Some(db) = citus_test_db().await else {
+        return;
+    };
+    two_schedulers_share_the_groups(&db, &[]).await;
+    drop_citus(db).await;
+}
+
+/// A mission routine's run on Citus: the launch's run take (the routine's row lock, through its
+/// group) and the watch pass, through the binary, to the exit code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mission_run_is_watched_to_its_exit_code_on_citus() {
+    let Some(db) = citus_test_db().await else {
+        return;
+    };
+    crate::missions::runs_are_watched_to_their_exit_code(&db).await;
+    drop_citus(db).await;
 }
 
 /// The same on plain PostgreSQL with `--claim-per-group`: the claim loop walks group by group

@@ -386,11 +386,16 @@ fn fires_json(db: &TestDb, routine: Uuid) -> Vec<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mission_runs_are_watched_to_their_exit_code_through_the_binary() {
+    runs_are_watched_to_their_exit_code(&TestDb::new().await).await;
+}
+
+/// A mission routine's first run launched by a scheduler on `db` (a fake engine), watched while
+/// it runs, then recorded with the exit code it ends with, in the listings and the log.
+pub(crate) async fn runs_are_watched_to_their_exit_code(db: &TestDb) {
     let fake = FakeDocker::start(&[IMAGE]);
-    let db = TestDb::new().await;
     let files = MissionFiles::new();
-    let routine = mission_routine(&db, &files);
-    let a = scheduler(&db, &fake, "A");
+    let routine = mission_routine(db, &files);
+    let a = scheduler(db, &fake, "A");
     // The first launch runs; it then exits 3.
     let launched = eventually(async || fake.containers().into_iter().find(|c| c.starts == 1)).await;
     let Some(container) = launched else {
@@ -398,7 +403,7 @@ async fn mission_runs_are_watched_to_their_exit_code_through_the_binary() {
     };
     ok(&db.url, &["routine", "pause", &routine.to_string()]);
     let running = eventually(async || {
-        fires_json(&db, routine)
+        fires_json(db, routine)
             .into_iter()
             .find(|f| f["run_state"] == "running" && f["status"] == "fired")
     })
@@ -406,17 +411,17 @@ async fn mission_runs_are_watched_to_their_exit_code_through_the_binary() {
     assert!(
         running.is_some(),
         "{:?}\n{}",
-        fires_json(&db, routine),
+        fires_json(db, routine),
         a.log()
     );
     fake.exit(&container.name, 3);
     let failed = eventually(async || {
-        fires_json(&db, routine)
+        fires_json(db, routine)
             .into_iter()
             .find(|f| f["run_state"] == "failed")
     })
     .await
-    .unwrap_or_else(|| panic!("{:?}\n{}", fires_json(&db, routine), a.log()));
+    .unwrap_or_else(|| panic!("{:?}\n{}", fires_json(db, routine), a.log()));
     assert_eq!(failed["run_exit_code"], 3);
     assert_eq!(failed["run_reason"], "exit code 3");
     let table = ok(&db.url, &["fires", "--routine", &routine.to_string()]);

@@ -4,24 +4,12 @@
 
 use cm_domain::{MisfirePolicy, Schedule, Zone};
 use cm_store::{
-    NewRoutine, PgStore, RoutineAction, RoutineCursor, RoutineKind, RoutineStore, RoutineUpdate,
-    StoreError,
+    PgStore, RoutineAction, RoutineCursor, RoutineKind, RoutineStore, RoutineUpdate, StoreError,
 };
 use sqlx::PgPool;
 use sqlx::error::ErrorKind;
 
-use crate::support::{YEARLY, create_named, db_now};
-
-fn message(name: &str, expr: &str) -> NewRoutine {
-    NewRoutine {
-        name: name.into(),
-        schedule: Schedule::parse(expr, "UTC").unwrap(),
-        kind: RoutineKind::Message,
-        payload: serde_json::json!({ "text": name }),
-        misfire: MisfirePolicy::FireOnce,
-        paused: false,
-    }
-}
+use crate::support::{YEARLY, create_named, db_now, message};
 
 async fn names(pool: &PgPool) -> Vec<String> {
     sqlx::query_scalar("SELECT name FROM routines ORDER BY created_at, id")

@@ -12,15 +12,20 @@
 use std::collections::BTreeSet;
 
 use chrono::TimeDelta;
-use cm_domain::{ClaimOutcome, FireStatus, MisfirePolicy, Settlement};
+use cm_domain::{
+    ClaimOutcome, FireStatus, MisfirePolicy, Occurrence, OverlapPolicy, RunState, Settlement,
+};
 use cm_store::{
-    FireLedger, FireSettle, GroupDirectory, GroupId, OutboxAck, OutboxConsumer, OutboxTake,
-    PgStore, SettleOutcome, group_of,
+    FireLedger, FireSettle, GroupDirectory, GroupId, MissionRuns, NewRoutine, OutboxAck,
+    OutboxConsumer, OutboxTake, PgStore, RoutineStore, RunTake, RunUpdate, SettleOutcome,
+    StoreError, SyncAction, group_of,
 };
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::support::{YEARLY, create, outbox_params, params, reap_params, set_next_run, token_of};
+use crate::support::{
+    YEARLY, create, fire_of, message, outbox_params, params, reap_params, set_next_run, token_of,
+};
 
 /// A database of its own on the Citus cluster, migrated and distributed; dropped by
 /// [`CitusDb::drop_all`].
@@ -487,5 +492,188 @@ async fn a_claim_commits_without_two_phase_commit_on_citus() {
     }
     tx.commit().await.unwrap();
     assert!(db.two_phase_commits().await > before);
+    db.drop_all().await;
+}
+
+#[tokio::test]
+async fn imports_and_syncs_create_update_and_delete_on_citus() {
+    let Some(db) = CitusDb::create().await else {
+        return;
+    };
+    // An import locks the routines it names through their groups.
+    let batch = [message("a", YEARLY), message("b", YEARLY)];
+    let written = db.store.import_routines(&batch, false).await.unwrap();
+    assert!(written.iter().all(|w| w.created));
+    let err = db
+        .store
+        .import_routines(&[message("a", "0 0 * * *")], false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::NameTaken(n) if n == "a"),
+        "{err:?}"
+    );
+    let upserted = db
+        .store
+        .import_routines(&[message("a", "0 0 * * *"), message("z", YEARLY)], true)
+        .await
+        .unwrap();
+    let seen: Vec<(&str, bool, &str)> = upserted
+        .iter()
+        .map(|w| {
+            (
+                w.routine.name.as_str(),
+                w.created,
+                w.routine.schedule.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(seen, [("a", false, "0 0 * * *"), ("z", true, YEARLY)]);
+    assert_eq!(upserted[0].routine.id, written[0].routine.id);
+
+    // A sync takes over "a" (no source yet), creates "c"; the next creates "d", updates "a"
+    // and deletes "c", which the file no longer has.
+    let sync = async |file: &[NewRoutine]| -> Vec<(String, SyncAction)> {
+        db.store
+            .sync_routines("cron.toml", file)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.routine.name, s.action))
+            .collect()
+    };
+    assert_eq!(
+        sync(&[message("a", "0 0 * * *"), message("c", YEARLY)]).await,
+        [
+            ("a".into(), SyncAction::Updated),
+            ("c".into(), SyncAction::Created)
+        ]
+    );
+    let file = [message("a", "0 1 * * *"), message("d", YEARLY)];
+    assert_eq!(
+        sync(&file).await,
+        [
+            ("a".into(), SyncAction::Updated),
+            ("d".into(), SyncAction::Created),
+            ("c".into(), SyncAction::Deleted)
+        ]
+    );
+    assert!(
+        sync(&file)
+            .await
+            .iter()
+            .all(|(_, action)| *action == SyncAction::Unchanged)
+    );
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM routines ORDER BY name")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(names, ["a", "b", "d", "z"]);
+    let listed: Vec<String> = sqlx::query_scalar("SELECT name FROM routine_names ORDER BY name")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(listed, names, "routine_names follows the routines");
+    assert_eq!(
+        db.store.get_routine_by_name("a").await.unwrap().schedule,
+        "0 1 * * *"
+    );
+    // A routine of another source is refused, and nothing changes.
+    let err = db
+        .store
+        .sync_routines("other.toml", &[message("d", "0 2 * * *")])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::InvalidRoutine(_)), "{err:?}");
+    assert_eq!(
+        db.store.get_routine_by_name("d").await.unwrap().schedule,
+        YEARLY
+    );
+    db.drop_all().await;
+}
+
+#[tokio::test]
+async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
+    let Some(db) = CitusDb::create().await else {
+        return;
+    };
+    let routines = due_routines(&db, 2).await;
+    let mut fires = Vec::new();
+    for group in db.store.due_groups().await.unwrap() {
+        let claim = db
+            .store
+            .claim_due(&cm_store::ClaimDueParams {
+                group: Some(group),
+                ..params("a")
+            })
+            .await
+            .unwrap();
+        fires.extend(claim.fires.iter().map(|f| f.occurrence));
+    }
+    assert_eq!(fires.len(), routines.len());
+    let (first, rest) = fires.split_first().unwrap();
+    assert!(
+        db.store
+            .set_overlap(first.routine_id, OverlapPolicy::Forbid)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !db.store
+            .set_overlap(Uuid::new_v4(), OverlapPolicy::Forbid)
+            .await
+            .unwrap()
+    );
+
+    // Taking a run locks its routine through its group: no two-phase commit.
+    let before = db.two_phase_commits().await;
+    for occurrence in &fires {
+        assert_eq!(
+            db.store.take_run(*occurrence).await.unwrap(),
+            RunTake::Launch
+        );
+    }
+    assert_eq!(db.two_phase_commits().await, before, "a run take used 2PC");
+    let holder: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT run_holder FROM routines WHERE id = $1")
+            .bind(first.routine_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(holder, Some(first.scheduled_at), "forbid keeps the holder");
+    // A retry of the holder finds the run its own.
+    assert_eq!(db.store.take_run(*first).await.unwrap(), RunTake::Launch);
+
+    let mut unfinished: Vec<Occurrence> = db
+        .store
+        .unfinished_runs(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.occurrence)
+        .collect();
+    unfinished.sort();
+    let mut expected = fires.clone();
+    expected.sort();
+    assert_eq!(unfinished, expected);
+
+    let mut updates = vec![(*first, RunUpdate::Observed(RunState::exited(3, "")))];
+    updates.extend(
+        rest.iter()
+            .map(|o| (*o, RunUpdate::Observed(RunState::Succeeded))),
+    );
+    db.store.record_runs(&updates).await.unwrap();
+    assert!(db.store.unfinished_runs(10).await.unwrap().is_empty());
+    let fire = fire_of(&db.store, *first).await;
+    assert_eq!(
+        (fire.run_state.as_deref(), fire.run_exit_code),
+        (Some("failed"), Some(3))
+    );
+    for occurrence in rest {
+        assert_eq!(
+            fire_of(&db.store, *occurrence).await.run_state.as_deref(),
+            Some("succeeded")
+        );
+    }
     db.drop_all().await;
 }

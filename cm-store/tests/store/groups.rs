@@ -237,3 +237,31 @@ async fn schedulers_lease_groups_and_give_them_back(pool: PgPool) {
     let live = store.live_group_leases().await.unwrap();
     assert!(live.iter().all(|(_, h)| h == "b"), "{live:?}");
 }
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_holder_back_after_its_leases_ran_out_takes_them_again(pool: PgPool) {
+    // A scheduler killed and started again under the same instance id finds its old leases
+    // expired: they are free groups to it, and one statement both renews what it holds and
+    // takes what it wants.
+    let store = PgStore::new(pool.clone());
+    let lease = std::time::Duration::from_secs(30);
+    assert_eq!(
+        store.lease_groups("a", &[0, 1], lease).await.unwrap(),
+        [0, 1]
+    );
+    sqlx::query("UPDATE group_leases SET expires_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.lease_groups("a", &[0, 1, 2], lease).await.unwrap(),
+        [0, 1, 2]
+    );
+    let live: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM group_leases WHERE holder = 'a' AND expires_at > now()",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(live, 3);
+}

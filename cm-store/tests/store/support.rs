@@ -46,15 +46,24 @@ pub async fn create_named(
 ) -> Routine {
     store
         .create_routine(NewRoutine {
-            name: name.into(),
-            schedule: Schedule::parse(expr, "UTC").unwrap(),
-            kind: RoutineKind::Message,
-            payload: serde_json::json!({ "text": name }),
             misfire: policy,
-            paused: false,
+            ..message(name, expr)
         })
         .await
         .unwrap()
+}
+
+/// An unpaused message routine called `name` on `expr` (UTC), fire-once, as a routines file
+/// describes one.
+pub fn message(name: &str, expr: &str) -> NewRoutine {
+    NewRoutine {
+        name: name.into(),
+        schedule: Schedule::parse(expr, "UTC").unwrap(),
+        kind: RoutineKind::Message,
+        payload: serde_json::json!({ "text": name }),
+        misfire: MisfirePolicy::FireOnce,
+        paused: false,
+    }
 }
 
 /// The database's clock.

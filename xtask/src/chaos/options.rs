@@ -15,7 +15,8 @@ pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-u
                           [--network-hang SECONDS] [--failover sync|async --standby-cluster VERSION/NAME]
                           [--pin-xmin SECONDS [--pin-baseline]] [--starve-pool SECONDS]
                           [--receiver-outage SECONDS]
-                          [--mission-backend docker [--dockerd-restarts N]]";
+                          [--mission-backend docker [--dockerd-restarts N]]
+                          [--citus-workers VERSION/NAME,VERSION/NAME...]";
 
 /// The routines of a `--mission-backend docker` run when `--routines` is not given: each fires
 /// a container every second on the run's one engine.
@@ -88,6 +89,10 @@ pub(super) struct Options {
     pub docker: bool,
     /// Restarts of the run's dockerd (`--mission-backend docker` only).
     pub dockerd_restarts: u32,
+    /// The worker clusters of the Citus coordinator `server_url` names: the chaos database is
+    /// made a Citus database on every node and distributed (`migrate --citus`), and
+    /// `--db-restarts` take down the first worker rather than the coordinator.
+    pub citus_workers: Vec<String>,
 }
 
 impl Options {
@@ -113,6 +118,7 @@ impl Options {
             receiver_outage: None,
             docker: false,
             dockerd_restarts: 0,
+            citus_workers: Vec::new(),
         }
     }
 
@@ -178,6 +184,9 @@ impl Options {
         }
         if let Some(d) = self.receiver_outage {
             c += &format!(" --receiver-outage {}", secs(d));
+        }
+        if !self.citus_workers.is_empty() {
+            c += &format!(" --citus-workers {}", self.citus_workers.join(","));
         }
         c
     }
@@ -251,6 +260,12 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
             "--receiver-outage" => {
                 options.receiver_outage = Some(seconds(flag, value(&mut it, flag)?)?);
             }
+            "--citus-workers" => {
+                options.citus_workers = value(&mut it, flag)?
+                    .split(',')
+                    .map(str::to_string)
+                    .collect();
+            }
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?} (see --help)"),
         }
@@ -294,6 +309,16 @@ fn check(o: &Options) -> anyhow::Result<()> {
     }
     if o.failover.is_some() && o.db_restarts > 0 {
         bail!("--failover kills the primary itself: add --db-restarts 0");
+    }
+    if !o.citus_workers.is_empty() {
+        if o.citus_workers.iter().any(|w| !w.contains('/')) {
+            bail!("--citus-workers is a comma-separated list of VERSION/NAME clusters");
+        }
+        if o.failover.is_some() || o.pg_cluster.is_some() {
+            bail!(
+                "--citus-workers restarts the first worker: leave out --failover and --pg-cluster"
+            );
+        }
     }
     if o.pin_baseline && o.pin_xmin.is_none() {
         bail!("--pin-baseline measures a --pin-xmin run without the pin: give --pin-xmin too");
@@ -403,6 +428,7 @@ mod tests {
                 receiver_outage: Some(Duration::from_secs(20)),
                 docker: false,
                 dockerd_restarts: 0,
+                citus_workers: Vec::new(),
             }
         );
         assert!(options.forwarded());
@@ -489,6 +515,23 @@ mod tests {
     }
 
     #[test]
+    fn citus_workers_are_read_and_given_back() {
+        let citus = parse_args(
+            &args(&["--short", "--citus-workers", "15/citus_w1,15/citus_w2"]),
+            5,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(citus.citus_workers, ["15/citus_w1", "15/citus_w2"]);
+        assert_eq!(citus.db_restarts, 1, "the short run restarts a worker once");
+        assert!(
+            citus
+                .command()
+                .ends_with(" --citus-workers 15/citus_w1,15/citus_w2")
+        );
+    }
+
+    #[test]
     fn bad_arguments_are_refused_in_one_line() {
         for bad in [
             &["--routines"][..],
@@ -509,6 +552,8 @@ mod tests {
             &["--mission-backend", "kubernetes"],
             &["--dockerd-restarts", "1"],
             &["--mission-backend", "docker", "--message-backend", "nats"],
+            &["--citus-workers", "citus_w1"],
+            &["--citus-workers", "15/w1", "--pg-cluster", "15/c"],
         ] {
             match parse_args(&args(bad), 1) {
                 Ok(_) => panic!("{bad:?} was accepted"),

@@ -1,5 +1,5 @@
-//! `--db-restarts N`: PostgreSQL taken down under the schedulers, N times spread over the run
-//! with jitter. Odd-numbered restarts are an outage (stop, 2 s, start), even-numbered ones a
+//! `--db-restarts N`: PostgreSQL (on Citus, the first worker) taken down under the schedulers, N
+//! times spread over the run with jitter. Odd-numbered restarts are an outage (stop, 2 s, start), even-numbered ones a
 //! `pg_ctlcluster restart`. The newest scheduler is given time to connect first, and no kill
 //! comes within a second after the server is back.
 
@@ -97,7 +97,9 @@ impl Fault for Restarts {
                 }
             }
         }
-        postgres::wait_for(chaos.rt, &chaos.server_url, Duration::from_secs(30))?;
+        // The restarted server's own port: a Citus worker's, or the server the run uses.
+        let restarted = self.cluster.url(&chaos.server_url)?;
+        postgres::wait_for(chaos.rt, &restarted, Duration::from_secs(30))?;
         let outage = down.elapsed();
         chaos.say(format!("PostgreSQL answers again after {outage:.1?}"));
         self.done.push((mode, outage));

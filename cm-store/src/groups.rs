@@ -186,6 +186,18 @@ const CITUS_TABLES: &[CitusTable] = &[
     },
 ];
 
+/// The indexes of the per-group walks (the due routines, the expired leases, the pending
+/// messages of one group), which only Citus needs: plain PostgreSQL claims across the groups
+/// (migration `20261202000301`).
+const CITUS_INDEXES: [&str; 3] = [
+    "CREATE INDEX IF NOT EXISTS routines_group_due_idx ON routines (group_id, next_run_at, id) \
+     WHERE next_run_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS routine_fires_group_lease_idx \
+     ON routine_fires (group_id, lease_expires_at) WHERE status = 'claimed'",
+    "CREATE INDEX IF NOT EXISTS outbox_messages_group_pending_idx ON outbox_messages (group_id, seq) \
+     WHERE acked_at IS NULL",
+];
+
 impl PgStore {
     /// Distributes the migrated schema on Citus: the per-routine tables by `group_id`,
     /// co-located with `routines` (so a claim naming a group is one shard on one worker),
@@ -204,6 +216,11 @@ impl PgStore {
                 "the citus extension is not installed in this database (CREATE EXTENSION citus)"
                     .into(),
             ));
+        }
+        // Every walk names its group on Citus: the per-group indexes, before the tables are
+        // distributed (each shard gets them) or, on a schema distributed already, propagated.
+        for index in CITUS_INDEXES {
+            sqlx::query(index).execute(&mut *conn).await?;
         }
         let mut distributed = 0;
         for spec in CITUS_TABLES {

@@ -1277,7 +1277,8 @@ FROM due"
 pub const DUE_SQL: &str = due_sql!("", "", "", "");
 
 /// [`DUE_SQL`] within the group `$4`: every table it reads is filtered on `group_id`, so on
-/// Citus it runs on one shard. It reads `routines_group_due_idx` `(group_id, next_run_at, id)`.
+/// Citus it runs on one shard. There it reads `routines_group_due_idx` `(group_id, next_run_at,
+/// id)`, which `migrate --citus` creates; on plain PostgreSQL, `routines_due_idx` with a filter.
 pub const DUE_GROUP_SQL: &str = due_sql!(
     "",
     "\n      AND group_id = $4",
@@ -1601,8 +1602,8 @@ RETURNING false AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
 /// row, and a row a claim statement holds is left to it.
 pub const REAP_SQL: &str = reap_sql!("", "");
 
-/// [`REAP_SQL`] within the group `$5`: the expired claims are found through
-/// `routine_fires_group_lease_idx` `(group_id, lease_expires_at)`.
+/// [`REAP_SQL`] within the group `$5`: on Citus the expired claims are found through
+/// `routine_fires_group_lease_idx` `(group_id, lease_expires_at)` (created by `migrate --citus`).
 pub const REAP_GROUP_SQL: &str = reap_sql!(" AND group_id = $5", " AND f.group_id = $5");
 
 /// The claim on Citus, kept in one group: the fires' upsert ([`SHARD_CLAIM_SQL`]), the outbox

@@ -118,6 +118,8 @@ impl CitusDb {
         // Again: nothing left to distribute, nothing changed.
         assert_eq!(store.distribute_on_citus().await.unwrap(), 0);
         let pool = store.pool().clone();
+        // The per-group walks' indexes, which plain PostgreSQL does without, are there.
+        assert_eq!(group_walk_indexes(&pool).await, 3);
         Some(CitusDb {
             coordinator,
             name,
@@ -164,6 +166,25 @@ impl CitusDb {
 
 /// Routines, each due a minute ago (and, yearly, not again for months), in at least `groups`
 /// different groups.
+/// How many of the per-group walks' indexes the database has.
+async fn group_walk_indexes(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_indexes WHERE indexname IN \
+         ('routines_group_due_idx', 'routine_fires_group_lease_idx', \
+          'outbox_messages_group_pending_idx')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Plain PostgreSQL claims across the groups: the per-group walks' indexes would only cost it
+/// an index entry per routine moved on and per message written, so it has none.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn plain_postgresql_has_no_per_group_walk_indexes(pool: sqlx::PgPool) {
+    assert_eq!(group_walk_indexes(&pool).await, 0);
+}
+
 async fn due_routines(db: &CitusDb, groups: usize) -> Vec<(Uuid, GroupId)> {
     let count = db.store.group_count().await.unwrap();
     let mut routines = Vec::new();

@@ -750,50 +750,42 @@ impl PgStore {
         let (token, claims) = (claim.token, claim.claims);
         let (ids, instants, origins) = claim.columns();
         let (message, mission) = outbox_kinds(params);
-        let rows: Vec<ClaimedRow> = if message || mission {
-            let keys: Vec<String> = claims
+        let writes_messages = message || mission;
+        let statement = match (writes_messages, params.group) {
+            (true, None) => CLAIM_WITH_OUTBOX_SQL,
+            (true, Some(_)) => CLAIM_GROUP_WITH_OUTBOX_SQL,
+            (false, None) => CLAIM_SQL,
+            (false, Some(_)) => CLAIM_GROUP_SQL,
+        };
+        let keys: Vec<String> = if writes_messages {
+            claims
                 .iter()
                 .map(|(o, _)| o.idempotency_key().as_str().to_owned())
-                .collect();
-            let statement = match params.group {
-                None => CLAIM_WITH_OUTBOX_SQL,
-                Some(_) => CLAIM_GROUP_WITH_OUTBOX_SQL,
-            };
-            let query = sqlx::query(statement)
-                .bind(&ids)
-                .bind(&instants)
-                .bind(&params.claimant)
-                .bind(token.0)
-                .bind(lease_seconds(params.lease))
-                .bind(&origins)
-                .bind(message)
-                .bind(mission)
-                .bind(&keys);
-            let query = advance.bind(query).bind(claim.now).bind(claim.groups);
-            let mut rows: Vec<ClaimedRow> = bind_group(query, params.group)
-                .try_map(|row| ClaimedRow::from_row(&row))
-                .fetch_all(&mut **tx)
-                .await?;
-            mark_unwritten_messages(tx, &mut rows).await?;
-            rows
+                .collect()
         } else {
-            let statement = match params.group {
-                None => CLAIM_SQL,
-                Some(_) => CLAIM_GROUP_SQL,
-            };
-            let query = sqlx::query(statement)
-                .bind(&ids)
-                .bind(&instants)
-                .bind(&params.claimant)
-                .bind(token.0)
-                .bind(lease_seconds(params.lease))
-                .bind(&origins);
-            let query = advance.bind(query).bind(claim.now).bind(claim.groups);
-            bind_group(query, params.group)
-                .try_map(|row| ClaimedRow::from_row(&row))
-                .fetch_all(&mut **tx)
-                .await?
+            Vec::new()
         };
+        let query = sqlx::query(statement)
+            .bind(&ids)
+            .bind(&instants)
+            .bind(&params.claimant)
+            .bind(token.0)
+            .bind(lease_seconds(params.lease))
+            .bind(&origins);
+        // The outbox claim's own parameters come next ($7-$9), then the advance's.
+        let query = if writes_messages {
+            query.bind(message).bind(mission).bind(&keys)
+        } else {
+            query
+        };
+        let query = advance.bind(query).bind(claim.now).bind(claim.groups);
+        let mut rows: Vec<ClaimedRow> = bind_group(query, params.group)
+            .try_map(|row| ClaimedRow::from_row(&row))
+            .fetch_all(&mut **tx)
+            .await?;
+        if writes_messages {
+            mark_unwritten_messages(tx, &mut rows).await?;
+        }
         rows.into_iter().map(ClaimedFire::try_from).collect()
     }
 }

@@ -347,7 +347,15 @@ async fn overlap_policies_on_the_real_engine() {
         );
     }
 
-    // allow: every occurrence launched, and some ran side by side.
+    // allow: every occurrence launched, and some ran side by side. A launch under way when the
+    // routine was paused has its container before its row is settled: wait for the rows first.
+    let _ = eventually_within(Duration::from_secs(30), async || {
+        fires(&db, allow)
+            .iter()
+            .all(|f| f["status"] != "claimed")
+            .then_some(())
+    })
+    .await;
     let allowed = containers(&host, allow);
     let fired = fired_count(&db, allow);
     assert_eq!(allowed.len(), fired, "{allowed:?}");

@@ -138,7 +138,9 @@ async fn drop_citus(db: TestDb) {
     db.pool.close().await;
     drop(db);
     let coordinator = std::env::var("CM_TEST_CITUS_URL").unwrap();
-    let mut admin = PgConnection::connect(&coordinator).await.unwrap();
+    let mut admin = PgConnection::connect(&coordinator)
+        .await
+        .unwrap_or_else(|e| panic!("CM_TEST_CITUS_URL {coordinator:?}: {e}"));
     sqlx::query("SET citus.enable_create_database_propagation = on")
         .execute(&mut admin)
         .await

@@ -294,6 +294,20 @@ async fn overlap_policies_on_the_real_engine() {
         fires(&db, forbid),
         run.log()
     );
+    // A launch under way when its routine was paused has its container before its row is
+    // settled: count containers only once no row of the three is left claimed.
+    let quiet = eventually_within(Duration::from_secs(30), async || {
+        [forbid, replace, allow]
+            .iter()
+            .all(|&id| fires(&db, id).iter().all(|f| f["status"] != "claimed"))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        quiet.is_some(),
+        "rows left claimed after the pause\n{}",
+        run.log()
+    );
 
     let list = fires(&db, forbid);
     let launched: Vec<&serde_json::Value> =
@@ -347,15 +361,7 @@ async fn overlap_policies_on_the_real_engine() {
         );
     }
 
-    // allow: every occurrence launched, and some ran side by side. A launch under way when the
-    // routine was paused has its container before its row is settled: wait for the rows first.
-    let _ = eventually_within(Duration::from_secs(30), async || {
-        fires(&db, allow)
-            .iter()
-            .all(|f| f["status"] != "claimed")
-            .then_some(())
-    })
-    .await;
+    // allow: every occurrence launched, and some ran side by side.
     let allowed = containers(&host, allow);
     let fired = fired_count(&db, allow);
     assert_eq!(allowed.len(), fired, "{allowed:?}");

@@ -73,7 +73,9 @@ impl CitusDb {
         // copy while one is running.
         let _one = CREATING.lock().await;
         let name = format!("cm_citus_{}", &Uuid::new_v4().simple().to_string()[..12]);
-        let mut admin = PgConnection::connect(&coordinator).await.unwrap();
+        let mut admin = PgConnection::connect(&coordinator)
+            .await
+            .unwrap_or_else(|e| panic!("CM_TEST_CITUS_URL {coordinator:?}: {e}"));
         let nodes: Vec<(String, i32, i32)> = sqlx::query_as(
             "SELECT nodename::text, nodeport, groupid FROM pg_dist_node WHERE isactive ORDER BY 3",
         )

@@ -89,7 +89,7 @@ pub use ledger::{
     InClaimEffect, InClaimWrites, MAX_RECEIPT_BYTES, ReapParams, SettleOutcome, TickClaim,
     UnusableRoutine, request_share,
 };
-pub use options::StoreOptions;
+pub use options::{PLAN_CACHE_MODE, StoreOptions};
 #[cfg(feature = "mock")]
 pub use outbox::MockOutboxStore;
 pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
@@ -118,7 +118,9 @@ pub struct PgStore {
 }
 
 impl PgStore {
-    /// A store on an existing pool.
+    /// A store on an existing pool. Its connections should carry
+    /// [`PLAN_CACHE_MODE`] (as [`StoreOptions::apply`] sets it): with PostgreSQL's
+    /// generic plans, a large claim costs many times what it should.
     pub fn new(pool: PgPool) -> Self {
         PgStore {
             pool,
@@ -158,11 +160,7 @@ impl PgStore {
     /// process can start while the database is down; statements fail until it answers, and
     /// the pool reconnects by itself. Fails only when `url` cannot be parsed.
     pub fn connect_lazy(url: &str) -> Result<Self, StoreError> {
-        let pool = PgPoolOptions::new()
-            .max_connections(10)
-            .acquire_timeout(std::time::Duration::from_secs(5))
-            .connect_lazy(url)?;
-        Ok(PgStore::new(pool))
+        Self::connect_lazy_with(url, &StoreOptions::default())
     }
 
     /// [`PgStore::connect_lazy`] with [`StoreOptions`]: the pool connects on first use, and

@@ -62,7 +62,8 @@ impl StoreOptions {
         }
     }
 
-    /// `connect` with the timeouts set as session parameters of every connection it opens.
+    /// `connect` with the timeouts set as session parameters of every connection it opens, and
+    /// [`PLAN_CACHE_MODE`].
     pub fn apply(&self, connect: PgConnectOptions) -> PgConnectOptions {
         let settings = [
             ("statement_timeout", self.statement_timeout),
@@ -73,11 +74,24 @@ impl StoreOptions {
             ),
         ];
         // Zero means "no timeout" to PostgreSQL, so a timeout is at least a millisecond.
-        connect.options(settings.into_iter().filter_map(|(name, timeout)| {
-            timeout.map(|t| (name, format!("{}ms", t.as_millis().max(1))))
-        }))
+        connect
+            .options(settings.into_iter().filter_map(|(name, timeout)| {
+                timeout.map(|t| (name, format!("{}ms", t.as_millis().max(1))))
+            }))
+            .options([PLAN_CACHE_MODE])
     }
 }
+
+/// Every statement is planned for the values it runs with (`plan_cache_mode`), never with the
+/// generic plan PostgreSQL's plan cache switches a prepared statement to after five runs.
+///
+/// The store's batch statements take their rows as arrays (`UNNEST($1::uuid[], …)`). A generic
+/// plan cannot know an array's length and guesses ten elements, so it joins the claim's
+/// common table expressions by nested loops: a claim of 2,000 occurrences then compared 4
+/// million pairs twice, and took 400 ms instead of 70 (200,000 routines due at once fired at a
+/// third of the rate). Planning each run costs a few tenths of a millisecond, far less than
+/// one such join.
+pub const PLAN_CACHE_MODE: (&str, &str) = ("plan_cache_mode", "force_custom_plan");
 
 #[cfg(test)]
 mod tests {
@@ -97,5 +111,23 @@ mod tests {
         check(10_000, 2_500, 500);
         check(1_000, 250, 100);
         check(50, 100, 100);
+    }
+
+    #[test]
+    fn every_connection_plans_each_statement_for_its_values() {
+        let url = "postgres://cm@localhost/cm"
+            .parse::<PgConnectOptions>()
+            .unwrap();
+        for options in [
+            StoreOptions::default(),
+            StoreOptions::for_lease(Lease::new(Duration::from_secs(30)).unwrap()),
+        ] {
+            let applied = options.apply(url.clone());
+            let set = applied.get_options().unwrap();
+            assert!(
+                set.contains("-c plan_cache_mode=force_custom_plan"),
+                "{set}"
+            );
+        }
     }
 }

@@ -436,6 +436,7 @@ fn exercise(
         rng,
         forwarder,
         failover_at: None,
+        citus: !options.citus_workers.is_empty(),
     };
     let result = chaos_loop(&mut chaos, &mut faults, &mut report);
     // Healed whatever the loop ended with, so the drain and the check see a working system.
@@ -481,6 +482,12 @@ fn exercise(
     let checks = if options.citus_workers.is_empty() {
         chaos.pool.clone()
     } else {
+        // A transaction a restart left prepared on a worker is only committed (or rolled back)
+        // by the coordinator's recovery; what the ledger holds is read after it.
+        let recovered = citus::recover(rt, &url)?;
+        chaos.say(format!(
+            "Citus: {recovered} prepared transactions recovered before the check"
+        ));
         citus::checking_pool(rt, &url)?
     };
     report.ledger = rt.block_on(ledger::check_ledger(&checks, &firsts, paused_at))?;

@@ -68,6 +68,33 @@ pub(super) fn prepare(
     })
 }
 
+/// Resolves the two-phase commits left prepared on the workers of the Citus database at `url`
+/// (the coordinator's): each is committed when the coordinator recorded its commit, rolled back
+/// when it did not. Returns how many there were. Retried for a few seconds while the coordinator
+/// cannot reach a worker yet.
+pub(super) fn recover(rt: &tokio::runtime::Runtime, url: &str) -> anyhow::Result<i64> {
+    rt.block_on(async {
+        let mut last = None;
+        for _ in 0..20 {
+            let attempt = async {
+                let mut conn = PgConnection::connect(url).await?;
+                let n: i32 = sqlx::query_scalar("SELECT recover_prepared_transactions()")
+                    .fetch_one(&mut conn)
+                    .await?;
+                conn.close().await?;
+                Ok::<_, sqlx::Error>(i64::from(n))
+            };
+            match attempt.await {
+                Ok(n) => return Ok(n),
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        Err(anyhow::Error::from(last.expect("an attempt was made")))
+            .with_context(|| format!("recover_prepared_transactions() on {url}"))
+    })
+}
+
 /// Drops `db_name` on every worker (the coordinator's copy is dropped as on plain PostgreSQL).
 pub(super) fn drop_on_workers(
     rt: &tokio::runtime::Runtime,
@@ -77,8 +104,27 @@ pub(super) fn drop_on_workers(
 ) -> anyhow::Result<()> {
     for worker in workers {
         let url = worker_url(server_url, worker, db_name)?;
-        rt.block_on(sqlx::Postgres::force_drop_database(&url))
-            .with_context(|| format!("dropping {db_name} on worker {worker}"))?;
+        rt.block_on(async {
+            // A transaction still prepared there (its coordinator's database is gone, so no
+            // recovery will resolve it) would keep the database from being dropped.
+            let mut conn = PgConnection::connect(&url).await?;
+            let prepared: Vec<String> = sqlx::query_scalar(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()",
+            )
+            .fetch_all(&mut conn)
+            .await?;
+            for gid in prepared {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "ROLLBACK PREPARED '{}'",
+                    gid.replace('\'', "''")
+                )))
+                .execute(&mut conn)
+                .await?;
+            }
+            conn.close().await?;
+            sqlx::Postgres::force_drop_database(&url).await
+        })
+        .with_context(|| format!("dropping {db_name} on worker {worker}"))?;
     }
     Ok(())
 }

@@ -66,6 +66,9 @@ pub(super) struct Chaos<'a> {
     pub forwarder: Option<Forwarder>,
     /// When the standby took over, for the backend's check of what was sent again.
     pub failover_at: Option<DateTime<Utc>>,
+    /// On Citus: the two-phase commits a restart left prepared on the workers are resolved
+    /// after it, as the coordinator's maintenance daemon would (`.ci/citus` turns that off).
+    pub citus: bool,
 }
 
 impl Chaos<'_> {

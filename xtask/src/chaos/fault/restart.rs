@@ -103,6 +103,15 @@ impl Fault for Restarts {
         let outage = down.elapsed();
         chaos.say(format!("PostgreSQL answers again after {outage:.1?}"));
         self.done.push((mode, outage));
+        if chaos.citus {
+            // Two-phase commits cut by the restart hold their rows' locks until the coordinator
+            // resolves them; its maintenance daemon would, within a minute.
+            let url = crate::database_url(&chaos.server_url, &chaos.database)?;
+            match crate::chaos::citus::recover(chaos.rt, &url) {
+                Ok(n) => chaos.say(format!("Citus: {n} prepared transactions recovered")),
+                Err(e) => chaos.say(format!("Citus: recovery failed: {e:#}")),
+            }
+        }
         // The same reason the other way round: no process starts until the server is back and
         // settled.
         chaos.quiet_until = Instant::now() + Duration::from_secs(1);

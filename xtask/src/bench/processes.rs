@@ -69,6 +69,8 @@ pub(super) struct EngineRun {
     pub backlog: u32,
     /// Fires settled `fired` between the backlog's instant and the end of the measurement.
     pub fired: i64,
+    /// The claims those fires came in (their distinct claim tokens).
+    pub claims: i64,
     /// That span, on the database's clock.
     pub elapsed: Duration,
     /// For a drain: whether it finished within its limit (if not, `fired` and `elapsed` cover
@@ -84,6 +86,11 @@ impl EngineRun {
     /// Fires per second.
     pub fn rate(&self) -> f64 {
         self.fired as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Fires per claim.
+    pub fn per_claim(&self) -> f64 {
+        self.fired as f64 / self.claims as f64
     }
 }
 
@@ -292,7 +299,7 @@ pub(super) async fn run(
             (from + window, None)
         }
     };
-    let fired = ledger::fired_between(pool, from, to).await?;
+    let (fired, claims) = ledger::fired_between(pool, from, to).await?;
     tokio::task::block_in_place(|| fleet.stop())?;
 
     let check = ledger::check(pool, start, true).await?;
@@ -301,6 +308,7 @@ pub(super) async fn run(
         routines,
         backlog,
         fired,
+        claims,
         elapsed: (to - from)
             .to_std()
             .context("the run ended before it began")?,

@@ -333,7 +333,7 @@ pub(super) fn print(options: &Options, facts: &Facts, runs: &[Run], lateness: &[
 
 /// Per claim, the median over the rounds of the runs named `name` on `database`: the
 /// occurrences a claim (a raw-SQL transaction) took, and the milliseconds one worker (a pgbench
-/// client, a scheduler process; two of each) spent a claim, `2 × seconds ÷ claims`.
+/// client, a scheduler process that fired) spent a claim, `workers × seconds ÷ claims`.
 fn per_claim(runs: &[Run], database: Database, name: &str) -> (f64, f64) {
     let (mut occurrences, mut millis) = (Vec::new(), Vec::new());
     for m in named(runs, database, name) {
@@ -341,7 +341,8 @@ fn per_claim(runs: &[Run], database: Database, name: &str) -> (f64, f64) {
             Measured::Sql(_, run) => (run.batch as f64, 2000.0 / run.tps),
             Measured::Engine(_, run) => (
                 run.per_claim(),
-                2000.0 * run.elapsed.as_secs_f64() / run.claims as f64,
+                1000.0 * run.by_process.len() as f64 * run.elapsed.as_secs_f64()
+                    / run.claims as f64,
             ),
         };
         occurrences.push(each);
@@ -398,11 +399,13 @@ fn print_citus(runs: &[Run]) {
          one-statement CTE would go through the coordinator and commit in two phases). **engine \
          drain / window**: the same two `cm-scheduler run` processes and the same routines on \
          each database; on Citus the schema is distributed by `migrate --citus` and the \
-         schedulers claim group by group (always, there), each claim one group's due routines. \
-         **per claim**: the occurrences a claim (a raw-SQL transaction) took, and the \
-         milliseconds one of the two workers (pgbench clients, scheduler processes) spent a \
-         claim, 2 × seconds ÷ claims, everything a claim costs included (for the processes, \
-         their ticks, group leases and idle waits too)."
+         schedulers claim group by group (always, there), each claim one group's due routines, \
+         and the clocks are put back once each process holds its share of the group leases (as \
+         after a while in a deployment; they rebalance every third of `--lease`). **per \
+         claim**: the occurrences a claim (a raw-SQL transaction) took, and the milliseconds a \
+         worker (one of the two pgbench clients, of the scheduler processes that fired) spent a \
+         claim, workers × seconds ÷ claims, everything a claim costs included (for the \
+         processes, their ticks, group leases and idle waits too)."
     );
 }
 

@@ -15,11 +15,19 @@
 //! - The two kinds are interleaved over the rounds, each round starting elsewhere.
 //! - **Lateness** (`lateness`): two in-process schedulers over every-second routines, with a
 //!   backend double, at two tick intervals, with and without one routine's dispatches held.
+//! - **On Citus** (`--citus-url`, `citus`): in the same rounds, the lean baseline kept in one
+//!   group a transaction (`lean_group.sql`, every statement a router statement on one shard) and
+//!   the processes' drain and window on a schema distributed by `migrate --citus`, where the
+//!   schedulers claim group by group. The report sets each beside its plain PostgreSQL figure.
 //!
 //! Everything happens in fresh databases `cm_bench_<random>` and `cm_bench_<random>_sql` on the
-//! given server, dropped at the end. The report is Markdown on stdout (`report`); progress goes to
-//! stderr. With `--quick`, the last line is `fires_per_sec=<n> baseline_per_sec=<n> ratio=<r>`.
+//! given server (with Citus also `cm_bench_<random>_citus` and `cm_bench_<random>_citus_sql`,
+//! made Citus on every node), dropped at the end. The report is Markdown on stdout (`report`);
+//! progress goes to stderr. With `--quick`, the last line is `fires_per_sec=<n>
+//! baseline_per_sec=<n> ratio=<r>`, followed on Citus by `citus_fires_per_sec=<n>
+//! citus_baseline_per_sec=<n> citus_ratio=<r> citus_over_plain=<r>`.
 
+mod citus;
 mod lateness;
 mod ledger;
 pub(crate) mod options;
@@ -62,15 +70,61 @@ enum Step {
     Engine(Shape),
 }
 
+/// The database a throughput run measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Database {
+    /// The server `--database-url` names.
+    Plain,
+    /// The Citus cluster `--citus-url` names, the schema distributed by group.
+    Citus,
+}
+
+impl Database {
+    /// The name in the report.
+    fn name(self) -> &'static str {
+        match self {
+            Database::Plain => "PostgreSQL",
+            Database::Citus => "Citus",
+        }
+    }
+
+    /// The raw-SQL baseline the engine's ratio is taken against on this database.
+    fn lean(self) -> Script {
+        match self {
+            Database::Plain => Script::Lean,
+            Database::Citus => Script::LeanGroup,
+        }
+    }
+}
+
 /// A round's steps: the lean baseline beside the drain it is compared with, the others between.
 /// Round `n` starts `n` steps further on, so no step always runs first or last.
-const ROUND: [Step; 5] = [
-    Step::Sql(Script::Lean),
-    Step::Engine(Shape::Drain),
-    Step::Sql(Script::TwoTx),
-    Step::Engine(Shape::Window),
-    Step::Sql(Script::OneTx),
+const ROUND: [(Database, Step); 5] = [
+    (Database::Plain, Step::Sql(Script::Lean)),
+    (Database::Plain, Step::Engine(Shape::Drain)),
+    (Database::Plain, Step::Sql(Script::TwoTx)),
+    (Database::Plain, Step::Engine(Shape::Window)),
+    (Database::Plain, Step::Sql(Script::OneTx)),
 ];
+
+/// A round's steps with `--citus-url`: each Citus step beside its plain PostgreSQL one.
+const ROUND_WITH_CITUS: [(Database, Step); 8] = [
+    (Database::Plain, Step::Sql(Script::Lean)),
+    (Database::Plain, Step::Engine(Shape::Drain)),
+    (Database::Citus, Step::Sql(Script::LeanGroup)),
+    (Database::Citus, Step::Engine(Shape::Drain)),
+    (Database::Plain, Step::Sql(Script::TwoTx)),
+    (Database::Plain, Step::Engine(Shape::Window)),
+    (Database::Citus, Step::Engine(Shape::Window)),
+    (Database::Plain, Step::Sql(Script::OneTx)),
+];
+
+/// The bench's databases on one server: the engine's and the raw SQL's.
+#[derive(Debug, Clone)]
+struct Databases {
+    engine_url: String,
+    sql_url: String,
+}
 
 /// Runs the bench and prints its Markdown report to stdout (progress goes to stderr).
 pub fn run(args: &[String]) -> anyhow::Result<()> {
@@ -82,6 +136,11 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let tools = raw_sql::tool_versions()?;
     if !crate::postgres_answers(&options.database_url) {
         bail!("PostgreSQL does not answer at {}", options.database_url);
+    }
+    if let Some(coordinator) = &options.citus_url
+        && !crate::postgres_answers(coordinator)
+    {
+        bail!("the Citus coordinator does not answer at {coordinator} (start it with .ci/citus)");
     }
     progress!("building the release cm-scheduler");
     let binary = processes::build_binary()?;
@@ -112,9 +171,11 @@ async fn bench(
         "cm_bench_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
-    let engine_url = crate::database_url(&options.database_url, &name)?;
-    let sql_url = crate::database_url(&options.database_url, &format!("{name}_sql"))?;
-    for url in [&engine_url, &sql_url] {
+    let plain = Databases {
+        engine_url: crate::database_url(&options.database_url, &name)?,
+        sql_url: crate::database_url(&options.database_url, &format!("{name}_sql"))?,
+    };
+    for url in [&plain.engine_url, &plain.sql_url] {
         PgStore::create_database_if_missing(url)
             .await
             .with_context(|| format!("creating a bench database on {}", options.database_url))?;
@@ -124,22 +185,41 @@ async fn bench(
         "created databases {name} and {name}_sql; scripts and process logs in {}",
         dir.display()
     );
-    let result = measure(
-        &options,
-        &binary,
-        &engine_url,
-        &sql_url,
-        &dir,
-        tools,
-        command,
-    )
+    let citus_names = [format!("{name}_citus"), format!("{name}_citus_sql")];
+    let mut citus_workers = Vec::new();
+    let result = async {
+        let citus = match &options.citus_url {
+            Some(coordinator) => {
+                let made = on_citus(coordinator, &binary, &citus_names).await?;
+                citus_workers = citus::workers(&made.engine_url).await?;
+                Some(made)
+            }
+            None => None,
+        };
+        measure(
+            &options,
+            &binary,
+            &plain,
+            citus.as_ref(),
+            &dir,
+            tools,
+            command,
+        )
+        .await
+    }
     .await;
     // The databases go whether the bench succeeded or not; the bench's own error comes first.
     let mut dropped = Ok(());
-    for url in [&engine_url, &sql_url] {
+    for url in [&plain.engine_url, &plain.sql_url] {
         let outcome =
             <sqlx::Postgres as sqlx::migrate::MigrateDatabase>::force_drop_database(url).await;
-        dropped = dropped.and(outcome);
+        dropped = dropped.and(outcome.map_err(anyhow::Error::from));
+    }
+    if let Some(coordinator) = &options.citus_url {
+        for citus_name in &citus_names {
+            let outcome = citus::drop_database(coordinator, citus_name, &citus_workers).await;
+            dropped = dropped.and(outcome);
+        }
     }
     if result.is_err() {
         progress!(
@@ -148,31 +228,68 @@ async fn bench(
         );
     }
     result?;
-    dropped.with_context(|| format!("dropping {name} and {name}_sql"))?;
+    dropped.with_context(|| format!("dropping {name} and the bench's other databases"))?;
     std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-    progress!("dropped databases {name} and {name}_sql");
+    progress!("dropped the bench's databases");
     Ok(())
+}
+
+/// Makes the engine's and the raw SQL's databases Citus databases on every node of the cluster
+/// `coordinator` names, and distributes the engine's schema by group.
+async fn on_citus(
+    coordinator: &str,
+    binary: &Path,
+    [engine, sql]: &[String; 2],
+) -> anyhow::Result<Databases> {
+    let made = tokio::task::block_in_place(|| -> anyhow::Result<Databases> {
+        let made = Databases {
+            engine_url: citus::create_database(coordinator, engine)?,
+            sql_url: citus::create_database(coordinator, sql)?,
+        };
+        citus::distribute(binary, &made.engine_url)?;
+        Ok(made)
+    })?;
+    progress!("made {engine} and {sql} Citus databases on every node; {engine} distributed");
+    Ok(made)
 }
 
 async fn measure(
     options: &Options,
     binary: &Path,
-    engine_url: &str,
-    sql_url: &str,
+    plain: &Databases,
+    citus: Option<&Databases>,
     dir: &Path,
     tools: String,
     command: String,
 ) -> anyhow::Result<()> {
-    let admin = PgStore::connect(engine_url).await?;
+    let admin = PgStore::connect(&plain.engine_url).await?;
     admin.migrate().await?;
     let pool = admin.pool();
     let started_at = Utc::now();
-    let raw = RawSql::new(dir, sql_url)?;
+    let raw = RawSql::new(dir, &plain.sql_url, Database::Plain)?;
+    // On Citus: migrated and distributed already (`migrate --citus`).
+    let on_citus = match citus {
+        Some(made) => Some((
+            PgStore::connect(&made.engine_url).await?,
+            RawSql::new(dir, &made.sql_url, Database::Citus)?,
+            made.engine_url.as_str(),
+        )),
+        None => None,
+    };
+    let steps: &[(Database, Step)] = if on_citus.is_some() {
+        &ROUND_WITH_CITUS
+    } else {
+        &ROUND
+    };
 
     let mut runs = Vec::new();
     for round in 1..=options.rounds {
-        for i in 0..ROUND.len() {
-            let step = ROUND[(i + round as usize - 1) % ROUND.len()];
+        for i in 0..steps.len() {
+            let (database, step) = steps[(i + round as usize - 1) % steps.len()];
+            let (pool, raw, engine_url) = match (database, &on_citus) {
+                (Database::Citus, Some((store, raw, url))) => (store.pool(), raw, *url),
+                _ => (pool, &raw, plain.engine_url.as_str()),
+            };
             let measured = match step {
                 Step::Sql(script) => {
                     let length = Length::Seconds(options.sql_seconds);
@@ -181,25 +298,26 @@ async fn measure(
                     Measured::Sql(script, run)
                 }
                 Step::Engine(shape) => {
-                    let label = format!("round{round}-{shape:?}").to_lowercase();
+                    let label = format!("round{round}-{database:?}-{shape:?}").to_lowercase();
                     let run = processes::run(pool, binary, engine_url, options, shape, dir, &label)
                         .await?;
                     Measured::Engine(shape, run)
                 }
             };
             progress!(
-                "round {round}: {}: {:.0} a second",
+                "round {round}: {}: {}: {:.0} a second",
+                database.name(),
                 measured.name(),
                 measured.rate()
             );
-            runs.push((round, measured));
+            runs.push((round, database, measured));
         }
     }
 
     let mut lateness = Vec::new();
     for tick in [Duration::from_secs(1), Duration::from_millis(200)] {
         for stall in [false, true] {
-            let run = lateness::run(pool, engine_url, options, tick, stall).await?;
+            let run = lateness::run(pool, &plain.engine_url, options, tick, stall).await?;
             progress!(
                 "lateness, {tick:?} tick, stall {stall}: claimed p99 {:.0} ms, settled p99 {:.0} ms",
                 run.others.claimed[1],
@@ -214,6 +332,14 @@ async fn measure(
             .fetch_one(pool)
             .await
     };
+    let citus_server = match &on_citus {
+        Some((store, _, url)) => {
+            let described = citus::describe(url).await?;
+            store.pool().close().await;
+            Some(described)
+        }
+        None => None,
+    };
     let facts = Facts {
         command,
         commit: commit(),
@@ -225,6 +351,7 @@ async fn measure(
             show("fsync").await?,
             show("shared_buffers").await?
         ),
+        citus: citus_server,
         tools,
         started_at,
         wall: STARTED.get_or_init(Instant::now).elapsed(),

@@ -42,7 +42,7 @@ mod backend;
 mod citus;
 mod fault;
 mod fleet;
-pub(crate) use fleet::{log_tail, scheduler_command};
+pub(crate) use fleet::{log_tail, scheduler_command, scheduler_output};
 mod forwarder;
 mod ledger;
 mod options;
@@ -52,7 +52,7 @@ mod rng;
 
 use backend::{Backend, Takeover};
 use fault::{Chaos, Fault, OWN_APPLICATION};
-use fleet::{Fleet, scheduler_output};
+use fleet::Fleet;
 use options::{Options, USAGE, parse_args};
 use postgres::Cluster;
 use report::{DRAIN_TIMEOUT, Report};

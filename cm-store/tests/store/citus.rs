@@ -2,7 +2,8 @@
 //! schema distributed by `group_id` (`PgStore::distribute_on_citus`), then the claim, settle,
 //! reaper and outbox consumer through it, every claim statement routed to one shard (on Citus a
 //! claim kept in a group runs the per-table statements `SHARD_*_SQL` in place of the
-//! one-statement claim), and no two-phase commit during a claim.
+//! one-statement claim), and no two-phase commit during a claim: none recorded by the
+//! coordinator, and no `PREPARE TRANSACTION` in the workers' own logs.
 //!
 //! `CM_TEST_CITUS_URL` names the coordinator (`.ci/citus` prints it). Each test makes a database
 //! of its own on every node (`CREATE DATABASE` propagated by Citus, the extension created and the
@@ -10,6 +11,9 @@
 //! pass, unless `CI=true`, where they fail: in CI they must run.
 
 use std::collections::BTreeSet;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use chrono::TimeDelta;
 use cm_domain::{
@@ -164,6 +168,127 @@ impl CitusDb {
             .await
             .unwrap()
     }
+
+    /// The URLs of this database on each worker.
+    async fn on_workers(&self) -> Vec<String> {
+        let workers: Vec<(String, i32)> = sqlx::query_as(
+            "SELECT nodename::text, nodeport FROM pg_dist_node WHERE groupid <> 0 ORDER BY 2",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap();
+        workers
+            .into_iter()
+            .map(|(host, port)| format!("postgres://postgres@{host}:{port}/{}", self.name))
+            .collect()
+    }
+}
+
+/// A worker's server log, from the length it had when it was recorded: the test reads only the
+/// lines written after.
+struct WorkerLog {
+    /// This database on the worker.
+    url: String,
+    path: PathBuf,
+    offset: u64,
+}
+
+/// The server log file of the cluster on `port`: `pg_current_logfile()` when the worker runs a
+/// logging collector, else the file `pg_lsclusters` names for the port (Debian's clusters log
+/// their stderr there).
+async fn log_file(url: &str) -> PathBuf {
+    let mut conn = PgConnection::connect(url).await.unwrap();
+    let collected: Option<String> = sqlx::query_scalar("SELECT pg_current_logfile()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let (directory, port): (String, i32) =
+        sqlx::query_as("SELECT current_setting('data_directory'), inet_server_port()")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    if let Some(file) = collected {
+        return PathBuf::from(directory).join(file);
+    }
+    let listed = std::process::Command::new("pg_lsclusters")
+        .arg("-h")
+        .output()
+        .expect("pg_lsclusters, to find the workers' log files");
+    String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|fields| fields.len() >= 7 && fields[2] == port.to_string())
+        .map(|fields| PathBuf::from(fields[6]))
+        .unwrap_or_else(|| panic!("pg_lsclusters names no log file for port {port}"))
+}
+
+impl WorkerLog {
+    /// The worker's log as far as it is written now.
+    async fn record(url: &str) -> WorkerLog {
+        let path = log_file(url).await;
+        let offset = std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .len();
+        WorkerLog {
+            url: url.to_owned(),
+            path,
+            offset,
+        }
+    }
+
+    /// The lines of `database` written since the log was recorded. A marker statement sent to
+    /// the worker in that database comes last, and is waited for: everything before it is in
+    /// the file, and the database's statements are being logged at all.
+    async fn appended(&self, database: &str) -> Vec<String> {
+        let marker = format!("cm log marker {}", Uuid::new_v4());
+        let mut conn = PgConnection::connect(&self.url).await.unwrap();
+        execute(&mut conn, format!("SELECT '{marker}'")).await;
+        conn.close().await.unwrap();
+        let ours = format!("@{database} ");
+        for _ in 0..100 {
+            let mut file = std::fs::File::open(&self.path).unwrap();
+            // A log started afresh (shorter than the offset) is read from its beginning.
+            let from = if file.metadata().unwrap().len() < self.offset {
+                0
+            } else {
+                self.offset
+            };
+            file.seek(SeekFrom::Start(from)).unwrap();
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).unwrap();
+            let text = String::from_utf8_lossy(&bytes);
+            if text.contains(&marker) {
+                return text
+                    .lines()
+                    .filter(|line| line.contains(&ours))
+                    .map(str::to_owned)
+                    .collect();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "{}: the marker statement never appeared (is log_statement = 'all' set for {database} on the worker?)",
+            self.path.display()
+        )
+    }
+}
+
+/// The workers' logs of the database, recorded now.
+async fn worker_logs(urls: &[String]) -> Vec<WorkerLog> {
+    let mut logs = Vec::new();
+    for url in urls {
+        logs.push(WorkerLog::record(url).await);
+    }
+    logs
+}
+
+/// Every worker's lines of `database` since `logs` were recorded.
+async fn appended(logs: &[WorkerLog], database: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    for log in logs {
+        lines.extend(log.appended(database).await);
+    }
+    lines
 }
 
 /// Routines, each due a minute ago (and, yearly, not again for months), in at least `groups`
@@ -484,6 +609,20 @@ async fn every_claim_statement_is_one_task_on_citus() {
 
 /// A claim commits on one worker with a plain `COMMIT`: the coordinator records no two-phase
 /// commit for it, while a statement over every group (the control) records some.
+/// The control of the two-phase checks: one transaction updating each of `routines` by its id
+/// alone (each statement on every shard), which Citus commits in two phases.
+async fn multi_shard_transaction(pool: &PgPool, routines: &[(Uuid, GroupId)]) {
+    let mut tx = pool.begin().await.unwrap();
+    for (id, _) in routines {
+        sqlx::query("UPDATE routines SET updated_at = now() WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_claim_commits_without_two_phase_commit_on_citus() {
     let Some(db) = CitusDb::create().await else {
@@ -505,16 +644,82 @@ async fn a_claim_commits_without_two_phase_commit_on_citus() {
     assert_eq!(db.two_phase_commits().await, before, "a claim used 2PC");
     assert!(db.store.due_groups().await.unwrap().is_empty());
     // The control: one transaction writing to several shards commits in two phases.
-    let mut tx = db.pool.begin().await.unwrap();
-    for (id, _) in &routines {
-        sqlx::query("UPDATE routines SET updated_at = now() WHERE id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-    }
-    tx.commit().await.unwrap();
+    multi_shard_transaction(&db.pool, &routines).await;
     assert!(db.two_phase_commits().await > before);
+    db.drop_all().await;
+}
+
+/// The workers' own logs: with every statement of this database logged on each worker (its
+/// sessions only, opened after the setting), a claim in each group, with and without the outbox
+/// in the claim, logs no `PREPARE TRANSACTION` on any worker, while the multi-shard control does.
+#[tokio::test]
+async fn no_worker_logs_prepare_transaction_during_a_claim_on_citus() {
+    let Some(db) = CitusDb::create().await else {
+        return;
+    };
+    let workers = db.on_workers().await;
+    for url in &workers {
+        let mut conn = PgConnection::connect(url).await.unwrap();
+        // On the worker alone: nothing to propagate.
+        execute(&mut conn, "SET citus.enable_ddl_propagation = off".into()).await;
+        execute(
+            &mut conn,
+            format!("ALTER DATABASE {} SET log_statement = 'all'", db.name),
+        )
+        .await;
+        conn.close().await.unwrap();
+    }
+    // The coordinator's sessions so far opened their connections to the workers before the
+    // setting; a new pool's sessions open new ones, which log every statement.
+    let store = PgStore::connect(&with_database(&db.coordinator, &db.name))
+        .await
+        .unwrap();
+
+    // Routines due in at least two groups, claimed group by group; then as many again, claimed
+    // with their messages written in the claim. Only the claims are watched: creating a routine
+    // writes its name's shard too, in two phases.
+    let mut routines = Vec::new();
+    for params in [params("a"), outbox_params("b")] {
+        let due = due_routines(&db, 2).await;
+        let logs = worker_logs(&workers).await;
+        let before = db.two_phase_commits().await;
+        let mut claimed = 0;
+        for group in store.due_groups().await.unwrap() {
+            let claim = store
+                .claim_due(&cm_store::ClaimDueParams {
+                    group: Some(group),
+                    ..params.clone()
+                })
+                .await
+                .unwrap();
+            claimed += claim.fires.len();
+        }
+        assert_eq!(claimed, due.len());
+        assert_eq!(db.two_phase_commits().await, before, "a claim used 2PC");
+        let during = appended(&logs, &db.name).await;
+        assert!(
+            during.iter().any(|l| l.contains("routine_fires")),
+            "no statement of the claims was logged on the workers:\n{}",
+            during.join("\n")
+        );
+        let prepared: Vec<&String> = during
+            .iter()
+            .filter(|l| l.contains("PREPARE TRANSACTION"))
+            .collect();
+        assert!(prepared.is_empty(), "a claim prepared: {prepared:#?}");
+        routines.extend(due);
+    }
+
+    // The control: one transaction writing to several shards prepares on the workers.
+    let logs = worker_logs(&workers).await;
+    multi_shard_transaction(store.pool(), &routines).await;
+    let control = appended(&logs, &db.name).await;
+    assert!(
+        control.iter().any(|l| l.contains("PREPARE TRANSACTION")),
+        "the multi-shard control logged no PREPARE TRANSACTION:\n{}",
+        control.join("\n")
+    );
+    store.pool().close().await;
     db.drop_all().await;
 }
 

@@ -21,61 +21,74 @@ pub(super) async fn reset(pool: &PgPool) -> anyhow::Result<()> {
 
 /// Creates `n` message routines firing every second (`catch-up`), all first due at the whole
 /// second `seconds_ahead` from the database's now, and returns that instant. A far instant parks
-/// them: nothing is due until their clocks are put back.
+/// them: nothing is due until their clocks are put back. Each routine's group is written with it
+/// (`cm_group_of`, as cm writes it): on Citus the row is routed by its group, and no trigger
+/// fills it in.
 pub(super) async fn create_routines(
     pool: &PgPool,
     n: u32,
     seconds_ahead: u32,
 ) -> anyhow::Result<DateTime<Utc>> {
-    // One statement for any count. `date_trunc` keeps the first occurrence on a whole second,
-    // where `* * * * * *` has one, so the routines' clocks are ones the engine itself would set.
-    let first: DateTime<Utc> = sqlx::query_scalar(
-        "WITH first AS (SELECT date_trunc('second', now()) + make_interval(secs => $2) AS at),
-              made AS (
-                  INSERT INTO routines
-                      (id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at)
-                  SELECT gen_random_uuid(), 'bench ' || i, '* * * * * *', 'UTC', 'message',
-                         jsonb_build_object('text', 'bench message ' || i), 'catch-up', first.at
-                  FROM generate_series(1, $1) AS i, first
-                  RETURNING 1)
-         SELECT at FROM first WHERE (SELECT count(*) FROM made) = $1",
+    // `date_trunc` keeps the first occurrence on a whole second, where `* * * * * *` has one, so
+    // the routines' clocks are ones the engine itself would set.
+    let (first, groups): (DateTime<Utc>, i16) = sqlx::query_as(
+        "SELECT date_trunc('second', now()) + make_interval(secs => $1),
+                (SELECT group_count FROM cm_settings)",
     )
-    .bind(i64::from(n))
     .bind(f64::from(seconds_ahead))
     .fetch_one(pool)
     .await?;
+    // One statement for any count.
+    let made = sqlx::query(
+        "INSERT INTO routines
+             (id, group_id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at)
+         SELECT g.id, cm_group_of(g.id, $3), 'bench ' || g.i, '* * * * * *', 'UTC', 'message',
+                jsonb_build_object('text', 'bench message ' || g.i), 'catch-up', $2
+         FROM (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $1) AS i) g",
+    )
+    .bind(i64::from(n))
+    .bind(first)
+    .bind(i32::from(groups))
+    .execute(pool)
+    .await?
+    .rows_affected();
+    ensure!(made == u64::from(n), "{made} routines made, not {n}");
     sqlx::query("VACUUM ANALYZE routines").execute(pool).await?;
     Ok(first)
 }
 
 /// Puts every routine's clock back to `backlog` seconds before the database's current whole
-/// second, in one statement. Returns that first owed instant and the statement's own instant, from
-/// which rates are measured.
+/// second, in one statement. Returns that first owed instant and the statement's own instant (its
+/// transaction's), from which rates are measured.
 pub(super) async fn put_clocks_back(
     pool: &PgPool,
     backlog: u32,
 ) -> anyhow::Result<(DateTime<Utc>, DateTime<Utc>)> {
-    let (start, at): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
-        "WITH moved AS (
-             UPDATE routines
-             SET next_run_at = date_trunc('second', now()) - make_interval(secs => $1)
-             RETURNING next_run_at)
-         SELECT (SELECT min(next_run_at) FROM moved), now()",
-    )
-    .bind(f64::from(backlog))
-    .fetch_one(pool)
-    .await?;
+    // The instant is read in the update's transaction, so `now()` is the update's own; the
+    // update then sets a constant, which Citus sends to every shard as it is.
+    let mut tx = pool.begin().await?;
+    let (start, at): (DateTime<Utc>, DateTime<Utc>) =
+        sqlx::query_as("SELECT date_trunc('second', now()) - make_interval(secs => $1), now()")
+            .bind(f64::from(backlog))
+            .fetch_one(&mut *tx)
+            .await?;
+    sqlx::query("UPDATE routines SET next_run_at = $1")
+        .bind(start)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
     Ok((start, at))
 }
 
-/// Fires settled `fired` in `(from, to]`, by their `completed_at`.
+/// Fires settled `fired` in `(from, to]`, by their `completed_at`, and the claims they came in
+/// (their distinct claim tokens: the outbox backend settles a fire in its claim).
 pub(super) async fn fired_between(
     pool: &PgPool,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
-) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM routine_fires
+) -> anyhow::Result<(i64, i64)> {
+    Ok(sqlx::query_as(
+        "SELECT count(*), count(DISTINCT claim_token) FROM routine_fires
          WHERE status = 'fired' AND completed_at > $1 AND completed_at <= $2",
     )
     .bind(from)
@@ -149,7 +162,8 @@ impl LedgerCheck {
 /// Checks the ledger against the routines' clocks: each routine owes one occurrence a second
 /// from `start` up to its `next_run_at`. With `outbox`, every `fired` row must have exactly one
 /// outbox row and every outbox row its `fired` row; without it (a backend double that writes
-/// nothing) the outbox must be empty.
+/// nothing) the outbox must be empty. Every join names the group too (a function of the routine,
+/// so the same rows on plain PostgreSQL), which makes each a co-located join on Citus.
 pub(super) async fn check(
     pool: &PgPool,
     start: DateTime<Utc>,
@@ -161,10 +175,11 @@ pub(super) async fn check(
              (SELECT count(*) FROM routine_fires WHERE status = 'claimed'),
              (SELECT count(*) FROM routine_fires WHERE status = 'failed'),
              (SELECT count(*) FROM routines r
-              LEFT JOIN (SELECT routine_id, count(*) AS n,
+              LEFT JOIN (SELECT group_id, routine_id, count(*) AS n,
                                 count(*) FILTER (WHERE scheduled_at < $1) AS early,
                                 max(scheduled_at) AS last
-                         FROM routine_fires GROUP BY routine_id) f ON f.routine_id = r.id
+                         FROM routine_fires GROUP BY group_id, routine_id) f
+                ON f.group_id = r.group_id AND f.routine_id = r.id
               WHERE coalesce(f.n, 0) <> extract(epoch FROM r.next_run_at - $1)::bigint
                  OR coalesce(f.early, 0) > 0
                  OR f.last >= r.next_run_at)",
@@ -176,11 +191,12 @@ pub(super) async fn check(
         "SELECT
              (SELECT count(*) FROM routine_fires f WHERE f.status = 'fired' AND NOT EXISTS (
                   SELECT 1 FROM outbox_messages o
-                  WHERE o.routine_id = f.routine_id AND o.scheduled_at = f.scheduled_at)),
+                  WHERE o.group_id = f.group_id AND o.routine_id = f.routine_id
+                    AND o.scheduled_at = f.scheduled_at)),
              (SELECT count(*) FROM outbox_messages o WHERE NOT EXISTS (
                   SELECT 1 FROM routine_fires f
-                  WHERE f.routine_id = o.routine_id AND f.scheduled_at = o.scheduled_at
-                    AND f.status = 'fired'))",
+                  WHERE f.group_id = o.group_id AND f.routine_id = o.routine_id
+                    AND f.scheduled_at = o.scheduled_at AND f.status = 'fired'))",
     )
     .fetch_one(pool)
     .await?;

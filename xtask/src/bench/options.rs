@@ -8,11 +8,22 @@ pub(super) const USAGE: &str = "usage: cargo run --release -p xtask -- bench [--
 [--tick DURATION] [--engine-args \"FLAGS\"] [--rounds N] [--sql-seconds N] [--drain-routines N] \
 [--drain-backlog N] [--drain-limit N] [--window-routines N] [--window-backlog N] \
 [--window-seconds N] [--lateness-routines N] [--lateness-cap N] [--lateness-seconds N] \
-[--stall-seconds N] [--database-url URL]";
+[--stall-seconds N] [--database-url URL] [--citus-url URL]";
 
 /// The raw-SQL scripts number 20,000 routines, and each of their two clients takes its batches from
 /// its own half; a batch is that many consecutive routines at most.
 pub(super) const SQL_ROUTINES_PER_CLIENT: usize = 10_000;
+
+/// The raw-SQL schema on Citus (`schema_citus.sql`) has this many groups, cm's default count;
+/// each of the two clients takes its groups from its own half.
+pub(super) const CITUS_SQL_GROUPS: usize = 64;
+
+/// Routines in each group of the raw-SQL schema on Citus (64 × 312 = 19,968, about the 20,000 of
+/// the plain schema); a batch on Citus is that many consecutive routines of one group at most.
+pub(super) const CITUS_SQL_ROUTINES_PER_GROUP: usize = 312;
+
+// `lean_group.sql` numbers a message `instant × 1000 + the routine's number in its group`.
+const _: () = assert!(CITUS_SQL_ROUTINES_PER_GROUP < 1000);
 
 /// The bench's parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +63,10 @@ pub(crate) struct Options {
     /// The server to create the bench databases on (its database part names the maintenance
     /// database to connect to for creating and dropping).
     pub database_url: String,
+    /// A Citus coordinator: when given, the lean baseline (kept in one group a transaction) and
+    /// the processes' drain and window run there too, in the same rounds, in databases made
+    /// Citus on every node by `.ci/citus --database` and dropped on every node at the end.
+    pub citus_url: Option<String>,
 }
 
 impl Options {
@@ -77,6 +92,7 @@ impl Options {
             // Not DATABASE_URL: `.cargo/config.toml` sets it for every cargo-run process, and
             // this names only the server; the bench writes to databases of its own.
             database_url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
+            citus_url: None,
         }
     }
 
@@ -139,12 +155,19 @@ impl Options {
                 "--lateness-seconds" => options.lateness_seconds = number()?,
                 "--stall-seconds" => options.stall_seconds = number()?,
                 "--database-url" => options.database_url = value.clone(),
+                "--citus-url" => options.citus_url = Some(value.clone()),
                 _ => bail!("unknown flag {flag} (see --help)"),
             }
         }
         ensure!(
             options.batch <= SQL_ROUTINES_PER_CLIENT,
             "--batch {} is more than the {SQL_ROUTINES_PER_CLIENT} routines each raw-SQL client numbers",
+            options.batch
+        );
+        ensure!(
+            options.citus_url.is_none() || options.batch <= CITUS_SQL_ROUTINES_PER_GROUP,
+            "--batch {} is more than the {CITUS_SQL_ROUTINES_PER_GROUP} routines of a group in \
+             the raw-SQL schema on Citus (--citus-url)",
             options.batch
         );
         ensure!(
@@ -254,6 +277,8 @@ mod tests {
             "3",
             "--database-url",
             "postgres://u@h:1/x",
+            "--citus-url",
+            "postgres://u@h:2/y",
         ])
         .unwrap()
         .unwrap();
@@ -277,6 +302,7 @@ mod tests {
                 lateness_seconds: 21,
                 stall_seconds: 3,
                 database_url: "postgres://u@h:1/x".into(),
+                citus_url: Some("postgres://u@h:2/y".into()),
             }
         );
         let flags = options.run_flags();
@@ -285,6 +311,29 @@ mod tests {
             ["--tick-interval", "50ms", "--max-fires-per-tick", "100"]
         );
         assert_eq!(flags[flags.len() - 2..], ["--max-in-flight", "64"]);
+    }
+
+    #[test]
+    fn citus_is_off_unless_named_and_bounds_the_batch_by_a_group() {
+        assert_eq!(Options::full().citus_url, None);
+        assert_eq!(Options::quick().citus_url, None);
+        let url = "postgres://postgres@127.0.0.1:5471/postgres";
+        let options = parse(&["--quick", "--citus-url", url]).unwrap().unwrap();
+        assert_eq!(options.citus_url.as_deref(), Some(url));
+        assert_eq!(
+            Options {
+                citus_url: None,
+                ..options
+            },
+            Options::quick()
+        );
+        let most = CITUS_SQL_ROUTINES_PER_GROUP.to_string();
+        let options = parse(&["--batch", &most, "--citus-url", url])
+            .unwrap()
+            .unwrap();
+        assert_eq!(options.batch, CITUS_SQL_ROUTINES_PER_GROUP);
+        // Without Citus, a batch only has to fit a client's half of the plain schema.
+        assert!(parse(&["--batch", "313"]).unwrap().is_some());
     }
 
     #[test]
@@ -312,6 +361,8 @@ mod tests {
             &["--tick", "0ms"],
             &["--batch", "10001"],
             &["--stall-seconds", "30"],
+            &["--citus-url"],
+            &["--batch", "313", "--citus-url", "postgres://u@h:2/y"],
             &["--frobnicate", "1"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} was accepted");

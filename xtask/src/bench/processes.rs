@@ -20,6 +20,11 @@ use crate::chaos::{log_tail, scheduler_command};
 /// How long a process may take to answer `/readyz` with 200 (migrations, first tick).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long the processes may take to divide the groups between them on Citus: each rebalances
+/// its group leases every third of a lease (`--lease`, 60 s in the bench), and a share moves from
+/// one to the other over two rebalances.
+const SHARE_TIMEOUT: Duration = Duration::from_secs(150);
+
 /// How long a process may take to exit after SIGTERM: it settles what it has in flight, each
 /// dispatch bounded by the 30 s dispatch timeout.
 const SIGTERM_TIMEOUT: Duration = Duration::from_secs(60);
@@ -69,6 +74,8 @@ pub(super) struct EngineRun {
     pub backlog: u32,
     /// Fires settled `fired` between the backlog's instant and the end of the measurement.
     pub fired: i64,
+    /// The claims those fires came in (their distinct claim tokens).
+    pub claims: i64,
     /// That span, on the database's clock.
     pub elapsed: Duration,
     /// For a drain: whether it finished within its limit (if not, `fired` and `elapsed` cover
@@ -84,6 +91,11 @@ impl EngineRun {
     /// Fires per second.
     pub fn rate(&self) -> f64 {
         self.fired as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Fires per claim.
+    pub fn per_claim(&self) -> f64 {
+        self.fired as f64 / self.claims as f64
     }
 }
 
@@ -275,6 +287,7 @@ pub(super) async fn run(
     ledger::create_routines(pool, routines, 24 * 3600).await?;
     let mut fleet = Fleet::start(binary, url, &options.run_flags(), log_dir, label)?;
     tokio::task::block_in_place(|| fleet.wait_ready())?;
+    wait_for_shared_groups(pool, &mut fleet).await?;
 
     let (start, from) = ledger::put_clocks_back(pool, backlog).await?;
     let (to, drained) = match shape {
@@ -292,7 +305,7 @@ pub(super) async fn run(
             (from + window, None)
         }
     };
-    let fired = ledger::fired_between(pool, from, to).await?;
+    let (fired, claims) = ledger::fired_between(pool, from, to).await?;
     tokio::task::block_in_place(|| fleet.stop())?;
 
     let check = ledger::check(pool, start, true).await?;
@@ -301,6 +314,7 @@ pub(super) async fn run(
         routines,
         backlog,
         fired,
+        claims,
         elapsed: (to - from)
             .to_std()
             .context("the run ended before it began")?,
@@ -308,6 +322,42 @@ pub(super) async fn run(
         by_process: ledger::fires_by_claimant(pool).await?,
         ledger: check,
     })
+}
+
+/// On Citus, where the schedulers claim only in the groups they lease (and in free ones), waits
+/// until every process holds its share of the groups, as in a deployment that has run a while: a
+/// process that has just started holds none until the others release theirs. On plain
+/// PostgreSQL, where a claim walks every group whoever leases it, returns at once.
+async fn wait_for_shared_groups(pool: &PgPool, fleet: &mut Fleet) -> anyhow::Result<()> {
+    let citus: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
+            .fetch_one(pool)
+            .await?;
+    if !citus {
+        return Ok(());
+    }
+    let processes = i64::try_from(fleet.pids().len())?;
+    let started = tokio::time::Instant::now();
+    loop {
+        fleet.alive()?;
+        let (holders, fewest, groups): (i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), coalesce(min(n), 0), (SELECT group_count::bigint FROM cm_settings)
+             FROM (SELECT count(*) AS n FROM group_leases WHERE expires_at > now()
+                   GROUP BY holder) held",
+        )
+        .fetch_one(pool)
+        .await?;
+        if holders == processes && fewest >= groups / processes {
+            return Ok(());
+        }
+        if started.elapsed() > SHARE_TIMEOUT {
+            bail!(
+                "the schedulers did not divide the {groups} groups within {SHARE_TIMEOUT:?}: \
+                 {holders} hold leases, the fewest {fewest}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Polls until no occurrence older than a second is owed (no routine's clock and no `claimed`

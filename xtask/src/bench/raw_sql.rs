@@ -1,5 +1,7 @@
 //! The raw-SQL baselines: the outbox path's statements run by `pgbench`, with no scheduler around
-//! them, against a throwaway database whose schema is recreated before each script.
+//! them, against a throwaway database whose schema is recreated before each script: on plain
+//! PostgreSQL `schema.sql`, on Citus `schema_citus.sql` (the same tables distributed by group),
+//! where only `lean_group.sql` runs.
 //!
 //! The scripts and the schema live in `xtask/bench/` and are compiled into the bench, so it needs
 //! no file beside the binary. One pgbench transaction is one batch of `batch` occurrences
@@ -10,10 +12,14 @@ use std::process::{Command, Output};
 
 use anyhow::{Context, bail, ensure};
 
-use super::options::SQL_ROUTINES_PER_CLIENT;
+use super::Database;
+use super::options::{CITUS_SQL_GROUPS, CITUS_SQL_ROUTINES_PER_GROUP, SQL_ROUTINES_PER_CLIENT};
 
 /// The schema the scripts run against: simplified copies of the product's tables, 20,000 routines.
 const SCHEMA: &str = include_str!("../../bench/schema.sql");
+
+/// The same tables on Citus, with a group, distributed by it and co-located.
+const CITUS_SCHEMA: &str = include_str!("../../bench/schema_citus.sql");
 
 /// One shape of the outbox path's SQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,12 +29,15 @@ pub(super) enum Script {
     /// Claim, outbox rows, settle and advance in one transaction.
     OneTx,
     /// One transaction: ledger rows inserted settled, outbox rows for the fresh ones, routines
-    /// advanced. The baseline the engine's ratio is taken against.
+    /// advanced. The baseline the engine's ratio is taken against on plain PostgreSQL.
     Lean,
+    /// [`Script::Lean`] kept in one group a transaction, as three router statements naming the
+    /// group (on Citus, one shard's, committed without two-phase commit). The baseline on Citus.
+    LeanGroup,
 }
 
 impl Script {
-    /// Every script, in the order a round starts from.
+    /// Every script of the plain schema, in the order a round starts from.
     pub const ALL: [Script; 3] = [Script::TwoTx, Script::OneTx, Script::Lean];
 
     /// The name in the report.
@@ -37,6 +46,7 @@ impl Script {
             Script::TwoTx => "raw SQL, two transactions (`two_tx.sql`)",
             Script::OneTx => "raw SQL, one transaction (`one_tx.sql`)",
             Script::Lean => "raw SQL, lean (`lean.sql`)",
+            Script::LeanGroup => "raw SQL, lean, one group a transaction (`lean_group.sql`)",
         }
     }
 
@@ -45,6 +55,7 @@ impl Script {
             Script::TwoTx => "two_tx.sql",
             Script::OneTx => "one_tx.sql",
             Script::Lean => "lean.sql",
+            Script::LeanGroup => "lean_group.sql",
         }
     }
 
@@ -53,6 +64,7 @@ impl Script {
             Script::TwoTx => include_str!("../../bench/two_tx.sql"),
             Script::OneTx => include_str!("../../bench/one_tx.sql"),
             Script::Lean => include_str!("../../bench/lean.sql"),
+            Script::LeanGroup => include_str!("../../bench/lean_group.sql"),
         }
     }
 }
@@ -90,6 +102,7 @@ pub(super) enum Length {
 pub(super) struct RawSql {
     dir: PathBuf,
     url: String,
+    database: Database,
 }
 
 /// The versions of `pgbench` and `psql`, or a clear error saying they are missing.
@@ -111,36 +124,58 @@ pub(super) fn tool_versions() -> anyhow::Result<String> {
 }
 
 impl RawSql {
-    /// Writes the schema and the scripts into `dir`, for runs against the database `url`.
-    pub fn new(dir: &Path, url: &str) -> anyhow::Result<Self> {
+    /// Writes the schemas and the scripts into `dir`, for runs against the database `url`, of
+    /// the kind `database` (which schema is recreated before a script).
+    pub fn new(dir: &Path, url: &str, database: Database) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let write = |name: &str, text: &str| {
             let path = dir.join(name);
             std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
         };
         write("schema.sql", SCHEMA)?;
-        for script in Script::ALL {
+        write("schema_citus.sql", CITUS_SCHEMA)?;
+        for script in Script::ALL.into_iter().chain([Script::LeanGroup]) {
             write(script.file_name(), script.text())?;
         }
         Ok(RawSql {
             dir: dir.to_path_buf(),
             url: url.to_string(),
+            database,
         })
     }
 
     /// Recreates the schema, then runs `script` with two clients on two threads.
     pub fn run(&self, script: Script, batch: usize, length: Length) -> anyhow::Result<SqlRun> {
         // Recreated every time: the tables grow during a run, and a grown table is slower.
-        let schema = self.dir.join("schema.sql");
+        self.recreate()?;
+        self.pgbench(script, batch, length)
+    }
+
+    /// Drops and creates the schema's tables, filled with their routines.
+    fn recreate(&self) -> anyhow::Result<()> {
+        let schema = self.dir.join(match self.database {
+            Database::Plain => "schema.sql",
+            Database::Citus => "schema_citus.sql",
+        });
         checked(
             Command::new("psql")
-                .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
+                .args(["-X", "-q", "-v", "ON_ERROR_STOP=1"])
+                .arg("-v")
+                .arg(format!("groups={CITUS_SQL_GROUPS}"))
+                .arg("-v")
+                .arg(format!("per_group={CITUS_SQL_ROUTINES_PER_GROUP}"))
+                .arg("-f")
                 .arg(&schema)
                 .arg(&self.url)
                 // The schema drops its tables first; the notices that they did not exist are noise.
                 .env("PGOPTIONS", "-c client_min_messages=warning"),
             "psql (the raw-SQL schema)",
         )?;
+        Ok(())
+    }
+
+    /// Runs `script` with two clients on two threads against the schema as it is.
+    fn pgbench(&self, script: Script, batch: usize, length: Length) -> anyhow::Result<SqlRun> {
         let length = match length {
             Length::Seconds(s) => ["-T".to_string(), s.to_string()],
             #[cfg(test)]
@@ -154,6 +189,10 @@ impl RawSql {
                 .arg(format!("batch={batch}"))
                 .arg("-D")
                 .arg(format!("per_client={SQL_ROUTINES_PER_CLIENT}"))
+                .arg("-D")
+                .arg(format!("groups_per_client={}", CITUS_SQL_GROUPS / 2))
+                .arg("-D")
+                .arg(format!("per_group={CITUS_SQL_ROUTINES_PER_GROUP}"))
                 .arg("-f")
                 .arg(self.dir.join(script.file_name()))
                 .arg(&self.url),
@@ -258,7 +297,7 @@ mod tests {
         let name = pool.connect_options().get_database().unwrap().to_string();
         let url = crate::database_url(&server, &name).unwrap();
         let dir = std::env::temp_dir().join(format!("cm-bench-test-{name}"));
-        let raw = RawSql::new(&dir, &url).unwrap();
+        let raw = RawSql::new(&dir, &url, Database::Plain).unwrap();
         for script in Script::ALL {
             // Blocking is fine here: the test has nothing else to run meanwhile.
             let run = raw
@@ -286,6 +325,82 @@ mod tests {
                 "{script:?}"
             );
         }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// `lean_group.sql` on Citus (`CM_TEST_CITUS_URL`, the coordinator `.ci/citus` prints; unset,
+    /// the test says so and passes, unless `CI=true`): each client's transaction fires a batch of
+    /// one group of its own half, every occurrence with its outbox row, and the coordinator
+    /// records no two-phase commit for it (the cluster of `.ci/citus` never recovers them, so
+    /// `pg_dist_transaction` keeps every one).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_group_script_fires_a_batch_on_one_shard_on_citus() {
+        let coordinator = match std::env::var("CM_TEST_CITUS_URL") {
+            Ok(url) if !url.is_empty() => url,
+            _ => {
+                assert!(
+                    !std::env::var("CI").is_ok_and(|ci| ci == "true"),
+                    "CI=true and CM_TEST_CITUS_URL is not set: start the cluster with .ci/citus"
+                );
+                eprintln!("CM_TEST_CITUS_URL is not set: the Citus test did not run");
+                return;
+            }
+        };
+        let name = format!(
+            "cm_bench_test_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        let url = tokio::task::block_in_place(|| {
+            super::super::citus::create_database(&coordinator, &name)
+        })
+        .unwrap();
+        let workers = super::super::citus::workers(&url).await.unwrap();
+        let dir = std::env::temp_dir().join(format!("cm-bench-test-{name}"));
+        let raw = RawSql::new(&dir, &url, Database::Citus).unwrap();
+        let pool = PgPool::connect(&url).await.unwrap();
+        let two_phase = async || -> i64 {
+            sqlx::query_scalar("SELECT count(*) FROM pg_dist_transaction")
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        };
+        tokio::task::block_in_place(|| raw.recreate()).unwrap();
+        let before = two_phase().await;
+        let run = tokio::task::block_in_place(|| {
+            raw.pgbench(
+                Script::LeanGroup,
+                CITUS_SQL_ROUTINES_PER_GROUP,
+                Length::Transactions(1),
+            )
+        })
+        .unwrap();
+        assert_eq!(run.transactions, 2);
+        assert_eq!(
+            two_phase().await,
+            before,
+            "a transaction committed in two phases"
+        );
+        let (fired, groups, low, outbox, missing): (i64, i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT
+                 (SELECT count(*) FROM routine_fires WHERE status = 'fired'),
+                 (SELECT count(DISTINCT group_id) FROM routine_fires),
+                 (SELECT count(DISTINCT group_id) FROM routine_fires WHERE group_id < $1),
+                 (SELECT count(*) FROM outbox_messages),
+                 (SELECT count(*) FROM routine_fires f WHERE NOT EXISTS (
+                      SELECT 1 FROM outbox_messages o
+                      WHERE o.group_id = f.group_id AND o.routine_id = f.routine_id
+                        AND o.scheduled_at = f.scheduled_at))",
+        )
+        .bind(i16::try_from(CITUS_SQL_GROUPS / 2).unwrap())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let all = 2 * CITUS_SQL_ROUTINES_PER_GROUP as i64;
+        assert_eq!((fired, groups, low, outbox, missing), (all, 2, 1, all, 0));
+        pool.close().await;
+        super::super::citus::drop_database(&coordinator, &name, &workers)
+            .await
+            .unwrap();
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -1,10 +1,13 @@
 //! The bench's Markdown report, and `--quick`'s last line.
 
-use super::Options;
 use super::lateness::{LatenessRun, Percentiles};
 use super::options::format_duration;
 use super::processes::{EngineRun, Shape};
 use super::raw_sql::{Script, SqlRun};
+use super::{Database, Options};
+
+/// A measured throughput run: its round and its database.
+pub(super) type Run = (u32, Database, Measured);
 
 /// What the report says about the machine, the server and the build.
 #[derive(Debug, Clone)]
@@ -17,6 +20,8 @@ pub(super) struct Facts {
     pub cores: usize,
     /// PostgreSQL's version and the settings that decide what a commit costs.
     pub server: String,
+    /// The Citus cluster's versions and shape, with `--citus-url`.
+    pub citus: Option<String>,
     /// pgbench's and psql's versions.
     pub tools: String,
     /// When the bench started.
@@ -67,39 +72,70 @@ fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
     (median, values[0], values[n - 1])
 }
 
-/// The rates of the runs named `name`, in round order.
-fn rates(runs: &[(u32, Measured)], name: &str) -> Vec<f64> {
+/// The rates of the runs named `name` on `database`, in round order.
+fn rates(runs: &[Run], database: Database, name: &str) -> Vec<f64> {
     runs.iter()
-        .filter(|(_, m)| m.name() == name)
-        .map(|(_, m)| m.rate())
+        .filter(|(_, d, m)| *d == database && m.name() == name)
+        .map(|(_, _, m)| m.rate())
         .collect()
 }
 
-/// Each round's `name` rate over its lean baseline's: the runs of one round are seconds apart,
-/// so their ratio is less exposed to the machine's mood than either rate.
-fn ratios_to_lean(runs: &[(u32, Measured)], name: &str) -> Vec<f64> {
+/// The runs named `name` on `database`.
+fn named<'a>(
+    runs: &'a [Run],
+    database: Database,
+    name: &'a str,
+) -> impl Iterator<Item = &'a Measured> {
+    runs.iter()
+        .filter(move |(_, d, m)| *d == database && m.name() == name)
+        .map(|(_, _, m)| m)
+}
+
+/// Each round's `name` rate over its lean baseline's on the same database: the runs of one round
+/// are seconds apart, so their ratio is less exposed to the machine's mood than either rate.
+fn ratios_to_lean(runs: &[Run], database: Database, name: &str) -> Vec<f64> {
     let in_round = |round: u32, name: &str| {
         runs.iter()
-            .find(|(r, m)| *r == round && m.name() == name)
-            .map(|(_, m)| m.rate())
+            .find(|(r, d, m)| *r == round && *d == database && m.name() == name)
+            .map(|(_, _, m)| m.rate())
     };
-    let mut rounds: Vec<u32> = runs.iter().map(|(r, _)| *r).collect();
+    let mut rounds: Vec<u32> = runs.iter().map(|(r, _, _)| *r).collect();
     rounds.dedup();
     rounds
         .into_iter()
-        .filter_map(|round| Some(in_round(round, name)? / in_round(round, Script::Lean.name())?))
+        .filter_map(|round| Some(in_round(round, name)? / in_round(round, database.lean().name())?))
         .collect()
 }
 
+/// The median rate of the runs named `name` on Citus over the median on plain PostgreSQL.
+fn citus_over_plain(runs: &[Run], plain: &str, citus: &str) -> f64 {
+    spread(rates(runs, Database::Citus, citus)).0 / spread(rates(runs, Database::Plain, plain)).0
+}
+
 /// `--quick`'s last line: the drain run's fires per second, the lean baseline's occurrences per
-/// second and their ratio, each the median over the rounds.
-pub(super) fn last_line(runs: &[(u32, Measured)]) -> String {
-    let (engine, _, _) = spread(rates(runs, Shape::Drain.name()));
-    let (baseline, _, _) = spread(rates(runs, Script::Lean.name()));
-    format!(
+/// second and their ratio, each the median over the rounds; with Citus, the same there
+/// (`lean_group.sql` its baseline) and its drain over plain PostgreSQL's.
+pub(super) fn last_line(runs: &[Run]) -> String {
+    let medians = |database: Database| {
+        let (engine, _, _) = spread(rates(runs, database, Shape::Drain.name()));
+        let (baseline, _, _) = spread(rates(runs, database, database.lean().name()));
+        (engine, baseline)
+    };
+    let (engine, baseline) = medians(Database::Plain);
+    let mut line = format!(
         "fires_per_sec={engine:.0} baseline_per_sec={baseline:.0} ratio={:.2}",
         engine / baseline
-    )
+    );
+    if runs.iter().any(|(_, d, _)| *d == Database::Citus) {
+        let (citus, citus_baseline) = medians(Database::Citus);
+        line += &format!(
+            " citus_fires_per_sec={citus:.0} citus_baseline_per_sec={citus_baseline:.0} \
+             citus_ratio={:.2} citus_over_plain={:.2}",
+            citus / citus_baseline,
+            citus / engine
+        );
+    }
+    line
 }
 
 fn ms(v: f64) -> String {
@@ -124,12 +160,7 @@ fn percentile_cells(p: &Percentiles) -> String {
 }
 
 /// Prints the whole report to stdout.
-pub(super) fn print(
-    options: &Options,
-    facts: &Facts,
-    runs: &[(u32, Measured)],
-    lateness: &[LatenessRun],
-) {
+pub(super) fn print(options: &Options, facts: &Facts, runs: &[Run], lateness: &[LatenessRun]) {
     let build = if cfg!(debug_assertions) {
         "debug (unoptimised: not representative)"
     } else {
@@ -145,6 +176,15 @@ pub(super) fn print(
     println!("| commit | {} |", facts.commit);
     println!("| cores (`available_parallelism`) | {} |", facts.cores);
     println!("| PostgreSQL | {} |", facts.server);
+    if let Some(citus) = &facts.citus {
+        println!(
+            "| Citus (`--citus-url`) | {citus}; `lean_group.sql` (its schema `schema_citus.sql`: \
+             {} groups of {} routines), the drain and the window run there too, in the same \
+             rounds; the lateness runs on plain PostgreSQL only |",
+            super::options::CITUS_SQL_GROUPS,
+            super::options::CITUS_SQL_ROUTINES_PER_GROUP
+        );
+    }
     println!("| client tools | {} |", facts.tools);
     println!("| bench build | {build}; `cm-scheduler` built `--release` |");
     println!("| wall time | {:.0} s |", facts.wall.as_secs_f64());
@@ -189,9 +229,9 @@ pub(super) fn print(
     );
 
     println!("\n### Throughput, every run\n");
-    println!("| round | run | occurrences | seconds | per second | notes |");
-    println!("|---|---|---:|---:|---:|---|");
-    for (round, m) in runs {
+    println!("| round | database | run | occurrences | seconds | per second | notes |");
+    println!("|---|---|---|---:|---:|---:|---|");
+    for (round, database, m) in runs {
         let (count, seconds, notes) = match m {
             Measured::Sql(_, run) => (
                 run.transactions * run.batch as u64,
@@ -209,37 +249,55 @@ pub(super) fn print(
                     u64::try_from(run.fired).unwrap_or(0),
                     run.elapsed.as_secs_f64(),
                     format!(
-                        "{} routines, backlog {} s; {drained}fires per process {}; ledger sound \
-                         ({} rows)",
+                        "{} routines, backlog {} s; {drained}fires per process {}; {} claims \
+                         ({:.1} fires each); ledger sound ({} rows)",
                         run.routines,
                         run.backlog,
                         split.join(" / "),
+                        run.claims,
+                        run.per_claim(),
                         run.ledger.fires
                     ),
                 )
             }
         };
         println!(
-            "| {round} | {} | {count} | {seconds:.2} | {:.0} | {notes} |",
+            "| {round} | {} | {} | {count} | {seconds:.2} | {:.0} | {notes} |",
+            database.name(),
             m.name(),
             m.rate()
         );
     }
 
     println!("\n### Throughput, summary\n");
-    println!("| run | median per second | min | max | ÷ lean, per round: median (min–max) |");
-    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| database | run | median per second | min | max | ÷ lean of the same database, per \
+         round: median (min–max) |"
+    );
+    println!("|---|---|---:|---:|---:|---:|");
     let names = [
         Script::TwoTx.name(),
         Script::OneTx.name(),
         Script::Lean.name(),
+        Script::LeanGroup.name(),
         Shape::Drain.name(),
         Shape::Window.name(),
     ];
-    for name in names {
-        let (median, min, max) = spread(rates(runs, name));
-        let (r, rmin, rmax) = spread(ratios_to_lean(runs, name));
-        println!("| {name} | {median:.0} | {min:.0} | {max:.0} | {r:.2} ({rmin:.2}–{rmax:.2}) |");
+    for database in [Database::Plain, Database::Citus] {
+        for name in names {
+            if named(runs, database, name).next().is_none() {
+                continue;
+            }
+            let (median, min, max) = spread(rates(runs, database, name));
+            let (r, rmin, rmax) = spread(ratios_to_lean(runs, database, name));
+            println!(
+                "| {} | {name} | {median:.0} | {min:.0} | {max:.0} | {r:.2} ({rmin:.2}–{rmax:.2}) |",
+                database.name()
+            );
+        }
+    }
+    if runs.iter().any(|(_, d, _)| *d == Database::Citus) {
+        print_citus(runs);
     }
 
     println!("\n### Lateness (ms after `scheduled_at`)\n");
@@ -273,6 +331,84 @@ pub(super) fn print(
     }
 }
 
+/// Per claim, the median over the rounds of the runs named `name` on `database`: the
+/// occurrences a claim (a raw-SQL transaction) took, and the milliseconds one worker (a pgbench
+/// client, a scheduler process that fired) spent a claim, `workers × seconds ÷ claims`.
+fn per_claim(runs: &[Run], database: Database, name: &str) -> (f64, f64) {
+    let (mut occurrences, mut millis) = (Vec::new(), Vec::new());
+    for m in named(runs, database, name) {
+        let (each, ms) = match m {
+            Measured::Sql(_, run) => (run.batch as f64, 2000.0 / run.tps),
+            Measured::Engine(_, run) => (
+                run.per_claim(),
+                1000.0 * run.by_process.len() as f64 * run.elapsed.as_secs_f64()
+                    / run.claims as f64,
+            ),
+        };
+        occurrences.push(each);
+        millis.push(ms);
+    }
+    (spread(occurrences).0, spread(millis).0)
+}
+
+/// The Citus runs beside their plain PostgreSQL counterparts, and what each line measures.
+fn print_citus(runs: &[Run]) {
+    println!("\n### Citus beside plain PostgreSQL\n");
+    println!(
+        "| run | PostgreSQL per second | Citus per second | Citus ÷ PostgreSQL | PostgreSQL per \
+         claim: occurrences, ms | Citus per claim: occurrences, ms |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let pairs = [
+        (
+            "lean raw SQL",
+            Script::Lean.name(),
+            Script::LeanGroup.name(),
+        ),
+        ("engine drain", Shape::Drain.name(), Shape::Drain.name()),
+        ("engine window", Shape::Window.name(), Shape::Window.name()),
+    ];
+    for (label, plain, citus) in pairs {
+        let (p, c) = (
+            spread(rates(runs, Database::Plain, plain)).0,
+            spread(rates(runs, Database::Citus, citus)).0,
+        );
+        let (p_each, p_ms) = per_claim(runs, Database::Plain, plain);
+        let (c_each, c_ms) = per_claim(runs, Database::Citus, citus);
+        println!(
+            "| {label} | {p:.0} | {c:.0} | {:.2} | {p_each:.1}, {p_ms:.1} | {c_each:.1}, \
+             {c_ms:.1} |",
+            citus_over_plain(runs, plain, citus)
+        );
+    }
+    let drain_ratio =
+        |database: Database| spread(ratios_to_lean(runs, database, Shape::Drain.name())).0;
+    let (p, c) = (drain_ratio(Database::Plain), drain_ratio(Database::Citus));
+    println!(
+        "| drain ÷ lean, per round (median) | {p:.2} | {c:.2} | {:.2} | | |",
+        c / p
+    );
+    println!(
+        "\nWhat each line measures. **lean raw SQL**: on PostgreSQL `lean.sql`, one statement a \
+         batch (ledger rows inserted settled, outbox rows for the fresh ones, through a CTE) and \
+         the routines advanced, over `batch` consecutive routines of the 20,000; on Citus \
+         `lean_group.sql`, the same work kept in one group a transaction as cm claims there: the \
+         batch is consecutive routines of one group, and its three statements (ledger rows, \
+         outbox rows, routines advanced) each name the group, so each is a router statement on \
+         one shard and the transaction commits on one worker without two-phase commit (the \
+         one-statement CTE would go through the coordinator and commit in two phases). **engine \
+         drain / window**: the same two `cm-scheduler run` processes and the same routines on \
+         each database; on Citus the schema is distributed by `migrate --citus` and the \
+         schedulers claim group by group (always, there), each claim one group's due routines, \
+         and the clocks are put back once each process holds its share of the group leases (as \
+         after a while in a deployment; they rebalance every third of `--lease`). **per \
+         claim**: the occurrences a claim (a raw-SQL transaction) took, and the milliseconds a \
+         worker (one of the two pgbench clients, of the scheduler processes that fired) spent a \
+         claim, workers × seconds ÷ claims, everything a claim costs included (for the \
+         processes, their ticks, group leases and idle waits too)."
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -298,6 +434,7 @@ mod tests {
                 routines: 2000,
                 backlog: 10,
                 fired,
+                claims: fired / 100,
                 elapsed: Duration::from_secs(seconds),
                 drained: Some(true),
                 by_process: vec![fired / 2, fired / 2],
@@ -308,25 +445,65 @@ mod tests {
 
     #[test]
     fn the_last_line_is_the_medians_and_their_ratio() {
+        let plain = Database::Plain;
         let runs = vec![
-            (1, sql(Script::Lean, 100.0)),
-            (1, drain(30_000, 10)),
-            (1, sql(Script::TwoTx, 50.0)),
+            (1, plain, sql(Script::Lean, 100.0)),
+            (1, plain, drain(30_000, 10)),
+            (1, plain, sql(Script::TwoTx, 50.0)),
         ];
         assert_eq!(
             last_line(&runs),
             "fires_per_sec=3000 baseline_per_sec=20000 ratio=0.15"
         );
         let mut more = runs.clone();
-        more.extend([(2, drain(40_000, 10)), (2, sql(Script::Lean, 80.0))]);
-        more.extend([(3, drain(50_000, 10)), (3, sql(Script::Lean, 90.0))]);
+        more.extend([
+            (2, plain, drain(40_000, 10)),
+            (2, plain, sql(Script::Lean, 80.0)),
+        ]);
+        more.extend([
+            (3, plain, drain(50_000, 10)),
+            (3, plain, sql(Script::Lean, 90.0)),
+        ]);
         assert_eq!(
             last_line(&more),
             "fires_per_sec=4000 baseline_per_sec=18000 ratio=0.22"
         );
         // Per round: 3000/20000, 4000/16000, 5000/18000.
-        let (median, min, max) = spread(ratios_to_lean(&more, Shape::Drain.name()));
+        let (median, min, max) = spread(ratios_to_lean(&more, plain, Shape::Drain.name()));
         assert_eq!((median, min, max), (0.25, 0.15, 5000.0 / 18000.0));
+    }
+
+    #[test]
+    fn citus_runs_are_taken_against_their_own_baseline_and_set_beside_plain() {
+        let (plain, citus) = (Database::Plain, Database::Citus);
+        let runs = vec![
+            (1, plain, sql(Script::Lean, 100.0)),
+            (1, plain, drain(30_000, 10)),
+            (1, citus, sql(Script::LeanGroup, 40.0)),
+            (1, citus, drain(6_000, 10)),
+        ];
+        // The plain figures are those without Citus; Citus's drain is over `lean_group.sql`.
+        assert_eq!(
+            last_line(&runs),
+            "fires_per_sec=3000 baseline_per_sec=20000 ratio=0.15 citus_fires_per_sec=600 \
+             citus_baseline_per_sec=8000 citus_ratio=0.07 citus_over_plain=0.20"
+        );
+        assert_eq!(
+            ratios_to_lean(&runs, citus, Shape::Drain.name()),
+            [600.0 / 8000.0]
+        );
+        assert!(ratios_to_lean(&runs, plain, Script::LeanGroup.name()).is_empty());
+        let lean = citus_over_plain(&runs, Script::Lean.name(), Script::LeanGroup.name());
+        assert_eq!(lean, 0.4);
+        // A raw transaction is one claim of `batch`; 2 clients at 40 tps spend 50 ms each one.
+        assert_eq!(
+            per_claim(&runs, citus, Script::LeanGroup.name()),
+            (200.0, 50.0)
+        );
+        // 6,000 fires in 60 claims over 10 s: 100 a claim, 2 processes × 10 s ÷ 60 claims.
+        let (each, ms) = per_claim(&runs, citus, Shape::Drain.name());
+        assert_eq!(each, 100.0);
+        assert!((ms - 20_000.0 / 60.0).abs() < 1e-9, "{ms}");
     }
 
     #[test]

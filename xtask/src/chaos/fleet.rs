@@ -419,7 +419,7 @@ pub(crate) fn scheduler_command(binary: &Path, url: &str) -> Command {
 }
 
 /// Runs a short `cm-scheduler` command and returns its stdout.
-pub(super) fn scheduler_output(binary: &Path, url: &str, args: &[&str]) -> anyhow::Result<String> {
+pub(crate) fn scheduler_output(binary: &Path, url: &str, args: &[&str]) -> anyhow::Result<String> {
     let output = scheduler_command(binary, url)
         .args(args)
         .output()

@@ -145,15 +145,33 @@ async fn drop_citus(db: TestDb) {
         .execute(&mut admin)
         .await
         .unwrap();
-    // Best effort: the coordinator's connections to the workers close a moment after ours.
+    let workers: Vec<(String, i32)> = sqlx::query_as(
+        "SELECT nodename::text, nodeport FROM pg_dist_node WHERE groupid <> 0 ORDER BY 2",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+    drop_retrying(&mut admin, &drop).await;
+    // `.ci/citus --database` made the workers' copies one by one, so the coordinator's drop
+    // does not reach them: each is dropped on its own node.
+    for (host, port) in workers {
+        let url = format!("postgres://postgres@{host}:{port}/postgres");
+        if let Ok(mut worker) = PgConnection::connect(&url).await {
+            drop_retrying(&mut worker, &drop).await;
+        }
+    }
+}
+
+/// Best effort: the coordinator's connections to the workers close a moment after ours.
+async fn drop_retrying(conn: &mut PgConnection, drop: &str) {
     for _ in 0..20 {
-        let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-        if sqlx::query(AssertSqlSafe(drop))
-            .execute(&mut admin)
+        if sqlx::query(AssertSqlSafe(drop.to_owned()))
+            .execute(&mut *conn)
             .await
             .is_ok()
         {
-            break;
+            return;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

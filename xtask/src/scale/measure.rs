@@ -476,20 +476,21 @@ impl Burst {
 }
 
 /// The slowest load of [`burst`] in this run, in microseconds a routine.
-static LOAD_MICROS_PER_ROUTINE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static LOAD_MICROS_PER_ROUTINE: AtomicU64 = AtomicU64::new(0);
 
 /// Records how long a load of `routines` took.
 fn note_load(routines: u32, took: TimeDelta) {
     let per =
         took.num_microseconds().unwrap_or(i64::MAX).max(0) as u64 / u64::from(routines.max(1));
-    LOAD_MICROS_PER_ROUTINE.fetch_max(per, std::sync::atomic::Ordering::Relaxed);
+    LOAD_MICROS_PER_ROUTINE.fetch_max(per, Ordering::Relaxed);
 }
 
 /// How far ahead a burst of `routines` is scheduled: 5 s and a second for each 10,000, or half
-/// as much again as the slowest load seen so far would take for them, whichever is longer.
+/// as much again as the slowest load seen so far would take for them, whichever is longer (a
+/// load takes three times as long on one machine as on another).
 fn load_margin(routines: u32) -> TimeDelta {
     let fixed = TimeDelta::seconds(5 + i64::from(routines / 10_000));
-    let per = LOAD_MICROS_PER_ROUTINE.load(std::sync::atomic::Ordering::Relaxed);
+    let per = LOAD_MICROS_PER_ROUTINE.load(Ordering::Relaxed);
     let seen =
         TimeDelta::microseconds((per * u64::from(routines) * 3 / 2) as i64) + TimeDelta::seconds(5);
     fixed.max(seen)
@@ -508,10 +509,6 @@ async fn burst(
 ) -> anyhow::Result<Burst> {
     let label = format!("burst-{routines}-{}-{processes}", flags.len());
     let names = &["scale-a", "scale-b"][..processes];
-    // Ten seconds a hundred thousand, or half as much again as the slowest load of this run so
-    // far took for as many routines: a load takes three times as long on one machine as on
-    // another.
-    let mut margin = load_margin(routines);
     let mut tries = 0;
     let (mut fleet, cpu_before, at) = loop {
         load::reset(pool).await?;
@@ -524,6 +521,7 @@ async fn burst(
             .collect::<anyhow::Result<_>>()?;
         // The shared second leaves room for the load to commit before it.
         let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+        let margin = load_margin(routines);
         let at = now.with_nanosecond(0).context("a whole second")? + margin;
         let loaded = load::add_due_routines(pool, routines, &only_at(at), at).await?;
         note_load(routines, loaded - now);
@@ -539,10 +537,9 @@ async fn burst(
             "{label}: the load committed at {loaded}, after the shared second {at}, {tries} times"
         );
         tokio::task::block_in_place(|| fleet.stop())?;
-        margin = load_margin(routines);
         progress!(
             "{label}: the load committed at {loaded}, after the shared second {at}; again with a margin of {} s",
-            margin.num_seconds()
+            load_margin(routines).num_seconds()
         );
     };
     let limit = Instant::now() + Duration::from_secs(900);

@@ -1189,9 +1189,10 @@ impl From<FireRow> for Fire {
 
 /// Takes due requests, oldest occurrence first, skipping those another claim holds; the
 /// argument is the parameter holding the limit. Each request's routine is locked FOR KEY SHARE
-/// with it (what the claim's foreign key check takes anyway), skipping a routine being
-/// deleted: the claim then never waits on a routine while holding a request, the wait that
-/// deadlocked against `delete_routine`.
+/// with it, skipping a routine being deleted: the claim then never waits on a routine while
+/// holding a request, the wait that deadlocked against `delete_routine`. The lock is also what
+/// keeps the requested occurrence's fire from outliving its routine (the ledger has no foreign
+/// key): `delete_routine` waits for it, then deletes the fires the claim wrote.
 macro_rules! take_requests_sql {
     ($limit:literal, $group:literal) => {
         concat!(

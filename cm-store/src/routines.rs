@@ -256,9 +256,11 @@ impl RoutineStore for PgStore {
         // Locks are taken in one order, the routine first: a tick's claim skips a routine
         // locked here (its due query and its requests both use SKIP LOCKED on the routine), so
         // once the routine is ours no claim can be holding one of its requests while waiting
-        // for it. Leaving the requests and fires to the foreign keys' cascade would lock the
-        // routine and then wait for a request a claim holds while that claim waits for the
-        // routine: a deadlock.
+        // for it. Leaving the requests to their foreign key's cascade would lock the routine
+        // and then wait for a request a claim holds while that claim waits for the routine: a
+        // deadlock. The fires have no foreign key: this lock is what keeps a claim from writing
+        // one after the delete, and the delete, which waited for any claim holding the
+        // routine, deletes the ones written before.
         let mut tx = self.pool.begin().await?;
         let group = catalog::routine_group(&mut tx, id).await?;
         let locked: Option<Uuid> = sqlx::query_scalar(

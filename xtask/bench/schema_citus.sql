@@ -18,8 +18,7 @@ CREATE TABLE routine_fires (
   status TEXT NOT NULL DEFAULT 'claimed' CHECK (status IN ('claimed','fired','failed')),
   error TEXT, claimant TEXT NOT NULL, claim_token UUID NOT NULL, attempt INT NOT NULL DEFAULT 1,
   lease_expires_at TIMESTAMPTZ NOT NULL, group_id SMALLINT NOT NULL,
-  PRIMARY KEY (routine_id, scheduled_at, group_id),
-  FOREIGN KEY (routine_id, group_id) REFERENCES routines (id, group_id) ON DELETE CASCADE);
+  PRIMARY KEY (routine_id, scheduled_at, group_id));
 CREATE INDEX ON routine_fires (group_id, lease_expires_at) WHERE status = 'claimed';
 CREATE TABLE outbox_messages (seq BIGINT NOT NULL, routine_id UUID NOT NULL,
   scheduled_at TIMESTAMPTZ NOT NULL, idempotency_key TEXT NOT NULL, attempt INT NOT NULL,

@@ -1,5 +1,7 @@
 //! Deleting a routine while a tick claims it: the two take their locks in one order, so neither
-//! waits for the other in a cycle, and both finish.
+//! waits for the other in a cycle, and both finish; and the delete takes every row the claim
+//! wrote for the routine with it (the ledger has no foreign key: the routine's lock is what keeps
+//! a fire from outliving its routine).
 
 use std::time::Duration;
 
@@ -7,7 +9,7 @@ use cm_domain::{ClaimOutcome, MisfirePolicy, Occurrence};
 use cm_store::{FireLedger, PgStore, RoutineStore, StoreError};
 use sqlx::PgPool;
 
-use crate::support::{YEARLY, create, due_and_held, fire_count, params};
+use crate::support::{YEARLY, create, due_and_held, due_yearly, fire_count, params};
 
 /// Waits until `n` sessions of this database wait on a lock.
 async fn lock_waiters(pool: &PgPool, n: i64) {
@@ -72,5 +74,49 @@ async fn deleting_a_routine_while_a_tick_claims_its_request_does_not_deadlock(po
         Err(StoreError::RoutineNotFound(_))
     ));
     // The doomed routine's fire went with it; the busy routine's row stays.
+    assert_eq!(fire_count(&pool).await, 1);
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn deleting_a_routine_a_tick_has_locked_takes_the_fire_the_tick_wrote(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    // `doomed` is due on its schedule; `busy` is due too, its occurrence's row held by another
+    // session, so the claim locks both routines and then waits on `busy`'s row before it can
+    // write its fires and commit, holding `doomed` locked all the while.
+    let (doomed, doomed_at) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
+    let (busy_at, held) = due_and_held(&store, &pool).await;
+
+    let claim = tokio::spawn({
+        let store = store.clone();
+        async move { store.claim_due(&params("a")).await }
+    });
+    lock_waiters(&pool, 1).await;
+    let delete = tokio::spawn({
+        let store = store.clone();
+        async move { store.delete_routine(doomed.id).await }
+    });
+    lock_waiters(&pool, 2).await;
+    held.rollback().await.unwrap();
+
+    let within = Duration::from_secs(30);
+    let claim = tokio::time::timeout(within, claim).await.unwrap().unwrap();
+    let delete = tokio::time::timeout(within, delete).await.unwrap().unwrap();
+    let claim = claim.expect("the claim failed");
+    delete.expect("the delete failed");
+    // The claim committed `doomed`'s fire before the delete could lock the routine ...
+    let doomed_fire = claim
+        .fires
+        .iter()
+        .find(|f| f.occurrence == Occurrence::new(doomed.id, doomed_at))
+        .expect("the claim wrote the doomed routine's occurrence");
+    assert_eq!(doomed_fire.outcome(claim.token), ClaimOutcome::Fresh);
+    assert!(claim.fires.iter().any(|f| f.occurrence == busy_at));
+    // ... and the delete, which waited for it, took that fire with the routine.
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE routine_id = $1")
+        .bind(doomed.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "a fire outlived its deleted routine");
     assert_eq!(fire_count(&pool).await, 1);
 }

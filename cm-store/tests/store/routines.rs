@@ -177,15 +177,14 @@ async fn a_refused_row_surfaces_its_database_kind(pool: PgPool) {
         .await
         .unwrap();
 
-    // A fire for a routine that does not exist is refused by the foreign key.
+    // A request for a routine that does not exist is refused by the foreign key. (The ledger's
+    // rows have none: every one is written by a claim holding its routine's lock, see
+    // `delete.rs`.)
     let orphan = sqlx::query(
-        "INSERT INTO routine_fires (routine_id, scheduled_at, claimant, claim_token,
-                                    lease_expires_at)
-         VALUES ($1, $2, 'x', $3, now())",
+        "INSERT INTO routine_requests (routine_id, scheduled_at, origin) VALUES ($1, $2, 'trigger')",
     )
     .bind(Uuid::from_u128(7))
     .bind(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap())
-    .bind(Uuid::new_v4())
     .execute(&pool)
     .await
     .unwrap_err();

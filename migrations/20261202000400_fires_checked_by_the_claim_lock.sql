@@ -1,0 +1,12 @@
+-- The ledger's rows no longer carry a foreign key to their routine.
+--
+-- Every row of `routine_fires` is written by a claim that holds its routine's row lock: `FOR
+-- UPDATE` from the due walk, or `FOR KEY SHARE` with the request it takes (`take_requests_sql!`).
+-- `delete_routine` takes that same lock, `FOR UPDATE`, before anything else, so it waits for a
+-- claim holding the routine and then deletes the claim's rows itself (`catalog::delete_locked`,
+-- children first), and no later claim can lock the routine (both walks skip a locked routine).
+-- The per-row check therefore proved again, on every occurrence, what the claim already held:
+-- one trigger query a row, a third of a drain's claim time (docs/BENCHMARKS.md, "The ledger
+-- without its foreign key"). `routine_requests` keeps its foreign key: requests are written by
+-- hand (trigger, backfill), where the check is what refuses a request for a routine that is gone.
+ALTER TABLE routine_fires DROP CONSTRAINT IF EXISTS routine_fires_routine_fkey;

@@ -1229,18 +1229,20 @@ async fn routines_locked_follow_what_each_routine_of_the_last_claim_owed() {
     }
     let (scheduler, asked) = asking_scheduler(vec![backlog, claim(&[], 0), claim(&[], 0)]);
 
-    // The first tick: the full claim, then (the batch doubled to 12) one that locks 12 ÷ 3.
+    // The first tick: the full claim, then (the batch grown to 24) one that locks 24 ÷ 3.
     let report = scheduler.tick().await.unwrap();
     assert_eq!((report.claims, report.fired), (2, 6), "{report:?}");
-    // The next tick starts over at the cap, one occurrence a routine again.
+    // The next tick starts over at the cap (the last one claimed no more than the cap), one
+    // occurrence a routine again.
     scheduler.tick().await.unwrap();
-    // Six routines and one more for six; four (12 ÷ 3) and one more for twelve.
-    assert_eq!(*asked.lock().unwrap(), vec![(6, 7), (12, 5), (6, 7)]);
+    // Six routines and one more for six; eight (24 ÷ 3) and one more for 24; six and one more
+    // for six.
+    assert_eq!(*asked.lock().unwrap(), vec![(6, 7), (24, 9), (6, 7)]);
 }
 
-/// A tick's first claim takes as many as the previous tick claimed (at least the cap), so a load
-/// due every second is claimed without the ramp from the cap each time; a tick that claimed
-/// nothing sends the next one back to the cap.
+/// A tick's first claim takes twice what the previous tick claimed when that was more than the
+/// cap (the cap otherwise), so a load due every second is claimed without the ramp from the cap each time; a tick that
+/// claimed nothing sends the next one back to the cap.
 #[tokio::test]
 async fn a_tick_starts_at_what_the_last_one_claimed() {
     let (scheduler, asked) = asking_scheduler(vec![
@@ -1252,7 +1254,8 @@ async fn a_tick_starts_at_what_the_last_one_claimed() {
     for _ in 0..3 {
         scheduler.tick().await.unwrap();
     }
-    // The cap, then doubled; the next tick at the 16 the first claimed; then the cap again.
+    // The cap, then grown fourfold; the next tick at twice the 16 the first claimed; then the
+    // cap again.
     let caps: Vec<usize> = asked.lock().unwrap().iter().map(|(cap, _)| *cap).collect();
-    assert_eq!(caps, vec![6, 12, 16, 6]);
+    assert_eq!(caps, vec![6, 24, 32, 6]);
 }

@@ -72,7 +72,7 @@ pub const DRAIN_BATCH_GROWTH: usize = 4;
 /// A tick's first claim takes this many times what the previous tick claimed: with two
 /// processes sharing a load due every second, each one's share moves from second to second
 /// (whichever starts its claim first locks more), and a first claim of about last second's
-/// share left what was over it to a second claim, a whole claim later: 2 to 5 % of the
+/// share left what was over it to a second claim, a whole claim later: 1 to 5 % of the
 /// occurrences 50 to 140 ms late, the every-second lateness p99 (docs/BENCHMARKS.md, "The
 /// ledger without its foreign key"). A claim is still bounded by [`DRAIN_BATCH_LIMIT`].
 const FIRST_BATCH_HEADROOM: usize = 2;

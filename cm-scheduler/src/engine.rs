@@ -64,9 +64,8 @@ pub const DRAIN_BATCH_LIMIT: usize = 1_000;
 /// How much each claim of a drain that comes back full grows the next one's batch: from the
 /// default cap of 25 the batches are 25, 100, 400 and then [`DRAIN_BATCH_LIMIT`], the fourth
 /// claim, where doubling reached it at the seventh, each claim paying its round trips and its
-/// commit: on a 2-core machine a claim of 25 took
-/// about 14 ms and one of 100 about 24 ms (docs/BENCHMARKS.md, "The ledger without its foreign
-/// key").
+/// commit: on a 2-core machine a claim of 25 took about 14 ms and one of 100 about 24 ms
+/// (docs/BENCHMARKS.md, "The ledger without its foreign key").
 pub const DRAIN_BATCH_GROWTH: usize = 4;
 
 /// A tick's first claim takes this many times what the previous tick claimed: with two

@@ -6,8 +6,9 @@
 use std::time::Duration;
 
 use cm_domain::{ClaimOutcome, MisfirePolicy, Occurrence};
-use cm_store::{FireLedger, PgStore, RoutineStore, StoreError};
+use cm_store::{FireLedger, PgStore, RoutineStore, StoreError, TickClaim};
 use sqlx::PgPool;
+use uuid::Uuid;
 
 use crate::support::{YEARLY, create, due_and_held, due_yearly, fire_count, params};
 
@@ -29,6 +30,32 @@ async fn lock_waiters(pool: &PgPool, n: i64) {
     panic!("{n} sessions never waited on a lock");
 }
 
+/// Starts a claim that stops on the row `held` holds, then a delete of `doomed` once the claim
+/// waits, then lets the claim go once the delete waits too; returns what each did, within 30 s.
+async fn claim_then_delete(
+    store: &PgStore,
+    pool: &PgPool,
+    doomed: Uuid,
+    held: sqlx::Transaction<'static, sqlx::Postgres>,
+) -> (Result<TickClaim, StoreError>, Result<(), StoreError>) {
+    let claim = tokio::spawn({
+        let store = store.clone();
+        async move { store.claim_due(&params("a")).await }
+    });
+    lock_waiters(pool, 1).await;
+    let delete = tokio::spawn({
+        let store = store.clone();
+        async move { store.delete_routine(doomed).await }
+    });
+    lock_waiters(pool, 2).await;
+    held.rollback().await.unwrap();
+
+    let within = Duration::from_secs(30);
+    let claim = tokio::time::timeout(within, claim).await.unwrap().unwrap();
+    let delete = tokio::time::timeout(within, delete).await.unwrap().unwrap();
+    (claim, delete)
+}
+
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn deleting_a_routine_while_a_tick_claims_its_request_does_not_deadlock(pool: PgPool) {
     let store = PgStore::new(pool.clone());
@@ -39,21 +66,7 @@ async fn deleting_a_routine_while_a_tick_claims_its_request_does_not_deadlock(po
     let requested = store.trigger_routine(doomed.id).await.unwrap();
     let (busy_at, held) = due_and_held(&store, &pool).await;
 
-    let claim = tokio::spawn({
-        let store = store.clone();
-        async move { store.claim_due(&params("a")).await }
-    });
-    lock_waiters(&pool, 1).await;
-    let delete = tokio::spawn({
-        let store = store.clone();
-        async move { store.delete_routine(doomed.id).await }
-    });
-    lock_waiters(&pool, 2).await;
-    held.rollback().await.unwrap();
-
-    let within = Duration::from_secs(30);
-    let claim = tokio::time::timeout(within, claim).await.unwrap().unwrap();
-    let delete = tokio::time::timeout(within, delete).await.unwrap().unwrap();
+    let (claim, delete) = claim_then_delete(&store, &pool, doomed.id, held).await;
     // Before the lock order, one of the two failed with "deadlock detected" (40P01).
     let claim = claim.expect("the claim failed");
     delete.expect("the delete failed");
@@ -86,21 +99,7 @@ async fn deleting_a_routine_a_tick_has_locked_takes_the_fire_the_tick_wrote(pool
     let (doomed, doomed_at) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
     let (busy_at, held) = due_and_held(&store, &pool).await;
 
-    let claim = tokio::spawn({
-        let store = store.clone();
-        async move { store.claim_due(&params("a")).await }
-    });
-    lock_waiters(&pool, 1).await;
-    let delete = tokio::spawn({
-        let store = store.clone();
-        async move { store.delete_routine(doomed.id).await }
-    });
-    lock_waiters(&pool, 2).await;
-    held.rollback().await.unwrap();
-
-    let within = Duration::from_secs(30);
-    let claim = tokio::time::timeout(within, claim).await.unwrap().unwrap();
-    let delete = tokio::time::timeout(within, delete).await.unwrap().unwrap();
+    let (claim, delete) = claim_then_delete(&store, &pool, doomed.id, held).await;
     let claim = claim.expect("the claim failed");
     delete.expect("the delete failed");
     // The claim committed `doomed`'s fire before the delete could lock the routine ...

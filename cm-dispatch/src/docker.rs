@@ -38,7 +38,7 @@ use futures_util::StreamExt as _;
 use tokio::time::Instant;
 
 use crate::mission::{Launch, MissionConfig};
-use crate::retry::{FIRST_BACKOFF, MAX_BACKOFF, Retried, until_deadline};
+use crate::retry::{FIRST_BACKOFF, MAX_BACKOFF, Retried, never_connected, until_deadline};
 use crate::runtime::{MissionRuntime, RunRef};
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
@@ -160,14 +160,22 @@ impl DockerDispatcher {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, DockerError>>,
     {
-        until_deadline(deadline, is_refusal, call)
+        until_deadline(deadline, is_refusal, left_no_effect, call)
             .await
             .map_err(|failed| match failed {
                 Retried::Refused(e) => {
                     DispatchError::Rejected(format!("docker {what}: {}", self.describe(&e)))
                 }
-                Retried::PastDeadline(last) => {
-                    self.past_deadline(what, last.map(|e| self.describe(&e)))
+                Retried::PastDeadline {
+                    last,
+                    may_have_taken_effect,
+                } => {
+                    let past = self.past_deadline(what, last.map(|e| self.describe(&e)));
+                    if may_have_taken_effect {
+                        unconfirmed(past)
+                    } else {
+                        past
+                    }
                 }
             })
     }
@@ -242,7 +250,11 @@ impl DockerDispatcher {
         };
         match created {
             Created::Id(id) => {
-                self.start(&id, &launch.name, deadline).await?;
+                // The container exists from here on: a start that goes unanswered leaves the
+                // occurrence to the next attempt, which finds it by name and starts it.
+                self.start(&id, &launch.name, deadline)
+                    .await
+                    .map_err(unconfirmed)?;
                 Ok(Receipt {
                     duplicate: false,
                     detail: detail(&id, &launch.name),
@@ -266,7 +278,8 @@ impl DockerDispatcher {
             match self.launch(launch, deadline).await {
                 Err(DispatchError::Rejected(text)) if text.contains(VANISHED) => {
                     if Instant::now() + backoff >= deadline {
-                        return Err(DispatchError::Unavailable(text));
+                        // The name is taken: a container holds it, or is being created.
+                        return Err(DispatchError::Unconfirmed(text));
                     }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -298,7 +311,7 @@ impl DockerDispatcher {
         name: &str,
         deadline: Instant,
     ) -> Result<Receipt, DispatchError> {
-        let Some(found) = self.inspect(name, deadline).await? else {
+        let Some(found) = self.inspect(name, deadline).await.map_err(unconfirmed)? else {
             return Err(DispatchError::Rejected(format!(
                 "docker: the container {name} {VANISHED}"
             )));
@@ -309,7 +322,7 @@ impl DockerDispatcher {
             .and_then(|s| s.status)
             .is_some_and(|s| s == ContainerStateStatusEnum::CREATED);
         if never_started {
-            self.start(&id, name, deadline).await?;
+            self.start(&id, name, deadline).await.map_err(unconfirmed)?;
         }
         Ok(Receipt {
             duplicate: true,
@@ -369,6 +382,25 @@ impl DockerDispatcher {
         })
         .await
     }
+}
+
+/// `e`, when the engine did not answer in time, as a launch whose outcome is open: the
+/// container may exist (or does), so the next attempt must look for it rather than the
+/// occurrence settle `failed`. Any other error is as it was.
+fn unconfirmed(e: DispatchError) -> DispatchError {
+    match e {
+        DispatchError::Unavailable(text) => DispatchError::Unconfirmed(text),
+        other => other,
+    }
+}
+
+/// Whether a failed call certainly did nothing at the engine: it answered with an error (a
+/// create answered 500 made no container), or the connection was never made.
+fn left_no_effect(e: &DockerError) -> bool {
+    matches!(
+        e,
+        DockerError::DockerResponseServerError { .. } | DockerError::SocketNotFoundError(_)
+    ) || never_connected(e)
 }
 
 /// Why a create that found the name taken could not inspect the container: it is being created
@@ -508,7 +540,7 @@ impl Dispatcher for DockerDispatcher {
         let deadline = Instant::from_std(dispatch.deadline);
         match tokio::time::timeout_at(deadline, self.launch_or_find(&launch, deadline)).await {
             Ok(result) => result,
-            Err(_) => Err(DispatchError::Unavailable(format!(
+            Err(_) => Err(DispatchError::Unconfirmed(format!(
                 "the Docker engine at {} did not finish launching {} before the deadline",
                 self.host, launch.name
             ))),

@@ -35,7 +35,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::time::Instant;
 
 use crate::mission::{Launch, MissionConfig};
-use crate::retry::{Retried, until_deadline};
+use crate::retry::{Retried, never_connected, until_deadline};
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
 /// The annotation holding the occurrence's key on every Job, whatever its name.
@@ -261,7 +261,12 @@ impl KubernetesDispatcher {
                     Err(e) => Err(e),
                 }
             })
-            .await?;
+            .await
+            // The create found the name taken: a Job holds it, so the outcome is open.
+            .map_err(|e| match e {
+                DispatchError::Unavailable(text) => DispatchError::Unconfirmed(text),
+                other => other,
+            })?;
         let Some(found) = found else {
             // Created, then deleted since (its TTL after finishing, or an operator): it was
             // launched, and creating it again would launch the mission twice.
@@ -308,13 +313,25 @@ impl KubernetesDispatcher {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, kube::Error>>,
     {
-        until_deadline(deadline, is_refusal, call)
+        until_deadline(deadline, is_refusal, left_no_effect, call)
             .await
             .map_err(|failed| match failed {
                 Retried::Refused(e) => {
                     DispatchError::Rejected(format!("kubernetes {what}: {}", describe(&e)))
                 }
-                Retried::PastDeadline(last) => past_deadline(what, last.map(|e| describe(&e))),
+                Retried::PastDeadline {
+                    last,
+                    may_have_taken_effect,
+                } => {
+                    let past = past_deadline(what, last.map(|e| describe(&e)));
+                    match past {
+                        // A create sent whose answer never came may have stored the Job.
+                        DispatchError::Unavailable(text) if may_have_taken_effect => {
+                            DispatchError::Unconfirmed(text)
+                        }
+                        other => other,
+                    }
+                }
             })
     }
 }
@@ -491,6 +508,12 @@ fn status_code(e: &kube::Error) -> Option<u16> {
 
 fn already_exists(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(status) if status.code == 409 && status.reason == "AlreadyExists")
+}
+
+/// Whether a failed call certainly did nothing at the API server: it answered with an error
+/// status, or the connection was never made.
+fn left_no_effect(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(_)) || never_connected(e)
 }
 
 /// A 4xx answer that trying again cannot change.

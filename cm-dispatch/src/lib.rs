@@ -148,8 +148,10 @@ pub struct Receipt {
     pub detail: String,
 }
 
-/// Why a dispatch failed. Every failure settles the occurrence `failed` with this text; none is
-/// retried on a later tick.
+/// Why a dispatch failed. A failure settles the occurrence `failed` with this text, and is not
+/// retried on a later tick, unless it leaves the outcome open: cm's own database failing
+/// ([`DispatchError::is_transient_store_error`]) or the target perhaps having taken the
+/// occurrence ([`DispatchError::Unconfirmed`]) leaves the claim for the next attempt instead.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DispatchError {
@@ -160,6 +162,13 @@ pub enum DispatchError {
     /// backend makes within the deadline.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The target may have taken the occurrence, and nothing confirmed or refused it before the
+    /// deadline: a container created whose start went unanswered, a Job create sent whose
+    /// answer never came. Settling it `failed` could leave a mission running under a failed
+    /// row, so the scheduler leaves the claim for the next attempt, which finds what this one
+    /// did by the occurrence's name and finishes it (bounded by the attempt limit).
+    #[error("unconfirmed: {0}")]
+    Unconfirmed(String),
     /// No backend is configured for this routine's kind.
     #[error("no {0} backend is configured")]
     NoBackend(RoutineKind),

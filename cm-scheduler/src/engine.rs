@@ -1465,18 +1465,16 @@ impl FireJob {
                     note_unsettled(&*self.ledger, &fire.fire_ref(), why).await;
                     return Err(FireResult::Unsettled);
                 }
-                Ok(Err(e @ DispatchError::Unavailable(_))) if attempt > 1 => {
-                    // A taken-over claim: its claimant stopped before settling, perhaps after
-                    // the target took the occurrence, so "unavailable now" does not say it
-                    // failed. Leave it for the next attempt (bounded by the attempt limit, past
-                    // which it is abandoned with its reason) rather than settle `failed` what
-                    // may be delivered.
+                Ok(Err(e)) if let Some(open) = outcome_left_open(&e, attempt) => {
+                    // Settling `failed` what may be delivered could leave a mission running
+                    // under a failed row. Leave it for the next attempt, which finds what this
+                    // one did by the occurrence's name (bounded by the attempt limit, past which
+                    // it is abandoned with its reason).
                     warn!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                     scheduled_at = %fire.occurrence.scheduled_at, attempt, error = %e,
-                    "a retried dispatch found the target unavailable; leaving it for the next attempt");
+                    "{open}; leaving it for the next attempt");
                     add(&self.stats.left_for_retry, 1);
-                    let why = format!("a retried dispatch found the target unavailable: {e}");
-                    note_unsettled(&*self.ledger, &fire.fire_ref(), why).await;
+                    note_unsettled(&*self.ledger, &fire.fire_ref(), format!("{open}: {e}")).await;
                     return Err(FireResult::Unsettled);
                 }
                 Ok(Err(e)) => {
@@ -1497,6 +1495,20 @@ impl FireJob {
                 }
             },
         )
+    }
+}
+
+/// Why a failed dispatch leaves its occurrence's outcome open, if it does: the target did not
+/// confirm a dispatch it may have taken (a container created, its start unanswered), or a
+/// taken-over claim, whose claimant stopped before settling perhaps after the target took the
+/// occurrence, found the target unavailable (which does not say the first attempt failed).
+fn outcome_left_open(e: &DispatchError, attempt: u32) -> Option<&'static str> {
+    match e {
+        DispatchError::Unconfirmed(_) => Some("the target did not confirm the dispatch"),
+        DispatchError::Unavailable(_) if attempt > 1 => {
+            Some("a retried dispatch found the target unavailable")
+        }
+        _ => None,
     }
 }
 

@@ -349,7 +349,7 @@ async fn kubernetes_create_stored_but_unanswered_is_found_by_the_retry() {
     let first = dispatch(mission(), 1, Duration::from_millis(500));
     let err = kube.dispatch(&first).await.unwrap_err();
     assert!(
-        matches!(&err, DispatchError::Unavailable(t) if t.contains("deadline")),
+        matches!(&err, DispatchError::Unconfirmed(t) if t.contains("deadline")),
         "{err}"
     );
     let name = first.idempotency_key.to_string();

@@ -424,7 +424,7 @@ async fn docker_pulls_an_absent_image_then_launches() {
 }
 
 #[tokio::test]
-async fn docker_start_that_stalls_past_the_deadline_fails_and_the_retry_starts_it_once() {
+async fn docker_start_that_stalls_past_the_deadline_is_unconfirmed_and_the_retry_starts_it_once() {
     let fake = Arc::new(FakeDocker::start(&[IMAGE]));
     let docker = docker_backend(&fake, MissionConfig::default());
     fake.fault_next_start(StartFault::StallBeforeStart);
@@ -432,7 +432,7 @@ async fn docker_start_that_stalls_past_the_deadline_fails_and_the_retry_starts_i
     first.deadline = Instant::now() + Duration::from_millis(500);
     let err = docker.dispatch(&first).await.unwrap_err();
     assert!(
-        matches!(&err, DispatchError::Unavailable(t) if t.contains("deadline")),
+        matches!(&err, DispatchError::Unconfirmed(t) if t.contains("deadline")),
         "{err}"
     );
     let name = first.idempotency_key.to_string();

@@ -334,7 +334,20 @@ pub(crate) async fn taken_over_by_b(
     b: &SchedulerProcess,
     verb: &str,
 ) -> FireRow {
-    let fire = settled(db, claimed, b).await;
+    retried_by(db, claimed, b, "B", verb).await
+}
+
+/// Waits until `process` (instance `instance`) settles the occurrence `claimed` names, and
+/// asserts it took the expired claim over as attempt 2 and settled it `fired`, with no error
+/// (`verb` says what the second attempt had left to do).
+pub(crate) async fn retried_by(
+    db: &TestDb,
+    claimed: &FireRow,
+    process: &SchedulerProcess,
+    instance: &str,
+    verb: &str,
+) -> FireRow {
+    let fire = settled(db, claimed, process).await;
     assert_eq!(
         (
             fire.status.as_str(),
@@ -342,9 +355,10 @@ pub(crate) async fn taken_over_by_b(
             fire.claimant.as_str(),
             fire.error.as_deref()
         ),
-        ("fired", 2, "B", None),
-        "B should take the expired claim over as attempt 2 and {verb} it: {fire:?}; B's log:\n{}",
-        b.log()
+        ("fired", 2, instance, None),
+        "{instance} should take the expired claim over as attempt 2 and {verb} it: {fire:?}; \
+         its log:\n{}",
+        process.log()
     );
     fire
 }

@@ -9,7 +9,7 @@ use cm_domain::{IdempotencyKey, Occurrence};
 use uuid::Uuid;
 
 use crate::cli::{MissionFiles, NOWHERE, check_fails, created_id, ok};
-use crate::crash::{FireRow, SchedulerProcess, eventually, taken_over_by_b};
+use crate::crash::{FireRow, SchedulerProcess, eventually, retried_by, taken_over_by_b};
 use crate::support::TestDb;
 
 const IMAGE: &str = "registry.example.com/cm/mission-runner:1.4";
@@ -262,6 +262,51 @@ async fn a_scheduler_killed_between_create_and_start_launches_one_container() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_killed_after_start_before_settle_launches_one_container() {
     killed_mid_launch(StartFault::StallAfterStart).await;
+}
+
+/// An engine that takes a container's create and never answers its start (it is restarting),
+/// with the scheduler alive throughout: the dispatch ends at its deadline with the outcome open,
+/// so the occurrence is not settled `failed` over its created container. After the lease the
+/// same scheduler's next attempt finds the container by name and starts it, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_the_engine_never_answers_is_finished_by_the_next_attempt_not_failed() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    fake.fault_next_start(StartFault::StallBeforeStart);
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let routine = mission_routine(&db, &files);
+
+    let a = scheduler(&db, &fake, "A");
+    let stalled = eventually(async || {
+        fake.calls()
+            .iter()
+            .any(|c| c.path.ends_with("/start") && c.status == 0)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        stalled.is_some(),
+        "A never reached the start; its log:\n{}",
+        a.log()
+    );
+    ok(&db.url, &["routine", "pause", &routine.to_string()]);
+    let fires = db.fires().await;
+    assert_eq!(fires.len(), 1, "{fires:?}");
+    let claimed = fires.into_iter().next().unwrap();
+    assert_eq!(
+        (claimed.status.as_str(), claimed.claimant.as_str()),
+        ("claimed", "A")
+    );
+
+    retried_by(&db, &claimed, &a, "A", "start").await;
+    assert!(
+        a.log().contains("the target did not confirm the dispatch"),
+        "{}",
+        a.log()
+    );
+    let containers = fake.containers();
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    assert_eq!(containers[0].starts, 1, "{containers:?}");
 }
 
 const KUBE_TOKEN: &str = "kube-token-0b5e7d2a91c4";

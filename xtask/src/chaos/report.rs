@@ -138,6 +138,10 @@ const LOG_MARKERS: &[(&str, &str)] = &[
     ("settle write failures", "settle failed"),
     ("dispatch errors", "dispatch failed"),
     ("dispatch timeouts", "dispatch timed out"),
+    (
+        "dispatches left open for the next attempt",
+        "leaving it for the next attempt",
+    ),
     // With `error=` after them, so the exit line's `last_error=tick failed: …` is not counted.
     ("failed ticks", "tick failed error="),
     ("failed reaper passes", "reaper pass failed error="),

@@ -38,7 +38,9 @@ use futures_util::StreamExt as _;
 use tokio::time::Instant;
 
 use crate::mission::{Launch, MissionConfig};
-use crate::retry::{FIRST_BACKOFF, MAX_BACKOFF, Retried, never_connected, until_deadline};
+use crate::retry::{
+    FIRST_BACKOFF, MAX_BACKOFF, Retried, never_connected, unconfirmed, until_deadline,
+};
 use crate::runtime::{MissionRuntime, RunRef};
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
@@ -381,16 +383,6 @@ impl DockerDispatcher {
             }
         })
         .await
-    }
-}
-
-/// `e`, when the engine did not answer in time, as a launch whose outcome is open: the
-/// container may exist (or does), so the next attempt must look for it rather than the
-/// occurrence settle `failed`. Any other error is as it was.
-fn unconfirmed(e: DispatchError) -> DispatchError {
-    match e {
-        DispatchError::Unavailable(text) => DispatchError::Unconfirmed(text),
-        other => other,
     }
 }
 

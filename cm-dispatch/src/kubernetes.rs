@@ -35,7 +35,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::time::Instant;
 
 use crate::mission::{Launch, MissionConfig};
-use crate::retry::{Retried, never_connected, until_deadline};
+use crate::retry::{Retried, never_connected, unconfirmed, until_deadline};
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
 /// The annotation holding the occurrence's key on every Job, whatever its name.
@@ -263,10 +263,7 @@ impl KubernetesDispatcher {
             })
             .await
             // The create found the name taken: a Job holds it, so the outcome is open.
-            .map_err(|e| match e {
-                DispatchError::Unavailable(text) => DispatchError::Unconfirmed(text),
-                other => other,
-            })?;
+            .map_err(unconfirmed)?;
         let Some(found) = found else {
             // Created, then deleted since (its TTL after finishing, or an operator): it was
             // launched, and creating it again would launch the mission twice.
@@ -324,12 +321,11 @@ impl KubernetesDispatcher {
                     may_have_taken_effect,
                 } => {
                     let past = past_deadline(what, last.map(|e| describe(&e)));
-                    match past {
-                        // A create sent whose answer never came may have stored the Job.
-                        DispatchError::Unavailable(text) if may_have_taken_effect => {
-                            DispatchError::Unconfirmed(text)
-                        }
-                        other => other,
+                    // A create sent whose answer never came may have stored the Job.
+                    if may_have_taken_effect {
+                        unconfirmed(past)
+                    } else {
+                        past
                     }
                 }
             })

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::DispatchError;
+
 /// The first pause between tries of a failing call; it doubles up to [`MAX_BACKOFF`].
 pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest pause between tries.
@@ -69,6 +71,16 @@ where
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// `e`, when the runtime did not answer in time, as a launch whose outcome is open: what the
+/// launch made may exist (or does), so the next attempt must look for it rather than the
+/// occurrence settle `failed`. Any other error is as it was.
+pub(crate) fn unconfirmed(e: DispatchError) -> DispatchError {
+    match e {
+        DispatchError::Unavailable(text) => DispatchError::Unconfirmed(text),
+        other => other,
     }
 }
 

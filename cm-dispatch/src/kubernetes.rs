@@ -44,6 +44,21 @@ pub const KEY_ANNOTATION: &str = "cm.idempotency-key";
 /// The name of the mission's container in the Job's pod.
 pub const CONTAINER_NAME: &str = "mission";
 
+/// Every permission the backend uses in its namespace, as (verb, API group, resource,
+/// subresource): Jobs created, read and deleted (a launch, the watch, overlap `replace`), and the
+/// Job's pods listed and their logs read (what a run printed). The start-up check asks the API
+/// server about each (SelfSubjectAccessReview); `deploy/` and the README list the same.
+pub const REQUIRED_PERMISSIONS: &[(&str, &str, &str, Option<&str>)] = &[
+    ("create", "batch", "jobs", None),
+    ("get", "batch", "jobs", None),
+    ("delete", "batch", "jobs", None),
+    ("list", "", "pods", None),
+    ("get", "", "pods", Some("log")),
+];
+
+/// How long the start-up permission check may take.
+const PERMISSION_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The field manager cm writes Jobs as.
 const FIELD_MANAGER: &str = "cm-scheduler";
 
@@ -51,6 +66,7 @@ const FIELD_MANAGER: &str = "cm-scheduler";
 #[derive(Clone)]
 pub struct KubernetesDispatcher {
     jobs: Api<Job>,
+    client: kube::Client,
     namespace: String,
     image: String,
     config: MissionConfig,
@@ -135,7 +151,8 @@ impl KubernetesDispatcher {
             .map_err(|e| KubernetesSetupError::Cluster(e.to_string()))?;
         let namespace = config.kubernetes.namespace.clone();
         Ok(KubernetesDispatcher {
-            jobs: Api::namespaced(client, &namespace),
+            jobs: Api::namespaced(client.clone(), &namespace),
+            client,
             namespace,
             image,
             config,
@@ -614,6 +631,49 @@ impl crate::MissionRuntime for KubernetesDispatcher {
                 )),
             },
         })
+    }
+
+    async fn missing_permissions(&self) -> Result<Vec<String>, DispatchError> {
+        use k8s_openapi::api::authorization::v1::{
+            ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+        };
+        let reviews: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
+        let deadline = Instant::now() + PERMISSION_CHECK_TIMEOUT;
+        let mut missing = Vec::new();
+        for (verb, group, resource, subresource) in REQUIRED_PERMISSIONS {
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        namespace: Some(self.namespace.clone()),
+                        verb: Some((*verb).to_owned()),
+                        group: Some((*group).to_owned()),
+                        resource: Some((*resource).to_owned()),
+                        subresource: subresource.map(str::to_owned),
+                        ..ResourceAttributes::default()
+                    }),
+                    ..SelfSubjectAccessReviewSpec::default()
+                },
+                ..SelfSubjectAccessReview::default()
+            };
+            let answer = self
+                .retrying(
+                    deadline,
+                    &format!("review the permission to {verb} {resource}"),
+                    || {
+                        let review = review.clone();
+                        let reviews = reviews.clone();
+                        async move { reviews.create(&PostParams::default(), &review).await }
+                    },
+                )
+                .await?;
+            if !answer.status.is_some_and(|s| s.allowed) {
+                missing.push(match subresource {
+                    Some(sub) => format!("{verb} {resource}/{sub}"),
+                    None => format!("{verb} {resource}"),
+                });
+            }
+        }
+        Ok(missing)
     }
 
     async fn stop(

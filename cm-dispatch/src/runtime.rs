@@ -37,4 +37,13 @@ pub trait MissionRuntime: Send + Sync {
     /// Stops the run (Docker stop with the configured grace, the Job deleted with its pods). A run
     /// already ended or gone is stopped already.
     async fn stop(&self, run: &RunRef, deadline: Instant) -> Result<(), DispatchError>;
+
+    /// What the scheduler's identity may not do of what this backend needs, each as
+    /// `verb resource` (`delete jobs`), asked of the runtime once it answers: the scheduler
+    /// refuses to start while anything is missing, instead of failing at the first stop. `Ok`
+    /// with nothing missing for a runtime without permissions of its own (Docker's socket
+    /// grants everything or nothing).
+    async fn missing_permissions(&self) -> Result<Vec<String>, DispatchError> {
+        Ok(Vec::new())
+    }
 }

@@ -779,6 +779,23 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             }
         }
     }
+    if let Some(runtime) = &runtime {
+        // A permission the backend lacks would fail every stop or log read later, one fire at a
+        // time: refused now, in one line naming what to grant.
+        let missing = runtime.missing_permissions().await.map_err(|e| {
+            Failure::Other(anyhow::anyhow!(
+                "cannot check the mission runtime's permissions: {e}"
+            ))
+        })?;
+        if !missing.is_empty() {
+            return Err(input(format!(
+                "the mission runtime refuses this scheduler's identity what the backend needs: {} \
+                 (grant create, get and delete on jobs, list on pods and get on pods/log in its \
+                 namespace)",
+                missing.join(", ")
+            )));
+        }
+    }
 
     // The start-up is over: health says so now, not at its next interval.
     if let Some(health) = &started_health {

@@ -1292,6 +1292,9 @@ struct FireJob {
     launch_ticket: Option<LaunchTicket>,
 }
 
+/// How long stopping the run of a deleted routine's mission may take.
+const ORPHAN_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
 enum FireResult {
     Fired,
     Failed,
@@ -1365,10 +1368,7 @@ impl FireJob {
             .as_ref()
             .filter(|_| fire.kind == RoutineKind::Mission)
         {
-            Some(runs) => {
-                runs.before_launch(fire.occurrence, dispatch.deadline, &self.stats)
-                    .await
-            }
+            Some(runs) => runs.before_launch(fire.occurrence, dispatch.deadline).await,
             None => Ok(BeforeLaunch::Launch),
         };
         let (settlement, receipt) = match before {
@@ -1389,6 +1389,13 @@ impl FireJob {
                     scheduled_at = %fire.occurrence.scheduled_at,
                     reason = settlement.error().unwrap_or(""), "mission not launched");
                 (settlement, None)
+            }
+            Ok(BeforeLaunch::Gone) => {
+                info!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at,
+                    "the routine was deleted (or the claim settled) before its mission launched; nothing launched");
+                add(&self.stats.lost_settles, 1);
+                return FireResult::Unsettled;
             }
             Err(e) => {
                 // Nothing was launched: leave the claim for a retry after its lease.
@@ -1416,6 +1423,12 @@ impl FireJob {
         };
         let outcome = self.completer.complete(settle).await;
         let unwritten = matches!(outcome, Completed::Unwritten(_));
+        let deleted = matches!(outcome, Completed::RoutineDeleted);
+        if deleted && !failed && !skipped {
+            // The routine went while its mission launched: nothing would watch the run, so it
+            // is stopped now.
+            self.stop_orphan(&fire).await;
+        }
         if !completed(&fire, outcome, &self.stats) {
             if unwritten {
                 // Most often the database is still away and this fails too; when it is back,
@@ -1432,7 +1445,35 @@ impl FireJob {
             FireResult::Skipped
         } else {
             add(&self.stats.fired, 1);
+            // The runtime confirmed the launch, and this settle is the occurrence's only one
+            // (fenced): its run is counted `running` once.
+            if fire.kind == RoutineKind::Mission && self.runs.is_some() {
+                self.stats.run_reached(cm_domain::RunStateName::Running);
+            }
             FireResult::Fired
+        }
+    }
+
+    /// Stops the run of a mission whose routine was deleted while it launched.
+    async fn stop_orphan(&self, fire: &ClaimedFire) {
+        let Some(runs) = self
+            .runs
+            .as_ref()
+            .filter(|_| fire.kind == RoutineKind::Mission)
+        else {
+            return;
+        };
+        let run = cm_dispatch::RunRef {
+            name: fire.occurrence.idempotency_key().to_string(),
+        };
+        let deadline = Instant::now() + ORPHAN_STOP_TIMEOUT;
+        match tokio::time::timeout(ORPHAN_STOP_TIMEOUT, runs.runtime.stop(&run, deadline)).await {
+            Ok(Ok(())) => info!(routine_id = %fire.occurrence.routine_id, run = %run.name,
+                "stopped the mission of a deleted routine"),
+            Ok(Err(e)) => warn!(routine_id = %fire.occurrence.routine_id, run = %run.name,
+                error = %e, "cannot stop the mission of a deleted routine"),
+            Err(_) => warn!(routine_id = %fire.occurrence.routine_id, run = %run.name,
+                "stopping the mission of a deleted routine timed out"),
         }
     }
 

@@ -40,60 +40,73 @@ pub struct RunWatch {
 pub enum BeforeLaunch {
     /// Launch it (its run is marked `running`).
     Launch,
-    /// Settle it with this instead of launching (`skipped` naming the running fire, or
-    /// `failed` when the running one could not be stopped).
+    /// Settle it with this instead of launching: `skipped`, naming the fire whose run holds
+    /// the routine (under `forbid`, or a `replace` whose stop the runtime refused).
     Settle(Settlement),
+    /// Its routine (or its claim) is gone: launch nothing and settle nothing.
+    Gone,
 }
 
+/// How many times one occurrence stops a run under `replace` before it is skipped: each stop
+/// that succeeds but finds another occurrence took the run meanwhile is one.
+const REPLACE_TRIES: usize = 3;
+
 impl RunWatch {
-    /// Decides under the routine's overlap policy whether the mission of `occurrence` launches,
-    /// stopping the running one first under `replace`; when it launches, its run is marked
-    /// `running` before the launch, so the run is watched even if this scheduler dies between
-    /// the launch and the settle.
+    /// Decides under the routine's overlap policy whether the mission of `occurrence` launches.
+    /// Under `replace` the running one is stopped first, and the run is taken only once the
+    /// runtime confirmed the stop: a stop that fails leaves the old run the routine's, and this
+    /// occurrence `skipped` with the reason. When it launches, its run is marked `running`
+    /// before the launch, so the run is watched even if this scheduler dies between the launch
+    /// and the settle. No lock is held across a runtime call.
     pub async fn before_launch(
         &self,
         occurrence: Occurrence,
         deadline: Instant,
-        stats: &Stats,
     ) -> Result<BeforeLaunch, StoreError> {
-        let take = self.store.take_run(occurrence).await?;
-        let launch = match take {
-            RunTake::Launch => BeforeLaunch::Launch,
-            RunTake::Skip { holder, state } => {
-                let doing = match state {
-                    RunHolder::Launching => "is still being launched",
-                    _ => "is still running",
-                };
-                BeforeLaunch::Settle(Settlement::Skipped(ErrorText::new(format!(
-                    "skipped: the run of the fire of {} ({}) {doing} (overlap forbids a second)",
-                    holder
-                        .scheduled_at
-                        .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-                    holder.idempotency_key()
-                ))))
-            }
-            RunTake::Replace { holder } => {
-                let name = holder.idempotency_key().to_string();
-                match self
-                    .runtime
-                    .stop(&RunRef { name: name.clone() }, deadline)
-                    .await
-                {
-                    Ok(()) => {
-                        info!(routine_id = %occurrence.routine_id, replaced = %name,
-                            "stopped the running mission to launch the next (overlap replace)");
-                        BeforeLaunch::Launch
-                    }
-                    Err(e) => BeforeLaunch::Settle(Settlement::Failed(ErrorText::new(format!(
-                        "overlap replace: cannot stop the running mission {name}: {e}"
-                    )))),
+        let mut take = self.store.take_run(occurrence).await?;
+        for _ in 0..REPLACE_TRIES {
+            let holder = match take {
+                RunTake::Launch => return Ok(BeforeLaunch::Launch),
+                RunTake::Gone => return Ok(BeforeLaunch::Gone),
+                RunTake::Skip { holder, state } => {
+                    let doing = match state {
+                        RunHolder::Launching => "is still being launched",
+                        _ => "is still running",
+                    };
+                    return Ok(skipped(format!(
+                        "skipped: the run of the fire of {} {doing} (overlap forbids a second)",
+                        fire_name(holder)
+                    )));
                 }
+                RunTake::Replace { holder } => holder,
+            };
+            let name = holder.idempotency_key().to_string();
+            if let Err(e) = self
+                .runtime
+                .stop(&RunRef { name: name.clone() }, deadline)
+                .await
+            {
+                warn!(routine_id = %occurrence.routine_id, running = %name, error = %e,
+                    "overlap replace: the runtime did not stop the running mission; it keeps the routine's run");
+                return Ok(skipped(format!(
+                    "skipped: overlap replace could not stop the run of the fire of {}, which \
+                     keeps the routine's run: {e}",
+                    fire_name(holder)
+                )));
             }
-        };
-        if matches!(launch, BeforeLaunch::Launch) {
-            stats.run_reached(cm_domain::RunStateName::Running);
+            info!(routine_id = %occurrence.routine_id, replaced = %name,
+                "stopped the running mission to launch the next (overlap replace)");
+            take = self.store.take_replaced(occurrence, holder).await?;
         }
-        Ok(launch)
+        Ok(match take {
+            RunTake::Launch => BeforeLaunch::Launch,
+            RunTake::Gone => BeforeLaunch::Gone,
+            RunTake::Skip { holder, .. } | RunTake::Replace { holder } => skipped(format!(
+                "skipped: overlap replace stopped {REPLACE_TRIES} runs and the run of the fire \
+                 of {} still holds the routine",
+                fire_name(holder)
+            )),
+        })
     }
 
     /// One pass: reads the unfinished runs, asks the runtime, writes what changed. Returns how
@@ -118,20 +131,16 @@ impl RunWatch {
                 updates.push(update);
             }
         }
-        let mut ended = 0;
-        for (occurrence, update) in &updates {
-            if let RunUpdate::Observed(state) = update
-                && state.is_finished()
-            {
-                ended += 1;
-                stats.run_reached(state.name());
-                info!(routine_id = %occurrence.routine_id, scheduled_at = %occurrence.scheduled_at,
-                    run = %state.name(), exit_code = ?state.exit_code(),
-                    reason = state.reason().unwrap_or(""), "mission run ended");
-            }
+        // Every scheduler watches every run; only the row update that ended a run returns it,
+        // so each ended run is counted and logged once, by whichever pass wrote it.
+        let ended = self.store.record_runs(&updates).await?;
+        for (occurrence, state) in &ended {
+            stats.run_reached(state.name());
+            info!(routine_id = %occurrence.routine_id, scheduled_at = %occurrence.scheduled_at,
+                run = %state.name(), exit_code = ?state.exit_code(),
+                reason = state.reason().unwrap_or(""), "mission run ended");
         }
-        self.store.record_runs(&updates).await?;
-        Ok(ended)
+        Ok(ended.len())
     }
 }
 
@@ -143,13 +152,20 @@ async fn update(
     let occurrence = run.occurrence;
     let update = match run.status {
         FireStatus::Claimed => RunUpdate::Launching,
-        FireStatus::Fired => {
+        // A launch settled `failed` after its run was begun (refused, or abandoned after
+        // unconfirmed tries) may still have a container: it is asked about like a launched one,
+        // and keeps the routine's run until the runtime says it is gone.
+        FireStatus::Fired | FireStatus::Failed => {
             let name = occurrence.idempotency_key().to_string();
             let deadline = Instant::now() + OBSERVE_TIMEOUT;
             let observed =
                 tokio::time::timeout(OBSERVE_TIMEOUT, runtime.observe(&RunRef { name }, deadline))
                     .await;
             match observed {
+                // A failed launch the runtime does not know: it never ran.
+                Ok(Ok(cm_domain::RunState::Lost { .. })) if run.status == FireStatus::Failed => {
+                    RunUpdate::NotLaunched
+                }
                 Ok(Ok(state)) => RunUpdate::Observed(state),
                 Ok(Err(e)) => {
                     warn!(routine_id = %occurrence.routine_id, scheduled_at = %occurrence.scheduled_at,
@@ -162,8 +178,8 @@ async fn update(
                 }
             }
         }
-        // The launch failed after the run was begun (or a later status): no run to watch.
-        _ => RunUpdate::NotLaunched,
+        // Skipped: no run to watch.
+        FireStatus::Skipped => RunUpdate::NotLaunched,
     };
     Some((occurrence, update))
 }
@@ -181,4 +197,19 @@ pub fn run_text(f: &cm_store::Fire) -> String {
         },
         (Some(state), None) => state.to_owned(),
     }
+}
+
+/// A skipped occurrence's settlement.
+fn skipped(reason: String) -> BeforeLaunch {
+    BeforeLaunch::Settle(Settlement::Skipped(ErrorText::new(reason)))
+}
+
+/// A fire as a reason names it: its occurrence and idempotency key.
+fn fire_name(fire: Occurrence) -> String {
+    format!(
+        "{} ({})",
+        fire.scheduled_at
+            .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+        fire.idempotency_key()
+    )
 }

@@ -21,6 +21,8 @@
 //!   engine that is not there yet; the process backend's runs watched to their end.
 //! - `missions_real`: overlap policies, exit codes and an engine restart through the binary on
 //!   the real Docker engine (`CM_TEST_DOCKER_HOST`).
+//! - `overlap`: `replace` whose stop the runtime refuses (a 403 from the engine, a Role without
+//!   `delete`) never has two runs at once; an identity lacking a verb is refused at start.
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
 //! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
 //!   message size, names) and files read no further than their limit.
@@ -72,6 +74,8 @@ mod operate;
 mod operator;
 #[path = "scheduler/operator_day.rs"]
 mod operator_day;
+#[path = "scheduler/overlap.rs"]
+mod overlap;
 #[path = "scheduler/secrets.rs"]
 mod secrets;
 #[path = "scheduler/slow_target.rs"]

@@ -37,7 +37,7 @@ pub enum RunUpdate {
     Launching,
 }
 
-/// What a mission about to launch may do, decided under its routine's row lock.
+/// What a mission about to launch may do, decided while the deciders of its routine take turns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunTake {
     /// Launch it: its run is marked `running` (and, unless the policy is `allow`, it now holds
@@ -51,11 +51,16 @@ pub enum RunTake {
         /// What the holder is doing.
         state: RunHolder,
     },
-    /// Stop the run of `holder`, then launch (`replace`); this fire now holds the run.
+    /// `replace`: stop the run of `holder` first. Nothing was taken: once the runtime confirms
+    /// the stop, [`MissionRuns::take_replaced`] takes the run, if `holder` still holds it. A
+    /// stop that fails leaves `holder` the routine's run.
     Replace {
         /// The occurrence whose run to stop.
         holder: Occurrence,
     },
+    /// The routine, or this occurrence's claim, is gone (the routine was deleted, the claim
+    /// settled by another attempt): launch nothing.
+    Gone,
 }
 
 /// The run columns of the ledger.
@@ -65,12 +70,22 @@ pub trait MissionRuns: Send + Sync {
     /// Marks the run of `occurrence` (a `claimed` mission fire about to launch) `running`.
     async fn begin_run(&self, occurrence: Occurrence) -> Result<(), StoreError>;
 
-    /// Decides, under the routine's row lock, whether the mission of `occurrence` (a `claimed`
-    /// fire about to launch) launches under its routine's overlap policy
-    /// ([`cm_domain::decide_overlap`]); when it does, begins its run in the same transaction
-    /// and, unless the policy is `allow`, makes it the routine's run holder. A retry of the
-    /// holder itself finds the run its own.
+    /// Decides whether the mission of `occurrence` (a `claimed` fire about to launch) launches
+    /// under its routine's overlap policy ([`cm_domain::decide_overlap`]); when it does, begins
+    /// its run in the same transaction and, unless the policy is `allow`, makes it the
+    /// routine's run holder. A retry of the holder itself finds the run its own. The deciders
+    /// of one routine take turns on a transaction-scoped advisory lock: the routine's row is
+    /// neither locked nor written, so no claim skips it meanwhile.
     async fn take_run(&self, occurrence: Occurrence) -> Result<RunTake, StoreError>;
+
+    /// After the runtime confirmed that the run of `stopped` (the holder a [`RunTake::Replace`]
+    /// named) is stopped: decides again as [`MissionRuns::take_run`] does, with that run taken
+    /// as ended, so the run is taken only if `stopped` still holds it (or nothing does).
+    async fn take_replaced(
+        &self,
+        occurrence: Occurrence,
+        stopped: Occurrence,
+    ) -> Result<RunTake, StoreError>;
 
     /// Sets the overlap policy of the routine `routine_id`; `false` when there is no such
     /// routine.
@@ -84,8 +99,12 @@ pub trait MissionRuns: Send + Sync {
     async fn unfinished_runs(&self, limit: u32) -> Result<Vec<UnfinishedRun>, StoreError>;
 
     /// Writes what the watch pass learned. Only runs still `running` change, so two passes
-    /// of two schedulers at once write the same states.
-    async fn record_runs(&self, updates: &[(Occurrence, RunUpdate)]) -> Result<(), StoreError>;
+    /// of two schedulers at once write the same states. Returns the runs this call ended, each
+    /// once whichever pass wrote it: what run counters count.
+    async fn record_runs(
+        &self,
+        updates: &[(Occurrence, RunUpdate)],
+    ) -> Result<Vec<(Occurrence, RunState)>, StoreError>;
 }
 
 #[async_trait]
@@ -120,83 +139,15 @@ impl MissionRuns for PgStore {
     }
 
     async fn take_run(&self, occurrence: Occurrence) -> Result<RunTake, StoreError> {
-        // Every statement names the routine's group: on Citus the transaction is one shard's.
-        let group = self.group_of_routine(occurrence.routine_id).await?;
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin().await?;
-        // The routine's row lock serialises the deciders of one routine. The holder's fire is
-        // read by a statement of its own, after the lock is granted: in READ COMMITTED a join
-        // in the locking statement would be re-evaluated against the holder row of the old
-        // snapshot, and two schedulers could both find the run free.
-        let row: Option<(String, Option<DateTime<Utc>>)> = sqlx::query_as(
-            "SELECT overlap, run_holder FROM routines WHERE id = $1 AND group_id = $2
-                 FOR UPDATE",
-        )
-        .bind(occurrence.routine_id)
-        .bind(group)
-        .fetch_optional(&mut *tx)
-        .await?;
-        // A routine deleted meanwhile: its fire goes with it, and the settle will say so.
-        let Some((policy, holder_at)) = row else {
-            return Ok(RunTake::Launch);
-        };
-        let (holder_status, holder_run): (Option<String>, Option<String>) = match holder_at {
-            Some(at) => sqlx::query_as(
-                "SELECT status, run_state FROM routine_fires
-                 WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3",
-            )
-            .bind(occurrence.routine_id)
-            .bind(at)
-            .bind(group)
-            .fetch_optional(&mut *tx)
-            .await?
-            .map_or((None, None), |(status, run): (String, Option<String>)| {
-                (Some(status), run)
-            }),
-            None => (None, None),
-        };
-        let policy: OverlapPolicy =
-            policy
-                .parse()
-                .map_err(
-                    |e: cm_domain::ParseOverlapPolicyError| StoreError::CorruptRoutine {
-                        routine_id: occurrence.routine_id,
-                        reason: e.to_string(),
-                    },
-                )?;
-        let holder = match (holder_at, holder_status.as_deref(), holder_run.as_deref()) {
-            (Some(at), _, _) if at == occurrence.scheduled_at => RunHolder::Free,
-            (Some(_), Some("claimed"), _) => RunHolder::Launching,
-            (Some(_), Some("fired"), Some("running")) => RunHolder::Running,
-            _ => RunHolder::Free,
-        };
-        let held_by = holder_at.map(|at| Occurrence::new(occurrence.routine_id, at));
-        let take = match (decide_overlap(policy, &holder), held_by) {
-            (OverlapDecision::Skip, Some(holder)) => {
-                return Ok(RunTake::Skip {
-                    holder,
-                    state: holder_state(&holder_run, &holder_status),
-                });
-            }
-            (OverlapDecision::ReplaceRunning, Some(holder)) => RunTake::Replace { holder },
-            _ => RunTake::Launch,
-        };
-        if policy != OverlapPolicy::Allow {
-            sqlx::query("UPDATE routines SET run_holder = $2 WHERE id = $1 AND group_id = $3")
-                .bind(occurrence.routine_id)
-                .bind(occurrence.scheduled_at)
-                .bind(group)
-                .execute(&mut *tx)
-                .await?;
-        }
-        sqlx::query(BEGIN_RUN_SQL)
-            .bind(occurrence.routine_id)
-            .bind(occurrence.scheduled_at)
-            .bind(group)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(take)
+        self.take(occurrence, None).await
+    }
+
+    async fn take_replaced(
+        &self,
+        occurrence: Occurrence,
+        stopped: Occurrence,
+    ) -> Result<RunTake, StoreError> {
+        self.take(occurrence, Some(stopped)).await
     }
 
     async fn unfinished_runs(&self, limit: u32) -> Result<Vec<UnfinishedRun>, StoreError> {
@@ -222,9 +173,12 @@ impl MissionRuns for PgStore {
             .collect()
     }
 
-    async fn record_runs(&self, updates: &[(Occurrence, RunUpdate)]) -> Result<(), StoreError> {
+    async fn record_runs(
+        &self,
+        updates: &[(Occurrence, RunUpdate)],
+    ) -> Result<Vec<(Occurrence, RunState)>, StoreError> {
         if updates.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let n = updates.len();
         let (mut ids, mut instants) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -249,34 +203,150 @@ impl MissionRuns for PgStore {
             codes.push(code);
             reasons.push(reason);
         }
-        sqlx::query(
+        // The row update is what ends a run, once: a second pass (another scheduler's) that
+        // read the run as `running` waits for the first's row lock, then finds it ended and
+        // updates nothing, so only the pass that ended a run returns it.
+        let ended: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
             "UPDATE routine_fires AS f
              SET run_state = t.state, run_exit_code = t.exit_code, run_reason = t.reason,
                  run_checked_at = now()
              FROM UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $4::int[], $5::text[])
                   AS t(routine_id, scheduled_at, state, exit_code, reason)
              WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
-               AND f.run_state = 'running'",
+               AND f.run_state = 'running'
+             RETURNING f.routine_id, f.scheduled_at",
         )
         .bind(&ids)
         .bind(&instants)
         .bind(&states)
         .bind(&codes)
         .bind(&reasons)
-        .execute(&self.pool)
+        .fetch_all(&self.pool)
         .await?;
-        Ok(())
+        let ended: std::collections::HashSet<Occurrence> = ended
+            .into_iter()
+            .map(|(routine_id, at)| Occurrence::new(routine_id, at))
+            .collect();
+        Ok(updates
+            .iter()
+            .filter_map(|(occurrence, update)| match update {
+                RunUpdate::Observed(state) if state.is_finished() && ended.contains(occurrence) => {
+                    Some((*occurrence, state.clone()))
+                }
+                _ => None,
+            })
+            .collect())
     }
 }
 
-/// What the holder of a routine's run was found doing.
-fn holder_state(run: &Option<String>, status: &Option<String>) -> RunHolder {
-    match (status.as_deref(), run.as_deref()) {
-        (Some("claimed"), _) => RunHolder::Launching,
-        (_, Some("running")) => RunHolder::Running,
+impl PgStore {
+    /// [`MissionRuns::take_run`], and with `stopped`, [`MissionRuns::take_replaced`].
+    async fn take(
+        &self,
+        occurrence: Occurrence,
+        stopped: Option<Occurrence>,
+    ) -> Result<RunTake, StoreError> {
+        // Every statement names the routine's group: on Citus the transaction is one shard's
+        // (the advisory lock is the coordinator's, which every scheduler talks to).
+        let group = self.group_of_routine(occurrence.routine_id).await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        // The deciders of one routine take turns here, and each reads the holder after its turn
+        // began (READ COMMITTED: each statement sees what committed before it), so two never
+        // both find the run free. The routine's row is only read.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('cm.run:' || $1::text, 0))")
+            .bind(occurrence.routine_id)
+            .execute(&mut *tx)
+            .await?;
+        let policy: Option<String> =
+            sqlx::query_scalar("SELECT overlap FROM routines WHERE id = $1 AND group_id = $2")
+                .bind(occurrence.routine_id)
+                .bind(group)
+                .fetch_optional(&mut *tx)
+                .await?;
+        // A routine deleted since its claim: its fire went with it; nothing may launch.
+        let Some(policy) = policy else {
+            return Ok(RunTake::Gone);
+        };
+        let policy: OverlapPolicy =
+            policy
+                .parse()
+                .map_err(
+                    |e: cm_domain::ParseOverlapPolicyError| StoreError::CorruptRoutine {
+                        routine_id: occurrence.routine_id,
+                        reason: e.to_string(),
+                    },
+                )?;
+        let held: Option<(DateTime<Utc>, String, Option<String>)> = sqlx::query_as(HOLDER_SQL)
+            .bind(occurrence.routine_id)
+            .bind(group)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let holder = match &held {
+            None => RunHolder::Free,
+            Some((at, _, _)) if *at == occurrence.scheduled_at => RunHolder::Free,
+            Some((at, _, _)) if stopped.is_some_and(|s| s.scheduled_at == *at) => RunHolder::Free,
+            Some((_, status, run)) => holder_state(status, run.as_deref()),
+        };
+        let held_by = held.map(|(at, _, _)| Occurrence::new(occurrence.routine_id, at));
+        match (decide_overlap(policy, &holder), held_by) {
+            (OverlapDecision::Skip, Some(holder_of)) => {
+                return Ok(RunTake::Skip {
+                    holder: holder_of,
+                    state: holder,
+                });
+            }
+            (OverlapDecision::ReplaceRunning, Some(holder_of)) => {
+                return Ok(RunTake::Replace { holder: holder_of });
+            }
+            _ => {}
+        }
+        let begun = sqlx::query(BEGIN_RUN_SQL)
+            .bind(occurrence.routine_id)
+            .bind(occurrence.scheduled_at)
+            .bind(group)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        // The fire is no longer this claim's to launch (deleted with its routine, settled):
+        // nothing is written and nothing launches.
+        if begun == 0 {
+            return Ok(RunTake::Gone);
+        }
+        if policy != OverlapPolicy::Allow {
+            sqlx::query(
+                "UPDATE routine_fires SET holds_run = (scheduled_at = $2)
+                 WHERE routine_id = $1 AND group_id = $3
+                   AND (holds_run OR scheduled_at = $2)",
+            )
+            .bind(occurrence.routine_id)
+            .bind(occurrence.scheduled_at)
+            .bind(group)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(RunTake::Launch)
+    }
+}
+
+/// What the holder of a routine's run, a fire of `status` whose run is `run`, is doing. A fire
+/// settled `failed` whose run was begun and is not known to be over (an abandoned launch whose
+/// container may exist) still holds the run, until the watch pass finds it gone.
+fn holder_state(status: &str, run: Option<&str>) -> RunHolder {
+    match (status, run) {
+        ("claimed", _) => RunHolder::Launching,
+        ("fired" | "failed", Some("running")) => RunHolder::Running,
         _ => RunHolder::Free,
     }
 }
+
+/// The fire that holds a routine's run (`$1` the routine, `$2` its group), if one does.
+const HOLDER_SQL: &str = "
+SELECT scheduled_at, status, run_state FROM routine_fires
+WHERE routine_id = $1 AND group_id = $2 AND holds_run
+ORDER BY scheduled_at DESC
+LIMIT 1";
 
 /// Begins a run: `$1`/`$2` the occurrence, a fire still `claimed`, `$3` its routine's group.
 const BEGIN_RUN_SQL: &str = "

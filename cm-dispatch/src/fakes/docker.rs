@@ -79,6 +79,9 @@ struct State {
     /// How many of the next calls answer 503, as an engine restarting.
     unavailable: usize,
     pulls: usize,
+    /// What every stop answers instead of stopping, while set: an engine whose authorization
+    /// plugin refuses the caller the stop.
+    refused_stops: Option<(u16, String)>,
 }
 
 /// The fake engine; it stops when dropped.
@@ -114,6 +117,23 @@ impl FakeDocker {
     /// restart.
     pub fn unavailable_for(&self, calls: usize) {
         lock(&self.state).unavailable = calls;
+    }
+
+    /// Makes every stop of a container answer `code` with `message` and leave it running
+    /// (`None`: stops work again), as an engine that refuses this client the stop (403 from
+    /// an authorization plugin).
+    pub fn refuse_stops(&self, refusal: Option<(u16, &str)>) {
+        lock(&self.state).refused_stops = refusal.map(|(code, m)| (code, m.to_owned()));
+    }
+
+    /// The containers started and not ended, at this moment.
+    pub fn running(&self) -> Vec<Container> {
+        lock(&self.state)
+            .containers
+            .iter()
+            .filter(|c| c.starts > 0 && c.exit_code.is_none())
+            .cloned()
+            .collect()
     }
 
     /// Ends the container named `name` with `code`, as its process exiting.
@@ -257,6 +277,9 @@ fn route(state: &mut State, request: &FakeRequest, path: &str) -> Option<Answer>
     match (method, action) {
         ("POST", "start") => start(state, at),
         ("POST", "stop") => {
+            if let Some((code, refusal)) = state.refused_stops.clone() {
+                return message(code, refusal);
+            }
             let c = &mut state.containers[at];
             if c.starts == 0 || c.exit_code.is_some() {
                 return Some((304, String::new()));

@@ -84,6 +84,8 @@ struct State {
     calls: Vec<Call>,
     create_faults: VecDeque<CreateFault>,
     resource_version: u64,
+    /// What the token may do, as `verb resource` (`delete jobs`, `get pods/log`); `None`: all.
+    granted: Option<BTreeSet<String>>,
 }
 
 /// The fake API server; it stops when dropped.
@@ -128,6 +130,15 @@ impl FakeKubernetes {
     /// Makes the next create of a Job (one call) behave as `fault` says.
     pub fn fault_next_create(&self, fault: CreateFault) {
         lock(&self.state).create_faults.push_back(fault);
+    }
+
+    /// Grants the token only `permissions`, each `verb resource` (`create jobs`, `get jobs`,
+    /// `list pods`, `get pods/log`), as a Role would; every other request of those routes is
+    /// answered 403 Forbidden, and SelfSubjectAccessReviews answer accordingly. `None` grants
+    /// everything again.
+    pub fn grant_only(&self, permissions: Option<&[&str]>) {
+        lock(&self.state).granted =
+            permissions.map(|p| p.iter().map(|s| (*s).to_owned()).collect());
     }
 
     /// Drops the faults not yet spent.
@@ -229,7 +240,45 @@ impl Handler for ApiServer {
 
 fn route(state: &mut State, request: &FakeRequest) -> Option<Answer> {
     let segments: Vec<&str> = request.path.trim_matches('/').split('/').collect();
+    if let Some((verb, resource, ns)) = permission_of(request.method.as_str(), &segments)
+        && !allowed(state, verb, &resource)
+    {
+        return status(
+            403,
+            format!(
+                "{resource} is forbidden: User \"system:serviceaccount:{ns}:cm-scheduler\" \
+                 cannot {verb} resource \"{resource}\" in the namespace \"{ns}\""
+            ),
+            None,
+        );
+    }
     match (request.method.as_str(), segments.as_slice()) {
+        (
+            "POST",
+            [
+                "apis",
+                "authorization.k8s.io",
+                "v1",
+                "selfsubjectaccessreviews",
+            ],
+        ) => access_review(state, request),
+        ("DELETE", ["apis", "batch", "v1", "namespaces", ns, "jobs", name]) => {
+            match state
+                .jobs
+                .iter()
+                .position(|j| j.namespace == *ns && j.name == *name)
+            {
+                Some(at) => {
+                    let job = state.jobs.remove(at);
+                    Some((200, job.object.to_string()))
+                }
+                None => status(
+                    404,
+                    format!("jobs.batch \"{name}\" not found"),
+                    Some(job_details(name)),
+                ),
+            }
+        }
         ("POST", ["apis", "batch", "v1", "namespaces", ns, "jobs"]) => create(state, ns, request),
         ("GET", ["apis", "batch", "v1", "namespaces", ns, "jobs", name]) => {
             match state
@@ -253,6 +302,56 @@ fn route(state: &mut State, request: &FakeRequest) -> Option<Answer> {
             ),
         ),
     }
+}
+
+/// The permission a request of the Job or pod routes needs: (verb, resource, namespace).
+fn permission_of<'a>(
+    method: &str,
+    segments: &[&'a str],
+) -> Option<(&'static str, String, &'a str)> {
+    let (verb, resource, ns) = match (method, segments) {
+        ("POST", ["apis", "batch", "v1", "namespaces", ns, "jobs"]) => ("create", "jobs", *ns),
+        ("GET", ["apis", "batch", "v1", "namespaces", ns, "jobs", ..]) => ("get", "jobs", *ns),
+        ("DELETE", ["apis", "batch", "v1", "namespaces", ns, "jobs", _]) => ("delete", "jobs", *ns),
+        ("GET", ["api", "v1", "namespaces", ns, "pods"]) => ("list", "pods", *ns),
+        ("GET", ["api", "v1", "namespaces", ns, "pods", _, "log"]) => ("get", "pods/log", *ns),
+        _ => return None,
+    };
+    Some((verb, resource.to_owned(), ns))
+}
+
+/// Whether the token may `verb` the `resource`.
+fn allowed(state: &State, verb: &str, resource: &str) -> bool {
+    state
+        .granted
+        .as_ref()
+        .is_none_or(|granted| granted.contains(&format!("{verb} {resource}")))
+}
+
+/// A SelfSubjectAccessReview: the review as sent, with `status.allowed` as the grants say.
+fn access_review(state: &State, request: &FakeRequest) -> Option<Answer> {
+    let mut review: Value = match serde_json::from_slice(&request.body) {
+        Ok(review) => review,
+        Err(e) => {
+            return status(
+                400,
+                format!("the object provided is unrecognized: {e}"),
+                None,
+            );
+        }
+    };
+    let attributes = &review["spec"]["resourceAttributes"];
+    let verb = attributes["verb"].as_str().unwrap_or_default().to_owned();
+    let mut resource = attributes["resource"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if let Some(sub) = attributes["subresource"].as_str().filter(|s| !s.is_empty()) {
+        resource = format!("{resource}/{sub}");
+    }
+    let allowed = allowed(state, &verb, &resource);
+    review["status"] = json!({ "allowed": allowed });
+    Some((201, review.to_string()))
 }
 
 fn create(state: &mut State, namespace: &str, request: &FakeRequest) -> Option<Answer> {

@@ -853,7 +853,7 @@ async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
             .unwrap()
     );
 
-    // Taking a run locks its routine through its group: no two-phase commit.
+    // Taking a run names the routine's group in every statement: no two-phase commit.
     let before = db.two_phase_commits().await;
     for occurrence in &fires {
         assert_eq!(
@@ -862,12 +862,13 @@ async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
         );
     }
     assert_eq!(db.two_phase_commits().await, before, "a run take used 2PC");
-    let holder: Option<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar("SELECT run_holder FROM routines WHERE id = $1")
-            .bind(first.routine_id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let holder: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT scheduled_at FROM routine_fires WHERE routine_id = $1 AND holds_run",
+    )
+    .bind(first.routine_id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(holder, Some(first.scheduled_at), "forbid keeps the holder");
     // A retry of the holder finds the run its own.
     assert_eq!(db.store.take_run(*first).await.unwrap(), RunTake::Launch);

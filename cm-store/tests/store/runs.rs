@@ -1,9 +1,11 @@
 //! Mission runs: begun on a claimed fire, read back while unfinished (through their index), and
 //! recorded once, even by two watch passes at once.
 
+use chrono::{DateTime, Utc};
 use cm_domain::{ErrorText, FireStatus, MisfirePolicy, Occurrence, RunState};
 use cm_store::{MissionRuns, PgStore, RunUpdate};
 use sqlx::PgPool;
+use uuid::Uuid;
 
 use crate::support::{Seed, create, fire_of, seed_fire};
 
@@ -66,7 +68,20 @@ async fn runs_are_begun_watched_and_recorded_once(pool: PgPool) {
         (launching, RunUpdate::Launching),
         (not_launched, RunUpdate::NotLaunched),
     ];
-    store.record_runs(&updates).await.unwrap();
+    // Only the run this call ended comes back: it is what the run counters count.
+    assert_eq!(
+        store.record_runs(&updates).await.unwrap(),
+        [(running, failed.clone())]
+    );
+    // A second scheduler's pass that read the run while it was running, and saw it end too,
+    // ends nothing: each run is counted once, whichever scheduler watched it.
+    assert_eq!(
+        store
+            .record_runs(&[(running, RunUpdate::Observed(failed.clone()))])
+            .await
+            .unwrap(),
+        []
+    );
     // A second pass that saw the run still running (older news) changes nothing ended.
     store
         .record_runs(&[(running, RunUpdate::Observed(RunState::Running))])
@@ -132,7 +147,7 @@ async fn the_watch_read_uses_the_running_index(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
-async fn overlap_is_decided_under_the_routines_lock(pool: PgPool) {
+async fn overlap_is_decided_one_decider_at_a_time(pool: PgPool) {
     use cm_domain::OverlapPolicy;
     use cm_store::RunTake;
     let store = PgStore::new(pool.clone());
@@ -180,9 +195,144 @@ async fn overlap_is_decided_under_the_routines_lock(pool: PgPool) {
         store.take_run(third).await.unwrap(),
         RunTake::Replace { holder: winner }
     );
+    // Asking to replace takes nothing: until the stop is confirmed the winner keeps the run,
+    // and asking again still names it.
+    assert_eq!(
+        holder_of(&pool, routine.id).await,
+        Some(winner.scheduled_at)
+    );
+    assert_eq!(
+        store.take_run(third).await.unwrap(),
+        RunTake::Replace { holder: winner }
+    );
+    // Once the runtime confirmed the winner's run stopped, the run is the third's.
+    assert_eq!(
+        store.take_replaced(third, winner).await.unwrap(),
+        RunTake::Launch
+    );
+    assert_eq!(holder_of(&pool, routine.id).await, Some(third.scheduled_at));
+    // A replace that stopped a run which no longer holds the routine decides again: the third
+    // is still being launched, so the second is skipped.
+    assert!(
+        matches!(
+            store.take_replaced(second, winner).await.unwrap(),
+            RunTake::Skip { holder, state: cm_domain::RunHolder::Launching } if holder == third
+        ),
+        "a replace launched beside a run it did not stop"
+    );
     store
         .set_overlap(routine.id, OverlapPolicy::Allow)
         .await
         .unwrap();
-    assert_eq!(store.take_run(winner).await.unwrap(), RunTake::Launch);
+    assert_eq!(
+        store.take_run(winner).await.unwrap(),
+        RunTake::Gone,
+        "settled: not launched again"
+    );
+}
+
+/// The fire that holds the routine's run.
+async fn holder_of(pool: &PgPool, routine_id: Uuid) -> Option<DateTime<Utc>> {
+    sqlx::query_scalar("SELECT scheduled_at FROM routine_fires WHERE routine_id = $1 AND holds_run")
+        .bind(routine_id)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_claim_whose_routine_was_deleted_launches_nothing(pool: PgPool) {
+    use cm_store::{RoutineStore, RunTake};
+    let store = PgStore::new(pool.clone());
+    let routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
+    let claimed = minute_of(&routine, 0);
+    seed_fire(&pool, claimed, &Seed::claimed(30.0)).await;
+    // Deleted between its claim and its launch: the take finds nothing to launch, and writes
+    // nothing (no run begun that nothing would watch).
+    store.delete_routine(routine.id).await.unwrap();
+    assert_eq!(store.take_run(claimed).await.unwrap(), RunTake::Gone);
+    assert!(store.unfinished_runs(10).await.unwrap().is_empty());
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn an_abandoned_launch_holds_the_run_until_the_watch_finds_it_gone(pool: PgPool) {
+    use cm_domain::RunHolder;
+    use cm_store::RunTake;
+    let store = PgStore::new(pool.clone());
+    let routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
+    let (abandoned, next) = (minute_of(&routine, 0), minute_of(&routine, 1));
+    for o in [abandoned, next] {
+        seed_fire(&pool, o, &Seed::claimed(30.0)).await;
+    }
+    assert_eq!(store.take_run(abandoned).await.unwrap(), RunTake::Launch);
+    // Its launches went unconfirmed until the attempts ran out: settled `failed`, while its
+    // container may exist.
+    sqlx::query(
+        "UPDATE routine_fires SET status = 'failed', error = 'abandoned', completed_at = now()
+         WHERE scheduled_at = $1",
+    )
+    .bind(abandoned.scheduled_at)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert!(
+        matches!(
+            store.take_run(next).await.unwrap(),
+            RunTake::Skip { holder, state: RunHolder::Running } if holder == abandoned
+        ),
+        "a launch beside a container that may exist"
+    );
+    // The watch still asks about it, and once the runtime says it never ran, the run is free.
+    let watched: Vec<_> = store
+        .unfinished_runs(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.occurrence, r.status))
+        .collect();
+    assert_eq!(watched, [(abandoned, FireStatus::Failed)]);
+    store
+        .record_runs(&[(abandoned, RunUpdate::NotLaunched)])
+        .await
+        .unwrap();
+    assert_eq!(store.take_run(next).await.unwrap(), RunTake::Launch);
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_run_being_decided_hides_its_routine_from_no_claim(pool: PgPool) {
+    use cm_store::{FireLedger, RunTake};
+    let store = PgStore::new(pool.clone());
+    let routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
+    let deciding = minute_of(&routine, 0);
+    seed_fire(&pool, deciding, &Seed::claimed(30.0)).await;
+    crate::support::set_next_run(&pool, routine.id, crate::support::db_now(&pool).await).await;
+    // A decider of the routine's run holds its turn (as one does for the whole of its
+    // transaction); another waits for it.
+    let mut turn = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('cm.run:' || $1::text, 0))")
+        .bind(routine.id)
+        .execute(&mut *turn)
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let store = store.clone();
+        async move { store.take_run(deciding).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Meanwhile the routine's row is free: a claim locks it and claims its due occurrence.
+    let claim = store
+        .claim_due(&crate::support::params("other"))
+        .await
+        .unwrap();
+    assert_eq!(
+        claim
+            .fires
+            .iter()
+            .filter(|f| f.occurrence.routine_id == routine.id)
+            .count(),
+        1,
+        "the claim skipped a routine whose run was being decided"
+    );
+    turn.rollback().await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap(), RunTake::Launch);
 }

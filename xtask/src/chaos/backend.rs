@@ -11,6 +11,7 @@ use super::ledger::FireRow;
 use super::options::{Options, Replication};
 use super::report::Findings;
 
+pub(super) mod authz;
 pub(super) mod docker;
 pub(super) mod nats;
 pub(super) mod outbox;
@@ -48,7 +49,10 @@ impl Backend {
     pub fn start(options: &Options, dir: &Path) -> anyhow::Result<Backend> {
         use super::options::MessageBackend as M;
         if options.docker {
-            return Ok(Backend::Docker(docker::DockerBackend::start(dir)?));
+            return Ok(Backend::Docker(docker::DockerBackend::start(
+                dir,
+                options.refuse_stops,
+            )?));
         }
         Ok(match options.backend {
             M::Outbox => Backend::Outbox,
@@ -78,7 +82,7 @@ impl Backend {
     /// What `routine create` is given for routine `i`: a message, or a mission.
     pub fn routine_args(&self, i: usize) -> Vec<String> {
         match self {
-            Backend::Docker(d) => d.routine_args(),
+            Backend::Docker(d) => d.routine_args(i),
             _ => vec!["--message".to_string(), format!("chaos message {i:02}")],
         }
     }

@@ -15,7 +15,7 @@ pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-u
                           [--network-hang SECONDS] [--failover sync|async --standby-cluster VERSION/NAME]
                           [--pin-xmin SECONDS [--pin-baseline]] [--starve-pool SECONDS]
                           [--receiver-outage SECONDS]
-                          [--mission-backend docker [--dockerd-restarts N]]
+                          [--mission-backend docker [--dockerd-restarts N] [--refuse-stops]]
                           [--citus-workers VERSION/NAME,VERSION/NAME...]";
 
 /// The routines of a `--mission-backend docker` run when `--routines` is not given: each fires
@@ -89,6 +89,10 @@ pub(super) struct Options {
     pub docker: bool,
     /// Restarts of the run's dockerd (`--mission-backend docker` only).
     pub dockerd_restarts: u32,
+    /// The run's dockerd refuses the stop of every other container through an authorization
+    /// plugin of the run's own (`--mission-backend docker` only), so overlap `replace` meets
+    /// stops the engine refuses.
+    pub refuse_stops: bool,
     /// The worker clusters of the Citus coordinator `server_url` names: the chaos database is
     /// made a Citus database on every node and distributed (`migrate --citus`), and
     /// `--db-restarts` take down the first worker rather than the coordinator.
@@ -118,6 +122,7 @@ impl Options {
             receiver_outage: None,
             docker: false,
             dockerd_restarts: 0,
+            refuse_stops: false,
             citus_workers: Vec::new(),
         }
     }
@@ -156,8 +161,9 @@ impl Options {
         }
         if self.docker {
             c += &format!(
-                " --mission-backend docker --dockerd-restarts {}",
-                self.dockerd_restarts
+                " --mission-backend docker --dockerd-restarts {}{}",
+                self.dockerd_restarts,
+                if self.refuse_stops { " --refuse-stops" } else { "" }
             );
         }
         if self.backend == MessageBackend::Nats {
@@ -242,6 +248,7 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
                 other => bail!("--mission-backend is docker, not {other:?}"),
             },
             "--dockerd-restarts" => dockerd_restarts = Some(number(flag, value(&mut it, flag)?)?),
+            "--refuse-stops" => options.refuse_stops = true,
             "--broker-restarts" => broker_restarts = Some(number(flag, value(&mut it, flag)?)?),
             "--network-hang" => options.network_hang = Some(seconds(flag, value(&mut it, flag)?)?),
             "--failover" => {
@@ -282,6 +289,9 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
         (Some(_), false) => bail!("--dockerd-restarts needs --mission-backend docker"),
         (None, false) => 0,
     };
+    if options.refuse_stops && !options.docker {
+        bail!("--refuse-stops needs --mission-backend docker");
+    }
     // Every occurrence is a container on one small engine: a few routines, unless asked.
     if options.docker && !routines_given {
         options.routines = DOCKER_ROUTINES;
@@ -428,6 +438,7 @@ mod tests {
                 receiver_outage: Some(Duration::from_secs(20)),
                 docker: false,
                 dockerd_restarts: 0,
+                refuse_stops: false,
                 citus_workers: Vec::new(),
             }
         );

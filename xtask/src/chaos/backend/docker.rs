@@ -5,6 +5,12 @@
 //! `none`), the image imported from busybox by `.ci/dockerd`. Never the machine's engine, nor
 //! the tests' shared one.
 //!
+//! Routines `i` with `i % 3 != 0` run under overlap `replace` (their missions, a second long,
+//! come due every second, so the next occurrence often finds the last still running and stops
+//! it); with `--refuse-stops` the engine refuses the stop of every other container through an
+//! authorization plugin of the run's own (`authz.rs`). Their containers are checked never to
+//! run two at once: each starts after the one before it finished.
+//!
 //! The engine is shared with the dockerd fault (`--dockerd-restarts`), which stops it with
 //! SIGTERM and starts it again on the same data.
 //!
@@ -45,6 +51,8 @@ pub(in crate::chaos) struct Dockerd {
     dir: PathBuf,
     child: Option<Child>,
     pub starts: u32,
+    /// The authorization plugin it asks about every request, if any.
+    authz: Option<String>,
 }
 
 impl Dockerd {
@@ -83,6 +91,11 @@ impl Dockerd {
             .arg(self.dir.join("dockerd.pid"))
             .arg("--host")
             .arg(self.host())
+            .args(
+                self.authz
+                    .iter()
+                    .flat_map(|name| ["--authorization-plugin".to_string(), name.clone()]),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -185,17 +198,30 @@ pub(in crate::chaos) struct DockerBackend {
     engine: Arc<Mutex<Dockerd>>,
     config: PathBuf,
     mission: PathBuf,
+    /// The mission of the routines under overlap `replace`.
+    replaced: PathBuf,
+    /// The authorization plugin refusing stops (`--refuse-stops`).
+    authz: Option<super::authz::AuthzPlugin>,
 }
+
+/// The task of the missions of routines under overlap `replace`: `docker inspect` finds their
+/// containers by it (`CM_TASK`).
+const REPLACED_TASK: &str = "chaos replace";
 
 impl DockerBackend {
     /// Starts the run's engine under `dir/docker` and imports the missions' image.
-    pub fn start(dir: &Path) -> anyhow::Result<Self> {
+    pub fn start(dir: &Path, refuse_stops: bool) -> anyhow::Result<Self> {
         let dir = dir.join("docker");
         std::fs::create_dir_all(&dir)?;
+        let authz = match refuse_stops {
+            true => Some(super::authz::AuthzPlugin::start()?),
+            false => None,
+        };
         let mut engine = Dockerd {
             dir: dir.clone(),
             child: None,
             starts: 0,
+            authz: authz.as_ref().map(|_| super::authz::name()),
         };
         let took = engine.start()?;
         // The script finds the engine answering and only imports the image.
@@ -220,10 +246,19 @@ impl DockerBackend {
             &mission,
             r#"{"repository": "https://git.example.com/chaos/repo.git", "task": "chaos"}"#,
         )?;
+        let replaced = dir.join("replaced.json");
+        std::fs::write(
+            &replaced,
+            format!(
+                r#"{{"repository": "https://git.example.com/chaos/repo.git", "task": "{REPLACED_TASK}"}}"#
+            ),
+        )?;
         Ok(DockerBackend {
             engine: Arc::new(Mutex::new(engine)),
             config,
             mission,
+            replaced,
+            authz,
         })
     }
 
@@ -261,13 +296,18 @@ impl DockerBackend {
         vec![("DOCKER_HOST".to_string(), self.host())]
     }
 
-    /// What makes a created routine a mission routine, every occurrence of it owed.
-    pub fn routine_args(&self) -> Vec<String> {
+    /// What makes routine `i` a mission routine: under overlap `allow` (every occurrence of it
+    /// owed a container) when `i % 3 == 0`, else under `replace`.
+    pub fn routine_args(&self, i: usize) -> Vec<String> {
+        let (mission, overlap) = match i % 3 {
+            0 => (&self.mission, "allow"),
+            _ => (&self.replaced, "replace"),
+        };
         vec![
             "--mission".to_string(),
-            self.mission.display().to_string(),
+            mission.display().to_string(),
             "--overlap".to_string(),
-            "allow".to_string(),
+            overlap.to_string(),
         ]
     }
 
@@ -275,7 +315,28 @@ impl DockerBackend {
     pub fn check(&self, rows: &[FireRow]) -> anyhow::Result<Findings> {
         let engine = self.engine.lock().unwrap_or_else(|e| e.into_inner());
         let containers = read_containers(&engine)?;
-        Ok(check_containers(rows, &containers).findings(&engine.host(), engine.starts))
+        let mut findings =
+            check_containers(rows, &containers).findings(&engine.host(), engine.starts);
+        let overlaps = overlapping_runs(&containers);
+        let skipped = rows.iter().filter(|r| r.status == "skipped").count();
+        let refused = self.authz.as_ref().map_or(0, |a| {
+            a.verdicts.refused.load(std::sync::atomic::Ordering::Relaxed)
+        });
+        findings.line(
+            "overlap replace",
+            format!(
+                "{} containers of replace routines, {} times two of one routine running at once; {skipped} occurrences skipped, {refused} stops refused by the engine",
+                containers.iter().filter(|c| c.replaced).count(),
+                overlaps.len()
+            ),
+        );
+        findings.require(!overlaps.is_empty(), || {
+            format!(
+                "docker: two containers of one replace routine ran at once: {}",
+                overlaps.join("; ")
+            )
+        });
+        Ok(findings)
     }
 }
 
@@ -292,6 +353,31 @@ pub(in crate::chaos) struct Container {
     pub created: Option<DateTime<Utc>>,
     /// `None` if it never started.
     pub started: Option<DateTime<Utc>>,
+    /// `None` while it runs (or if it never started).
+    pub finished: Option<DateTime<Utc>>,
+    /// Whether it is a mission of a routine under overlap `replace`.
+    pub replaced: bool,
+}
+
+/// The containers of routines under `replace` that started before the one before them (of the
+/// same routine) finished, as `A overlaps B`.
+pub(in crate::chaos) fn overlapping_runs(containers: &[Container]) -> Vec<String> {
+    let mut by_routine: HashMap<Option<Uuid>, Vec<&Container>> = HashMap::new();
+    for c in containers.iter().filter(|c| c.replaced && c.started.is_some()) {
+        by_routine.entry(c.routine_id).or_default().push(c);
+    }
+    let mut overlaps = Vec::new();
+    for runs in by_routine.values_mut() {
+        runs.sort_by_key(|c| c.started);
+        for pair in runs.windows(2) {
+            let (before, after) = (pair[0], pair[1]);
+            let ended_first = before.finished.is_some_and(|f| Some(f) <= after.started);
+            if !ended_first {
+                overlaps.push(format!("{} overlaps {}", after.name, before.name));
+            }
+        }
+    }
+    overlaps
 }
 
 /// Every container carrying a `cm.routine-id` label, inspected in batches.
@@ -305,7 +391,7 @@ fn read_containers(engine: &Dockerd) -> anyhow::Result<Vec<Container>> {
         "label=cm.routine-id",
     ])?;
     let ids: Vec<&str> = ids.split_whitespace().collect();
-    let format = "{{.Name}}\t{{index .Config.Labels \"cm.routine-id\"}}\t{{index .Config.Labels \"cm.scheduled-at\"}}\t{{index .Config.Labels \"cm.attempt\"}}\t{{.State.Status}}\t{{.Created}}\t{{.State.StartedAt}}";
+    let format = "{{.Name}}\t{{index .Config.Labels \"cm.routine-id\"}}\t{{index .Config.Labels \"cm.scheduled-at\"}}\t{{index .Config.Labels \"cm.attempt\"}}\t{{.State.Status}}\t{{.Created}}\t{{.State.StartedAt}}\t{{.State.FinishedAt}}\t{{range .Config.Env}}{{if eq . \"CM_TASK=chaos replace\"}}replace{{end}}{{end}}";
     let mut out = Vec::with_capacity(ids.len());
     for batch in ids.chunks(200) {
         let mut args = vec!["inspect", "--format", format];
@@ -320,7 +406,7 @@ fn read_containers(engine: &Dockerd) -> anyhow::Result<Vec<Container>> {
 /// One line of [`read_containers`]' format.
 fn parse_inspected(line: &str) -> anyhow::Result<Container> {
     let f: Vec<&str> = line.split('\t').collect();
-    let [name, routine, at, attempt, state, created, started] = f[..] else {
+    let [name, routine, at, attempt, state, created, started, finished, replaced] = f[..] else {
         bail!("docker inspect printed {line:?}");
     };
     let time = |t: &str| {
@@ -336,6 +422,8 @@ fn parse_inspected(line: &str) -> anyhow::Result<Container> {
         state: state.to_string(),
         created: time(created),
         started: time(started),
+        finished: time(finished),
+        replaced: replaced == "replace",
     })
 }
 
@@ -528,7 +616,34 @@ mod tests {
             state: "exited".into(),
             created: Some(created),
             started: Some(created + chrono::TimeDelta::milliseconds(start_after_ms)),
+            finished: None,
+            replaced: false,
         }
+    }
+
+    #[test]
+    fn runs_of_a_replace_routine_that_overlap_are_found() {
+        let r = Uuid::new_v4();
+        let rows: Vec<FireRow> = (0..3).map(|s| row(r, s, "fired", 1)).collect();
+        let ms = chrono::TimeDelta::milliseconds;
+        let mut runs: Vec<Container> = rows
+            .iter()
+            .map(|row| Container {
+                replaced: true,
+                finished: Some(row.scheduled_at + ms(900)),
+                ..container(row, 1, 40)
+            })
+            .collect();
+        assert!(overlapping_runs(&runs).is_empty());
+        // The second still ran when the third started; the last may still run.
+        runs[1].finished = Some(rows[2].scheduled_at + ms(500));
+        runs[2].finished = None;
+        assert_eq!(overlapping_runs(&runs).len(), 1);
+        // Under allow, overlap is what was asked for.
+        for c in &mut runs {
+            c.replaced = false;
+        }
+        assert!(overlapping_runs(&runs).is_empty());
     }
 
     #[test]
@@ -584,9 +699,10 @@ mod tests {
     #[test]
     fn inspect_lines_are_read_back() {
         let c = parse_inspected(
-            "/cm-1\t00000000-0000-0000-0000-000000000007\t2026-03-29T01:30:00Z\t2\texited\t2026-03-29T01:30:00.1234Z\t0001-01-01T00:00:00Z",
+            "/cm-1\t00000000-0000-0000-0000-000000000007\t2026-03-29T01:30:00Z\t2\texited\t2026-03-29T01:30:00.1234Z\t0001-01-01T00:00:00Z\t0001-01-01T00:00:00Z\treplace",
         )
         .unwrap();
+        assert!(c.replaced && c.finished.is_none());
         assert_eq!(c.name, "cm-1");
         assert_eq!(c.attempt, Some(2));
         assert!(c.routine_id.is_some() && c.scheduled_at.is_some() && c.created.is_some());

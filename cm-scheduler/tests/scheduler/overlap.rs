@@ -201,3 +201,60 @@ async fn a_kubernetes_identity_without_delete_is_refused_at_start() {
         run.stderr
     );
 }
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_run_that_ends_is_counted_once_however_many_schedulers_watch_it(pool: sqlx::PgPool) {
+    use std::sync::Arc;
+
+    use cm_dispatch::runtime::MockMissionRuntime;
+    use cm_domain::{MisfirePolicy, RunState, RunStateName, Schedule};
+    use cm_scheduler::Stats;
+    use cm_scheduler::runs::RunWatch;
+    use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+
+    let store = PgStore::new(pool.clone());
+    let routine = store
+        .create_routine(NewRoutine {
+            name: "watched".into(),
+            schedule: Schedule::parse("* * * * *", "UTC").unwrap(),
+            kind: RoutineKind::Mission,
+            payload: serde_json::json!({"repository": "https://git.example.com/r.git", "task": "t"}),
+            misfire: MisfirePolicy::FireOnce,
+            paused: false,
+        })
+        .await
+        .unwrap();
+    // A launched mission whose run is running.
+    sqlx::query(
+        "INSERT INTO routine_fires
+             (routine_id, scheduled_at, status, completed_at, claimant, claim_token, attempt,
+              claimed_at, lease_expires_at, run_state)
+         VALUES ($1, '2026-09-21T12:00:00Z', 'fired', now(), 'A', gen_random_uuid(), 1,
+                 now(), now(), 'running')",
+    )
+    .bind(routine.id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Two schedulers watch every run, and both find it ended with exit code 3.
+    let watch = || {
+        let mut runtime = MockMissionRuntime::new();
+        runtime
+            .expect_observe()
+            .returning(|_, _| Ok(RunState::exited(3, "")));
+        RunWatch {
+            store: Arc::new(store.clone()),
+            runtime: Arc::new(runtime),
+        }
+    };
+    let (a, b) = (watch(), watch());
+    let (stats_a, stats_b) = (Stats::default(), Stats::default());
+    let (ended_a, ended_b) = tokio::join!(a.pass(&stats_a), b.pass(&stats_b));
+    assert_eq!(ended_a.unwrap() + ended_b.unwrap(), 1, "one run ended");
+    let failed = RunStateName::Failed as usize;
+    assert_eq!(
+        Stats::get(&stats_a.mission_runs[failed]) + Stats::get(&stats_b.mission_runs[failed]),
+        1,
+        "a run counted once per watching scheduler"
+    );
+}

@@ -163,7 +163,11 @@ impl Options {
             c += &format!(
                 " --mission-backend docker --dockerd-restarts {}{}",
                 self.dockerd_restarts,
-                if self.refuse_stops { " --refuse-stops" } else { "" }
+                if self.refuse_stops {
+                    " --refuse-stops"
+                } else {
+                    ""
+                }
             );
         }
         if self.backend == MessageBackend::Nats {

@@ -134,8 +134,16 @@ mod tests {
         let check = |method, uri, expected: Option<&str>| {
             assert_eq!(refused_stop(method, uri), expected, "{method} {uri}");
         };
-        check("POST", "/v1.47/containers/cm-ab-4000000/stop?t=10", Some("cm-ab-4000000"));
-        check("POST", "/containers/cm-ab-2000000/stop", Some("cm-ab-2000000"));
+        check(
+            "POST",
+            "/v1.47/containers/cm-ab-4000000/stop?t=10",
+            Some("cm-ab-4000000"),
+        );
+        check(
+            "POST",
+            "/containers/cm-ab-2000000/stop",
+            Some("cm-ab-2000000"),
+        );
         check("POST", "/v1.47/containers/cm-ab-3000000/stop", None);
         check("POST", "/v1.47/containers/cm-ab-4000000/start", None);
         check("GET", "/v1.47/containers/cm-ab-4000000/json", None);

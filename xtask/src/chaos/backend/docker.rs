@@ -320,7 +320,9 @@ impl DockerBackend {
         let overlaps = overlapping_runs(&containers);
         let skipped = rows.iter().filter(|r| r.status == "skipped").count();
         let refused = self.authz.as_ref().map_or(0, |a| {
-            a.verdicts.refused.load(std::sync::atomic::Ordering::Relaxed)
+            a.verdicts
+                .refused
+                .load(std::sync::atomic::Ordering::Relaxed)
         });
         findings.line(
             "overlap replace",
@@ -363,7 +365,10 @@ pub(in crate::chaos) struct Container {
 /// same routine) finished, as `A overlaps B`.
 pub(in crate::chaos) fn overlapping_runs(containers: &[Container]) -> Vec<String> {
     let mut by_routine: HashMap<Option<Uuid>, Vec<&Container>> = HashMap::new();
-    for c in containers.iter().filter(|c| c.replaced && c.started.is_some()) {
+    for c in containers
+        .iter()
+        .filter(|c| c.replaced && c.started.is_some())
+    {
         by_routine.entry(c.routine_id).or_default().push(c);
     }
     let mut overlaps = Vec::new();
@@ -406,7 +411,18 @@ fn read_containers(engine: &Dockerd) -> anyhow::Result<Vec<Container>> {
 /// One line of [`read_containers`]' format.
 fn parse_inspected(line: &str) -> anyhow::Result<Container> {
     let f: Vec<&str> = line.split('\t').collect();
-    let [name, routine, at, attempt, state, created, started, finished, replaced] = f[..] else {
+    let [
+        name,
+        routine,
+        at,
+        attempt,
+        state,
+        created,
+        started,
+        finished,
+        replaced,
+    ] = f[..]
+    else {
         bail!("docker inspect printed {line:?}");
     };
     let time = |t: &str| {

@@ -22,6 +22,8 @@
 //! - [`backfill`]: the occurrences of a past window, asked for by hand.
 //! - [`name`]: routine names ([`RoutineName`]): unique handles people type, safe to print.
 //! - [`mission`]: the mission file of a mission routine, validated field by field ([`Mission`]).
+//! - [`outcome`]: what a fire's effect did ([`FireOutcome`]): its dispatch, or its mission's
+//!   run; what every count of failures counts.
 //! - [`run`]: a mission's run watched after its launch ([`RunState`]), and the routine's
 //!   [`OverlapPolicy`] when runs would overlap ([`decide_overlap`]).
 //!
@@ -50,6 +52,7 @@ pub mod misfire;
 pub mod mission;
 pub mod name;
 pub mod occurrence;
+pub mod outcome;
 pub mod run;
 pub mod schedule;
 pub mod tick;
@@ -64,6 +67,7 @@ pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError,
 pub use mission::{Mission, MissionError, MissionPolicy};
 pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
 pub use occurrence::{FireOrigin, IdempotencyKey, Occurrence, ParseFireOriginError, RoutineId};
+pub use outcome::{FireOutcome, ParseFireOutcomeError};
 pub use run::{
     OverlapDecision, OverlapPolicy, ParseOverlapPolicyError, ParseRunStateError, RunHolder,
     RunState, RunStateName, decide_overlap,

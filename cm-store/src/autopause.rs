@@ -1,5 +1,6 @@
-//! Routines that stop themselves: one whose last N fires all failed is paused, with the reason
-//! kept in `routines.paused_reason` until it is resumed.
+//! Routines that stop themselves: one whose last N fires all failed (by their outcome: a
+//! mission's is its run's) is paused, with the reason kept in `routines.paused_reason` until it
+//! is resumed.
 
 use async_trait::async_trait;
 use sqlx::FromRow;
@@ -24,7 +25,8 @@ pub struct AutoPaused {
 #[async_trait]
 pub trait FailingRoutines: Send + Sync {
     /// Pauses every running routine whose newest `after_failures` fires (claimed since it was
-    /// created or last resumed) all settled `failed`, keeping the reason and the latest error.
+    /// created or last resumed, whose outcome is known) all failed: a failed dispatch, or a
+    /// mission's run that failed or was lost. Keeps the reason and the latest error.
     /// Only routines with a failure settled within `window` are examined, so a pass stays
     /// bounded however many routines exist. Returns the routines it paused.
     async fn pause_failing_routines(
@@ -49,6 +51,11 @@ pub trait FailingRoutines: Send + Sync {
 /// The automatic pause. `$1` is how many newest fires must all have failed, `$2` the window in
 /// seconds within which a routine must have a failure to be examined.
 ///
+/// A fire counts by its outcome: a failed dispatch, or a mission whose run failed or was lost
+/// (a mission that exits 3 every time is failing). Fires whose outcome is not known yet (a
+/// claim, a run still running) and missions skipped under their overlap policy say nothing
+/// either way and are passed over; the reason kept names the latest failure (`exit code 3`).
+///
 /// A routine's newest fires since it was created or last resumed (`updated_at` moves on pause
 /// and resume, never on a claim, so a resumed routine starts with a clean record) are read in
 /// claim order (occurrences claimed together, newest first) through
@@ -62,7 +69,9 @@ macro_rules! pause_failing_sql {
             "
 WITH recent AS (
     SELECT DISTINCT routine_id FROM routine_fires
-    WHERE status = 'failed' AND scheduled_at > now() - make_interval(secs => $2)",
+    WHERE ",
+            failure_sql!(""),
+            " AND scheduled_at > now() - make_interval(secs => $2)",
             $recent,
             "
 ),
@@ -74,10 +83,17 @@ failing AS (
     JOIN recent ON recent.routine_id = r.id
     CROSS JOIN LATERAL (
         SELECT count(*) AS fires,
-               count(*) FILTER (WHERE f.status = 'failed') AS failed,
-               (array_agg(f.error ORDER BY f.claimed_at DESC, f.scheduled_at DESC))[1] AS error
-        FROM (SELECT status, error, claimed_at, scheduled_at FROM routine_fires
-              WHERE routine_id = r.id AND claimed_at >= r.updated_at",
+               count(*) FILTER (WHERE ",
+            failure_sql!("f."),
+            ") AS failed,
+               (array_agg(",
+            failure_reason_sql!("f."),
+            " ORDER BY f.claimed_at DESC, f.scheduled_at DESC))[1] AS error
+        FROM (SELECT status, error, run_state, run_reason, claimed_at, scheduled_at
+              FROM routine_fires
+              WHERE routine_id = r.id AND claimed_at >= r.updated_at
+                AND status IN ('fired', 'failed')
+                AND (status = 'failed' OR run_state IS DISTINCT FROM 'running')",
             $recent,
             "
               ORDER BY claimed_at DESC, scheduled_at DESC

@@ -44,8 +44,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use cm_domain::{
     ClaimOutcome, ClaimRow, ClaimToken, DueRoutine as PlannedRoutine, ErrorText, FireCap,
-    FireOrigin, FireStatus, Lease, MisfireRules, Occurrence, Settlement, TickPlan, plan_claim,
-    plan_due,
+    FireOrigin, FireOutcome, FireStatus, Lease, MisfireRules, Occurrence, Settlement, TickPlan,
+    plan_claim, plan_due,
 };
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
@@ -55,6 +55,50 @@ use uuid::Uuid;
 use crate::groups::{GroupId, group_of};
 use crate::routines::RoutineKind;
 use crate::{FireCursor, PgStore, StoreError};
+
+/// Listing fires. `$1` the routine or NULL, `$2`/`$3` the cursor's instant and routine or NULL,
+/// `$4` the limit; the argument is the condition on the outcome (`outcome_condition_sql!`),
+/// or `true`. The order (scheduled_at, routine_id) descending is an index's backward scan:
+/// `routine_fires_scheduled_idx` without a filter, `routine_fires_failures_idx` for failures,
+/// `routine_fires_runs_idx` for a run's state, `routine_fires_status_scheduled_idx` for the rest, the primary key with a routine. The
+/// cursor's row comparison resumes the scan; the redundant `scheduled_at <= $2` lets it start
+/// there on the primary key too, whose columns are in the other order.
+macro_rules! list_fires_sql {
+    ($outcome:expr) => {
+        concat!(
+            "
+SELECT routine_id, scheduled_at, status, origin, claimant, attempt, claimed_at,
+       lease_expires_at, completed_at, error, receipt, run_state, run_exit_code, run_reason,
+       run_started_at, run_finished_at
+FROM routine_fires
+WHERE ($1::uuid IS NULL OR routine_id = $1)
+  AND (",
+            $outcome,
+            ")
+  AND ($2::timestamptz IS NULL
+       OR ((scheduled_at, routine_id) < ($2, $3::uuid) AND scheduled_at <= $2))
+ORDER BY scheduled_at DESC, routine_id DESC
+LIMIT $4"
+        )
+    };
+}
+
+/// Listing fires of every outcome (see `list_fires_sql!`).
+pub const LIST_FIRES_SQL: &str = list_fires_sql!("true");
+
+/// The listing statement for fires of `outcome`, or of every outcome (see `list_fires_sql!`).
+pub fn list_fires_statement(outcome: Option<FireOutcome>) -> &'static str {
+    match outcome {
+        None => LIST_FIRES_SQL,
+        Some(FireOutcome::Claimed) => list_fires_sql!(outcome_condition_sql!(claimed)),
+        Some(FireOutcome::Fired) => list_fires_sql!(outcome_condition_sql!(fired)),
+        Some(FireOutcome::Skipped) => list_fires_sql!(outcome_condition_sql!(skipped)),
+        Some(FireOutcome::Running) => list_fires_sql!(outcome_condition_sql!(running)),
+        Some(FireOutcome::Succeeded) => list_fires_sql!(outcome_condition_sql!(succeeded)),
+        Some(FireOutcome::Failed) => list_fires_sql!(outcome_condition_sql!(failed)),
+        Some(FireOutcome::Lost) => list_fires_sql!(outcome_condition_sql!(lost)),
+    }
+}
 
 /// An effect the store writes itself, inside the claim's own transaction, instead of leaving the
 /// occurrence to a dispatch: what a database-local backend does.
@@ -260,8 +304,9 @@ pub enum SettleOutcome {
 pub struct FireFilter {
     /// Only this routine's.
     pub routine_id: Option<Uuid>,
-    /// Only with this status.
-    pub status: Option<FireStatus>,
+    /// Only with this outcome (a mission's is its run's: [`FireOutcome`]); `Failed` lists every
+    /// failure, runs lost included ([`FireOutcome::is_failure`]).
+    pub outcome: Option<FireOutcome>,
     /// At most this many, newest occurrence first.
     pub limit: u32,
     /// Only fires after this one in the listing's order: the next page of a listing whose last
@@ -274,7 +319,7 @@ impl Default for FireFilter {
     fn default() -> Self {
         FireFilter {
             routine_id: None,
-            status: None,
+            outcome: None,
             limit: 100,
             after: None,
         }
@@ -313,6 +358,39 @@ pub struct Fire {
     pub run_exit_code: Option<i32>,
     /// Why the run failed or was lost.
     pub run_reason: Option<String>,
+    /// When the run started, by its runtime's clock (kept when it ended).
+    pub run_started_at: Option<DateTime<Utc>>,
+    /// When the run ended, by its runtime's clock.
+    pub run_finished_at: Option<DateTime<Utc>>,
+}
+
+impl Fire {
+    /// How long the run took, when its runtime reported its start and end.
+    pub fn run_duration(&self) -> Option<chrono::TimeDelta> {
+        Some(self.run_finished_at? - self.run_started_at?)
+            .filter(|d| *d >= chrono::TimeDelta::zero())
+    }
+
+    /// What the fire's effect did: its run's state for a mission launched and watched, else its
+    /// dispatch's status ([`FireOutcome::of`]). A row whose texts are unknown reads as its
+    /// status, or `claimed`.
+    pub fn outcome(&self) -> FireOutcome {
+        let status = self.status.parse().unwrap_or(FireStatus::Claimed);
+        let run = self.run_state.as_deref().and_then(|r| r.parse().ok());
+        FireOutcome::of(status, run)
+    }
+
+    /// Why the fire failed: its dispatch's error, or its run's reason (`exit code 3`); `None`
+    /// when its outcome is not a failure.
+    pub fn failure(&self) -> Option<&str> {
+        if !self.outcome().is_failure() {
+            return None;
+        }
+        match self.status.as_str() {
+            "failed" => self.error.as_deref(),
+            _ => self.run_reason.as_deref(),
+        }
+    }
 }
 
 /// The occurrence ledger.
@@ -1136,9 +1214,9 @@ impl FireLedger for PgStore {
     }
 
     async fn list_fires(&self, filter: &FireFilter) -> Result<Vec<Fire>, StoreError> {
-        let rows: Vec<FireRow> = sqlx::query_as(LIST_FIRES_SQL)
+        let sql = list_fires_statement(filter.outcome);
+        let rows: Vec<FireRow> = sqlx::query_as(sql)
             .bind(filter.routine_id)
-            .bind(filter.status.map(FireStatus::as_str))
             .bind(filter.after.map(|c| c.scheduled_at))
             .bind(filter.after.map(|c| c.routine_id))
             .bind(i64::from(filter.limit))
@@ -1149,7 +1227,7 @@ impl FireLedger for PgStore {
 }
 
 #[derive(FromRow)]
-struct FireRow {
+pub(crate) struct FireRow {
     routine_id: Uuid,
     scheduled_at: DateTime<Utc>,
     status: String,
@@ -1164,6 +1242,8 @@ struct FireRow {
     run_state: Option<String>,
     run_exit_code: Option<i32>,
     run_reason: Option<String>,
+    run_started_at: Option<DateTime<Utc>>,
+    run_finished_at: Option<DateTime<Utc>>,
 }
 
 impl From<FireRow> for Fire {
@@ -1183,6 +1263,8 @@ impl From<FireRow> for Fire {
             run_state: r.run_state,
             run_exit_code: r.run_exit_code,
             run_reason: r.run_reason,
+            run_started_at: r.run_started_at,
+            run_finished_at: r.run_finished_at,
         }
     }
 }
@@ -1372,23 +1454,6 @@ const PRUNE_SQL: &str = prune_sql!("");
 
 /// Prunes settled fires of the group `$3`.
 const PRUNE_GROUP_SQL: &str = prune_sql!(" AND group_id = $3");
-
-/// Listing fires. `$1` the routine or NULL, `$2` the status or NULL, `$3`/`$4` the cursor's
-/// instant and routine or NULL, `$5` the limit. The order (scheduled_at, routine_id) descending
-/// is an index's backward scan: `routine_fires_scheduled_idx` without a filter,
-/// `routine_fires_status_scheduled_idx` with a status, the primary key with a routine. The
-/// cursor's row comparison resumes the scan; the redundant `scheduled_at <= $3` lets it start
-/// there on the primary key too, whose columns are in the other order.
-pub const LIST_FIRES_SQL: &str = "
-SELECT routine_id, scheduled_at, status, origin, claimant, attempt, claimed_at,
-       lease_expires_at, completed_at, error, receipt, run_state, run_exit_code, run_reason
-FROM routine_fires
-WHERE ($1::uuid IS NULL OR routine_id = $1)
-  AND ($2::text IS NULL OR status = $2)
-  AND ($3::timestamptz IS NULL
-       OR ((scheduled_at, routine_id) < ($3, $4::uuid) AND scheduled_at <= $3))
-ORDER BY scheduled_at DESC, routine_id DESC
-LIMIT $5";
 
 /// The settle. `$1`/`$2` the occurrence, `$3`/`$4` the claim's token and attempt, `$5` the
 /// status, `$6` the error. Returns whether it settled the row and whether the row exists at

@@ -9,6 +9,8 @@
 //!   and listing fires ([`FireLedger`]).
 //! - [`outbox`]: the message outbox ([`OutboxStore`]).
 //! - [`status`]: the bounded read-only queries of the status page ([`StatusReader`]).
+//! - [`outcome`]: a fire's outcome (a mission's is its run's) in SQL: what every count of
+//!   failures reads ([`FIRE_OUTCOME_SQL`], [`FIRE_FAILURE_SQL`]).
 //! - [`autopause`]: pausing routines whose last fires all failed ([`FailingRoutines`]).
 //! - [`runs`]: mission runs watched after their launch ([`MissionRuns`]).
 //! - [`groups`]: routine groups, the hash buckets every per-routine row carries, and the
@@ -48,6 +50,9 @@
 //! println!("{} first runs at {:?}", routine.id, routine.next_run_at);
 //! # Ok(()) }
 //! ```
+
+#[macro_use]
+pub mod outcome;
 
 pub mod autopause;
 pub mod catalog;
@@ -93,15 +98,16 @@ pub use options::{PLAN_CACHE_MODE, StoreOptions};
 #[cfg(feature = "mock")]
 pub use outbox::MockOutboxStore;
 pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
+pub use outcome::{FIRE_FAILURE_SQL, FIRE_OUTCOME_SQL};
 #[cfg(feature = "mock")]
 pub use routines::MockRoutineStore;
 pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
 #[cfg(feature = "mock")]
 pub use runs::MockMissionRuns;
-pub use runs::{MissionRuns, RunTake, RunUpdate, UnfinishedRun};
+pub use runs::{MAX_RUN_OUTPUT, MissionRuns, RunRecord, RunTake, RunUpdate, UnfinishedRun};
 pub use status::{
-    FailedFire, FireRate, MinuteCount, OpenClaims, RecentFire, RoutineOrder, RoutineQuery,
-    RoutineSummary, StatusReader,
+    FailedFire, FireDetail, FireRate, MinuteCount, OpenClaims, RecentFire, RoutineOrder,
+    RoutineQuery, RoutineSummary, StatusReader,
 };
 
 /// The schema's migrations, embedded in the binary.

@@ -4,6 +4,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use cm_domain::{FireOutcome, FireStatus, Occurrence};
 use sqlx::FromRow;
 use uuid::Uuid;
 
@@ -69,12 +70,28 @@ impl RoutineSummary {
 pub struct RecentFire {
     /// The occurrence's instant.
     pub scheduled_at: DateTime<Utc>,
-    /// `claimed`, `fired` or `failed`.
+    /// `claimed`, `fired`, `failed` or `skipped`: whether it was dispatched.
     pub status: String,
     /// When it was settled.
     pub completed_at: Option<DateTime<Utc>>,
-    /// Why it failed, cut to its first 300 characters.
+    /// Why it failed (its dispatch's error, or its run's reason) or was skipped, cut to its
+    /// first 300 characters.
     pub error: Option<String>,
+    /// A mission's run: `running`, `succeeded`, `failed` or `lost`.
+    pub run_state: Option<String>,
+    /// The run's exit code, when its runtime reported one.
+    pub run_exit_code: Option<i32>,
+}
+
+impl RecentFire {
+    /// What the fire's effect did ([`FireOutcome::of`]): its run's state for a mission.
+    pub fn outcome(&self) -> FireOutcome {
+        let status = self.status.parse().unwrap_or(FireStatus::Claimed);
+        FireOutcome::of(
+            status,
+            self.run_state.as_deref().and_then(|r| r.parse().ok()),
+        )
+    }
 }
 
 /// Fires settled per minute over the last hour, by occurrence time.
@@ -92,13 +109,14 @@ pub const RATE_MINUTES: usize = 60;
 /// The fires of one minute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MinuteCount {
-    /// Settled `fired`.
+    /// Dispatched and not failed: messages fired, missions whose run has not failed.
     pub fired: u64,
-    /// Settled `failed`.
+    /// Failed: a failed dispatch, or a mission whose run failed or was lost.
     pub failed: u64,
 }
 
-/// A fire that settled `failed`, with its routine's name.
+/// A fire whose outcome is a failure (a failed dispatch, or a mission whose run failed or was
+/// lost), with its routine's name.
 #[derive(Debug, Clone, PartialEq, FromRow)]
 pub struct FailedFire {
     /// The routine.
@@ -111,8 +129,29 @@ pub struct FailedFire {
     pub completed_at: Option<DateTime<Utc>>,
     /// The attempt that settled it.
     pub attempt: i32,
-    /// Why it failed.
+    /// Why it failed: the dispatch's error, or the run's reason (`exit code 3`).
     pub error: Option<String>,
+    /// `failed` or `lost`.
+    pub outcome: String,
+    /// The run's exit code, when it has one.
+    pub run_exit_code: Option<i32>,
+}
+
+/// One fire with what its run left: `fires show` and the fire's part of a routine's page.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FireDetail {
+    /// The fire, as listed.
+    pub fire: Fire,
+    /// The last of its run's output (at most [`crate::MAX_RUN_OUTPUT`] bytes, secrets
+    /// scrubbed), when its runtime kept any.
+    pub run_output: Option<String>,
+}
+
+#[derive(FromRow)]
+struct DetailRow {
+    #[sqlx(flatten)]
+    fire: crate::ledger::FireRow,
+    run_output: Option<String>,
 }
 
 /// Claims not yet settled.
@@ -133,6 +172,10 @@ pub trait StatusReader: Send + Sync {
         query: &RoutineQuery,
     ) -> Result<Vec<RoutineSummary>, StoreError>;
 
+    /// The newest fire of each routine of `ids` that has one (at most [`MAX_PAGE`] routines), in
+    /// no particular order: what `routine list` shows as the last outcome.
+    async fn last_fires(&self, ids: &[Uuid]) -> Result<Vec<(Uuid, RecentFire)>, StoreError>;
+
     /// The routine `handle` names: by id when it is a UUID, else by name (names are never
     /// UUIDs), as the command line takes them.
     async fn routine(&self, handle: &str) -> Result<Routine, StoreError>;
@@ -140,7 +183,11 @@ pub trait StatusReader: Send + Sync {
     /// A routine's newest `limit` fires (at most [`MAX_PAGE`]).
     async fn routine_fires(&self, id: Uuid, limit: u32) -> Result<Vec<Fire>, StoreError>;
 
-    /// The `limit` most recently settled failures across routines (at most [`MAX_PAGE`]).
+    /// The fire of `occurrence` with its run's output, if the ledger holds it.
+    async fn fire(&self, occurrence: Occurrence) -> Result<Option<FireDetail>, StoreError>;
+
+    /// The `limit` newest failures across routines (at most [`MAX_PAGE`]): failed dispatches
+    /// and missions whose run failed or was lost, by occurrence, newest first.
     async fn recent_failures(&self, limit: u32) -> Result<Vec<FailedFire>, StoreError>;
 
     /// How many claims are open, in all and held by `claimant`.
@@ -175,6 +222,35 @@ macro_rules! summaries_sql {
     };
 }
 
+impl PgStore {
+    /// The newest `strip` fires of each routine of `ids`, newest first: one bounded probe of
+    /// the ledger's primary key a routine.
+    async fn strips(&self, ids: &[Uuid], strip: u32) -> Result<Vec<StripRow>, StoreError> {
+        Ok(if ids.is_empty() || strip == 0 {
+            Vec::new()
+        } else {
+            sqlx::query_as(concat!(
+                "SELECT r.id AS routine_id, f.scheduled_at, f.status, f.completed_at, f.error,
+                            f.run_state, f.run_exit_code
+                     FROM UNNEST($1::uuid[]) AS r(id)
+                     CROSS JOIN LATERAL (
+                         SELECT scheduled_at, status, completed_at, run_state, run_exit_code,
+                                left(COALESCE(",
+                failure_reason_sql!(""),
+                ", error), 300) AS error
+                     FROM routine_fires
+                     WHERE routine_id = r.id
+                     ORDER BY scheduled_at DESC
+                     LIMIT $2) f"
+            ))
+            .bind(ids)
+            .bind(i64::from(strip))
+            .fetch_all(&self.pool)
+            .await?
+        })
+    }
+}
+
 #[derive(FromRow)]
 struct StripRow {
     routine_id: Uuid,
@@ -203,25 +279,7 @@ impl StatusReader for PgStore {
             .fetch_all(&self.pool)
             .await?;
         let ids: Vec<Uuid> = routines.iter().map(|r| r.id).collect();
-        let strip = query.recent_fires.min(MAX_STRIP);
-        let mut fires: Vec<StripRow> = if ids.is_empty() || strip == 0 {
-            Vec::new()
-        } else {
-            sqlx::query_as(
-                "SELECT r.id AS routine_id, f.scheduled_at, f.status, f.completed_at, f.error
-                 FROM UNNEST($1::uuid[]) AS r(id)
-                 CROSS JOIN LATERAL (
-                     SELECT scheduled_at, status, completed_at, left(error, 300) AS error
-                     FROM routine_fires
-                     WHERE routine_id = r.id
-                     ORDER BY scheduled_at DESC
-                     LIMIT $2) f",
-            )
-            .bind(&ids)
-            .bind(i64::from(strip))
-            .fetch_all(&self.pool)
-            .await?
-        };
+        let mut fires = self.strips(&ids, query.recent_fires.min(MAX_STRIP)).await?;
         Ok(routines
             .into_iter()
             .map(|routine| {
@@ -237,6 +295,16 @@ impl StatusReader for PgStore {
             .collect())
     }
 
+    async fn last_fires(&self, ids: &[Uuid]) -> Result<Vec<(Uuid, RecentFire)>, StoreError> {
+        let ids = &ids[..ids.len().min(MAX_PAGE as usize)];
+        Ok(self
+            .strips(ids, 1)
+            .await?
+            .into_iter()
+            .map(|row| (row.routine_id, row.fire))
+            .collect())
+    }
+
     async fn routine(&self, handle: &str) -> Result<Routine, StoreError> {
         let handle = handle.trim();
         match Uuid::try_parse(handle) {
@@ -248,23 +316,47 @@ impl StatusReader for PgStore {
     async fn routine_fires(&self, id: Uuid, limit: u32) -> Result<Vec<Fire>, StoreError> {
         self.list_fires(&FireFilter {
             routine_id: Some(id),
-            status: None,
+            outcome: None,
             limit: limit.min(MAX_PAGE),
             after: None,
         })
         .await
     }
 
+    async fn fire(&self, occurrence: Occurrence) -> Result<Option<FireDetail>, StoreError> {
+        let row: Option<DetailRow> = sqlx::query_as(
+            "SELECT routine_id, scheduled_at, status, origin, claimant, attempt, claimed_at,
+                    lease_expires_at, completed_at, error, receipt, run_state, run_exit_code,
+                    run_reason, run_started_at, run_finished_at, run_output
+             FROM routine_fires WHERE routine_id = $1 AND scheduled_at = $2",
+        )
+        .bind(occurrence.routine_id)
+        .bind(occurrence.scheduled_at)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|row| FireDetail {
+            fire: Fire::from(row.fire),
+            run_output: row.run_output,
+        }))
+    }
+
     async fn recent_failures(&self, limit: u32) -> Result<Vec<FailedFire>, StoreError> {
-        Ok(sqlx::query_as(
+        // Newest first through `routine_fires_failures_idx`, which holds the failures only.
+        Ok(sqlx::query_as(concat!(
             "SELECT f.routine_id, r.name AS routine_name, f.scheduled_at, f.completed_at,
-                    f.attempt, f.error
+                    f.attempt, f.run_exit_code, ",
+            failure_reason_sql!("f."),
+            " AS error, ",
+            outcome_sql!("f."),
+            " AS outcome
              FROM routine_fires f
              JOIN routines r ON r.id = f.routine_id
-             WHERE f.status = 'failed'
+             WHERE ",
+            failure_sql!("f."),
+            "
              ORDER BY f.scheduled_at DESC, f.routine_id DESC
-             LIMIT $1",
-        )
+             LIMIT $1"
+        ))
         .bind(i64::from(limit.min(MAX_PAGE)))
         .fetch_all(&self.pool)
         .await?)
@@ -291,15 +383,19 @@ impl StatusReader for PgStore {
             .fetch_one(&mut *tx)
             .await?;
         let since = until - chrono::Duration::minutes(RATE_MINUTES as i64 - 1);
-        let rows: Vec<(DateTime<Utc>, i64, i64)> = sqlx::query_as(
+        let rows: Vec<(DateTime<Utc>, i64, i64)> = sqlx::query_as(concat!(
             "SELECT date_trunc('minute', scheduled_at) AS minute,
-                    count(*) FILTER (WHERE status = 'fired'),
-                    count(*) FILTER (WHERE status = 'failed')
+                    count(*) FILTER (WHERE NOT ",
+            failure_sql!(""),
+            "),
+                    count(*) FILTER (WHERE ",
+            failure_sql!(""),
+            ")
              FROM routine_fires
              WHERE status IN ('fired', 'failed') AND scheduled_at >= $1
                AND scheduled_at < $2 + interval '1 minute'
-             GROUP BY 1",
-        )
+             GROUP BY 1"
+        ))
         .bind(since)
         .bind(until)
         .fetch_all(&mut *tx)

@@ -38,6 +38,11 @@ mod race;
 #[path = "store/runs.rs"]
 mod runs;
 
+// A fire's outcome (a mission's is its run's): the SQL rule, the listing, the status page's
+// reads and the automatic pause count failed runs as failures.
+#[path = "store/outcome.rs"]
+mod outcome;
+
 // Misfire policies after a simulated outage of an every-minute routine.
 #[path = "store/misfire.rs"]
 mod misfire;

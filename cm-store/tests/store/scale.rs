@@ -5,9 +5,9 @@
 //! scans produced and how many buffers the statement touched. Without the right index each of
 //! them reads the whole group (100,000 rows, thousands of buffers).
 
-use cm_domain::FireStatus;
+use cm_domain::FireOutcome;
 use cm_store::autopause::PAUSE_FAILING_SQL;
-use cm_store::ledger::{DUE_AFTER_SQL, DUE_SQL, LIST_FIRES_SQL, REAP_SQL};
+use cm_store::ledger::{DUE_AFTER_SQL, DUE_SQL, REAP_SQL, list_fires_statement};
 use cm_store::{FireCursor, FireFilter, FireLedger, PgStore};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -224,12 +224,11 @@ async fn the_reaper_reads_the_expired_claims_not_the_live_ones(pool: PgPool) {
 async fn explain_listing(
     pool: &PgPool,
     routine: Option<Uuid>,
-    status: Option<&'static str>,
+    outcome: Option<FireOutcome>,
     after: Option<FireCursor>,
 ) -> Plan {
-    explain(pool, LIST_FIRES_SQL, move |q| {
+    explain(pool, list_fires_statement(outcome), move |q| {
         q.bind(routine)
-            .bind(status)
             .bind(after.map(|c| c.scheduled_at))
             .bind(after.map(|c| c.routine_id))
             .bind(LIMIT)
@@ -266,11 +265,14 @@ async fn every_listing_of_fires_reads_a_page_not_the_ledger(pool: PgPool) {
 
     for (routine, status, after) in [
         (None, None, None),
-        (None, Some("failed"), None),
-        (None, Some("fired"), None),
+        (None, Some(FireOutcome::Failed), None),
+        (None, Some(FireOutcome::Fired), None),
+        (None, Some(FireOutcome::Succeeded), None),
+        (None, Some(FireOutcome::Lost), None),
         (Some(routine), None, None),
         (None, None, Some(cursor)),
-        (None, Some("fired"), Some(cursor)),
+        (None, Some(FireOutcome::Fired), Some(cursor)),
+        (None, Some(FireOutcome::Failed), Some(cursor)),
         (Some(routine), None, Some(cursor)),
     ] {
         let plan = explain_listing(&pool, routine, status, after).await;
@@ -279,7 +281,7 @@ async fn every_listing_of_fires_reads_a_page_not_the_ledger(pool: PgPool) {
     }
     let failed = store
         .list_fires(&FireFilter {
-            status: Some(FireStatus::Failed),
+            outcome: Some(FireOutcome::Failed),
             ..FireFilter::default()
         })
         .await
@@ -304,14 +306,14 @@ async fn pages_from_a_cursor_cover_the_listing_once_in_order(pool: PgPool) {
         .unwrap();
     }
     let store = PgStore::new(pool.clone());
-    for (status, total) in [
+    for (outcome, total) in [
         (None, 15),
-        (Some(FireStatus::Failed), 3),
-        (Some(FireStatus::Fired), 12),
+        (Some(FireOutcome::Failed), 3),
+        (Some(FireOutcome::Fired), 12),
     ] {
         let whole = store
             .list_fires(&FireFilter {
-                status,
+                outcome,
                 limit: 100,
                 ..FireFilter::default()
             })
@@ -331,7 +333,7 @@ async fn pages_from_a_cursor_cover_the_listing_once_in_order(pool: PgPool) {
             loop {
                 let page = store
                     .list_fires(&FireFilter {
-                        status,
+                        outcome,
                         limit,
                         after,
                         ..FireFilter::default()
@@ -343,7 +345,7 @@ async fn pages_from_a_cursor_cover_the_listing_once_in_order(pool: PgPool) {
                 after = Some(FireCursor::after(last));
                 paged.extend(page);
             }
-            assert_eq!(paged, whole, "status {status:?}, pages of {limit}");
+            assert_eq!(paged, whole, "outcome {outcome:?}, pages of {limit}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Settling: fenced on the claim's token and attempt, terminal, and keeping a bounded error.
 
 use cm_domain::claim::MAX_ERROR_BYTES;
-use cm_domain::{ClaimOutcome, ErrorText, FireStatus, MisfirePolicy, Settlement};
+use cm_domain::{ClaimOutcome, ErrorText, FireOutcome, MisfirePolicy, Settlement};
 use cm_store::{ClaimedFire, FireFilter, FireLedger, FireRef, PgStore, SettleOutcome};
 use sqlx::PgPool;
 
@@ -238,13 +238,13 @@ async fn listing_filters_and_orders_fires(pool: PgPool) {
         SettleOutcome::Settled
     );
 
-    let list = |routine_id, status, limit| {
+    let list = |routine_id, outcome, limit| {
         let store = store.clone();
         async move {
             store
                 .list_fires(&FireFilter {
                     routine_id,
-                    status,
+                    outcome,
                     limit,
                     after: None,
                 })
@@ -254,10 +254,10 @@ async fn listing_filters_and_orders_fires(pool: PgPool) {
     };
     assert_eq!(list(None, None, 10).await.len(), 3);
     assert_eq!(list(None, None, 2).await.len(), 2);
-    let failed_rows = list(None, Some(FireStatus::Failed), 10).await;
+    let failed_rows = list(None, Some(FireOutcome::Failed), 10).await;
     assert_eq!(failed_rows.len(), 1);
     assert_eq!(failed_rows[0].routine_id, two.occurrence.routine_id);
-    let claimed_rows = list(None, Some(FireStatus::Claimed), 10).await;
+    let claimed_rows = list(None, Some(FireOutcome::Claimed), 10).await;
     assert_eq!(claimed_rows.len(), 1);
     assert_eq!(claimed_rows[0].routine_id, three.occurrence.routine_id);
     let mine = list(Some(one.occurrence.routine_id), None, 10).await;
@@ -266,7 +266,7 @@ async fn listing_filters_and_orders_fires(pool: PgPool) {
     assert!(
         list(
             Some(one.occurrence.routine_id),
-            Some(FireStatus::Failed),
+            Some(FireOutcome::Failed),
             10
         )
         .await

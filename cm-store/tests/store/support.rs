@@ -257,7 +257,7 @@ pub async fn ledger(store: &PgStore, routine_id: Uuid) -> Vec<Fire> {
     let mut fires = store
         .list_fires(&FireFilter {
             routine_id: Some(routine_id),
-            status: None,
+            outcome: None,
             limit: 10_000,
             after: None,
         })

@@ -803,7 +803,7 @@ async fn ledger(
                 "`fires --status failed --limit 50`",
                 vec!["fires", "--status", "failed", "--limit", "50"],
                 FireFilter {
-                    status: Some(FireStatus::Failed),
+                    outcome: Some(cm_domain::FireOutcome::Failed),
                     limit: 50,
                     ..FireFilter::default()
                 },

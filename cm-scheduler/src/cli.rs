@@ -28,7 +28,7 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use cm_dispatch::RoutedDispatcher;
-use cm_domain::{FireCap, FireStatus, Lease, Schedule, SchedulerConfig};
+use cm_domain::{FireCap, FireOutcome, Lease, Occurrence, Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
 use cm_scheduler::health::{Health, Readiness};
 use cm_scheduler::state::{BearerToken, HttpState, StatusPage};
@@ -68,13 +68,21 @@ enum Command {
     /// Creates and manages routines.
     #[command(subcommand)]
     Routine(RoutineCommand),
-    /// Lists fires (the occurrence ledger), newest first, as a table (or JSON lines).
+    /// Lists fires (the occurrence ledger), newest first, as a table (or JSON lines); `fires
+    /// show FIRE` shows one, with what its run said.
+    #[command(args_conflicts_with_subcommands = true)]
     Fires {
+        /// One fire.
+        #[command(subcommand)]
+        show: Option<FiresCommand>,
         /// Only this routine's (its id or name).
         #[arg(long, value_name = "ID|NAME")]
         routine: Option<String>,
-        /// Only with this status.
-        #[arg(long, value_parser = ["claimed", "fired", "failed", "skipped"])]
+        /// Only with this outcome: a mission's is its run's (`failed` lists every failure: failed
+        /// dispatches, runs that failed or were lost).
+        #[arg(long, value_name = "OUTCOME", value_parser = [
+            "claimed", "fired", "failed", "skipped", "running", "succeeded", "lost",
+        ])]
         status: Option<String>,
         /// At most this many (at least 1).
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
@@ -362,6 +370,11 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
         Command::Outbox(args) => outbox::show(&cli.database_url, args).await,
         Command::Routine(command) => routine::routine(&cli.database_url, command).await,
         Command::Fires {
+            show: Some(FiresCommand::Show { fire, json }),
+            ..
+        } => fire_show(&cli.database_url, &fire, json).await,
+        Command::Fires {
+            show: None,
             routine,
             status,
             limit,
@@ -388,6 +401,78 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
     }
 }
 
+/// `fires show`.
+#[derive(Debug, clap::Subcommand)]
+enum FiresCommand {
+    /// Shows one fire: its outcome, its run's start, end, duration and exit code, and the last
+    /// of its output (16 KiB at most, secrets scrubbed).
+    Show {
+        /// The fire: its key (`cm-<routine id>-<microseconds>`, the container's name and the
+        /// messages' idempotency key), or ROUTINE@INSTANT: the routine's name or id and the
+        /// occurrence's instant in RFC 3339, to the second as `fires` prints it.
+        #[arg(value_name = "FIRE")]
+        fire: String,
+        /// As one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `fires show FIRE`.
+async fn fire_show(url: &str, handle: &str, json: bool) -> Result<(), Failure> {
+    let handle = handle.trim();
+    let store = database::connect_migrated(url).await?;
+    let occurrence = match cm_domain::IdempotencyKey::parse_occurrence(handle) {
+        Some(occurrence) => occurrence,
+        None => {
+            let Some((routine, at)) = handle.rsplit_once('@') else {
+                return Err(input(format!(
+                    "{handle:?} names no fire: give its key (cm-<routine id>-<microseconds>) or \
+                     ROUTINE@INSTANT (2026-12-02T15:00:00Z)"
+                )));
+            };
+            let at = parse_time(at)?;
+            let routine_id = routine::find_id(&store, routine).await?;
+            // An instant to the second, as `fires` prints it, names the fire in that second.
+            let next = at + chrono::Duration::seconds(1);
+            let found = store
+                .list_fires(&FireFilter {
+                    routine_id: Some(routine_id),
+                    limit: 1,
+                    after: Some(FireCursor {
+                        scheduled_at: next,
+                        routine_id,
+                    }),
+                    ..FireFilter::default()
+                })
+                .await?;
+            match found.first() {
+                Some(f) if f.scheduled_at >= at => Occurrence::new(routine_id, f.scheduled_at),
+                _ => Occurrence::new(routine_id, at),
+            }
+        }
+    };
+    let Some(detail) = cm_store::StatusReader::fire(&store, occurrence).await? else {
+        return Err(input(format!(
+            "no fire of routine {} at {} in the ledger",
+            occurrence.routine_id,
+            listing::instant(occurrence.scheduled_at)
+        )));
+    };
+    if json {
+        let line = serde_json::json!({
+            "fire": listing::FireLine::from(&detail.fire),
+            "key": occurrence.idempotency_key().to_string(),
+            "run_duration_seconds": detail.fire.run_duration().map(|d| d.as_seconds_f64()),
+            "run_output": detail.run_output,
+        });
+        say!("{line}");
+    } else {
+        listing::print_fire(&detail, occurrence);
+    }
+    Ok(())
+}
+
 /// What one `fires` command asks for.
 struct FirePage<'a> {
     routine: Option<&'a str>,
@@ -398,9 +483,9 @@ struct FirePage<'a> {
 }
 
 async fn fires(url: &str, page: FirePage<'_>) -> Result<(), Failure> {
-    let status = page
+    let outcome = page
         .status
-        .map(|s| s.parse::<FireStatus>())
+        .map(|s| s.parse::<FireOutcome>())
         .transpose()
         .map_err(|e| input(e.to_string()))?;
     let store = database::connect_migrated(url).await?;
@@ -411,7 +496,7 @@ async fn fires(url: &str, page: FirePage<'_>) -> Result<(), Failure> {
     let fires = store
         .list_fires(&FireFilter {
             routine_id,
-            status,
+            outcome,
             limit: page.limit,
             after: page.cursor,
         })
@@ -421,7 +506,8 @@ async fn fires(url: &str, page: FirePage<'_>) -> Result<(), Failure> {
         .then(|| fires.last().map(FireCursor::after))
         .flatten();
     if page.json {
-        listing::print_json_lines(&fires)?;
+        let lines: Vec<listing::FireLine<'_>> = fires.iter().map(listing::FireLine::from).collect();
+        listing::print_json_lines(&lines)?;
     } else {
         let rows: Vec<Vec<String>> = fires.iter().map(listing::fire_row).collect();
         // An empty page still has its header: the listing ran and found nothing.
@@ -809,7 +895,9 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     tracing::info!(
         ticks = summary.ticks,
         fired = summary.fired,
+        succeeded = summary.succeeded,
         failed = summary.failed,
+        lost = summary.lost,
         tick_errors = summary.tick_errors,
         last_error = summary.last_error.as_deref().unwrap_or("none"),
         "scheduler exited"

@@ -145,10 +145,14 @@ pub struct RunSummary {
     pub tick_errors: u64,
     /// The latest of those errors.
     pub last_error: Option<String>,
-    /// Occurrences settled `fired`.
+    /// Occurrences settled `fired` with no run to watch (messages, missions handed on).
     pub fired: u64,
-    /// Occurrences settled `failed`.
+    /// Occurrences that failed: failed dispatches and launched missions whose run failed.
     pub failed: u64,
+    /// Launched missions whose run succeeded.
+    pub succeeded: u64,
+    /// Launched missions whose run was lost.
+    pub lost: u64,
 }
 
 /// How a scheduler writes the ends of its dispatches.
@@ -1075,6 +1079,8 @@ impl Scheduler {
             last_error: self.stats.last_error(),
             fired: Stats::get(&self.stats.fired),
             failed: Stats::get(&self.stats.failed),
+            succeeded: Stats::get(&self.stats.succeeded),
+            lost: Stats::get(&self.stats.lost),
         }
     }
 
@@ -1444,11 +1450,13 @@ impl FireJob {
             add(&self.stats.overlap_skipped, 1);
             FireResult::Skipped
         } else {
-            add(&self.stats.fired, 1);
             // The runtime confirmed the launch, and this settle is the occurrence's only one
-            // (fenced): its run is counted `running` once.
+            // (fenced): its run is counted `running` once, and the fire by its run's outcome
+            // when the run ends.
             if fire.kind == RoutineKind::Mission && self.runs.is_some() {
                 self.stats.run_reached(cm_domain::RunStateName::Running);
+            } else {
+                add(&self.stats.fired, 1);
             }
             FireResult::Fired
         }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cm_dispatch::{MissionRuntime, RunRef};
-use cm_domain::{ErrorText, FireStatus, Occurrence, RunHolder, Settlement};
+use cm_domain::{ErrorText, FireOutcome, FireStatus, Occurrence, RunHolder, Settlement};
 use cm_store::{MissionRuns, RunTake, RunUpdate, StoreError, UnfinishedRun};
 use tracing::{debug, info, warn};
 
@@ -116,6 +116,13 @@ impl RunWatch {
         if runs.is_empty() {
             return Ok(0);
         }
+        // A fire settled `fired` is counted by its run's outcome when the run ends; one settled
+        // `failed` (its launch refused or abandoned) was counted failed then.
+        let launched: std::collections::HashSet<Occurrence> = runs
+            .iter()
+            .filter(|r| r.status == FireStatus::Fired)
+            .map(|r| r.occurrence)
+            .collect();
         let room = Arc::new(tokio::sync::Semaphore::new(WATCH_CONCURRENCY));
         let mut asking = tokio::task::JoinSet::new();
         for run in runs {
@@ -136,6 +143,9 @@ impl RunWatch {
         let ended = self.store.record_runs(&updates).await?;
         for (occurrence, state) in &ended {
             stats.run_reached(state.name());
+            if launched.contains(occurrence) {
+                stats.fire_ended(state);
+            }
             info!(routine_id = %occurrence.routine_id, scheduled_at = %occurrence.scheduled_at,
                 run = %state.name(), exit_code = ?state.exit_code(),
                 reason = state.reason().unwrap_or(""), "mission run ended");
@@ -184,19 +194,19 @@ async fn update(
     Some((occurrence, update))
 }
 
-/// A mission fire's run as `fires`, `routine show` and the status page show it: `running`,
-/// `succeeded (exit 0)`, `failed (exit 3)`, `failed (OOMKilled)`, `lost`; empty for a message or a
-/// mission not launched. The reason of a lost or failed run is in `--json`.
-pub fn run_text(f: &cm_store::Fire) -> String {
-    match (f.run_state.as_deref(), f.run_exit_code) {
-        (None, _) => String::new(),
-        (Some(state), Some(code)) => format!("{state} (exit {code})"),
-        (Some("failed"), None) => match f.run_reason.as_deref() {
-            Some(reason) => format!("failed ({reason})"),
-            None => "failed".into(),
-        },
-        (Some(state), None) => state.to_owned(),
+/// A fire's outcome as the listings and the page print it: a mission's run with its exit code
+/// (`failed (exit 3)`, `succeeded (exit 0)`), else the outcome's name (`running`, `lost`,
+/// `fired`, `failed`, `skipped`, `claimed`).
+pub fn outcome_text(outcome: FireOutcome, status: &str, exit_code: Option<i32>) -> String {
+    match exit_code {
+        Some(code) if status != "failed" => format!("{outcome} (exit {code})"),
+        _ => outcome.as_str().to_owned(),
     }
+}
+
+/// [`outcome_text`] of a listed fire.
+pub fn fire_outcome_text(f: &cm_store::Fire) -> String {
+    outcome_text(f.outcome(), &f.status, f.run_exit_code)
 }
 
 /// A skipped occurrence's settlement.

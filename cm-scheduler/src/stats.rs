@@ -170,7 +170,11 @@ pub fn install_prometheus() -> Result<PrometheusHandle, BuildError> {
 /// Describes cm's metrics to the current recorder (the `# HELP` lines).
 pub fn describe() {
     use metrics::{describe_counter, describe_histogram};
-    describe_counter!(FIRES, "Occurrences by how their claim ended.");
+    describe_counter!(
+        FIRES,
+        "Occurrences by outcome (a launched mission's is its run's: succeeded, failed, lost) or \
+         by how their claim ended."
+    );
     describe_counter!(TICKS, "Ticks run.");
     describe_counter!(TICK_ERRORS, "Ticks and reaper passes that failed.");
     describe_counter!(DEFERRED, "Occurrences the per-tick cap deferred.");
@@ -201,10 +205,16 @@ pub struct Stats {
     pub ticks: Counter,
     /// Ticks (or reaper passes) that failed.
     pub tick_errors: Counter,
-    /// Occurrences dispatched and settled `fired`.
+    /// Occurrences dispatched and settled `fired` with no run to watch: messages, and missions
+    /// handed to the outbox. A mission this process launches is counted by its run's end.
     pub fired: Counter,
-    /// Occurrences settled `failed` after a dispatch error or timeout.
+    /// Occurrences that failed: settled `failed` after a dispatch error or timeout, or
+    /// launched missions whose run failed (counted when the run's end is recorded, once).
     pub failed: Counter,
+    /// Launched missions whose run succeeded.
+    pub succeeded: Counter,
+    /// Launched missions whose run was lost (the runtime no longer knew it).
+    pub lost: Counter,
     /// Occurrences settled `failed` without dispatch: too many attempts crashed.
     pub abandoned: Counter,
     /// Claims found held by another live claimant.
@@ -259,6 +269,8 @@ impl Default for Stats {
             tick_errors: Counter::new(TICK_ERRORS, None),
             fired: outcome("fired"),
             failed: outcome("failed"),
+            succeeded: outcome("succeeded"),
+            lost: outcome("lost"),
             abandoned: outcome("abandoned"),
             in_flight: outcome("in_flight"),
             already_settled: outcome("already_settled"),
@@ -305,6 +317,16 @@ impl Stats {
     /// Records a mission run reaching `state`.
     pub(crate) fn run_reached(&self, state: cm_domain::RunStateName) {
         add(&self.mission_runs[state as usize], 1);
+    }
+
+    /// Counts a launched mission's fire by its run's end: succeeded, failed or lost.
+    pub(crate) fn fire_ended(&self, run: &cm_domain::RunState) {
+        match run {
+            cm_domain::RunState::Running => {}
+            cm_domain::RunState::Succeeded => add(&self.succeeded, 1),
+            cm_domain::RunState::Failed { .. } => add(&self.failed, 1),
+            cm_domain::RunState::Lost { .. } => add(&self.lost, 1),
+        }
     }
 
     /// Records a tick that succeeded.

@@ -25,9 +25,10 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use chrono::{DateTime, SecondsFormat, Utc};
+use cm_domain::FireOutcome;
 use cm_store::{
-    FireRate, OpenClaims, OutboxBacklog, RecentFire, Routine, RoutineOrder, RoutineQuery,
-    StoreError,
+    FailedFire, FireRate, OpenClaims, OutboxBacklog, RecentFire, Routine, RoutineOrder,
+    RoutineQuery, StoreError,
 };
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use uuid::Uuid;
@@ -477,7 +478,7 @@ pub async fn index(
                             td { (strip(&summary.recent_fires)) }
                             td { @match summary.last_fire() {
                                 Some(fire) => {
-                                    (status_word(&fire.status)) br;
+                                    (outcome_word(fire.outcome(), &fire.status, fire.run_exit_code)) br;
                                     (moment(fire.completed_at.unwrap_or(fire.scheduled_at), now))
                                 }
                                 None => span.muted { "never fired" },
@@ -487,8 +488,8 @@ pub async fn index(
                     } }
                 } }
                 p.legend.small.muted {
-                    span { span.cell.fired {} "fired" }
-                    span { span.cell.failed {} "failed" }
+                    span { span.cell.fired {} "fired, succeeded" }
+                    span { span.cell.failed {} "failed, lost" }
                     span { span.cell.claimed {} "running" }
                     span { span.cell.skipped {} "skipped" }
                 }
@@ -501,11 +502,12 @@ pub async fn index(
                 p.muted { "None." }
             } @else {
                 div.scroll { table id="failures" {
-                    thead { tr { th { "Routine" } th { "Occurrence" } th { "Settled" } th { "Attempt" } th { "Error" } } }
+                    thead { tr { th { "Routine" } th { "Occurrence" } th { "Outcome" } th { "Settled" } th { "Attempt" } th { "Error" } } }
                     tbody { @for f in &data.failures {
                         tr {
                             td { a href={ "/routines/" (f.routine_id) } { (shown(&f.routine_name)) } }
                             td { (moment(f.scheduled_at, now)) }
+                            td { (failure_word(f)) }
                             td { @if let Some(at) = f.completed_at { (moment(at, now)) } }
                             td { (f.attempt) }
                             td.error { (shown(f.error.as_deref().unwrap_or(""))) }
@@ -558,7 +560,9 @@ pub async fn routine(
             scheduled_at: f.scheduled_at,
             status: f.status.clone(),
             completed_at: f.completed_at,
-            error: f.error.clone(),
+            error: f.failure().or(f.error.as_deref()).map(str::to_owned),
+            run_state: f.run_state.clone(),
+            run_exit_code: f.run_exit_code,
         })
         .collect();
     let back = routine_href(&r);
@@ -615,21 +619,21 @@ pub async fn routine(
                 (strip(&recent))
                 div.scroll { table id="fires" {
                     thead { tr {
-                        th { "Occurrence" } th { "Status" } th { "Origin" } th { "Run" }
+                        th { "Occurrence" } th { "Outcome" } th { "Dispatch" } th { "Origin" }
                         th { "Attempt" } th { "Claimant" }
                         th { "Settled" } th { "Receipt" } th { "Error" }
                     } }
                     tbody { @for f in &fires {
                         tr {
                             td { (moment(f.scheduled_at, now)) }
-                            td { (status_word(&f.status)) }
+                            td { (outcome_word(f.outcome(), &f.status, f.run_exit_code)) }
+                            td.muted { (f.status) }
                             td.muted { (f.origin) }
-                            td { (crate::runs::run_text(f)) }
                             td { (f.attempt) }
                             td.muted { (f.claimant) }
                             td { @if let Some(at) = f.completed_at { (moment(at, now)) } }
                             td.muted { (shown(f.receipt.as_deref().unwrap_or(""))) }
-                            td.error { (shown(f.error.as_deref().unwrap_or(""))) }
+                            td.error { (shown(f.failure().or(f.error.as_deref()).unwrap_or(""))) }
                         }
                     } }
                 } }
@@ -868,7 +872,8 @@ fn figures(
             div.figure { "Ticks" b { (Stats::get(&stats.ticks)) } }
             div.figure { "Tick errors" b { (Stats::get(&stats.tick_errors)) } }
             div.figure { "Fired" b { (Stats::get(&stats.fired)) } }
-            div.figure { "Failed" b { (Stats::get(&stats.failed)) } }
+            div.figure title="launched missions whose run succeeded" { "Succeeded" b { (Stats::get(&stats.succeeded)) } }
+            div.figure title="failed dispatches, and missions whose run failed or was lost" { "Failed" b { (Stats::get(&stats.failed) + Stats::get(&stats.lost)) } }
             div.figure { "Deferred" b { (Stats::get(&stats.deferred)) } }
             div.figure { "Lateness" b { (lateness) } }
         }
@@ -878,13 +883,36 @@ fn figures(
     }
 }
 
-/// The word for a fire's status: a claimed fire is running.
-fn status_word(status: &str) -> Markup {
-    let word = match status {
-        "claimed" => "running",
-        other => other,
+/// A fire's outcome in words (`failed (exit 3)`, `succeeded`; a claim is `running`), coloured
+/// as its cell in the strips.
+fn outcome_word(outcome: FireOutcome, status: &str, exit_code: Option<i32>) -> Markup {
+    let word = match outcome {
+        FireOutcome::Claimed => "running".to_owned(),
+        _ => crate::runs::outcome_text(outcome, status, exit_code),
     };
-    html! { span class=(status) { (word) } }
+    html! { span class=(outcome_class(outcome)) { (word) } }
+}
+
+/// The outcome of a failure listed in "Recent failures".
+fn failure_word(f: &FailedFire) -> Markup {
+    let outcome = f.outcome.parse().unwrap_or(FireOutcome::Failed);
+    let status = if f.run_exit_code.is_some() {
+        "fired"
+    } else {
+        "failed"
+    };
+    outcome_word(outcome, status, f.run_exit_code)
+}
+
+/// The class (colour) of an outcome: green for one that went well, red for a failure, amber
+/// for one not known yet, grey for a skip.
+fn outcome_class(outcome: FireOutcome) -> &'static str {
+    match outcome {
+        FireOutcome::Fired | FireOutcome::Succeeded => "fired",
+        FireOutcome::Failed | FireOutcome::Lost => "failed",
+        FireOutcome::Claimed | FireOutcome::Running => "claimed",
+        FireOutcome::Skipped => "skipped",
+    }
 }
 
 /// A routine's state as the command line words it, with the reason cm paused it, cut short
@@ -918,26 +946,36 @@ fn next_run_cell(r: &Routine, now: DateTime<Utc>) -> Markup {
     }
 }
 
-/// A strip of fires, oldest left, one coloured cell each, its time, status and error its title.
+/// A strip of fires, oldest left, one coloured cell each (by its outcome: a mission's is its
+/// run's), its time, outcome and error its title.
 fn strip(fires: &[RecentFire]) -> Markup {
     html! {
         span.strip role="img" aria-label=(strip_label(fires)) {
             @for f in fires.iter().rev() {
-                @let word = if f.status == "claimed" { "running" } else { f.status.as_str() };
+                @let outcome = f.outcome();
+                @let word = match outcome {
+                    FireOutcome::Claimed => "running".to_owned(),
+                    _ => crate::runs::outcome_text(outcome, &f.status, f.run_exit_code),
+                };
                 @let title = match &f.error {
                     Some(error) => format!("{} {word}: {error}", utc(f.scheduled_at)),
                     None => format!("{} {word}", utc(f.scheduled_at)),
                 };
-                span class={ "cell " (f.status) } title=(title) {}
+                span class={ "cell " (outcome_class(outcome)) } title=(title) {}
             }
         }
     }
 }
 
 fn strip_label(fires: &[RecentFire]) -> String {
-    let count = |status: &str| fires.iter().filter(|f| f.status == status).count();
+    let count = |class: &str| {
+        fires
+            .iter()
+            .filter(|f| outcome_class(f.outcome()) == class)
+            .count()
+    };
     format!(
-        "last {} fires: {} fired, {} failed, {} skipped, {} running",
+        "last {} fires: {} fired or succeeded, {} failed, {} skipped, {} running",
         fires.len(),
         count("fired"),
         count("failed"),

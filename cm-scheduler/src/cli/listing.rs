@@ -3,7 +3,7 @@
 //! text cannot break a listing or drive the terminal.
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use cm_store::{Fire, Routine};
+use cm_store::{Fire, RecentFire, Routine};
 
 /// How many routines `routine list` reads and prints at a time.
 pub(super) const ROUTINE_PAGE: u32 = 1000;
@@ -90,6 +90,7 @@ pub(super) const ROUTINE_COLUMNS: &[&str] = &[
     "MISFIRE",
     "TIMEZONE",
     "SCHEDULE",
+    "LAST",
     "NAME",
     "STATE",
 ];
@@ -104,8 +105,17 @@ pub(super) fn state(r: &Routine) -> String {
     }
 }
 
-/// A routine as a row of `routine list`.
-pub(super) fn routine_row(r: &Routine) -> Vec<String> {
+/// A routine's last fire as `routine list` shows it: its outcome (`failed (exit 3)`), or
+/// `never` when it has none.
+pub(super) fn last_outcome(last: Option<&RecentFire>) -> String {
+    match last {
+        Some(f) => cm_scheduler::runs::outcome_text(f.outcome(), &f.status, f.run_exit_code),
+        None => "never".into(),
+    }
+}
+
+/// A routine as a row of `routine list`, with its last fire's outcome.
+pub(super) fn routine_row(r: &Routine, last: Option<&RecentFire>) -> Vec<String> {
     let next = match r.next_run_at {
         Some(t) => instant(t),
         None if r.paused => "paused".into(),
@@ -118,19 +128,39 @@ pub(super) fn routine_row(r: &Routine) -> Vec<String> {
         r.misfire_policy.clone(),
         r.timezone.clone(),
         printable(&r.schedule),
+        last_outcome(last),
         printable(&r.name),
         state(r),
     ]
 }
 
-/// The columns of `fires`. A receipt column (what the backend answered) goes before ERROR once
-/// the ledger keeps one.
+/// A routine as a line of `routine list --json`: the routine, with its last fire's outcome.
+#[derive(serde::Serialize)]
+pub(super) struct RoutineLine<'a> {
+    #[serde(flatten)]
+    routine: &'a Routine,
+    last_outcome: Option<&'static str>,
+}
+
+impl<'a> RoutineLine<'a> {
+    /// `routine` and its newest fire, if any.
+    pub(super) fn new(routine: &'a Routine, last: Option<&RecentFire>) -> Self {
+        RoutineLine {
+            routine,
+            last_outcome: last.map(|f| f.outcome().as_str()),
+        }
+    }
+}
+
+/// The columns of `fires`: OUTCOME is what the fire's effect did (a mission's is its run's:
+/// `failed (exit 3)`), STATUS the ledger's word on its dispatch, ERROR why it failed (the
+/// dispatch's error or the run's reason) or was skipped.
 pub(super) const FIRE_COLUMNS: &[&str] = &[
     "SCHEDULED AT (UTC)",
     "ROUTINE",
+    "OUTCOME",
     "STATUS",
     "ORIGIN",
-    "RUN",
     "ATTEMPT",
     "CLAIMANT",
     "RECEIPT",
@@ -139,25 +169,43 @@ pub(super) const FIRE_COLUMNS: &[&str] = &[
 
 /// A fire as a row of `fires`.
 pub(super) fn fire_row(f: &Fire) -> Vec<String> {
+    let why = f.failure().or(f.error.as_deref());
     vec![
         instant(f.scheduled_at),
         f.routine_id.to_string(),
+        printable(&cm_scheduler::runs::fire_outcome_text(f)),
         f.status.clone(),
         f.origin.clone(),
-        printable(&cm_scheduler::runs::run_text(f)),
         f.attempt.to_string(),
         printable(&f.claimant),
         f.receipt.as_deref().map(printable).unwrap_or_default(),
-        f.error.as_deref().map(printable).unwrap_or_default(),
+        why.map(printable).unwrap_or_default(),
     ]
+}
+
+/// A fire as a line of `fires --json`: its row with its outcome.
+#[derive(serde::Serialize)]
+pub(super) struct FireLine<'a> {
+    #[serde(flatten)]
+    fire: &'a Fire,
+    outcome: &'static str,
+}
+
+impl<'a> From<&'a Fire> for FireLine<'a> {
+    fn from(fire: &'a Fire) -> Self {
+        FireLine {
+            fire,
+            outcome: fire.outcome().as_str(),
+        }
+    }
 }
 
 /// The columns of the fires `routine show` lists (the routine is the one shown).
 pub(super) const ROUTINE_FIRE_COLUMNS: &[&str] = &[
     "SCHEDULED AT (UTC)",
+    "OUTCOME",
     "STATUS",
     "ORIGIN",
-    "RUN",
     "ATTEMPT",
     "CLAIMANT",
     "RECEIPT",
@@ -169,4 +217,67 @@ pub(super) fn routine_fire_row(f: &Fire) -> Vec<String> {
     let mut row = fire_row(f);
     row.remove(1);
     row
+}
+
+/// A duration as `fires show` prints it: `2.4s`, `3m 05s`, `1h 02m`.
+pub(super) fn duration(d: chrono::TimeDelta) -> String {
+    let secs = d.num_milliseconds() as f64 / 1000.0;
+    if secs < 60.0 {
+        format!("{secs:.1}s")
+    } else if secs < 3600.0 {
+        format!("{}m {:02}s", d.num_minutes(), d.num_seconds() % 60)
+    } else {
+        format!("{}h {:02}m", d.num_hours(), d.num_minutes() % 60)
+    }
+}
+
+/// `fires show`: the fire's fields, one a line, then the last of its run's output.
+pub(super) fn print_fire(detail: &cm_store::FireDetail, occurrence: cm_domain::Occurrence) {
+    let f = &detail.fire;
+    let time = |t: Option<DateTime<Utc>>| t.map(instant).unwrap_or_else(|| "-".into());
+    say!("fire        {}", occurrence.idempotency_key());
+    say!("routine     {}", f.routine_id);
+    say!("scheduled   {}", instant(f.scheduled_at));
+    say!(
+        "outcome     {}",
+        printable(&cm_scheduler::runs::fire_outcome_text(f))
+    );
+    say!("status      {}", f.status);
+    say!("origin      {}", f.origin);
+    say!("attempt     {} by {}", f.attempt, printable(&f.claimant));
+    say!("settled     {}", time(f.completed_at));
+    if let Some(why) = f.failure().or(f.error.as_deref()) {
+        say!("error       {}", printable(why));
+    }
+    if let Some(receipt) = &f.receipt {
+        say!("receipt     {}", printable(receipt));
+    }
+    if f.run_state.is_some() {
+        say!("run         {}", f.run_state.as_deref().unwrap_or_default());
+        say!("started     {}", time(f.run_started_at));
+        say!("ended       {}", time(f.run_finished_at));
+        say!(
+            "duration    {}",
+            f.run_duration().map(duration).unwrap_or_else(|| "-".into())
+        );
+        say!(
+            "exit code   {}",
+            f.run_exit_code
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+        say!("");
+        match &detail.run_output {
+            Some(output) if !output.is_empty() => {
+                say!(
+                    "output (the last {} bytes at most):",
+                    cm_store::MAX_RUN_OUTPUT
+                );
+                for line in output.lines() {
+                    say!("  {}", printable(line));
+                }
+            }
+            _ => say!("output: none kept"),
+        }
+    }
 }

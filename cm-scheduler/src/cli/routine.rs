@@ -308,9 +308,22 @@ async fn set_paused(url: &str, reference: &str, paused: bool) -> Result<(), Fail
     let store = connect_migrated(url).await?;
     let id = find(&store, reference).await?.id;
     let routine = store.set_routine_paused(id, paused).await?;
+    let last = last_fires(&store, &[routine.id]).await?;
     let mut table = Table::new(listing::ROUTINE_COLUMNS);
-    table.print_page(&[listing::routine_row(&routine)]);
+    table.print_page(&[listing::routine_row(&routine, last.get(&routine.id))]);
     Ok(())
+}
+
+/// The newest fire of each of `ids`, by routine.
+async fn last_fires(
+    store: &PgStore,
+    ids: &[Uuid],
+) -> Result<HashMap<Uuid, cm_store::RecentFire>, Failure> {
+    let mut last = HashMap::with_capacity(ids.len());
+    for chunk in ids.chunks(cm_store::status::MAX_PAGE as usize) {
+        last.extend(cm_store::StatusReader::last_fires(store, chunk).await?);
+    }
+    Ok(last)
 }
 
 fn print_created(routine: &Routine, json: bool) -> Result<(), Failure> {
@@ -608,10 +621,19 @@ async fn list(url: &str, json: bool) -> Result<(), Failure> {
             return Ok(());
         };
         after = Some(RoutineCursor::after(last));
+        let ids: Vec<Uuid> = page.iter().map(|r| r.id).collect();
+        let lasts = last_fires(&store, &ids).await?;
         if json {
-            listing::print_json_lines(&page)?;
+            let lines: Vec<listing::RoutineLine<'_>> = page
+                .iter()
+                .map(|r| listing::RoutineLine::new(r, lasts.get(&r.id)))
+                .collect();
+            listing::print_json_lines(&lines)?;
         } else {
-            let rows: Vec<Vec<String>> = page.iter().map(listing::routine_row).collect();
+            let rows: Vec<Vec<String>> = page
+                .iter()
+                .map(|r| listing::routine_row(r, lasts.get(&r.id)))
+                .collect();
             table.print_page(&rows);
         }
         if page.len() < listing::ROUTINE_PAGE as usize {
@@ -654,6 +676,19 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
         "last run    {}",
         routine.last_run_at.map_or("never".into(), listing::instant)
     );
+    let last = last_fires(store, &[routine.id]).await?;
+    match last.get(&routine.id) {
+        Some(fire) => say!(
+            "last fire   {} at {}{}",
+            listing::last_outcome(Some(fire)),
+            listing::instant(fire.scheduled_at),
+            fire.error
+                .as_deref()
+                .map(|e| format!(": {}", printable(e)))
+                .unwrap_or_default()
+        ),
+        None => say!("last fire   never"),
+    }
 
     say!("");
     match routine.next_run_at {

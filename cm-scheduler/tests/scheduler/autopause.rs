@@ -88,7 +88,7 @@ async fn a_routine_whose_last_fires_all_failed_is_paused_with_its_reason(pool: P
     let fires = store
         .list_fires(&FireFilter {
             routine_id: Some(broken.id),
-            status: None,
+            outcome: None,
             limit: AFTER,
             after: None,
         })

@@ -345,7 +345,8 @@ async fn bad_input_exits_2_with_one_line_and_writes_nothing() {
         (argv(&["routine", "resume", &missing]), &missing),
         (argv(&["routine", "delete", &missing]), &missing),
         (argv(&["routine", "show", "not-a-uuid"]), "not-a-uuid"),
-        (argv(&["fires", "--status", "lost"]), "lost"),
+        (argv(&["fires", "--status", "exploded"]), "exploded"),
+        (argv(&["fires", "show", "no-such-fire"]), "no-such-fire"),
         // Scheduler settings under which a dispatch could outlive its lease, or no lease at all.
         (argv(&["run", "--lease", "1s", "--dispatch-timeout", "2s"]), "lease"),
         (argv(&["run", "--lease", "2s", "--dispatch-timeout", "2s"]), "lease"),

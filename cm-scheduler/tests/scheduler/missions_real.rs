@@ -582,3 +582,156 @@ async fn an_engine_restart_inside_the_dispatch_timeout_loses_and_fails_nothing()
     });
     assert!(waited, "no launch met the restart: {on_engine:?}");
 }
+
+/// GET `path` from the scheduler's HTTP side at `addr`: the status code and the body.
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return (0, String::new());
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let mut response = Vec::new();
+    if stream.write_all(request.as_bytes()).is_err() || stream.read_to_end(&mut response).is_err() {
+        return (0, String::new());
+    }
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
+}
+
+/// The value of the counter sample `sample` (`name{labels}`) in a Prometheus text page.
+fn counter(metrics: &str, sample: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == sample).then(|| value.parse().ok())?
+    })
+}
+
+/// A mission whose container exits 3 on every run is failing, not healthy: auto-pause pauses it
+/// after three failed runs and says the exit, `fires --status failed` lists its runs as
+/// `failed (exit 3)`, `/metrics` counts them under `cm_fires_total{outcome="failed"}`, and the
+/// status page shows them in its counters, its routine's last fire and its recent failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mission_that_exits_3_every_run_is_failing_everywhere_and_paused() {
+    let Some(host) = engine() else { return };
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let three = routine(&db, &files, "exits-three", "*/2 * * * * *", 0, 3, "forbid");
+    let _cleanup = Cleanup {
+        host: host.clone(),
+        routines: vec![three],
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("finding a free port")
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let run = Run::start(
+        &db,
+        &host,
+        &files,
+        &[
+            "--listen",
+            &addr,
+            "--pause-after-failures",
+            "3",
+            "--lease",
+            "10s",
+            "--dispatch-timeout",
+            "5s",
+        ],
+    );
+
+    let reason = "paused by cm: its last 3 fires failed; the latest: exit code 3";
+    let paused = eventually_within(Duration::from_secs(90), async || {
+        let show = ok(&db.url, &["routine", "show", "exits-three"]);
+        show.contains(reason).then_some(show)
+    })
+    .await;
+    let paused =
+        paused.unwrap_or_else(|| panic!("never paused: {:?}\n{}", fires(&db, three), run.log()));
+    // The last fire is a failed run, or one launched (or skipped) as the pause came.
+    let ended_or_not = ["failed (exit 3)", "running", "skipped"];
+    let last = paused
+        .lines()
+        .find(|l| l.starts_with("last fire "))
+        .unwrap_or_default();
+    assert!(ended_or_not.iter().any(|w| last.contains(w)), "{paused}");
+    assert!(paused.matches("failed (exit 3)").count() >= 3, "{paused}");
+    let list = ok(&db.url, &["routine", "list"]);
+    let row = list
+        .lines()
+        .find(|l| l.contains("exits-three"))
+        .unwrap_or_default();
+    assert!(
+        ended_or_not
+            .iter()
+            .any(|w| row.contains(&format!("  {w}  "))),
+        "{list}"
+    );
+
+    // Every run ended failed: none is listed as succeeded, at least three as failed.
+    let table = ok(
+        &db.url,
+        &["fires", "--routine", "exits-three", "--status", "failed"],
+    );
+    let failed_rows = table
+        .lines()
+        .filter(|l| l.contains("failed (exit 3)"))
+        .count();
+    assert!(failed_rows >= 3, "{table}");
+    let succeeded = ok(
+        &db.url,
+        &["fires", "--routine", "exits-three", "--status", "succeeded"],
+    );
+    assert_eq!(succeeded.lines().count(), 1, "only the header: {succeeded}");
+    for fire in fires(&db, three) {
+        if fire["run_state"] == "failed" {
+            assert_eq!(fire["outcome"], "failed", "{fire:?}");
+        }
+    }
+
+    let (code, metrics) = http_get(&addr, "/metrics");
+    assert_eq!(code, 200, "{metrics}");
+    let counted = counter(&metrics, r#"cm_fires_total{outcome="failed"}"#).unwrap_or(0.0);
+    assert!(
+        counted >= 3.0,
+        "cm_fires_total{{outcome=\"failed\"}} {counted}:\n{metrics}"
+    );
+    assert_eq!(
+        counter(&metrics, r#"cm_fires_total{outcome="fired"}"#).unwrap_or(0.0),
+        0.0,
+        "a launched mission is counted by its run's outcome, not as fired:\n{metrics}"
+    );
+
+    let (code, page) = http_get(&addr, "/?live=off");
+    assert_eq!(code, 200, "{page}");
+    let figure = page
+        .split("Failed<b>")
+        .nth(1)
+        .and_then(|rest| rest.split("</b>").next())
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(
+        figure.is_some_and(|n| n >= 3),
+        "the Failed figure: {figure:?}"
+    );
+    let failures = page.split("Recent failures").nth(1).unwrap_or_default();
+    assert!(
+        failures.contains("exits-three") && failures.contains("failed (exit 3)"),
+        "{failures}"
+    );
+    assert!(!failures.contains("None."), "{failures}");
+    let (code, routine_page) = http_get(&addr, "/routines/exits-three?live=off");
+    assert_eq!(code, 200, "{routine_page}");
+    assert!(routine_page.contains("failed (exit 3)"), "{routine_page}");
+    assert!(routine_page.contains(reason), "{routine_page}");
+}

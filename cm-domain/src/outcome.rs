@@ -155,7 +155,10 @@ mod tests {
     #[test]
     fn a_failed_dispatch_is_failed_whatever_its_run() {
         for run in runs() {
-            assert_eq!(FireOutcome::of(FireStatus::Failed, run), FireOutcome::Failed);
+            assert_eq!(
+                FireOutcome::of(FireStatus::Failed, run),
+                FireOutcome::Failed
+            );
         }
     }
 
@@ -166,7 +169,11 @@ mod tests {
             for run in runs() {
                 let sql = status == FireStatus::Failed
                     || matches!(run, Some(RunStateName::Failed | RunStateName::Lost));
-                assert_eq!(FireOutcome::of(status, run).is_failure(), sql, "{status} {run:?}");
+                assert_eq!(
+                    FireOutcome::of(status, run).is_failure(),
+                    sql,
+                    "{status} {run:?}"
+                );
             }
         }
     }

@@ -37,6 +37,21 @@ pub enum RunUpdate {
     Launching,
 }
 
+/// What an ended run left, as its runtime reported it: kept on its fire.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunRecord {
+    /// The last of its output, secrets already scrubbed; cut to [`MAX_RUN_OUTPUT`] bytes (at a
+    /// character boundary, keeping the end) when longer.
+    pub output: Option<String>,
+    /// When it started, by the runtime's clock.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it ended, by the runtime's clock.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// The most bytes of a run's output the ledger keeps (`routine_fires.run_output`).
+pub const MAX_RUN_OUTPUT: usize = 16 * 1024;
+
 /// What a mission about to launch may do, decided while the deciders of its routine take turns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunTake {
@@ -105,6 +120,14 @@ pub trait MissionRuns: Send + Sync {
         &self,
         updates: &[(Occurrence, RunUpdate)],
     ) -> Result<Vec<(Occurrence, RunState)>, StoreError>;
+
+    /// Keeps what the ended run of `occurrence` left (its output's tail, its start and end) on
+    /// its fire. Called by the pass whose [`MissionRuns::record_runs`] returned the run, once.
+    async fn keep_run_record(
+        &self,
+        occurrence: Occurrence,
+        record: &RunRecord,
+    ) -> Result<(), StoreError>;
 }
 
 #[async_trait]
@@ -237,6 +260,42 @@ impl MissionRuns for PgStore {
             })
             .collect())
     }
+
+    async fn keep_run_record(
+        &self,
+        occurrence: Occurrence,
+        record: &RunRecord,
+    ) -> Result<(), StoreError> {
+        let group = self.group_of_routine(occurrence.routine_id).await?;
+        // PostgreSQL text holds no NUL byte.
+        let output = record
+            .output
+            .as_deref()
+            .map(|o| output_tail(o).replace('\0', ""));
+        sqlx::query(
+            "UPDATE routine_fires
+             SET run_output = $4, run_started_at = $5, run_finished_at = $6
+             WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3",
+        )
+        .bind(occurrence.routine_id)
+        .bind(occurrence.scheduled_at)
+        .bind(group)
+        .bind(output)
+        .bind(record.started_at)
+        .bind(record.finished_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+/// `text`'s last [`MAX_RUN_OUTPUT`] bytes, cut at a character boundary.
+fn output_tail(text: &str) -> &str {
+    let mut start = text.len().saturating_sub(MAX_RUN_OUTPUT);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
 }
 
 impl PgStore {

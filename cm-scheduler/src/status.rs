@@ -67,6 +67,7 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:.25em 1.2em}dt{font-we
 .figure{border:1px solid #d8dee4;border-radius:6px;padding:.4em .75em;min-width:8em;background:#f6f8fa}
 .figure b{display:block;font-size:1.15em}
 .error{white-space:pre-wrap;word-break:break-word}
+pre#run-output{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:.6em .8em;overflow:auto;max-height:28em;font-size:.85em;white-space:pre-wrap;word-break:break-word}
 .strip{display:flex;gap:2px;align-items:center;min-height:1.1em}
 .cell{display:inline-block;width:.45em;height:1.05em;border-radius:2px;background:#d0d7de}
 .cell.fired{background:#2da44e}.cell.failed{background:#cf222e}.cell.claimed{background:#d4a72c}
@@ -544,9 +545,20 @@ pub async fn routine(
             .reader
             .routine_fires(routine.id, FIRES_PER_ROUTINE)
             .await?;
-        Ok((routine, fires))
+        // The newest run that ended, with what it said.
+        let last_run = match fires
+            .iter()
+            .find(|f| f.run_state.as_deref().is_some_and(|s| s != "running"))
+        {
+            Some(f) => {
+                let occurrence = cm_domain::Occurrence::new(f.routine_id, f.scheduled_at);
+                status.reader.fire(occurrence).await?
+            }
+            None => None,
+        };
+        Ok((routine, fires, last_run))
     };
-    let (r, fires) = match read(&state, reads).await {
+    let (r, fires, last_run) = match read(&state, reads).await {
         Ok(Ok(read)) => read,
         Ok(Err(_)) => return missing(&handle),
         Err(response) => return response,
@@ -592,6 +604,7 @@ pub async fn routine(
                 dt { "Created" } dd { (moment(r.created_at, now)) }
                 dt { "Changed" } dd { (moment(r.updated_at, now)) }
             }
+            @if let Some(run) = &last_run { (last_run_section(run, now)) }
             h2 { "Next runs" }
             @let next = next_runs(&r);
             @if next.is_empty() {
@@ -620,7 +633,7 @@ pub async fn routine(
                 div.scroll { table id="fires" {
                     thead { tr {
                         th { "Occurrence" } th { "Outcome" } th { "Dispatch" } th { "Origin" }
-                        th { "Attempt" } th { "Claimant" }
+                        th { "Run" } th { "Attempt" } th { "Claimant" }
                         th { "Settled" } th { "Receipt" } th { "Error" }
                     } }
                     tbody { @for f in &fires {
@@ -629,6 +642,7 @@ pub async fn routine(
                             td { (outcome_word(f.outcome(), &f.status, f.run_exit_code)) }
                             td.muted { (f.status) }
                             td.muted { (f.origin) }
+                            td.nowrap { (run_cell(f, now)) }
                             td { (f.attempt) }
                             td.muted { (f.claimant) }
                             td { @if let Some(at) = f.completed_at { (moment(at, now)) } }
@@ -829,7 +843,11 @@ fn actions(status: &StatusPage, r: &Routine, back: &str) -> Markup {
             } @else {
                 (form(Action::Pause, "Pause…", format!("Pause {}", shown(&r.name)), "danger"))
             }
-            (form(Action::Trigger, "Fire now…", format!("Fire {} now", shown(&r.name)), "go"))
+            @if r.kind == cm_store::RoutineKind::Mission {
+                (form(Action::Trigger, "Run again…", format!("Run {} again now", shown(&r.name)), "go"))
+            } @else {
+                (form(Action::Trigger, "Fire now…", format!("Fire {} now", shown(&r.name)), "go"))
+            }
         }
     }
 }
@@ -891,6 +909,55 @@ fn outcome_word(outcome: FireOutcome, status: &str, exit_code: Option<i32>) -> M
         _ => crate::runs::outcome_text(outcome, status, exit_code),
     };
     html! { span class=(outcome_class(outcome)) { (word) } }
+}
+
+/// A fire's run in a cell: its duration and start, or nothing for a fire with no run.
+fn run_cell(f: &cm_store::Fire, now: DateTime<Utc>) -> Markup {
+    html! {
+        @if let Some(started) = f.run_started_at {
+            @if let Some(d) = f.run_duration() { (run_duration(d)) " " }
+            span.muted.small { "from " (moment(started, now)) }
+        } @else if f.run_state.as_deref() == Some("running") {
+            span.muted.small { "running" }
+        }
+    }
+}
+
+/// A run's duration: `2.4 s`, `3 min 05 s`, `1 h 02 min`.
+fn run_duration(d: chrono::TimeDelta) -> String {
+    let secs = d.num_milliseconds() as f64 / 1000.0;
+    if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else if secs < 3600.0 {
+        format!("{} min {:02} s", d.num_minutes(), d.num_seconds() % 60)
+    } else {
+        format!("{} h {:02} min", d.num_hours(), d.num_minutes() % 60)
+    }
+}
+
+/// The newest run that ended: its outcome, start, end, duration and exit code, and the last of
+/// its output.
+fn last_run_section(run: &cm_store::FireDetail, now: DateTime<Utc>) -> Markup {
+    let f = &run.fire;
+    html! {
+        h2 { "Last run" }
+        dl id="last-run" {
+            dt { "Occurrence" } dd { (moment(f.scheduled_at, now)) " " code.small { (cm_domain::Occurrence::new(f.routine_id, f.scheduled_at).idempotency_key()) } }
+            dt { "Outcome" } dd { (outcome_word(f.outcome(), &f.status, f.run_exit_code)) }
+            @if let Some(why) = f.failure() { dt { "Reason" } dd.error { (shown(why)) } }
+            dt { "Started" } dd { @match f.run_started_at { Some(at) => (moment(at, now)), None => "not reported" } }
+            dt { "Ended" } dd { @match f.run_finished_at { Some(at) => (moment(at, now)), None => "not reported" } }
+            dt { "Duration" } dd { @match f.run_duration() { Some(d) => (run_duration(d)), None => "not reported" } }
+            dt { "Exit code" } dd { @match f.run_exit_code { Some(code) => (code), None => "none" } }
+        }
+        @match run.run_output.as_deref() {
+            Some(output) if !output.is_empty() => {
+                p.muted.small { "Its output's last lines (" (cm_store::MAX_RUN_OUTPUT / 1024) " KiB at most, secrets scrubbed):" }
+                pre id="run-output" { @for line in output.lines() { (shown(line)) "\n" } }
+            }
+            _ => p.muted { "Its runtime kept no output." },
+        }
+    }
 }
 
 /// The outcome of a failure listed in "Recent failures".

@@ -28,6 +28,7 @@
 //!   message size, names) and files read no further than their limit.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
 //! - `secrets`: whole processes given every secret, against failing connections, print none.
+//! - `page_host`: the status page answers only its own names (a DNS-rebound request refused).
 //! - `support`: the database server and clean-up the whole-process tests share.
 //! - `browser`: headless Chromium driven over the DevTools protocol (open, evaluate, click).
 
@@ -76,6 +77,8 @@ mod operator;
 mod operator_day;
 #[path = "scheduler/overlap.rs"]
 mod overlap;
+#[path = "scheduler/page_host.rs"]
+mod page_host;
 #[path = "scheduler/secrets.rs"]
 mod secrets;
 #[path = "scheduler/slow_target.rs"]

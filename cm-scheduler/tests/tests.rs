@@ -28,6 +28,8 @@
 //!   message size, names) and files read no further than their limit.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
 //! - `secrets`: whole processes given every secret, against failing connections, print none.
+//! - `database_file`: the database URL from `--database-url-file`, given once; a process
+//!   mission finds no password in its environment or its scheduler's.
 //! - `operator_files`: an import's mission paths kept inside its root, only regular files read
 //!   (a FIFO refused at once), and `--overlap` refused on a message routine by every command.
 //! - `page_host`: the status page answers only its own names (a DNS-rebound request refused).
@@ -54,6 +56,8 @@ mod cli_hardening;
 mod completer;
 #[path = "scheduler/crash.rs"]
 mod crash;
+#[path = "scheduler/database_file.rs"]
+mod database_file;
 // A full claim is followed at once; missions launched at no more than the launch rate.
 #[path = "scheduler/drain.rs"]
 mod drain;

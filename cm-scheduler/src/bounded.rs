@@ -256,6 +256,35 @@ mod tests {
     }
 
     #[test]
+    fn a_path_inside_the_root_opens_and_one_leaving_it_does_not() {
+        let root = std::env::temp_dir().join(format!("cm-inside-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/m.json"), "{}").unwrap();
+        std::fs::write(root.with_extension("outside"), "{}").unwrap();
+        let _ = std::os::unix::fs::symlink(root.with_extension("outside"), root.join("out"));
+        let _ = std::os::unix::fs::symlink("sub/m.json", root.join("in"));
+        let opened = |path: &str| open_inside(&root, Path::new(path)).map(|(_, real)| real);
+        let real = std::fs::canonicalize(root.join("sub/m.json")).unwrap();
+        for inside in ["sub/m.json", "./sub/m.json", "sub/../sub/m.json", "in"] {
+            assert_eq!(opened(inside).as_ref(), Ok(&real), "{inside}");
+        }
+        for (outside, why) in [
+            ("/etc/passwd", "absolute"),
+            ("../cm.outside", "climbs out"),
+            ("sub/../../x", "climbs out"),
+            ("", "the mission root itself"),
+            ("sub/..", "the mission root itself"),
+            ("out", "outside the mission root"),
+            ("sub", "a directory"),
+        ] {
+            let err = opened(outside).unwrap_err();
+            assert!(err.contains(why), "{outside:?}: {err}");
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+        std::fs::remove_file(root.with_extension("outside")).unwrap();
+    }
+
+    #[test]
     fn lines_are_numbered_and_each_is_bounded() {
         let got: Vec<_> = lines(&b"a\r\n\nbc\nlast"[..], 4).collect();
         assert_eq!(

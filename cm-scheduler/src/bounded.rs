@@ -2,9 +2,15 @@
 //! limit (DESIGN.md, "secrets and bounds"): a file is read up to its limit and refused past it,
 //! so `--mission /dev/zero` is an error at once, not a process that grows until it is killed.
 //! Imports are read a line at a time, each line bounded.
+//!
+//! A mission file is opened only when it is a regular file ([`open_regular`]): a FIFO, a socket
+//! or a device is refused at once, never waited on. One named by an import line is opened only
+//! inside its mission root ([`open_inside`]): the file an operator imports may be a routine
+//! author's, and must not make the operator's command open any other file they can read.
 
+use std::fs::File;
 use std::io::{BufRead, Read};
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
 /// A mission file (`--mission`), as `cm_domain::mission::MAX_MISSION_BYTES`.
 pub const MISSION_FILE: u64 = cm_domain::mission::MAX_MISSION_BYTES as u64;
@@ -29,6 +35,123 @@ pub fn size(limit: u64) -> String {
 pub fn read_file(path: &Path, limit: u64) -> Result<String, String> {
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     read_to(file, limit)
+}
+
+/// What a file that is not a regular file is, in words.
+fn kind_of(file_type: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt as _;
+    if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_fifo() {
+        "a FIFO"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else if file_type.is_block_device() || file_type.is_char_device() {
+        "a device"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Refuses `file_type` unless it is a regular file's.
+fn regular(file_type: std::fs::FileType) -> Result<(), String> {
+    if file_type.is_file() {
+        Ok(())
+    } else {
+        Err(format!(
+            "it is {}, not a regular file: only a regular file is read",
+            kind_of(file_type)
+        ))
+    }
+}
+
+/// Opens `path` for reading if it is a regular file (symbolic links followed), without ever
+/// blocking: its metadata is checked before it is opened (a FIFO, a socket, a device or a
+/// directory is refused unopened), it is opened with `O_NONBLOCK` (a FIFO put in its place in
+/// between does not hang the open) and `O_NOCTTY`, and the opened file's own metadata is
+/// checked again. `follow` false refuses a symbolic link as the last component (`O_NOFOLLOW`).
+fn open_checked(path: &Path, follow: bool) -> Result<File, String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    regular(
+        std::fs::metadata(path)
+            .map_err(|e| e.to_string())?
+            .file_type(),
+    )?;
+    let mut flags = libc::O_NONBLOCK | libc::O_NOCTTY;
+    if !follow {
+        flags |= libc::O_NOFOLLOW;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    regular(file.metadata().map_err(|e| e.to_string())?.file_type())?;
+    Ok(file)
+}
+
+/// Opens `path`, given by the operator (absolute or relative to the current directory), for
+/// reading if it is a regular file; see [`open_checked`].
+pub fn open_regular(path: &Path) -> Result<File, String> {
+    open_checked(path, true)
+}
+
+/// Opens `relative`, a path an import line names, inside the directory `root`, if it is a
+/// regular file there: an absolute path and one whose `..` climbs above `root` are refused
+/// before anything is opened; the path with its symbolic links resolved must still be inside
+/// `root` (its links resolved too), and so must the file that was opened (as the kernel names
+/// it, when `/proc` is there: a link swapped in after the check is caught). Returns the file
+/// and its resolved path.
+pub fn open_inside(root: &Path, relative: &Path) -> Result<(File, PathBuf), String> {
+    let root_real = std::fs::canonicalize(root)
+        .map_err(|e| format!("cannot open the mission root {}: {e}", root.display()))?;
+    let mut depth = 0usize;
+    for component in relative.components() {
+        match component {
+            Component::Prefix(_) | Component::RootDir => {
+                return Err(
+                    "it is an absolute path: a mission path in an import is relative to the \
+                     import file's directory (or to --mission-root)"
+                        .into(),
+                );
+            }
+            Component::CurDir => {}
+            Component::ParentDir => {
+                depth = depth.checked_sub(1).ok_or_else(|| {
+                    format!(
+                        "it climbs out of the mission root {} through `..`",
+                        root_real.display()
+                    )
+                })?;
+            }
+            Component::Normal(_) => depth += 1,
+        }
+    }
+    if depth == 0 {
+        return Err("it names the mission root itself, not a file in it".into());
+    }
+    let outside = |real: &Path| {
+        format!(
+            "it resolves to {}, outside the mission root {} (through a symbolic link)",
+            real.display(),
+            root_real.display()
+        )
+    };
+    let real = std::fs::canonicalize(root_real.join(relative)).map_err(|e| e.to_string())?;
+    if !real.starts_with(&root_real) {
+        return Err(outside(&real));
+    }
+    let file = open_checked(&real, false)?;
+    let opened = {
+        use std::os::fd::AsRawFd as _;
+        std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+    };
+    if let Ok(opened) = opened
+        && !opened.starts_with(&root_real)
+    {
+        return Err(outside(&opened));
+    }
+    Ok((file, real))
 }
 
 /// Reads at most `limit` bytes from `reader` as UTF-8 text, refusing a longer input.
@@ -130,6 +253,35 @@ mod tests {
         // An endless input is read no further than the limit.
         let err = read_to(std::io::repeat(0), 1024).unwrap_err();
         assert!(err.contains("1 KiB"), "{err}");
+    }
+
+    #[test]
+    fn a_path_inside_the_root_opens_and_one_leaving_it_does_not() {
+        let root = std::env::temp_dir().join(format!("cm-inside-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/m.json"), "{}").unwrap();
+        std::fs::write(root.with_extension("outside"), "{}").unwrap();
+        let _ = std::os::unix::fs::symlink(root.with_extension("outside"), root.join("out"));
+        let _ = std::os::unix::fs::symlink("sub/m.json", root.join("in"));
+        let opened = |path: &str| open_inside(&root, Path::new(path)).map(|(_, real)| real);
+        let real = std::fs::canonicalize(root.join("sub/m.json")).unwrap();
+        for inside in ["sub/m.json", "./sub/m.json", "sub/../sub/m.json", "in"] {
+            assert_eq!(opened(inside).as_ref(), Ok(&real), "{inside}");
+        }
+        for (outside, why) in [
+            ("/etc/passwd", "absolute"),
+            ("../cm.outside", "climbs out"),
+            ("sub/../../x", "climbs out"),
+            ("", "the mission root itself"),
+            ("sub/..", "the mission root itself"),
+            ("out", "outside the mission root"),
+            ("sub", "a directory"),
+        ] {
+            let err = opened(outside).unwrap_err();
+            assert!(err.contains(why), "{outside:?}: {err}");
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+        std::fs::remove_file(root.with_extension("outside")).unwrap();
     }
 
     #[test]

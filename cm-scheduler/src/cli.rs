@@ -31,6 +31,7 @@ use cm_dispatch::RoutedDispatcher;
 use cm_domain::{FireCap, FireOutcome, Lease, Occurrence, Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
 use cm_scheduler::health::{Health, Readiness};
+use cm_scheduler::hosts::AllowedHosts;
 use cm_scheduler::state::{BearerToken, HttpState, StatusPage};
 use cm_store::{FireCursor, FireFilter, FireLedger, PgStore, StoreError, StoreOptions};
 
@@ -46,9 +47,14 @@ const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/cm";
 #[derive(Debug, Parser)]
 #[command(name = "cm-scheduler", version, about)]
 struct Cli {
-    /// The PostgreSQL database.
-    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true, hide_env_values = true)]
-    database_url: String,
+    /// The PostgreSQL database [default: postgres://postgres@127.0.0.1:5432/cm].
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    database_url: Option<String>,
+    /// A file holding the database URL (at most 64 KiB; surrounding whitespace and the trailing
+    /// newline are dropped), so that its password is never in the environment or on the command
+    /// line; not with --database-url or DATABASE_URL.
+    #[arg(long, env = "DATABASE_URL_FILE", global = true, value_name = "PATH")]
+    database_url_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -154,6 +160,13 @@ struct RunArgs {
     /// Serve the status page, /metrics, /livez and /readyz on this address.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
+    /// A name (or address) the status page is served at, as `NAME` (any port) or `NAME:PORT`;
+    /// repeatable. The page and its actions answer only requests sent to the listen address,
+    /// to `localhost`, `127.0.0.1` and `[::1]` on its port when it listens on loopback (or on
+    /// every address), and to these: any other `Host` is refused (421, against DNS
+    /// rebinding). /metrics, /livez and /readyz answer whatever `Host` names them.
+    #[arg(long, value_name = "NAME")]
+    allowed_host: Vec<String>,
     /// A file holding the bearer token the status page requires (needed when --listen is not
     /// a loopback address; /metrics, /livez and /readyz stay open).
     #[arg(long)]
@@ -240,24 +253,54 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
     })
 }
 
-/// The commands that never touch the database: `--database-url`, global for the others, is
-/// left out of their help and completions.
+/// The commands that never touch the database: `--database-url` and `--database-url-file`,
+/// global for the others, are left out of their help and completions.
 const WITHOUT_DATABASE: &[&str] = &["schedule", "completions", "__complete-routine"];
 
 /// The command line's definition, as parsed and as completed.
 fn command() -> clap::Command {
     use clap::CommandFactory as _;
-    // The flag the root makes global is copied into a subcommand only if the subcommand does
-    // not have it already: these get their own, hidden, which their subcommands copy in turn.
-    let hidden = clap::Arg::new("database_url")
-        .long("database-url")
-        .env("DATABASE_URL")
-        .default_value(DEFAULT_DATABASE_URL)
-        .global(true)
-        .hide(true);
+    // The flags the root makes global are copied into a subcommand only if the subcommand does
+    // not have them already: these get their own, hidden, which their subcommands copy in turn.
+    let hidden = [
+        clap::Arg::new("database_url")
+            .long("database-url")
+            .env("DATABASE_URL"),
+        clap::Arg::new("database_url_file")
+            .long("database-url-file")
+            .env("DATABASE_URL_FILE")
+            .value_parser(clap::value_parser!(PathBuf)),
+    ]
+    .map(|arg| arg.global(true).hide(true));
     WITHOUT_DATABASE.iter().fold(Cli::command(), |c, name| {
-        c.mut_subcommand(name, |sub| sub.arg(hidden.clone()))
+        c.mut_subcommand(name, |sub| sub.args(hidden.clone()))
     })
+}
+
+/// The database URL, from `--database-url` (or `DATABASE_URL`), from the file
+/// `--database-url-file` (or `DATABASE_URL_FILE`) names, or the default. Both given is an
+/// error: which one was meant cannot be told.
+fn database_url(cli: &Cli) -> Result<String, String> {
+    match (&cli.database_url, &cli.database_url_file) {
+        (Some(_), Some(_)) => Err(
+            "the database URL is given twice: --database-url (or DATABASE_URL) and \
+             --database-url-file (or DATABASE_URL_FILE); give one of them"
+                .into(),
+        ),
+        (Some(url), None) => Ok(url.clone()),
+        (None, Some(path)) => {
+            let shown = path.display();
+            let text = crate::bounded::read_file(path, crate::bounded::SECRET_FILE)
+                .map_err(|e| format!("cannot read --database-url-file {shown}: {e}"))?;
+            secrets::register_file(&text);
+            let url = text.trim();
+            if url.is_empty() {
+                return Err(format!("--database-url-file {shown} is empty"));
+            }
+            Ok(url.to_string())
+        }
+        (None, None) => Ok(DEFAULT_DATABASE_URL.into()),
+    }
 }
 
 /// Parses the command line, runs it, and maps the outcome to an exit code.
@@ -306,10 +349,22 @@ pub fn main() -> ExitCode {
     };
     // Whatever a message quotes, no configured secret reaches the terminal: the database URL's
     // are registered now, the others as their flags and files are read.
-    for secret in database::secrets(&cli.database_url) {
+    if let Some(url) = &cli.database_url {
+        for secret in database::secrets(url) {
+            secrets::register(&secret);
+        }
+    }
+    let url = match database_url(&cli) {
+        Ok(url) => url,
+        Err(message) => {
+            eprintln!("cm-scheduler: {}", secrets::scrub(&message));
+            return ExitCode::from(2);
+        }
+    };
+    for secret in database::secrets(&url) {
         secrets::register(&secret);
     }
-    match runtime.block_on(execute(cli)) {
+    match runtime.block_on(execute(cli, &url)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Input(message)) => {
             eprintln!("cm-scheduler: {}", secrets::scrub(&message));
@@ -342,7 +397,7 @@ fn one_line(e: &anyhow::Error) -> String {
     line
 }
 
-async fn execute(cli: Cli) -> Result<(), Failure> {
+async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
     match cli.command {
         Command::Schedule(ScheduleCommand::Next {
             expr,
@@ -351,7 +406,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             count,
         }) => schedule_next(&expr, &timezone, after.as_deref(), count),
         Command::Migrate { citus } => {
-            let store = connect(&cli.database_url, true).await?;
+            let store = connect(url, true).await?;
             store
                 .migrate()
                 .await
@@ -366,9 +421,9 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
             }
             Ok(())
         }
-        Command::Run(args) => run(&cli.database_url, *args).await,
-        Command::Outbox(args) => outbox::show(&cli.database_url, args).await,
-        Command::Routine(command) => routine::routine(&cli.database_url, command).await,
+        Command::Run(args) => run(url, *args).await,
+        Command::Outbox(args) => outbox::show(url, args).await,
+        Command::Routine(command) => routine::routine(url, command).await,
         Command::Fires {
             show: Some(FiresCommand::Show { fire, json }),
             ..
@@ -388,14 +443,14 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
                 cursor,
                 json,
             };
-            fires(&cli.database_url, page).await
+            fires(url, page).await
         }
         Command::Completions { shell } => {
             out::bytes(&completions::script(shell, &mut command()));
             Ok(())
         }
         Command::CompleteRoutine { prefix } => {
-            completions::routine_names(&cli.database_url, &prefix).await;
+            completions::routine_names(url, &prefix).await;
             Ok(())
         }
     }
@@ -561,13 +616,22 @@ fn parse_time(text: &str) -> Result<DateTime<Utc>, Failure> {
 
 /// Reads and validates a mission file (`cm_domain::Mission`): every field is checked, and a
 /// refusal names the field; then the operator's `policy`. Images, endpoints and credentials are
-/// operator configuration, never part of a routine. The file is read no further than its limit.
+/// operator configuration, never part of a routine. The file is read no further than its limit,
+/// and only if it is a regular file. With a `root` (an import's mission root) `path` is
+/// relative to it and may not leave it ([`crate::bounded::open_inside`]); without one it is the
+/// operator's own (`--mission`), absolute or relative to the current directory.
 fn mission_payload(
     path: &std::path::Path,
+    root: Option<&std::path::Path>,
     policy: &cm_domain::MissionPolicy,
 ) -> Result<serde_json::Value, Failure> {
     let shown = path.display();
-    let text = crate::bounded::read_file(path, crate::bounded::MISSION_FILE)
+    let opened = match root {
+        Some(root) => crate::bounded::open_inside(root, path).map(|(file, _)| file),
+        None => crate::bounded::open_regular(path),
+    };
+    let text = opened
+        .and_then(|file| crate::bounded::read_to(file, crate::bounded::MISSION_FILE))
         .map_err(|e| input(format!("cannot read mission file {shown}: {e}")))?;
     let mission = cm_domain::Mission::from_json(&text)
         .map_err(|e| input(format!("mission file {shown}: {e}")))?;
@@ -653,6 +717,25 @@ fn http_token(args: &RunArgs) -> Result<Option<BearerToken>, Failure> {
     BearerToken::new(&text)
         .map(Some)
         .ok_or_else(|| input(format!("--http-token-file {shown} is empty")))
+}
+
+/// The names the status page answers (`None` without `--listen`): the listen address's own,
+/// and each `--allowed-host`.
+fn allowed_hosts(
+    listen: Option<std::net::SocketAddr>,
+    names: &[String],
+) -> Result<Option<AllowedHosts>, Failure> {
+    let Some(listen) = listen else {
+        if !names.is_empty() {
+            return Err(input("--allowed-host needs --listen"));
+        }
+        return Ok(None);
+    };
+    let mut hosts = AllowedHosts::for_listen(listen);
+    for name in names {
+        hosts.admit(name).map_err(input)?;
+    }
+    Ok(Some(hosts))
 }
 
 /// Waits until the database answers (creating it and applying the migrations first unless
@@ -748,6 +831,12 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         ),
         None => None,
     };
+    // Its names are the bound address's (a `--listen` port 0 is the one the system chose).
+    let hosts = match &listener {
+        Some(listener) => Some(listener.local_addr().map_err(anyhow::Error::from)?),
+        None => None,
+    };
+    let hosts = allowed_hosts(hosts, &args.allowed_host)?;
     // The recorder goes in before the scheduler's counters are made, so they record into it.
     let metrics = match listener {
         Some(_) => Some(
@@ -817,15 +906,17 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             // however slow its targets are.
             fresh_within: config.tick_interval * 3 + Duration::from_secs(5),
             metrics: metrics.clone(),
-            status: Some(StatusPage::new(
-                Arc::new(page.clone()),
-                Arc::new(page),
-                instance_id.clone(),
-            )),
+            status: Some(StatusPage {
+                hosts: hosts.clone().unwrap_or_else(AllowedHosts::loopback),
+                ..StatusPage::new(Arc::new(page.clone()), Arc::new(page), instance_id.clone())
+            }),
             token,
         });
         let addr = listener.local_addr().map_err(anyhow::Error::from)?;
         tracing::info!(%addr, "serving the status page, /metrics, /livez and /readyz");
+        if let Some(hosts) = &hosts {
+            tracing::info!(hosts = %hosts, "the status page answers only these hosts (--allowed-host adds one)");
+        }
         let router = cm_scheduler::http::router(state);
         tokio::spawn(async move {
             if let Err(e) = cm_scheduler::http::serve(listener, router).await {

@@ -6,7 +6,10 @@
 //! state of [`crate::state`]; [`serve`] runs it on a listener. The status page and its actions
 //! can require a bearer token; the probes and `/metrics` never do, as orchestrators and scrapers
 //! expect. Every action is a `POST` that passes the CSRF guard ([`same_origin`] and the page's
-//! form token).
+//! form token). The page, its actions and any other path it answers (its 404s) answer only
+//! requests sent to one of its own names ([`crate::hosts`], against DNS rebinding), before the
+//! token is asked for; the probes and `/metrics` answer whatever `Host` names them, as
+//! orchestrators probe by address and scrapers by address or service name.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +51,11 @@ pub fn router(state: Arc<HttpState>) -> Router {
             .merge(actions)
             .fallback(status::not_found)
             .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
+            // Before the token and every handler, and for the fallback too.
+            .layer(middleware::from_fn_with_state(
+                state.clone(),
+                refuse_other_hosts,
+            ))
             .layer(middleware::from_fn(status::page_headers));
         router = router.merge(page);
     }
@@ -113,6 +121,40 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
         state.metrics.render(),
     )
         .into_response()
+}
+
+/// The guard against DNS rebinding: a request to the page or its actions must name one of the
+/// page's own hosts ([`crate::hosts::AllowedHosts`]), else it is answered 421 whatever it
+/// carries. The name is the `Host` header's and, when the request line or HTTP/2 gives one,
+/// the URI's authority's: both must be admitted. `X-Forwarded-Host` and `Forwarded` are never
+/// read (a rebinding page's script can set them).
+async fn refuse_other_hosts(
+    State(state): State<Arc<HttpState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(page) = &state.status else {
+        return next.run(request).await;
+    };
+    let header = request.headers().get(header::HOST).map(|h| h.to_str());
+    let authority = request.uri().authority().map(|a| a.as_str());
+    let named = match (header, authority) {
+        (Some(Ok(host)), authority) => {
+            page.hosts.admits(host) && authority.is_none_or(|a| page.hosts.admits(a))
+        }
+        (Some(Err(_)), _) => false,
+        (None, Some(authority)) => page.hosts.admits(authority),
+        (None, None) => false,
+    };
+    if named {
+        return next.run(request).await;
+    }
+    status::refused(
+        StatusCode::MISDIRECTED_REQUEST,
+        "This page answers only at its own names: the host this request was sent to is not \
+         one of them (a page of another site may have had its name point here). If you serve \
+         the page at this name, start cm-scheduler run with --allowed-host NAME.",
+    )
 }
 
 async fn require_token(

@@ -29,6 +29,7 @@ pub mod completer;
 mod engine;
 pub mod groups;
 pub mod health;
+pub mod hosts;
 pub mod http;
 pub mod runs;
 pub mod state;

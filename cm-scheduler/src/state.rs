@@ -9,6 +9,7 @@ use cm_store::{RoutineStore, StatusReader};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use crate::health::Health;
+use crate::hosts::AllowedHosts;
 use crate::stats::Stats;
 
 /// What the endpoints read.
@@ -42,11 +43,15 @@ pub struct StatusPage {
     pub deadline: Duration,
     /// The token every action's form carries (a cross-site form cannot know it).
     pub csrf: CsrfToken,
+    /// The `Host` values the page and its actions answer (DNS rebinding); every other is
+    /// refused before any handler runs, with or without a token.
+    pub hosts: AllowedHosts,
 }
 
 impl StatusPage {
     /// A page reading `reader` and acting through `routines`, refreshing every 5 s and waiting
-    /// at most 3 s for the database, with a fresh CSRF token.
+    /// at most 3 s for the database, with a fresh CSRF token, answering the loopback names
+    /// ([`AllowedHosts::loopback`]).
     pub fn new(
         reader: Arc<dyn StatusReader>,
         routines: Arc<dyn RoutineStore>,
@@ -59,6 +64,7 @@ impl StatusPage {
             refresh: Duration::from_secs(5),
             deadline: Duration::from_secs(3),
             csrf: CsrfToken::random(),
+            hosts: AllowedHosts::loopback(),
         }
     }
 }

@@ -28,6 +28,11 @@
 //!   message size, names) and files read no further than their limit.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
 //! - `secrets`: whole processes given every secret, against failing connections, print none.
+//! - `database_file`: the database URL from `--database-url-file`, given once; a process
+//!   mission finds no password in its environment or its scheduler's.
+//! - `operator_files`: an import's mission paths kept inside its root, only regular files read
+//!   (a FIFO refused at once), and `--overlap` refused on a message routine by every command.
+//! - `page_host`: the status page answers only its own names (a DNS-rebound request refused).
 //! - `support`: the database server and clean-up the whole-process tests share.
 //! - `browser`: headless Chromium driven over the DevTools protocol (open, evaluate, click).
 
@@ -51,6 +56,8 @@ mod cli_hardening;
 mod completer;
 #[path = "scheduler/crash.rs"]
 mod crash;
+#[path = "scheduler/database_file.rs"]
+mod database_file;
 // A full claim is followed at once; missions launched at no more than the launch rate.
 #[path = "scheduler/drain.rs"]
 mod drain;
@@ -74,8 +81,12 @@ mod operate;
 mod operator;
 #[path = "scheduler/operator_day.rs"]
 mod operator_day;
+#[path = "scheduler/operator_files.rs"]
+mod operator_files;
 #[path = "scheduler/overlap.rs"]
 mod overlap;
+#[path = "scheduler/page_host.rs"]
+mod page_host;
 #[path = "scheduler/secrets.rs"]
 mod secrets;
 #[path = "scheduler/slow_target.rs"]

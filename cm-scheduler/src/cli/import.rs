@@ -4,7 +4,7 @@
 //! most [`bounded::IMPORT_LINE`] bytes.
 
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::bounded;
 
@@ -40,7 +40,8 @@ struct JsonLine {
     misfire: String,
     #[serde(default)]
     message: Option<String>,
-    /// A mission file, relative to the import file's directory.
+    /// A mission file, relative to the import's mission root (the import file's directory or
+    /// `--mission-root`); read there by `routine import`.
     #[serde(default)]
     mission: Option<PathBuf>,
     /// What an occurrence does while an earlier run of the mission is still running.
@@ -61,9 +62,9 @@ fn fire_once() -> String {
 /// A line that cannot be imported: its number and what is wrong.
 pub(super) type LineError = (usize, String);
 
-/// Reads JSON Lines: one JSON object a line; blank lines are skipped. A `mission` path is read
-/// relative to `dir`, the directory of the file.
-pub(super) fn json_lines(text: impl BufRead, dir: &Path) -> Result<Vec<RoutineFields>, LineError> {
+/// Reads JSON Lines: one JSON object a line; blank lines are skipped. A `mission` path is kept
+/// as written, to be read inside the import's mission root.
+pub(super) fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
     let mut routines = Vec::new();
     for read in bounded::lines(text, bounded::IMPORT_LINE) {
         let (line, raw) = read?;
@@ -84,7 +85,7 @@ pub(super) fn json_lines(text: impl BufRead, dir: &Path) -> Result<Vec<RoutineFi
             timezone: parsed.timezone,
             misfire: parsed.misfire,
             message: parsed.message,
-            mission: parsed.mission.map(|path| dir.join(path)),
+            mission: parsed.mission,
             overlap: parsed.overlap,
             paused: parsed.paused,
         });

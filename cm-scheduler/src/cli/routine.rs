@@ -116,7 +116,7 @@ pub(super) struct CreateArgs {
     mission: Option<PathBuf>,
     /// What a mission's occurrence does while an earlier run is still running: allow (launch
     /// anyway), forbid (settle it skipped; the default) or replace (stop the running one).
-    #[arg(long, value_parser = ["allow", "forbid", "replace"], requires = "mission")]
+    #[arg(long, value_parser = ["allow", "forbid", "replace"])]
     overlap: Option<String>,
     /// Create it paused.
     #[arg(long)]
@@ -199,6 +199,12 @@ pub(super) struct ImportArgs {
     /// `repository_hosts` it gives.
     #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
     mission_config: Option<PathBuf>,
+    /// The directory a line's `mission` path is read in [default: the import file's directory;
+    /// the current one for standard input]. A path is relative to it and never leaves it: an
+    /// absolute path, a `..` above it or a symbolic link out of it is refused, and only a
+    /// regular file is read.
+    #[arg(long, value_name = "DIR", conflicts_with = "crontab")]
+    mission_root: Option<PathBuf>,
 }
 
 impl From<&CreateArgs> for RoutineFields {
@@ -223,8 +229,8 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
             // Everything about the input is checked before the database is touched, so bad
             // input writes nothing.
             let policy = mission_policy(args.mission_config.as_deref())?;
-            let new = new_routine(&RoutineFields::from(&args), &policy)?;
-            let overlap = args.overlap.as_deref().map(overlap).transpose()?;
+            let new = new_routine(&RoutineFields::from(&args), None, &policy)?;
+            let overlap = overlap_for("--overlap", new.kind, args.overlap.as_deref())?;
             let store = connect_migrated(url).await?;
             let mut routine = store.create_routine(new).await?;
             if let Some(policy) = overlap {
@@ -346,9 +352,27 @@ fn name(text: &str) -> Result<String, Failure> {
         .map_err(|e| input(e.to_string()))
 }
 
-fn overlap(text: &str) -> Result<cm_domain::OverlapPolicy, Failure> {
+/// The one rule for an overlap policy, whether `routine create --overlap`, `routine update
+/// --overlap` or an import line's `"overlap"` gives it: only a mission routine has one (a
+/// message is posted, never running while the next comes due), and it must be a policy's name.
+/// `kind` is what the routine is (for `update`, after the change); `field` names where the
+/// policy was given, for the refusal. `None` when none is given.
+fn overlap_for(
+    field: &str,
+    kind: RoutineKind,
+    given: Option<&str>,
+) -> Result<Option<cm_domain::OverlapPolicy>, Failure> {
+    let Some(text) = given else {
+        return Ok(None);
+    };
+    if kind != RoutineKind::Mission {
+        return Err(input(format!(
+            "{field} is for mission routines (a message routine has no run to overlap)"
+        )));
+    }
     text.parse()
-        .map_err(|e: cm_domain::ParseOverlapPolicyError| input(e.to_string()))
+        .map(Some)
+        .map_err(|e: cm_domain::ParseOverlapPolicyError| input(format!("{field}: {e}")))
 }
 
 fn misfire(text: &str) -> Result<MisfirePolicy, Failure> {
@@ -356,10 +380,12 @@ fn misfire(text: &str) -> Result<MisfirePolicy, Failure> {
         .map_err(|e: cm_domain::ParseMisfirePolicyError| input(e.to_string()))
 }
 
-/// What a routine does, from `--message` or `--mission`.
+/// What a routine does, from `--message` or `--mission` (read inside `root` when an import's
+/// line names it).
 fn action(
     message: Option<&str>,
     mission: Option<&PathBuf>,
+    root: Option<&Path>,
     policy: &MissionPolicy,
 ) -> Result<RoutineAction, Failure> {
     match (message, mission) {
@@ -381,19 +407,29 @@ fn action(
         }
         (None, Some(path)) => Ok(RoutineAction {
             kind: RoutineKind::Mission,
-            payload: mission_payload(path, policy)?,
+            payload: mission_payload(path, root, policy)?,
         }),
         _ => Err(input("give exactly one of --message and --mission")),
     }
 }
 
-/// A routine to create, checked as `routine create` checks it.
-fn new_routine(fields: &RoutineFields, policy: &MissionPolicy) -> Result<NewRoutine, Failure> {
+/// A routine to create, checked as `routine create` checks it. An import's mission paths are
+/// read inside its mission `root`; `routine create`'s (`None`) as the operator gave it.
+fn new_routine(
+    fields: &RoutineFields,
+    root: Option<&Path>,
+    policy: &MissionPolicy,
+) -> Result<NewRoutine, Failure> {
     let name = name(&fields.name)?;
     let zone = Zone::parse(&fields.timezone).map_err(|e| input(e.to_string()))?;
     let schedule = Schedule::new(&fields.schedule, zone).map_err(|e| input(e.to_string()))?;
     let misfire = misfire(&fields.misfire)?;
-    let action = action(fields.message.as_deref(), fields.mission.as_ref(), policy)?;
+    let action = action(
+        fields.message.as_deref(),
+        fields.mission.as_ref(),
+        root,
+        policy,
+    )?;
     Ok(NewRoutine {
         name,
         schedule,
@@ -427,12 +463,12 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
             (message, mission) => Some(action(
                 message.as_deref(),
                 mission.as_ref(),
+                None,
                 &mission_policy(args.mission_config.as_deref())?,
             )?),
         },
     };
-    let overlap = args.overlap.as_deref().map(overlap).transpose()?;
-    if update == RoutineUpdate::default() && overlap.is_none() {
+    if update == RoutineUpdate::default() && args.overlap.is_none() {
         return Err(input(
             "nothing to change: give at least one of --name, --schedule, --timezone, --misfire, \
              --message, --mission and --overlap",
@@ -441,15 +477,11 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
     let store = connect_migrated(url).await?;
     let found = find(&store, &args.routine).await?;
     let id = found.id;
-    if overlap.is_some() {
-        let kind = update
-            .action
-            .as_ref()
-            .map_or(found.kind, |action| action.kind);
-        if kind != cm_store::RoutineKind::Mission {
-            return Err(input("--overlap is for mission routines"));
-        }
-    }
+    let kind = update
+        .action
+        .as_ref()
+        .map_or(found.kind, |action| action.kind);
+    let overlap = overlap_for("--overlap", kind, args.overlap.as_deref())?;
     let mut routine = if update == RoutineUpdate::default() {
         found
     } else {
@@ -499,10 +531,19 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
         };
         import::crontab(reader, &label, &args.timezone, &args.misfire)
     } else {
-        let dir = args.file.parent().unwrap_or(Path::new("."));
-        import::json_lines(reader, dir)
+        import::json_lines(reader)
     }
     .map_err(|(line, what)| at_line(line, &what))?;
+    // Mission paths are read inside the root: --mission-root, else the import file's directory
+    // (the current one for standard input).
+    let root = match &args.mission_root {
+        Some(root) => root.clone(),
+        None if args.file.as_os_str() == "-" => PathBuf::from("."),
+        None => match args.file.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
+    };
 
     let policy = mission_policy(args.mission_config.as_deref())?;
     let mut routines = Vec::with_capacity(fields.len());
@@ -510,25 +551,18 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
     // Each line's overlap policy, by routine name: a mission's, `forbid` unless the line says.
     let mut overlaps: HashMap<String, cm_domain::OverlapPolicy> = HashMap::new();
     for f in &fields {
-        let routine = new_routine(f, &policy).map_err(|e| match e {
+        let routine = new_routine(f, Some(&root), &policy).map_err(|e| match e {
             Failure::Input(what) => at_line(f.line, &what),
             other => other,
         })?;
-        match (&f.overlap, &f.mission) {
-            (Some(_), None) => {
-                return Err(at_line(f.line, "\"overlap\" is for mission routines"));
-            }
-            (given, Some(_)) => {
-                let chosen = match given {
-                    Some(text) => overlap(text).map_err(|e| match e {
-                        Failure::Input(what) => at_line(f.line, &format!("\"overlap\": {what}")),
-                        other => other,
-                    })?,
-                    None => cm_domain::OverlapPolicy::default(),
-                };
-                overlaps.insert(routine.name.clone(), chosen);
-            }
-            (None, None) => {}
+        let chosen = overlap_for("\"overlap\"", routine.kind, f.overlap.as_deref()).map_err(
+            |e| match e {
+                Failure::Input(what) => at_line(f.line, &what),
+                other => other,
+            },
+        )?;
+        if routine.kind == RoutineKind::Mission {
+            overlaps.insert(routine.name.clone(), chosen.unwrap_or_default());
         }
         if let Some(first) = lines.insert(routine.name.clone(), f.line) {
             return Err(at_line(

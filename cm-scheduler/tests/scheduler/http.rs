@@ -246,7 +246,8 @@ async fn get_as(
     path: &str,
     authorization: Option<String>,
 ) -> (StatusCode, String) {
-    let mut request = Request::get(path);
+    // Sent to one of the page's own names, as a browser at the page sends it.
+    let mut request = Request::get(path).header(header::HOST, "localhost:9464");
     if let Some(authorization) = authorization {
         request = request.header(header::AUTHORIZATION, authorization);
     }

@@ -225,6 +225,11 @@ fn bounded_run(args: &[&str]) -> (Run, Duration) {
 fn endless_files_are_refused_at_their_limit_at_once() {
     let files = MissionFiles::new();
     let secret = files.write("secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+    // A mission file must be a regular file (a device is refused unread): a sparse one of a GiB.
+    let huge = files.path("huge.json");
+    std::fs::File::create(&huge)
+        .and_then(|f| f.set_len(1 << 30))
+        .expect("writing a sparse file");
     let cases: &[(&[&str], &str)] = &[
         (
             &[
@@ -235,7 +240,7 @@ fn endless_files_are_refused_at_their_limit_at_once() {
                 "--schedule",
                 "0 9 * * *",
                 "--mission",
-                "/dev/zero",
+                &huge,
             ],
             "256 KiB",
         ),

@@ -66,6 +66,11 @@ impl Running {
         Running { child, log, addr }
     }
 
+    /// The address it listens on (`127.0.0.1:PORT`).
+    pub(crate) fn addr(&self) -> &str {
+        &self.addr
+    }
+
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -427,7 +427,7 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
         Command::Fires {
             show: Some(FiresCommand::Show { fire, json }),
             ..
-        } => fire_show(&cli.database_url, &fire, json).await,
+        } => fire_show(url, &fire, json).await,
         Command::Fires {
             show: None,
             routine,

@@ -53,8 +53,9 @@ pub trait FailingRoutines: Send + Sync {
 ///
 /// A fire counts by its outcome: a failed dispatch, or a mission whose run failed or was lost
 /// (a mission that exits 3 every time is failing). Fires whose outcome is not known yet (a
-/// claim, a run still running) and missions skipped under their overlap policy say nothing
-/// either way and are passed over; the reason kept names the latest failure (`exit code 3`).
+/// claim not settled and without an ended run, a run still running) and missions skipped under
+/// their overlap policy say nothing either way and are passed over; the reason kept names the
+/// latest failure (`exit code 3`).
 ///
 /// A routine's newest fires since it was created or last resumed (`updated_at` moves on pause
 /// and resume, never on a claim, so a resumed routine starts with a clean record) are read in
@@ -92,8 +93,8 @@ failing AS (
         FROM (SELECT status, error, run_state, run_reason, claimed_at, scheduled_at
               FROM routine_fires
               WHERE routine_id = r.id AND claimed_at >= r.updated_at
-                AND status IN ('fired', 'failed')
-                AND (status = 'failed' OR run_state IS DISTINCT FROM 'running')",
+                AND (status = 'failed' OR (status = 'fired' AND run_state IS NULL)
+                     OR run_state IN ('succeeded', 'failed', 'lost'))",
             $recent,
             "
               ORDER BY claimed_at DESC, scheduled_at DESC

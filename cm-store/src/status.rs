@@ -224,7 +224,8 @@ macro_rules! summaries_sql {
 
 impl PgStore {
     /// The newest `strip` fires of each routine of `ids`, newest first: one bounded probe of
-    /// the ledger's primary key a routine.
+    /// the ledger's primary key a routine, joined on the group (on Citus, each routine's probe
+    /// runs on its shard).
     async fn strips(&self, ids: &[Uuid], strip: u32) -> Result<Vec<StripRow>, StoreError> {
         Ok(if ids.is_empty() || strip == 0 {
             Vec::new()
@@ -232,16 +233,17 @@ impl PgStore {
             sqlx::query_as(concat!(
                 "SELECT r.id AS routine_id, f.scheduled_at, f.status, f.completed_at, f.error,
                             f.run_state, f.run_exit_code
-                     FROM UNNEST($1::uuid[]) AS r(id)
+                     FROM routines r
                      CROSS JOIN LATERAL (
                          SELECT scheduled_at, status, completed_at, run_state, run_exit_code,
                                 left(COALESCE(",
                 failure_reason_sql!(""),
                 ", error), 300) AS error
                      FROM routine_fires
-                     WHERE routine_id = r.id
+                     WHERE routine_id = r.id AND group_id = r.group_id
                      ORDER BY scheduled_at DESC
-                     LIMIT $2) f"
+                     LIMIT $2) f
+                     WHERE r.id = ANY($1)"
             ))
             .bind(ids)
             .bind(i64::from(strip))
@@ -350,7 +352,7 @@ impl StatusReader for PgStore {
             outcome_sql!("f."),
             " AS outcome
              FROM routine_fires f
-             JOIN routines r ON r.id = f.routine_id
+             JOIN routines r ON r.id = f.routine_id AND r.group_id = f.group_id
              WHERE ",
             failure_sql!("f."),
             "

@@ -20,9 +20,9 @@ use cm_domain::{
     ClaimOutcome, FireStatus, MisfirePolicy, Occurrence, OverlapPolicy, RunState, Settlement,
 };
 use cm_store::{
-    FireLedger, FireSettle, GroupDirectory, GroupId, MissionRuns, NewRoutine, OutboxAck,
-    OutboxConsumer, OutboxTake, PgStore, RoutineStore, RunTake, RunUpdate, SettleOutcome,
-    StoreError, SyncAction, group_of,
+    FailingRoutines, FireLedger, FireSettle, GroupDirectory, GroupId, MissionRuns, NewRoutine,
+    OutboxAck, OutboxConsumer, OutboxTake, PgStore, RoutineStore, RunTake, RunUpdate,
+    SettleOutcome, StatusReader, StoreError, SyncAction, group_of,
 };
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
@@ -904,5 +904,74 @@ async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
             Some("succeeded")
         );
     }
+
+    // What the page, `fires --status failed`, `routine list` and `fires show` read of the
+    // outcome runs on Citus too: the failed run is a failure everywhere.
+    db.store
+        .keep_run_record(
+            *first,
+            &cm_store::RunRecord {
+                output: Some("exit code 3 follows\n".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let failures = db.store.recent_failures(10).await.unwrap();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].error.as_deref(), Some("exit code 3"));
+    let failed = db
+        .store
+        .list_fires(&cm_store::FireFilter {
+            outcome: Some(cm_domain::FireOutcome::Failed),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(failed.len(), 1);
+    let ids: Vec<Uuid> = fires.iter().map(|o| o.routine_id).collect();
+    let last = db.store.last_fires(&ids).await.unwrap();
+    assert_eq!(last.len(), ids.len());
+    let summaries = db
+        .store
+        .routine_summaries(&cm_store::RoutineQuery {
+            limit: 10,
+            recent_fires: 5,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(summaries.len(), routines.len());
+    let rate = db.store.fire_rate().await.unwrap();
+    let failed_in_chart: u64 = rate.minutes.iter().map(|m| m.failed).sum();
+    assert!(failed_in_chart <= 1);
+    let detail = db.store.fire(*first).await.unwrap().unwrap();
+    assert_eq!(detail.run_output.as_deref(), Some("exit code 3 follows\n"));
+    // On Citus the automatic pause runs a group at a time. It counts fires claimed since the
+    // routine's last change (its overlap was set after this claim).
+    let group = routines
+        .iter()
+        .find(|(id, _)| *id == first.routine_id)
+        .map(|(_, group)| *group)
+        .unwrap();
+    sqlx::query(
+        "UPDATE routine_fires SET claimed_at = now() WHERE routine_id = $1 AND group_id = $2",
+    )
+    .bind(first.routine_id)
+    .bind(group)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let paused = db
+        .store
+        .pause_failing_routines_in(group, 1, Duration::from_secs(3600 * 24 * 365 * 30))
+        .await
+        .unwrap();
+    assert_eq!(paused.len(), 1);
+    assert_eq!(paused[0].id, first.routine_id);
+    assert!(
+        paused[0].reason.ends_with("the latest: exit code 3"),
+        "{paused:?}"
+    );
     db.drop_all().await;
 }

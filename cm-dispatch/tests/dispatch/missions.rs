@@ -11,8 +11,11 @@ use cm_dispatch::conformance::EffectProbe;
 use cm_dispatch::fakes::docker::{FakeDocker, StartFault};
 use cm_dispatch::mission::MissionConfig;
 use cm_dispatch::mission_conformance::{LaunchFaults, check_mission_backend, payload_of_task};
-use cm_dispatch::{Dispatch, DispatchError, Dispatcher, DockerDispatcher, ProcessDispatcher};
-use cm_domain::{IdempotencyKey, Occurrence};
+use cm_dispatch::{
+    Dispatch, DispatchError, Dispatcher, DockerDispatcher, MAX_RUN_OUTPUT, MissionRuntime,
+    ProcessDispatcher, RunRef, RunReport,
+};
+use cm_domain::{IdempotencyKey, Occurrence, RunState};
 use cm_store::RoutineKind;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -203,6 +206,95 @@ async fn process_runner_that_cannot_start_its_program_leaves_no_marker() {
             .marker_path(dispatch.idempotency_key.as_str())
             .exists()
     );
+}
+
+/// Waits until `runtime` sees the run of `name` ended.
+async fn run_ended(runtime: &dyn MissionRuntime, name: &str) -> RunState {
+    let until = Instant::now() + Duration::from_secs(20);
+    let run = RunRef { name: name.into() };
+    loop {
+        let state = runtime
+            .observe(&run, Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        if state.is_finished() || Instant::now() > until {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A child's stdout and stderr both reach its report, scrubbed; a long output is its last
+/// 16 KiB from a line start; the times are the spawn's and the exit's; a run with no records
+/// reports nothing.
+#[tokio::test]
+async fn process_runner_reports_the_runs_output_tail_and_times() {
+    let dir = TempDir::new();
+    let script = dir.0.join("noisy.sh");
+    std::fs::write(
+        &script,
+        r#"echo one
+echo "two password=hunter2" >&2
+if [ "$CM_TASK" = long ]; then
+  i=0
+  while [ $i -lt 30000 ]; do echo "line $i of a long mission's output"; i=$((i+1)); done
+  echo last
+fi
+exit 3
+"#,
+    )
+    .unwrap();
+    let runner =
+        ProcessDispatcher::new("/bin/sh", vec![script.into()], dir.0.join("work")).unwrap();
+    let task =
+        |task: &str| json!({ "repository": "https://git.example.com/team/repo.git", "task": task });
+    let deadline = || Instant::now() + Duration::from_secs(5);
+
+    let before = Utc::now();
+    let short = mission_dispatch(task("short"), 1);
+    runner.dispatch(&short).await.unwrap();
+    let name = short.idempotency_key.to_string();
+    assert_eq!(run_ended(&runner, &name).await.exit_code(), Some(3));
+    let report = runner
+        .report(&RunRef { name: name.clone() }, deadline())
+        .await
+        .unwrap();
+    assert_eq!(report.output.as_deref(), Some("one\ntwo password=***\n"));
+    let (started, finished) = (report.started_at.unwrap(), report.finished_at.unwrap());
+    assert!(
+        before <= started && started <= finished && finished <= Utc::now(),
+        "{report:?}"
+    );
+
+    let long = mission_dispatch(task("long"), 1);
+    runner.dispatch(&long).await.unwrap();
+    let name = long.idempotency_key.to_string();
+    assert_eq!(run_ended(&runner, &name).await.exit_code(), Some(3));
+    let log = std::fs::read_to_string(dir.0.join(format!("work/{name}.log"))).unwrap();
+    assert!(log.len() > 20 * MAX_RUN_OUTPUT, "{}", log.len());
+    let output = runner
+        .report(&RunRef { name }, deadline())
+        .await
+        .unwrap()
+        .output
+        .unwrap();
+    assert!(output.len() <= MAX_RUN_OUTPUT, "{}", output.len());
+    assert!(output.len() > MAX_RUN_OUTPUT - 100, "{}", output.len());
+    assert!(output.starts_with("line "), "{}", &output[..40]);
+    assert!(output.ends_with("line 29999 of a long mission's output\nlast\n"));
+    assert!(log.ends_with(&output));
+
+    // A run this work directory has no record of.
+    let unknown = runner
+        .report(
+            &RunRef {
+                name: "cm-never-launched".into(),
+            },
+            deadline(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(unknown, RunReport::default());
 }
 
 /// A routine stored around the mission rules (written before them, or straight into the table)

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{TimeZone, Utc};
 use cm_dispatch::conformance::EffectProbe;
-use cm_dispatch::fakes::docker::{FakeDocker, StartFault};
+use cm_dispatch::fakes::docker::{FakeDocker, LogStream, StartFault};
 use cm_dispatch::mission::MissionConfig;
 use cm_dispatch::mission_conformance::{LaunchFaults, check_mission_backend, payload_of_task};
 use cm_dispatch::{
@@ -660,4 +660,64 @@ async fn docker_runs_are_observed_from_inspect() {
         "{names:?}"
     );
     assert_eq!(names[4], "failed exit code 3");
+}
+
+#[tokio::test]
+async fn docker_runs_report_their_logs_tail_and_times() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    let docker = docker_backend(&fake, MissionConfig::default());
+    let dispatch = mission_dispatch(mission(), 1);
+    docker.dispatch(&dispatch).await.unwrap();
+    let run = RunRef {
+        name: dispatch.idempotency_key.to_string(),
+    };
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    fake.print(&run.name, LogStream::Stdout, "one\n");
+    fake.print(&run.name, LogStream::Stderr, "two token=abc123\n");
+    // Lines of 200 bytes: a tail of 500 does not fit the read; one of 100 does.
+    let lines: String = (0..3000)
+        .map(|i| format!("{i:05} {}\n", "y".repeat(193)))
+        .collect();
+    fake.print(&run.name, LogStream::Stdout, &lines);
+    fake.print(&run.name, LogStream::Stderr, "last\n");
+    fake.exit(&run.name, 3);
+    let before = fake.calls().len();
+    let report = docker.report(&run, deadline()).await.unwrap();
+    let (started, finished) = (report.started_at.unwrap(), report.finished_at.unwrap());
+    assert!(started <= finished, "{report:?}");
+    let output = report.output.unwrap();
+    assert!(output.len() <= MAX_RUN_OUTPUT, "{}", output.len());
+    assert!(output.len() > MAX_RUN_OUTPUT - 200, "{}", output.len());
+    assert!(output.starts_with('0'), "{}", &output[..20]);
+    assert!(output.ends_with(&format!("02999 {}\nlast\n", "y".repeat(193))));
+    let tails: Vec<String> = fake.calls()[before..]
+        .iter()
+        .filter(|c| c.path.ends_with("/logs"))
+        .map(|c| c.query.clone())
+        .collect();
+    assert_eq!(tails.len(), 2, "{tails:?}");
+    assert!(
+        tails[0].contains("tail=500") && tails[1].contains("tail=100"),
+        "{tails:?}"
+    );
+
+    // A short output is whole, both streams, scrubbed.
+    let short = mission_dispatch(mission(), 1);
+    docker.dispatch(&short).await.unwrap();
+    let name = short.idempotency_key.to_string();
+    fake.print(&name, LogStream::Stdout, "one\n");
+    fake.print(&name, LogStream::Stderr, "two token=abc123\n");
+    fake.exit(&name, 0);
+    let report = docker
+        .report(&RunRef { name: name.clone() }, deadline())
+        .await
+        .unwrap();
+    assert_eq!(report.output.as_deref(), Some("one\ntwo token=***\n"));
+
+    // A container removed (auto_remove, or someone else): nothing left, and no error.
+    fake.forget(&name);
+    assert_eq!(
+        docker.report(&RunRef { name }, deadline()).await.unwrap(),
+        RunReport::default()
+    );
 }

@@ -20,6 +20,14 @@
 //!
 //! The engine is the one `DOCKER_HOST` names (`unix://` or `tcp://`), or the default socket. It
 //! need not answer when the backend is made: the scheduler waits for it ([`MissionRuntime::ready`]).
+//!
+//! An ended run's report ([`MissionRuntime::report`]) is the container's `State.StartedAt` and
+//! `FinishedAt` and the tail of its logs (stdout and stderr, as the engine's logging driver keeps
+//! them), read as a tail of lines ([`TAIL_LINES`]) and cut to the last 16 KiB. With the operator's
+//! `auto_remove` the engine removes the container as it exits, its logs with it: the report of
+//! such a run, asked after the watch saw it end, is most often empty (no output, no times),
+//! which is no error. A logging driver that cannot be read back (`none`, `syslog`) keeps no
+//! output either.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -31,17 +39,19 @@ use bollard::models::{
     ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum, HostConfig,
 };
 use bollard::query_parameters::{
-    CreateContainerOptions, CreateImageOptions, RemoveContainerOptions, StopContainerOptions,
+    CreateContainerOptions, CreateImageOptions, LogsOptions, RemoveContainerOptions,
+    StopContainerOptions,
 };
 use cm_domain::{ErrorText, RunState};
 use futures_util::StreamExt as _;
 use tokio::time::Instant;
 
 use crate::mission::{Launch, MissionConfig};
+use crate::output::{FETCH_LIMIT, TAIL_LINES, kept_output};
 use crate::retry::{
     FIRST_BACKOFF, MAX_BACKOFF, Retried, never_connected, unconfirmed, until_deadline,
 };
-use crate::runtime::{MissionRuntime, RunRef};
+use crate::runtime::{MissionRuntime, RunRef, RunReport};
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
 /// The engine used when `DOCKER_HOST` is not set, as the docker CLI does.
@@ -386,6 +396,73 @@ impl DockerDispatcher {
     }
 }
 
+impl DockerDispatcher {
+    /// The end of the container `name`'s logs, stdout and stderr, as kept; `None` when the
+    /// container is gone or its logging driver cannot be read back. Each try asks for a tail of
+    /// lines and reads at most [`FETCH_LIMIT`] bytes of it; a tail that does not fit is asked
+    /// again with fewer lines, so the answer ends at the logs' end.
+    async fn log_tail(
+        &self,
+        name: &str,
+        deadline: Instant,
+    ) -> Result<Option<String>, DispatchError> {
+        self.retrying(
+            deadline,
+            &format!("read the logs of container {name}"),
+            || async {
+                let docker = self.client().await?;
+                let mut end = Vec::new();
+                for lines in TAIL_LINES {
+                    let options = LogsOptions {
+                        stdout: true,
+                        stderr: true,
+                        tail: lines.to_string(),
+                        ..Default::default()
+                    };
+                    let mut logs = docker.logs(name, Some(options));
+                    end.clear();
+                    let mut fits = true;
+                    while let Some(chunk) = logs.next().await {
+                        match chunk {
+                            Ok(chunk) => end.extend_from_slice(chunk.as_ref()),
+                            Err(e) if status(&e) == Some(404) || unreadable_logs(&e) => {
+                                return Ok(None);
+                            }
+                            Err(e) => return Err(e),
+                        }
+                        if end.len() > FETCH_LIMIT {
+                            fits = false;
+                            break;
+                        }
+                    }
+                    if fits {
+                        break;
+                    }
+                }
+                // A tail of lines starts at a line start; one line longer than all that is read
+                // is kept from where the read began.
+                Ok(Some(kept_output(&end, true)))
+            },
+        )
+        .await
+    }
+}
+
+/// Whether the engine refused the logs because its logging driver keeps none it can read back
+/// (`none`, `syslog`, `fluentd`): the run left no output to read, which is no failure.
+fn unreadable_logs(e: &DockerError) -> bool {
+    matches!(e, DockerError::DockerResponseServerError { status_code, message }
+        if *status_code == 501 || message.contains("does not support reading"))
+}
+
+/// A time of a container's state, as the engine writes it (RFC 3339 with nanoseconds); `None`
+/// for the zero time it writes for a start or an end that has not happened
+/// (`0001-01-01T00:00:00Z`).
+fn engine_time(text: Option<&str>) -> Option<chrono::DateTime<chrono::Utc>> {
+    let at = chrono::DateTime::parse_from_rfc3339(text?).ok()?;
+    (at.timestamp() > 0).then(|| at.with_timezone(&chrono::Utc))
+}
+
 /// Whether a failed call certainly did nothing at the engine: it answered with an error (a
 /// create answered 500 made no container), or the connection was never made.
 fn left_no_effect(e: &DockerError) -> bool {
@@ -589,6 +666,30 @@ impl MissionRuntime for DockerDispatcher {
             },
         )
         .await
+    }
+
+    /// The container's start and end times from inspect and the tail of its logs; a container
+    /// gone (removed by `auto_remove`, or by someone else) reports nothing, and is no error.
+    async fn report(
+        &self,
+        run: &RunRef,
+        deadline: std::time::Instant,
+    ) -> Result<RunReport, DispatchError> {
+        let deadline = Instant::from_std(deadline);
+        let Some(found) = self.inspect(&run.name, deadline).await? else {
+            return Ok(RunReport::default());
+        };
+        let state = found.state.unwrap_or_default();
+        let finished_at = engine_time(state.finished_at.as_deref());
+        // The engine records `StartedAt` once the runtime's start returns, and a process that
+        // exits at once may have ended before that: it began by its end at the latest.
+        let started_at = engine_time(state.started_at.as_deref())
+            .map(|started| finished_at.map_or(started, |finished| started.min(finished)));
+        Ok(RunReport {
+            output: self.log_tail(&run.name, deadline).await?,
+            started_at,
+            finished_at,
+        })
     }
 }
 

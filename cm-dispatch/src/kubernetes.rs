@@ -17,6 +17,14 @@
 //! tried again with backoff until the dispatch's deadline, then fail with the last answer. The
 //! client's own retries are off, so every try is this backend's, within the deadline.
 //!
+//! An ended run's report ([`crate::MissionRuntime::report`]) is the Job's `status.startTime` and
+//! its `completionTime` (or, for a failed Job, its `Failed` condition's `lastTransitionTime`),
+//! and the tail of the log of the Job's newest pod (listed by [`JOB_NAME_LABEL`], the label
+//! the Job controller gives its pods), read with `tailLines` and `limitBytes`: the API server
+//! cuts a log at `limitBytes` from its start, so a tail that does not fit is asked again with
+//! fewer lines, and what comes back under the limit ends at the log's end. A Job or pod gone
+//! (its TTL after finishing, an operator) has no output to report, which is no error.
+//!
 //! The cluster is the one `kube::Config::infer` finds: `KUBECONFIG` or `~/.kube/config`, else
 //! the in-cluster service account. Tested against a fake of the API
 //! ([`crate::fakes::kubernetes`]); no cluster was available where it was built.
@@ -26,7 +34,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, PodSpec, PodTemplateSpec, ResourceRequirements, SecurityContext,
+    Container, EnvVar, Pod, PodSpec, PodTemplateSpec, ResourceRequirements, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -35,6 +43,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::time::Instant;
 
 use crate::mission::{Launch, MissionConfig};
+use crate::output::{FETCH_LIMIT, TAIL_LINES, kept_output};
 use crate::retry::{Retried, never_connected, unconfirmed, until_deadline};
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
@@ -43,6 +52,10 @@ pub const KEY_ANNOTATION: &str = "cm.idempotency-key";
 
 /// The name of the mission's container in the Job's pod.
 pub const CONTAINER_NAME: &str = "mission";
+
+/// The label the Job controller puts on a Job's pods, naming the Job (Kubernetes 1.27 and
+/// later; the older `job-name` is set beside it).
+pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 
 /// Every permission the backend uses in its namespace, as (verb, API group, resource,
 /// subresource): Jobs created, read and deleted (a launch, the watch, overlap `replace`), and the
@@ -349,6 +362,105 @@ impl KubernetesDispatcher {
     }
 }
 
+impl KubernetesDispatcher {
+    /// The Job `name`, or `None` when there is none.
+    async fn read_job(&self, name: &str, deadline: Instant) -> Result<Option<Job>, DispatchError> {
+        self.retrying(deadline, &format!("read Job {name}"), || async {
+            match self.jobs.get(name).await {
+                Ok(job) => Ok(Some(job)),
+                Err(e) if status_code(&e) == Some(404) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+    }
+
+    /// The end of the log of the Job `job`'s newest pod, as kept; `None` when the Job has no
+    /// pod, or its pod no log (gone, or its container never started).
+    async fn log_tail(
+        &self,
+        job: &str,
+        deadline: Instant,
+    ) -> Result<Option<String>, DispatchError> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let params = kube::api::ListParams::default().labels(&format!("{JOB_NAME_LABEL}={job}"));
+        let listed = self
+            .retrying(deadline, &format!("list the pods of Job {job}"), || {
+                pods.list(&params)
+            })
+            .await?;
+        // The newest pod is the last try's (a Job with a backoff limit tries in new pods).
+        let newest = listed
+            .items
+            .into_iter()
+            .filter_map(|pod| {
+                let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                Some((created, pod.metadata.name?))
+            })
+            .max();
+        let Some((_, pod)) = newest else {
+            return Ok(None);
+        };
+        for (i, lines) in TAIL_LINES.iter().enumerate() {
+            let params = kube::api::LogParams {
+                container: Some(CONTAINER_NAME.to_owned()),
+                tail_lines: Some(*lines as i64),
+                limit_bytes: Some(FETCH_LIMIT as i64),
+                ..Default::default()
+            };
+            let read = self
+                .retrying(deadline, &format!("read the log of pod {pod}"), || async {
+                    match pods.logs(&pod, &params).await {
+                        Ok(text) => Ok(Some(text.into_bytes())),
+                        // Not UTF-8: read lossily, as every output is.
+                        Err(kube::Error::FromUtf8(e)) => Ok(Some(e.into_bytes())),
+                        // Gone, or a container that never started (400: waiting to start).
+                        Err(e) if matches!(status_code(&e), Some(400 | 404)) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                })
+                .await?;
+            let Some(end) = read else { return Ok(None) };
+            if end.len() < FETCH_LIMIT || i + 1 == TAIL_LINES.len() {
+                // A tail of lines starts at a line start.
+                return Ok(Some(kept_output(&end, true)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// When the Job's run started and ended, by the API server's record: `status.startTime`, and
+/// `completionTime` or the `Failed` condition's `lastTransitionTime`.
+fn job_times(
+    job: &Job,
+) -> (
+    Option<chrono::DateTime<chrono::Utc>>,
+    Option<chrono::DateTime<chrono::Utc>>,
+) {
+    let time = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| {
+        chrono::DateTime::from_timestamp(t.0.as_second(), t.0.subsec_nanosecond().max(0) as u32)
+    };
+    let Some(status) = &job.status else {
+        return (None, None);
+    };
+    let failed = || {
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Failed" && c.status == "True")
+            .and_then(|c| c.last_transition_time.as_ref())
+    };
+    let started = status.start_time.as_ref().and_then(time);
+    let finished = status
+        .completion_time
+        .as_ref()
+        .or_else(failed)
+        .and_then(time);
+    (started, finished)
+}
+
 fn past_deadline(what: &str, last: Option<String>) -> DispatchError {
     DispatchError::Unavailable(match last {
         Some(last) => {
@@ -630,6 +742,25 @@ impl crate::MissionRuntime for KubernetesDispatcher {
                     self.namespace
                 )),
             },
+        })
+    }
+
+    /// The Job's times and the tail of its newest pod's log; a Job gone reports nothing.
+    async fn report(
+        &self,
+        run: &crate::RunRef,
+        deadline: std::time::Instant,
+    ) -> Result<crate::RunReport, DispatchError> {
+        let name = job_name(&run.name);
+        let deadline = Instant::from_std(deadline);
+        let Some(job) = self.read_job(&name, deadline).await? else {
+            return Ok(crate::RunReport::default());
+        };
+        let (started_at, finished_at) = job_times(&job);
+        Ok(crate::RunReport {
+            output: self.log_tail(&name, deadline).await?,
+            started_at,
+            finished_at,
         })
     }
 

@@ -42,6 +42,7 @@ pub mod mission_conformance;
 #[cfg(feature = "nats")]
 pub mod nats;
 mod outbox;
+mod output;
 mod process;
 #[cfg(any(feature = "docker", feature = "kubernetes"))]
 mod retry;
@@ -67,7 +68,7 @@ pub use nats::NatsDispatcher;
 pub use outbox::OutboxDispatcher;
 pub use process::ProcessDispatcher;
 pub use routed::RoutedDispatcher;
-pub use runtime::{MissionRuntime, RunRef};
+pub use runtime::{MAX_RUN_OUTPUT, MissionRuntime, RunRef, RunReport, scrub_output};
 #[cfg(feature = "webhook")]
 pub use webhook::WebhookDispatcher;
 

@@ -10,11 +10,15 @@
 //! The child runs without a shell, with a cleared environment: the scheduler's own `PATH`, then
 //! the mission's `CM_*` variables and its `env` (which can name no variable that steers a runner:
 //! `cm_domain::mission::DENIED_ENV`). The program is resolved once, when the backend is built,
-//! with the scheduler's own `PATH`: a lookup at spawn would search the child's. Its stdout and stderr go to `<key>.log` in the work directory, and
-//! its exit status, once it ends, to `<key>.exit` (while this scheduler lives).
+//! with the scheduler's own `PATH`: a lookup at spawn would search the child's. Its stdout and
+//! stderr go to `<key>.log` in the work directory, and its exit status, once it ends, to
+//! `<key>.exit` (while this scheduler lives). The marker's second line records when the child
+//! started (`started_at <RFC 3339>`), the exit file's when it ended (`finished_at <RFC 3339>`);
+//! a run's report is those times and the log's last [`MAX_RUN_OUTPUT`](crate::MAX_RUN_OUTPUT)
+//! bytes, read from its end.
 
 use std::ffi::OsString;
-use std::io::Write as _;
+use std::io::{Read as _, Seek as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -142,9 +146,14 @@ impl ProcessDispatcher {
             }
         };
         let pid = child.id().unwrap_or_default();
+        let started_at = chrono::Utc::now();
         // The pid is written after the start; a crash in between leaves a marker without one,
         // which a retry reports instead of launching again.
-        if let Err(e) = writeln!(marker, "pid {pid}").and_then(|()| marker.sync_all()) {
+        let record = format!("pid {pid}\n{STARTED_AT} {}\n", rfc3339(started_at));
+        if let Err(e) = marker
+            .write_all(record.as_bytes())
+            .and_then(|()| marker.sync_all())
+        {
             return Err(DispatchError::Unavailable(format!(
                 "started pid {pid} but cannot write the marker {}: {e}",
                 marker_path.display()
@@ -157,13 +166,63 @@ impl ProcessDispatcher {
                 Ok(status) => status.to_string(),
                 Err(e) => format!("unknown: {e}"),
             };
-            let _ = tokio::fs::write(exit_path, format!("{status}\n")).await;
+            let finished_at = rfc3339(chrono::Utc::now());
+            let _ = tokio::fs::write(
+                exit_path,
+                format!("{status}\n{FINISHED_AT} {finished_at}\n"),
+            )
+            .await;
         });
         Ok(Receipt {
             duplicate: false,
             detail: format!("pid {pid}"),
         })
     }
+}
+
+/// The marker's line recording when the child started.
+const STARTED_AT: &str = "started_at";
+
+/// The exit file's line recording when the child ended.
+const FINISHED_AT: &str = "finished_at";
+
+fn rfc3339(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+/// The time a record's `name` line holds (`started_at 2026-03-29T01:00:00.000000Z`), if any.
+fn recorded_time(text: &str, name: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|at| chrono::DateTime::parse_from_rfc3339(at.trim()).ok())
+        .map(|at| at.with_timezone(&chrono::Utc))
+}
+
+/// The pid a marker records on its first line, if any.
+fn recorded_pid(marker: &str) -> Option<&str> {
+    marker
+        .lines()
+        .next()?
+        .trim()
+        .strip_prefix("pid ")
+        .filter(|pid| !pid.is_empty())
+}
+
+/// The last [`MAX_RUN_OUTPUT`](crate::MAX_RUN_OUTPUT) bytes of the log at `path` (and the byte
+/// before them, to tell whether they start a line), read from its end: never the whole file.
+/// `None` when there is no log.
+fn log_tail(path: &Path) -> std::io::Result<Option<String>> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let from = len.saturating_sub(crate::MAX_RUN_OUTPUT as u64 + 1);
+    file.seek(std::io::SeekFrom::Start(from))?;
+    let mut end = Vec::with_capacity((len - from) as usize);
+    file.take(len - from).read_to_end(&mut end)?;
+    Ok(Some(crate::output::kept_output(&end, from == 0)))
 }
 
 /// The receipt for an occurrence whose marker exists.
@@ -185,7 +244,7 @@ fn already_launched(marker_path: &Path) -> Result<Receipt, DispatchError> {
 /// The run an exit file records (`exit status: 3`, `signal: 9 (SIGKILL)`, as Rust prints an
 /// `ExitStatus`).
 fn exit_run_state(text: &str) -> cm_domain::RunState {
-    let text = text.trim();
+    let text = text.lines().next().unwrap_or_default().trim();
     match text
         .strip_prefix("exit status: ")
         .and_then(|code| code.parse::<i32>().ok())
@@ -216,7 +275,7 @@ impl crate::MissionRuntime for ProcessDispatcher {
             return Ok(exit_run_state(&text));
         }
         let marker = std::fs::read_to_string(self.marker_path(&run.name)).unwrap_or_default();
-        let pid = marker.trim().strip_prefix("pid ").unwrap_or_default();
+        let pid = recorded_pid(&marker).unwrap_or_default();
         if !pid.is_empty() && Path::new(&format!("/proc/{pid}")).exists() {
             return Ok(cm_domain::RunState::Running);
         }
@@ -236,7 +295,7 @@ impl crate::MissionRuntime for ProcessDispatcher {
         _deadline: std::time::Instant,
     ) -> Result<(), DispatchError> {
         let marker = std::fs::read_to_string(self.marker_path(&run.name)).unwrap_or_default();
-        let Some(pid) = marker.trim().strip_prefix("pid ") else {
+        let Some(pid) = recorded_pid(&marker) else {
             return Ok(());
         };
         if self.workdir.join(format!("{}.exit", run.name)).exists() {
@@ -247,6 +306,28 @@ impl crate::MissionRuntime for ProcessDispatcher {
             .status()
             .await;
         Ok(())
+    }
+
+    /// The last 16 KiB of `<key>.log` (`None` without one), the start the marker records and
+    /// the end the exit file records (each `None` when not recorded: a marker written before
+    /// times were, a run still going or whose scheduler died before it ended).
+    async fn report(
+        &self,
+        run: &crate::RunRef,
+        _deadline: std::time::Instant,
+    ) -> Result<crate::RunReport, DispatchError> {
+        let read = |path: PathBuf| std::fs::read_to_string(path).unwrap_or_default();
+        let marker = read(self.marker_path(&run.name));
+        let exit = read(self.workdir.join(format!("{}.exit", run.name)));
+        let log = self.workdir.join(format!("{}.log", run.name));
+        let output = log_tail(&log).map_err(|e| {
+            DispatchError::Unavailable(format!("cannot read {}: {e}", log.display()))
+        })?;
+        Ok(crate::RunReport {
+            output,
+            started_at: recorded_time(&marker, STARTED_AT),
+            finished_at: recorded_time(&exit, FINISHED_AT),
+        })
     }
 }
 

@@ -4,7 +4,10 @@
 //! The scheduler waits at start for a runtime that does not answer yet ([`MissionRuntime::ready`],
 //! shown by `/readyz`), watches every launched run to its end ([`MissionRuntime::observe`], a
 //! bounded pass beside the ticks) and stops a running one when a routine's overlap policy is
-//! `replace` ([`MissionRuntime::stop`]). Docker, Kubernetes and the process runner implement it.
+//! `replace` ([`MissionRuntime::stop`]). Once a run ended, the watch asks what it left
+//! ([`MissionRuntime::report`]): the tail of its output ([`MAX_RUN_OUTPUT`] bytes at most, secrets
+//! scrubbed by [`scrub_output`]) and when it started and ended. Docker, Kubernetes and the
+//! process runner implement it.
 
 use std::time::Instant;
 
@@ -12,6 +15,25 @@ use async_trait::async_trait;
 use cm_domain::RunState;
 
 use crate::DispatchError;
+pub use crate::output::scrub_output;
+
+/// The most bytes of a run's output kept: its last 16 KiB.
+pub const MAX_RUN_OUTPUT: usize = 16 * 1024;
+
+/// What an ended run left behind, as its runtime reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunReport {
+    /// The run's last output (stdout and stderr as the runtime keeps them), at most
+    /// [`MAX_RUN_OUTPUT`] bytes, starting at a line start when it was cut, lossy UTF-8, with
+    /// secrets scrubbed ([`scrub_output`], without the caller's own secrets: pass them to it
+    /// again); `None` when the runtime kept none (the container or pod gone, no log file), and
+    /// empty when the run printed nothing.
+    pub output: Option<String>,
+    /// When the run started, by the runtime's clock (`None` when it does not say).
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When the run ended, by the runtime's clock (`None` when it does not say).
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+}
 
 /// A launched mission, as the ledger names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,5 +67,13 @@ pub trait MissionRuntime: Send + Sync {
     /// grants everything or nothing).
     async fn missing_permissions(&self) -> Result<Vec<String>, DispatchError> {
         Ok(Vec::new())
+    }
+
+    /// What the ended run `run` left: its output's tail and its times. Asked once, after the
+    /// watch records the run's end (before anything removes the container or Job). An error is the
+    /// runtime failing to answer; a run whose output is gone is `Ok` with `output: None`.
+    async fn report(&self, run: &RunRef, deadline: Instant) -> Result<RunReport, DispatchError> {
+        let _ = (run, deadline);
+        Ok(RunReport::default())
     }
 }

@@ -5,11 +5,15 @@
 //! container name "/…" is already in use …` for a taken name; `POST /containers/{id}/start` 204,
 //! 304 when already started, 404 `No such container: …`; `GET /containers/{id}/json`;
 //! `POST /containers/{id}/stop` 204, 304 when not running; `DELETE /containers/{id}` 204;
-//! `POST /images/create` streaming pull progress; `GET /images/{name}/json`. Paths may carry the
-//! `/v1.NN` version prefix clients send.
+//! `POST /images/create` streaming pull progress; `GET /images/{name}/json`;
+//! `GET /containers/{id}/logs` with `stdout`, `stderr` and `tail`, in the engine's multiplexed
+//! stream format (an 8-byte header of stream and length before each frame) as for a container
+//! without a TTY. Paths may carry the `/v1.NN` version prefix clients send. A container's
+//! `State.StartedAt` and `FinishedAt` are the times it was started and ended, by this clock.
 //!
 //! Tests set it up with [`FakeDocker::start`] (point `DOCKER_HOST` at [`FakeDocker::host`]),
-//! make starts fail or stall with [`FakeDocker::fault_next_start`], and read what happened with
+//! make starts fail or stall with [`FakeDocker::fault_next_start`], give a container output with
+//! [`FakeDocker::print`] and end it with [`FakeDocker::exit`], and read what happened with
 //! [`FakeDocker::calls`] and [`FakeDocker::containers`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -36,6 +40,15 @@ pub enum StartFault {
     StallAfterStart,
 }
 
+/// Which of a container's streams a text was written to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogStream {
+    /// Standard output (stream 1 of the multiplexed format).
+    Stdout,
+    /// Standard error (stream 2).
+    Stderr,
+}
+
 /// A container the fake holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Container {
@@ -59,6 +72,12 @@ pub struct Container {
     pub starts: usize,
     /// Its exit code once it ended ([`FakeDocker::exit`]) or was stopped (137).
     pub exit_code: Option<i64>,
+    /// When it was started.
+    pub started_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// When it ended.
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// What it printed ([`FakeDocker::print`]), in order.
+    pub output: Vec<(LogStream, String)>,
 }
 
 impl Container {
@@ -144,6 +163,19 @@ impl FakeDocker {
             .find(|c| c.name == name)
         {
             c.exit_code = Some(code);
+            c.finished_at = Some(chrono::Utc::now());
+        }
+    }
+
+    /// Appends `text` to what the container named `name` printed on `stream`, as its process
+    /// writing it.
+    pub fn print(&self, name: &str, stream: LogStream, text: &str) {
+        if let Some(c) = lock(&self.state)
+            .containers
+            .iter_mut()
+            .find(|c| c.name == name)
+        {
+            c.output.push((stream, text.to_owned()));
         }
     }
 
@@ -285,6 +317,7 @@ fn route(state: &mut State, request: &FakeRequest, path: &str) -> Option<Answer>
                 return Some((304, String::new()));
             }
             c.exit_code = Some(137);
+            c.finished_at = Some(chrono::Utc::now());
             Some((204, String::new()))
         }
         ("DELETE", "") => {
@@ -292,6 +325,7 @@ fn route(state: &mut State, request: &FakeRequest, path: &str) -> Option<Answer>
             Some((204, String::new()))
         }
         ("GET", "json") => Some((200, inspect(&state.containers[at]).to_string())),
+        ("GET", "logs") => Some((200, logs(&state.containers[at], request))),
         _ => message(404, "page not found".into()),
     }
 }
@@ -353,6 +387,9 @@ fn create(state: &mut State, request: &FakeRequest) -> Option<Answer> {
         host_config: body["HostConfig"].clone(),
         starts: 0,
         exit_code: None,
+        started_at: None,
+        finished_at: None,
+        output: Vec::new(),
     };
     let answer = json!({ "Id": container.id, "Warnings": [] }).to_string();
     state.containers.push(container);
@@ -369,10 +406,12 @@ fn start(state: &mut State, at: usize) -> Option<Answer> {
         Some(StartFault::StallBeforeStart) => None,
         Some(StartFault::StallAfterStart) => {
             state.containers[at].starts += 1;
+            state.containers[at].started_at = Some(chrono::Utc::now());
             None
         }
         None => {
             state.containers[at].starts += 1;
+            state.containers[at].started_at = Some(chrono::Utc::now());
             Some((204, String::new()))
         }
     }
@@ -399,12 +438,61 @@ fn inspect(c: &Container) -> Value {
             "Pid": if running { 4242 } else { 0 },
             "ExitCode": c.exit_code.unwrap_or(0),
             "Error": "",
-            "StartedAt": if running { "2026-03-29T01:00:00.000000000Z" } else { "0001-01-01T00:00:00Z" },
-            "FinishedAt": "0001-01-01T00:00:00Z"
+            "StartedAt": engine_time(c.started_at),
+            "FinishedAt": engine_time(c.finished_at)
         },
         "Config": { "Image": c.image, "Env": c.env, "Labels": c.labels, "Cmd": c.cmd },
         "HostConfig": c.host_config,
     })
+}
+
+/// A time as the engine writes it, the zero time for none.
+fn engine_time(at: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    at.map_or_else(
+        || "0001-01-01T00:00:00Z".to_owned(),
+        |at| at.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+    )
+}
+
+/// The container's logs as the engine streams them for a container without a TTY: the last
+/// `tail` lines (all without it) of the streams asked for, each in frames of an 8-byte header
+/// (stream, three zero bytes, the big-endian length) and the payload. Frames are kept under
+/// 128 bytes, so the whole answer is text.
+fn logs(c: &Container, request: &FakeRequest) -> String {
+    let wanted = |name: &str| matches!(request.param(name), Some("1" | "true"));
+    let mut lines: Vec<(LogStream, &str)> = Vec::new();
+    for (stream, text) in &c.output {
+        let asked = match stream {
+            LogStream::Stdout => wanted("stdout"),
+            LogStream::Stderr => wanted("stderr"),
+        };
+        if asked {
+            lines.extend(text.split_inclusive('\n').map(|line| (*stream, line)));
+        }
+    }
+    if let Some(tail) = request.param("tail").and_then(|t| t.parse::<usize>().ok()) {
+        lines.drain(..lines.len().saturating_sub(tail));
+    }
+    let mut body = String::new();
+    for (stream, mut line) in lines {
+        let kind = match stream {
+            LogStream::Stdout => '\u{1}',
+            LogStream::Stderr => '\u{2}',
+        };
+        while !line.is_empty() {
+            let mut end = line.len().min(127);
+            while !line.is_char_boundary(end) {
+                end -= 1;
+            }
+            let (frame, rest) = line.split_at(end);
+            body.push(kind);
+            body.push_str("\0\0\0\0\0\0");
+            body.push(char::from(u8::try_from(frame.len()).unwrap_or(127)));
+            body.push_str(frame);
+            line = rest;
+        }
+    }
+    body
 }
 
 fn hex_id() -> String {

@@ -12,13 +12,22 @@
 //! without a name or image; 401 `Unauthorized` for a request without the configured bearer
 //! token.
 //!
+//! `DELETE /apis/batch/v1/namespaces/{ns}/jobs/{name}` deletes a Job and its pods (background
+//! propagation, done at once). A Job's pods are the test's to make ([`FakeKubernetes::add_pod`],
+//! each with the canned text of its log): `GET /api/v1/namespaces/{ns}/pods` lists them
+//! (`labelSelector` of `key=value` terms, as the Job controller labels them:
+//! `batch.kubernetes.io/job-name`, `job-name`, `controller-uid`); `GET
+//! /api/v1/namespaces/{ns}/pods/{pod}/log` answers the log as text, its last `tailLines` lines
+//! and then, as the kubelet does, at most `limitBytes` bytes from that text's start; 404 for a
+//! pod that is not there, 400 for a `container` the pod has not.
+//!
 //! Tests set it up with [`FakeKubernetes::start`], write a kubeconfig pointing at it with
 //! [`FakeKubernetes::kubeconfig`], make creates fail, be refused or stall with
-//! [`FakeKubernetes::fault_next_create`], and read what happened with
-//! [`FakeKubernetes::calls`] and [`FakeKubernetes::jobs`].
+//! [`FakeKubernetes::fault_next_create`], end a Job with [`FakeKubernetes::set_job_status`],
+//! and read what happened with [`FakeKubernetes::calls`] and [`FakeKubernetes::jobs`].
 //!
-//! What it does not do: run the Jobs (no controller makes pods, `status` stays empty), watch,
-//! list, patch, delete, or expire Jobs after `ttlSecondsAfterFinished`.
+//! What it does not do: run the Jobs (no controller makes pods, `status` stays what the test
+//! sets), watch, list or patch Jobs, or expire them after `ttlSecondsAfterFinished`.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -76,11 +85,25 @@ impl StoredJob {
     }
 }
 
+/// A pod the fake holds, made by the test for a Job.
+#[derive(Debug, Clone, PartialEq)]
+struct StoredPod {
+    namespace: String,
+    name: String,
+    /// The Job it belongs to.
+    job: String,
+    object: Value,
+    log: String,
+}
+
 #[derive(Debug, Default)]
 struct State {
     namespaces: BTreeSet<String>,
     token: String,
     jobs: Vec<StoredJob>,
+    pods: Vec<StoredPod>,
+    /// The creation time of the last pod made, so each later one is newer.
+    last_pod_created: Option<chrono::DateTime<chrono::Utc>>,
     calls: Vec<Call>,
     create_faults: VecDeque<CreateFault>,
     resource_version: u64,
@@ -160,6 +183,86 @@ impl FakeKubernetes {
             object,
         });
         uid
+    }
+
+    /// Sets the `status` of the Job `name` in `namespace`, as the Job controller would (its
+    /// `startTime`, `completionTime`, `conditions`); `false` when there is no such Job.
+    pub fn set_job_status(&self, namespace: &str, name: &str, status: Value) -> bool {
+        let mut state = lock(&self.state);
+        match state
+            .jobs
+            .iter_mut()
+            .find(|j| j.namespace == namespace && j.name == name)
+        {
+            Some(job) => {
+                job.object["status"] = status;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Makes a pod of the Job `job` in `namespace` whose log reads `log`, as the Job controller
+    /// would for each try (labelled as its pod template is, created after every earlier pod),
+    /// and returns its name.
+    pub fn add_pod(&self, namespace: &str, job: &str, log: &str) -> String {
+        let mut state = lock(&self.state);
+        let stored = state
+            .jobs
+            .iter()
+            .find(|j| j.namespace == namespace && j.name == job)
+            .cloned();
+        let mut labels = stored
+            .as_ref()
+            .map(|j| j.object["spec"]["template"]["metadata"]["labels"].clone())
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        for key in ["batch.kubernetes.io/job-name", "job-name"] {
+            labels[key] = json!(job);
+        }
+        let containers = stored
+            .as_ref()
+            .map(|j| j.object["spec"]["template"]["spec"]["containers"].clone())
+            .filter(Value::is_array)
+            .unwrap_or_else(|| json!([{ "name": "mission", "image": "unknown" }]));
+        let now = chrono::Utc::now();
+        let created = match state.last_pod_created {
+            Some(last) if last + chrono::TimeDelta::seconds(1) > now => {
+                last + chrono::TimeDelta::seconds(1)
+            }
+            _ => now,
+        };
+        state.last_pod_created = Some(created);
+        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..5];
+        let name = format!("{job}-{suffix}");
+        let created = created.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        state.resource_version += 1;
+        let object = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": uuid::Uuid::new_v4().to_string(),
+                "resourceVersion": state.resource_version.to_string(),
+                "creationTimestamp": created,
+                "labels": labels,
+                "ownerReferences": stored.as_ref().map(|j| json!([{
+                    "apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": j.uid,
+                    "controller": true, "blockOwnerDeletion": true,
+                }])),
+            },
+            "spec": { "containers": containers, "restartPolicy": "Never" },
+            "status": { "phase": "Succeeded", "startTime": created },
+        });
+        state.pods.push(StoredPod {
+            namespace: namespace.to_owned(),
+            name: name.clone(),
+            job: job.to_owned(),
+            object,
+            log: log.to_owned(),
+        });
+        name
     }
 
     /// Every call received, in order.
@@ -270,6 +373,10 @@ fn route(state: &mut State, request: &FakeRequest) -> Option<Answer> {
             {
                 Some(at) => {
                     let job = state.jobs.remove(at);
+                    // Background propagation: the garbage collector deletes the Job's pods.
+                    state
+                        .pods
+                        .retain(|p| !(p.namespace == job.namespace && p.job == job.name));
                     Some((200, job.object.to_string()))
                 }
                 None => status(
@@ -280,6 +387,10 @@ fn route(state: &mut State, request: &FakeRequest) -> Option<Answer> {
             }
         }
         ("POST", ["apis", "batch", "v1", "namespaces", ns, "jobs"]) => create(state, ns, request),
+        ("GET", ["api", "v1", "namespaces", ns, "pods"]) => list_pods(state, ns, request),
+        ("GET", ["api", "v1", "namespaces", ns, "pods", pod, "log"]) => {
+            pod_log(state, ns, pod, request)
+        }
         ("GET", ["apis", "batch", "v1", "namespaces", ns, "jobs", name]) => {
             match state
                 .jobs
@@ -352,6 +463,105 @@ fn access_review(state: &State, request: &FakeRequest) -> Option<Answer> {
     let allowed = allowed(state, &verb, &resource);
     review["status"] = json!({ "allowed": allowed });
     Some((201, review.to_string()))
+}
+
+/// The pods of `namespace` whose labels match every `key=value` (or `key==value`) term of the
+/// request's `labelSelector`, as a `PodList`.
+fn list_pods(state: &State, namespace: &str, request: &FakeRequest) -> Option<Answer> {
+    let mut terms = Vec::new();
+    for term in request
+        .param("labelSelector")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|t| !t.is_empty())
+    {
+        let Some((key, value)) = term.split_once("==").or_else(|| term.split_once('=')) else {
+            return status(
+                400,
+                format!("unable to parse requirement: {term}: only key=value is faked"),
+                None,
+            );
+        };
+        terms.push((key.trim(), value.trim()));
+    }
+    let items: Vec<&Value> = state
+        .pods
+        .iter()
+        .filter(|p| p.namespace == namespace)
+        .filter(|p| {
+            terms
+                .iter()
+                .all(|(k, v)| p.object["metadata"]["labels"][*k].as_str() == Some(*v))
+        })
+        .map(|p| &p.object)
+        .collect();
+    Some((
+        200,
+        json!({
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": { "resourceVersion": state.resource_version.to_string() },
+            "items": items,
+        })
+        .to_string(),
+    ))
+}
+
+/// The log of `pod`: its last `tailLines` lines, then at most `limitBytes` bytes of those from
+/// their start (cut back to a character), as text.
+fn pod_log(state: &State, namespace: &str, pod: &str, request: &FakeRequest) -> Option<Answer> {
+    let Some(found) = state
+        .pods
+        .iter()
+        .find(|p| p.namespace == namespace && p.name == pod)
+    else {
+        return status(
+            404,
+            format!("pods \"{pod}\" not found"),
+            Some(json!({ "name": pod, "kind": "pods" })),
+        );
+    };
+    if let Some(container) = request.param("container") {
+        let known = found.object["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["name"] == container);
+        if !known {
+            return status(
+                400,
+                format!("container {container} is not valid for pod {pod}"),
+                None,
+            );
+        }
+    }
+    let mut log = found.log.as_str();
+    if let Some(lines) = request
+        .param("tailLines")
+        .and_then(|n| n.parse::<usize>().ok())
+    {
+        let starts: Vec<usize> = std::iter::once(0)
+            .chain(log.match_indices('\n').map(|(at, _)| at + 1))
+            .filter(|&at| at < log.len())
+            .collect();
+        if lines == 0 {
+            log = "";
+        } else if starts.len() > lines {
+            log = &log[starts[starts.len() - lines]..];
+        }
+    }
+    if let Some(limit) = request
+        .param("limitBytes")
+        .and_then(|n| n.parse::<usize>().ok())
+        && log.len() > limit
+    {
+        let mut end = limit;
+        while !log.is_char_boundary(end) {
+            end -= 1;
+        }
+        log = &log[..end];
+    }
+    Some((200, log.to_owned()))
 }
 
 fn create(state: &mut State, namespace: &str, request: &FakeRequest) -> Option<Answer> {

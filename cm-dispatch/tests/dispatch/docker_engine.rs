@@ -10,7 +10,9 @@ use bollard::Docker;
 use cm_dispatch::conformance::EffectProbe;
 use cm_dispatch::mission::MissionConfig;
 use cm_dispatch::mission_conformance::{check_mission_backend, payload_of_task};
-use cm_dispatch::{DispatchError, Dispatcher, DockerDispatcher, MissionRuntime, RunRef};
+use cm_dispatch::{
+    DispatchError, Dispatcher, DockerDispatcher, MAX_RUN_OUTPUT, MissionRuntime, RunRef, RunReport,
+};
 use cm_domain::{IdempotencyKey, RunState};
 use serde_json::Value;
 
@@ -260,4 +262,87 @@ async fn real_engine_stop_ends_a_running_mission() {
     docker.stop(&run, deadline()).await.unwrap();
     assert_eq!(docker.ready().await, Ok(()));
     remove(&host, &[run.name.as_str()]).await;
+}
+
+#[tokio::test]
+async fn real_engine_reports_a_runs_output_and_times() {
+    let Some(host) = engine().await else { return };
+    let deadline = || Instant::now() + Duration::from_secs(10);
+    let docker = backend(
+        &host,
+        r#"{"command": ["sh", "-c", "echo one; echo two >&2; exit 3"], "docker": {"network": "none"}}"#,
+    );
+    let dispatch = mission_dispatch(mission(), 1);
+    docker.dispatch(&dispatch).await.unwrap();
+    let run = RunRef {
+        name: dispatch.idempotency_key.to_string(),
+    };
+    assert_eq!(ended(&docker, &run.name).await.exit_code(), Some(3));
+    let report = docker.report(&run, deadline()).await.unwrap();
+    let output = report.output.clone().unwrap();
+    assert!(
+        output.contains("one\n") && output.contains("two\n"),
+        "{report:?}"
+    );
+    let (began, finished) = (report.started_at.unwrap(), report.finished_at.unwrap());
+    assert!(began <= finished, "{report:?}");
+    assert!(
+        finished - began < chrono::TimeDelta::seconds(30),
+        "{report:?}"
+    );
+    // Gone, its logs with it: nothing to report, and no error.
+    remove(&host, &[run.name.as_str()]).await;
+    assert_eq!(
+        docker.report(&run, deadline()).await.unwrap(),
+        RunReport::default()
+    );
+
+    // Lines of 300 bytes: the first tail asked for does not fit the read, a shorter one does,
+    // and what is kept is the output's last 16 KiB from a line start.
+    let long = backend(
+        &host,
+        r#"{"command": ["sh", "-c", "pad=$(printf '%0290d' 0); i=0; while [ $i -lt 2000 ]; do echo \"$pad $i\"; i=$((i+1)); done; echo password=hunter2; echo last"], "docker": {"network": "none"}}"#,
+    );
+    let dispatch = mission_dispatch(mission(), 1);
+    long.dispatch(&dispatch).await.unwrap();
+    let run = RunRef {
+        name: dispatch.idempotency_key.to_string(),
+    };
+    assert_eq!(ended(&long, &run.name).await, RunState::Succeeded);
+    let output = long.report(&run, deadline()).await.unwrap().output.unwrap();
+    assert!(output.len() <= MAX_RUN_OUTPUT, "{}", output.len());
+    assert!(output.len() > MAX_RUN_OUTPUT - 400, "{}", output.len());
+    assert!(output.starts_with("0000"), "{}", &output[..40]);
+    assert!(
+        output.ends_with(" 1999\npassword=***\nlast\n"),
+        "{}",
+        &output[output.len() - 60..]
+    );
+    remove(&host, &[run.name.as_str()]).await;
+
+    // With auto_remove the engine removes the container as it exits: by the time the watch
+    // asks, there is nothing left to report.
+    let removed = backend(
+        &host,
+        r#"{"command": ["sh", "-c", "echo bye"], "docker": {"network": "none", "auto_remove": true}}"#,
+    );
+    let dispatch = mission_dispatch(mission(), 1);
+    removed.dispatch(&dispatch).await.unwrap();
+    let run = RunRef {
+        name: dispatch.idempotency_key.to_string(),
+    };
+    // The watch may see it exited, or already gone.
+    let seen = ended(&removed, &run.name).await;
+    assert!(
+        matches!(seen, RunState::Succeeded | RunState::Lost { .. }),
+        "{seen:?}"
+    );
+    let until = Instant::now() + Duration::from_secs(20);
+    while started(&host, &run.name).await.is_some() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        removed.report(&run, deadline()).await.unwrap(),
+        RunReport::default()
+    );
 }

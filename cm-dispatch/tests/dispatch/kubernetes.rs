@@ -12,7 +12,10 @@ use cm_dispatch::fakes::kubernetes::{CreateFault, FakeKubernetes, StoredJob};
 use cm_dispatch::kubernetes::{KEY_ANNOTATION, is_dns_label};
 use cm_dispatch::mission::MissionConfig;
 use cm_dispatch::mission_conformance::{LaunchFaults, check_mission_backend, payload_of_task};
-use cm_dispatch::{Dispatch, DispatchError, Dispatcher, KubernetesDispatcher};
+use cm_dispatch::{
+    Dispatch, DispatchError, Dispatcher, KubernetesDispatcher, MAX_RUN_OUTPUT, MissionRuntime,
+    RunRef, RunReport,
+};
 use cm_domain::{IdempotencyKey, Occurrence};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -151,6 +154,118 @@ async fn kubernetes_backend_conforms() {
     assert!(
         creates.iter().all(|s| [0, 201, 403, 409].contains(s)),
         "{creates:?}"
+    );
+}
+
+/// A time as the API server writes it.
+fn at(text: &str) -> Option<chrono::DateTime<Utc>> {
+    Some(text.parse().unwrap())
+}
+
+#[tokio::test]
+async fn kubernetes_reports_the_newest_pods_log_tail_and_the_jobs_times() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    let launched = dispatch(mission(), 1, Duration::from_secs(10));
+    kube.dispatch(&launched).await.unwrap();
+    let job = launched.idempotency_key.to_string();
+    let run = RunRef { name: job.clone() };
+    let deadline = || Instant::now() + Duration::from_secs(5);
+
+    // Created, no pod yet, no status: nothing to say.
+    assert_eq!(
+        kube.report(&run, deadline()).await.unwrap(),
+        RunReport::default()
+    );
+
+    // The first try's pod failed; the second try's log is the run's. Its lines are 200 bytes,
+    // so a tail of 500 does not fit a read and a tail of 100 does.
+    fake.add_pod("default", &job, "first try\n");
+    let mut log: String = (0..3000)
+        .map(|i| format!("{i:05} {}\n", "x".repeat(193)))
+        .collect();
+    log.push_str("login with password=hunter2\nlast\n");
+    let second = fake.add_pod("default", &job, &log);
+    // A pod of another Job is not this run's.
+    fake.add_pod("default", "cm-other-job", "not mine\n");
+    assert!(fake.set_job_status(
+        "default",
+        &job,
+        json!({ "startTime": "2026-03-29T01:00:01Z", "completionTime": "2026-03-29T01:00:09Z",
+                "succeeded": 1, "conditions": [{ "type": "Complete", "status": "True",
+                "lastTransitionTime": "2026-03-29T01:00:09Z" }] }),
+    ));
+    let before = fake.calls().len();
+    let report = kube.report(&run, deadline()).await.unwrap();
+    assert_eq!(report.started_at, at("2026-03-29T01:00:01Z"));
+    assert_eq!(report.finished_at, at("2026-03-29T01:00:09Z"));
+    let output = report.output.unwrap();
+    assert!(output.len() <= MAX_RUN_OUTPUT, "{}", output.len());
+    assert!(output.len() > MAX_RUN_OUTPUT - 200, "{}", output.len());
+    assert!(output.starts_with("0"), "{}", &output[..20]);
+    assert!(
+        output.ends_with("login with password=***\nlast\n"),
+        "{}",
+        &output[output.len() - 60..]
+    );
+    let reads: Vec<String> = fake.calls()[before..]
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {} {} {}",
+                c.method,
+                c.path.replace(&job, "JOB"),
+                c.query.replace(&job, "JOB"),
+                c.status
+            )
+        })
+        .collect();
+    let pod = second.replace(&job, "JOB");
+    assert_eq!(
+        reads,
+        [
+            "GET /apis/batch/v1/namespaces/default/jobs/JOB  200".to_owned(),
+            "GET /api/v1/namespaces/default/pods labelSelector=batch.kubernetes.io/job-name=JOB 200"
+                .to_owned(),
+            format!(
+                "GET /api/v1/namespaces/default/pods/{pod}/log \
+                 container=mission&limitBytes=65536&tailLines=500 200"
+            ),
+            format!(
+                "GET /api/v1/namespaces/default/pods/{pod}/log \
+                 container=mission&limitBytes=65536&tailLines=100 200"
+            ),
+        ]
+    );
+
+    // A failed Job ended when its Failed condition says.
+    assert!(fake.set_job_status(
+        "default",
+        &job,
+        json!({ "startTime": "2026-03-29T01:00:01Z", "failed": 1, "conditions": [
+            { "type": "FailureTarget", "status": "True", "lastTransitionTime": "2026-03-29T01:00:05Z" },
+            { "type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+              "lastTransitionTime": "2026-03-29T01:00:07Z" }] }),
+    ));
+    let report = kube.report(&run, deadline()).await.unwrap();
+    assert_eq!(report.finished_at, at("2026-03-29T01:00:07Z"));
+
+    // Without the right to read logs, the report fails with the server's words.
+    fake.grant_only(Some(&[
+        "create jobs",
+        "get jobs",
+        "delete jobs",
+        "list pods",
+    ]));
+    let err = kube.report(&run, deadline()).await.unwrap_err();
+    assert!(err.to_string().contains("forbidden"), "{err}");
+    fake.grant_only(None);
+
+    // Deleted with its pods (its TTL, an operator): nothing left, and no error.
+    kube.stop(&run, deadline()).await.unwrap();
+    assert_eq!(
+        kube.report(&run, deadline()).await.unwrap(),
+        RunReport::default()
     );
 }
 

@@ -8,11 +8,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{TimeZone, Utc};
 use cm_dispatch::conformance::EffectProbe;
-use cm_dispatch::fakes::docker::{FakeDocker, StartFault};
+use cm_dispatch::fakes::docker::{FakeDocker, LogStream, StartFault};
 use cm_dispatch::mission::MissionConfig;
 use cm_dispatch::mission_conformance::{LaunchFaults, check_mission_backend, payload_of_task};
-use cm_dispatch::{Dispatch, DispatchError, Dispatcher, DockerDispatcher, ProcessDispatcher};
-use cm_domain::{IdempotencyKey, Occurrence};
+use cm_dispatch::{
+    Dispatch, DispatchError, Dispatcher, DockerDispatcher, MAX_RUN_OUTPUT, MissionRuntime,
+    ProcessDispatcher, RunRef, RunReport,
+};
+use cm_domain::{IdempotencyKey, Occurrence, RunState};
 use cm_store::RoutineKind;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -203,6 +206,95 @@ async fn process_runner_that_cannot_start_its_program_leaves_no_marker() {
             .marker_path(dispatch.idempotency_key.as_str())
             .exists()
     );
+}
+
+/// Waits until `runtime` sees the run of `name` ended.
+async fn run_ended(runtime: &dyn MissionRuntime, name: &str) -> RunState {
+    let until = Instant::now() + Duration::from_secs(20);
+    let run = RunRef { name: name.into() };
+    loop {
+        let state = runtime
+            .observe(&run, Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        if state.is_finished() || Instant::now() > until {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A child's stdout and stderr both reach its report, scrubbed; a long output is its last
+/// 16 KiB from a line start; the times are the spawn's and the exit's; a run with no records
+/// reports nothing.
+#[tokio::test]
+async fn process_runner_reports_the_runs_output_tail_and_times() {
+    let dir = TempDir::new();
+    let script = dir.0.join("noisy.sh");
+    std::fs::write(
+        &script,
+        r#"echo one
+echo "two password=hunter2" >&2
+if [ "$CM_TASK" = long ]; then
+  i=0
+  while [ $i -lt 30000 ]; do echo "line $i of a long mission's output"; i=$((i+1)); done
+  echo last
+fi
+exit 3
+"#,
+    )
+    .unwrap();
+    let runner =
+        ProcessDispatcher::new("/bin/sh", vec![script.into()], dir.0.join("work")).unwrap();
+    let task =
+        |task: &str| json!({ "repository": "https://git.example.com/team/repo.git", "task": task });
+    let deadline = || Instant::now() + Duration::from_secs(5);
+
+    let before = Utc::now();
+    let short = mission_dispatch(task("short"), 1);
+    runner.dispatch(&short).await.unwrap();
+    let name = short.idempotency_key.to_string();
+    assert_eq!(run_ended(&runner, &name).await.exit_code(), Some(3));
+    let report = runner
+        .report(&RunRef { name: name.clone() }, deadline())
+        .await
+        .unwrap();
+    assert_eq!(report.output.as_deref(), Some("one\ntwo password=***\n"));
+    let (started, finished) = (report.started_at.unwrap(), report.finished_at.unwrap());
+    assert!(
+        before <= started && started <= finished && finished <= Utc::now(),
+        "{report:?}"
+    );
+
+    let long = mission_dispatch(task("long"), 1);
+    runner.dispatch(&long).await.unwrap();
+    let name = long.idempotency_key.to_string();
+    assert_eq!(run_ended(&runner, &name).await.exit_code(), Some(3));
+    let log = std::fs::read_to_string(dir.0.join(format!("work/{name}.log"))).unwrap();
+    assert!(log.len() > 20 * MAX_RUN_OUTPUT, "{}", log.len());
+    let output = runner
+        .report(&RunRef { name }, deadline())
+        .await
+        .unwrap()
+        .output
+        .unwrap();
+    assert!(output.len() <= MAX_RUN_OUTPUT, "{}", output.len());
+    assert!(output.len() > MAX_RUN_OUTPUT - 100, "{}", output.len());
+    assert!(output.starts_with("line "), "{}", &output[..40]);
+    assert!(output.ends_with("line 29999 of a long mission's output\nlast\n"));
+    assert!(log.ends_with(&output));
+
+    // A run this work directory has no record of.
+    let unknown = runner
+        .report(
+            &RunRef {
+                name: "cm-never-launched".into(),
+            },
+            deadline(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(unknown, RunReport::default());
 }
 
 /// A routine stored around the mission rules (written before them, or straight into the table)
@@ -568,4 +660,64 @@ async fn docker_runs_are_observed_from_inspect() {
         "{names:?}"
     );
     assert_eq!(names[4], "failed exit code 3");
+}
+
+#[tokio::test]
+async fn docker_runs_report_their_logs_tail_and_times() {
+    let fake = FakeDocker::start(&[IMAGE]);
+    let docker = docker_backend(&fake, MissionConfig::default());
+    let dispatch = mission_dispatch(mission(), 1);
+    docker.dispatch(&dispatch).await.unwrap();
+    let run = RunRef {
+        name: dispatch.idempotency_key.to_string(),
+    };
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    fake.print(&run.name, LogStream::Stdout, "one\n");
+    fake.print(&run.name, LogStream::Stderr, "two token=abc123\n");
+    // Lines of 200 bytes: a tail of 500 does not fit the read; one of 100 does.
+    let lines: String = (0..3000)
+        .map(|i| format!("{i:05} {}\n", "y".repeat(193)))
+        .collect();
+    fake.print(&run.name, LogStream::Stdout, &lines);
+    fake.print(&run.name, LogStream::Stderr, "last\n");
+    fake.exit(&run.name, 3);
+    let before = fake.calls().len();
+    let report = docker.report(&run, deadline()).await.unwrap();
+    let (started, finished) = (report.started_at.unwrap(), report.finished_at.unwrap());
+    assert!(started <= finished, "{report:?}");
+    let output = report.output.unwrap();
+    assert!(output.len() <= MAX_RUN_OUTPUT, "{}", output.len());
+    assert!(output.len() > MAX_RUN_OUTPUT - 200, "{}", output.len());
+    assert!(output.starts_with('0'), "{}", &output[..20]);
+    assert!(output.ends_with(&format!("02999 {}\nlast\n", "y".repeat(193))));
+    let tails: Vec<String> = fake.calls()[before..]
+        .iter()
+        .filter(|c| c.path.ends_with("/logs"))
+        .map(|c| c.query.clone())
+        .collect();
+    assert_eq!(tails.len(), 2, "{tails:?}");
+    assert!(
+        tails[0].contains("tail=500") && tails[1].contains("tail=100"),
+        "{tails:?}"
+    );
+
+    // A short output is whole, both streams, scrubbed.
+    let short = mission_dispatch(mission(), 1);
+    docker.dispatch(&short).await.unwrap();
+    let name = short.idempotency_key.to_string();
+    fake.print(&name, LogStream::Stdout, "one\n");
+    fake.print(&name, LogStream::Stderr, "two token=abc123\n");
+    fake.exit(&name, 0);
+    let report = docker
+        .report(&RunRef { name: name.clone() }, deadline())
+        .await
+        .unwrap();
+    assert_eq!(report.output.as_deref(), Some("one\ntwo token=***\n"));
+
+    // A container removed (auto_remove, or someone else): nothing left, and no error.
+    fake.forget(&name);
+    assert_eq!(
+        docker.report(&RunRef { name }, deadline()).await.unwrap(),
+        RunReport::default()
+    );
 }

@@ -877,7 +877,9 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     .with_outbox_pruning(Arc::new(store.clone()))
     .with_groups(Arc::new(store.clone()), args.claim_per_group);
     if let Some(runtime) = &runtime {
-        scheduler = scheduler.with_run_watch(Arc::new(store.clone()), runtime.clone());
+        scheduler = scheduler
+            .with_secrets(secrets::registered())
+            .with_run_watch(Arc::new(store.clone()), runtime.clone());
     }
     let scheduler = Arc::new(scheduler);
 

@@ -182,6 +182,7 @@ pub struct Scheduler {
     launches: Arc<LaunchWindow>,
     /// Mission runs watched after their launch (`runs.rs`).
     runs: Option<Arc<RunWatch>>,
+    secrets: Vec<String>,
     /// Claims per routine group, in the groups this scheduler leases (`groups.rs`); `None`
     /// claims across every group at once.
     groups: Option<Arc<GroupLeases>>,
@@ -362,6 +363,7 @@ impl Scheduler {
             outbox: None,
             launches: Arc::default(),
             runs: None,
+            secrets: Vec::new(),
             groups: None,
             owed_per_routine: AtomicUsize::new(1),
             first_batch: AtomicUsize::new(0),
@@ -402,7 +404,18 @@ impl Scheduler {
         store: Arc<dyn cm_store::MissionRuns>,
         runtime: Arc<dyn cm_dispatch::MissionRuntime>,
     ) -> Self {
-        self.runs = Some(Arc::new(RunWatch { store, runtime }));
+        self.runs = Some(Arc::new(RunWatch {
+            store,
+            runtime,
+            secrets: self.secrets.clone(),
+        }));
+        self
+    }
+
+    /// Secrets of the scheduler's own (its database password, tokens) that are scrubbed from
+    /// every run's output before it is kept; give them before [`Scheduler::with_run_watch`].
+    pub fn with_secrets(mut self, secrets: Vec<String>) -> Self {
+        self.secrets = secrets;
         self
     }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use cm_dispatch::{MissionRuntime, RunRef};
 use cm_domain::{ErrorText, FireOutcome, FireStatus, Occurrence, RunHolder, Settlement};
-use cm_store::{MissionRuns, RunTake, RunUpdate, StoreError, UnfinishedRun};
+use cm_store::{MissionRuns, RunRecord, RunTake, RunUpdate, StoreError, UnfinishedRun};
 use tracing::{debug, info, warn};
 
 use crate::stats::Stats;
@@ -34,6 +34,9 @@ pub struct RunWatch {
     pub store: Arc<dyn MissionRuns>,
     /// The mission backend, seen after its launches.
     pub runtime: Arc<dyn MissionRuntime>,
+    /// The scheduler's own secrets (its database password, tokens), scrubbed from every run's
+    /// output before it is kept.
+    pub secrets: Vec<String>,
 }
 
 /// What a mission does before its launch, under its routine's overlap policy.
@@ -149,6 +152,48 @@ impl RunWatch {
             info!(routine_id = %occurrence.routine_id, scheduled_at = %occurrence.scheduled_at,
                 run = %state.name(), exit_code = ?state.exit_code(),
                 reason = state.reason().unwrap_or(""), "mission run ended");
+        }
+        // What each ended run left (its output's tail, its start and end) is asked for by the
+        // pass that ended it, once, and kept with it.
+        let mut reporting = tokio::task::JoinSet::new();
+        for (occurrence, _) in &ended {
+            let (runtime, room, occurrence) = (self.runtime.clone(), room.clone(), *occurrence);
+            reporting.spawn(async move {
+                let _turn = room.acquire_owned().await;
+                let run = RunRef {
+                    name: occurrence.idempotency_key().to_string(),
+                };
+                let report = runtime
+                    .report(&run, Instant::now() + OBSERVE_TIMEOUT)
+                    .await;
+                (occurrence, report)
+            });
+        }
+        let known: Vec<&str> = self.secrets.iter().map(String::as_str).collect();
+        while let Some(answer) = reporting.join_next().await {
+            let Ok((occurrence, report)) = answer else {
+                continue;
+            };
+            let report = match report {
+                Ok(report) => report,
+                Err(e) => {
+                    debug!(routine_id = %occurrence.routine_id, scheduled_at = %occurrence.scheduled_at,
+                        error = %e, "the runtime did not report the run's output");
+                    continue;
+                }
+            };
+            let record = RunRecord {
+                output: report
+                    .output
+                    .as_deref()
+                    .map(|o| cm_dispatch::scrub_output(o, &known)),
+                started_at: report.started_at,
+                finished_at: report.finished_at,
+            };
+            if let Err(e) = self.store.keep_run_record(occurrence, &record).await {
+                warn!(routine_id = %occurrence.routine_id, error = %e,
+                    "keeping the run's output failed");
+            }
         }
         Ok(ended.len())
     }

@@ -39,6 +39,11 @@ pub(super) fn register(secret: &str) {
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
 }
 
+/// Every secret registered so far: what the run watch scrubs from the runs' output as well.
+pub(super) fn registered() -> Vec<String> {
+    SECRETS.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// Registers the secrets of a file of secret material: the whole of it, and each of its lines
 /// (a NATS credentials file holds a JWT and a seed, each on a line of its own, between marker
 /// lines that are not secret).

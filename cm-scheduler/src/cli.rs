@@ -67,7 +67,7 @@ enum Command {
     Run(Box<RunArgs>),
     /// Creates and manages routines.
     #[command(subcommand)]
-    Routine(RoutineCommand),
+    Routine(Box<RoutineCommand>),
     /// Lists fires (the occurrence ledger), newest first, as a table (or JSON lines).
     Fires {
         /// Only this routine's (its id or name).
@@ -360,7 +360,7 @@ async fn execute(cli: Cli) -> Result<(), Failure> {
         }
         Command::Run(args) => run(&cli.database_url, *args).await,
         Command::Outbox(args) => outbox::show(&cli.database_url, args).await,
-        Command::Routine(command) => routine::routine(&cli.database_url, command).await,
+        Command::Routine(command) => routine::routine(&cli.database_url, *command).await,
         Command::Fires {
             routine,
             status,
@@ -492,16 +492,13 @@ fn mission_payload(
     serde_json::from_str(&text).map_err(|e| input(format!("mission file {shown}: {e}")))
 }
 
-/// The operator's mission policy from `--mission-config FILE` (or `CM_MISSION_CONFIG`); none
-/// beyond the mission rules without one.
-fn mission_policy(path: Option<&std::path::Path>) -> Result<cm_domain::MissionPolicy, Failure> {
-    let Some(path) = path else {
-        return Ok(cm_domain::MissionPolicy::default());
-    };
-    let config = crate::mission_args::read_config(path).map_err(input)?;
-    config
-        .policy()
-        .map_err(|e| input(format!("--mission-config {}: {e}", path.display())))
+/// The operator's mission policy from `--mission-config FILE` (or `CM_MISSION_CONFIG`) and the
+/// policy flags that replace its lists; the defaults without either.
+fn mission_policy(
+    path: Option<&std::path::Path>,
+    flags: &crate::mission_args::PolicyFlags,
+) -> Result<cm_domain::MissionPolicy, Failure> {
+    flags.policy(path).map_err(input)
 }
 
 /// `/readyz`'s view of the database: waiting while the start-up has not reached it, then

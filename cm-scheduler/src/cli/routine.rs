@@ -122,10 +122,12 @@ pub(super) struct CreateArgs {
     #[arg(long)]
     paused: bool,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
-    /// refused unless its env names and repository host are among the `env_allow` and
-    /// `repository_hosts` it gives.
+    /// refused unless its env names, label keys and repository host are among the
+    /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
     #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
     mission_config: Option<PathBuf>,
+    #[command(flatten)]
+    policy: crate::mission_args::PolicyFlags,
     /// Print the routine as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -159,10 +161,12 @@ pub(super) struct UpdateArgs {
     #[arg(long, value_parser = ["allow", "forbid", "replace"])]
     overlap: Option<String>,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
-    /// refused unless its env names and repository host are among the `env_allow` and
-    /// `repository_hosts` it gives.
+    /// refused unless its env names, label keys and repository host are among the
+    /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
     #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
     mission_config: Option<PathBuf>,
+    #[command(flatten)]
+    policy: crate::mission_args::PolicyFlags,
     /// Print the routine as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -195,10 +199,12 @@ pub(super) struct ImportArgs {
     #[arg(long, default_value = "fire-once", value_parser = ["fire-once", "catch-up", "skip"], requires = "crontab")]
     misfire: String,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
-    /// refused unless its env names and repository host are among the `env_allow` and
-    /// `repository_hosts` it gives.
+    /// refused unless its env names, label keys and repository host are among the
+    /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
     #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
     mission_config: Option<PathBuf>,
+    #[command(flatten)]
+    policy: crate::mission_args::PolicyFlags,
 }
 
 impl From<&CreateArgs> for RoutineFields {
@@ -222,7 +228,7 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
         RoutineCommand::Create(args) => {
             // Everything about the input is checked before the database is touched, so bad
             // input writes nothing.
-            let policy = mission_policy(args.mission_config.as_deref())?;
+            let policy = mission_policy(args.mission_config.as_deref(), &args.policy)?;
             let new = new_routine(&RoutineFields::from(&args), &policy)?;
             let overlap = args.overlap.as_deref().map(overlap).transpose()?;
             let store = connect_migrated(url).await?;
@@ -414,7 +420,7 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
             (message, mission) => Some(action(
                 message.as_deref(),
                 mission.as_ref(),
-                &mission_policy(args.mission_config.as_deref())?,
+                &mission_policy(args.mission_config.as_deref(), &args.policy)?,
             )?),
         },
     };
@@ -491,7 +497,7 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
     }
     .map_err(|(line, what)| at_line(line, &what))?;
 
-    let policy = mission_policy(args.mission_config.as_deref())?;
+    let policy = mission_policy(args.mission_config.as_deref(), &args.policy)?;
     let mut routines = Vec::with_capacity(fields.len());
     let mut lines: HashMap<String, usize> = HashMap::new();
     // Each line's overlap policy, by routine name: a mission's, `forbid` unless the line says.

@@ -46,7 +46,7 @@ use cm_domain::{ErrorText, RunState};
 use futures_util::StreamExt as _;
 use tokio::time::Instant;
 
-use crate::mission::{Launch, MissionConfig};
+use crate::mission::{HostResolver, Launch, MissionConfig, SystemResolver};
 use crate::output::{FETCH_LIMIT, TAIL_LINES, kept_output};
 use crate::retry::{
     FIRST_BACKOFF, MAX_BACKOFF, Retried, never_connected, unconfirmed, until_deadline,
@@ -70,6 +70,7 @@ pub struct DockerDispatcher {
     client: std::sync::Arc<tokio::sync::OnceCell<Docker>>,
     image: String,
     config: MissionConfig,
+    resolver: std::sync::Arc<dyn HostResolver>,
 }
 
 /// Why the Docker backend could not be set up.
@@ -111,7 +112,15 @@ impl DockerDispatcher {
             client: std::sync::Arc::new(tokio::sync::OnceCell::new()),
             image,
             config,
+            resolver: std::sync::Arc::new(SystemResolver),
         })
+    }
+
+    /// The same backend resolving repository hosts with `resolver` at dispatch
+    /// ([`crate::mission::check_resolved`]) instead of the system's.
+    pub fn with_resolver(mut self, resolver: std::sync::Arc<dyn HostResolver>) -> Self {
+        self.resolver = resolver;
+        self
     }
 
     /// The engine's address.
@@ -605,7 +614,7 @@ fn run_state(found: &ContainerInspectResponse) -> RunState {
 impl Dispatcher for DockerDispatcher {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
         let policy = self.config.policy().map_err(DispatchError::Rejected)?;
-        let launch = Launch::of(dispatch, &policy)?;
+        let launch = Launch::checked(dispatch, &policy, &*self.resolver).await?;
         let deadline = Instant::from_std(dispatch.deadline);
         match tokio::time::timeout_at(deadline, self.launch_or_find(&launch, deadline)).await {
             Ok(result) => result,

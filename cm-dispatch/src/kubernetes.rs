@@ -42,7 +42,7 @@ use kube::api::{Api, PostParams};
 use sha2::{Digest as _, Sha256};
 use tokio::time::Instant;
 
-use crate::mission::{Launch, MissionConfig};
+use crate::mission::{HostResolver, Launch, MissionConfig, SystemResolver};
 use crate::output::{FETCH_LIMIT, TAIL_LINES, kept_output};
 use crate::retry::{Retried, never_connected, unconfirmed, until_deadline};
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
@@ -84,6 +84,7 @@ pub struct KubernetesDispatcher {
     image: String,
     config: MissionConfig,
     user: Option<(i64, Option<i64>)>,
+    resolver: std::sync::Arc<dyn HostResolver>,
 }
 
 impl std::fmt::Debug for KubernetesDispatcher {
@@ -170,7 +171,15 @@ impl KubernetesDispatcher {
             image,
             config,
             user,
+            resolver: std::sync::Arc::new(SystemResolver),
         })
+    }
+
+    /// The same backend resolving repository hosts with `resolver` at dispatch
+    /// ([`crate::mission::check_resolved`]) instead of the system's.
+    pub fn with_resolver(mut self, resolver: std::sync::Arc<dyn HostResolver>) -> Self {
+        self.resolver = resolver;
+        self
     }
 
     /// The Job that launches `launch`, named `name`.
@@ -665,7 +674,7 @@ fn describe(e: &kube::Error) -> String {
 impl Dispatcher for KubernetesDispatcher {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
         let policy = self.config.policy().map_err(DispatchError::Rejected)?;
-        let launch = Launch::of(dispatch, &policy)?;
+        let launch = Launch::checked(dispatch, &policy, &*self.resolver).await?;
         let deadline = Instant::from_std(dispatch.deadline);
         self.launch(&launch, deadline).await
     }

@@ -49,7 +49,7 @@ pub fn mission_for(payload: &Value) -> Value {
         "repository": CONFORMANCE_REPOSITORY,
         "ref": "main",
         "task": payload.to_string(),
-        "labels": { "suite": "conformance" },
+        "labels": { "routine/suite": "conformance" },
     })
 }
 

@@ -26,7 +26,7 @@ use async_trait::async_trait;
 
 use cm_domain::MissionPolicy;
 
-use crate::mission::Launch;
+use crate::mission::{HostResolver, Launch, SystemResolver};
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 
 /// Runs one local process per occurrence.
@@ -37,6 +37,7 @@ pub struct ProcessDispatcher {
     workdir: PathBuf,
     path: Option<OsString>,
     policy: MissionPolicy,
+    resolver: std::sync::Arc<dyn HostResolver>,
 }
 
 impl ProcessDispatcher {
@@ -59,13 +60,24 @@ impl ProcessDispatcher {
             workdir,
             path,
             policy: MissionPolicy::default(),
+            resolver: std::sync::Arc::new(SystemResolver),
         })
     }
 
     /// Refuses, at dispatch, missions that `policy` does not allow (the operator's
-    /// `env_allow` and `repository_hosts`).
+    /// `env_allow`, `label_allow` and `repository_hosts`).
     pub fn with_policy(mut self, policy: MissionPolicy) -> ProcessDispatcher {
         self.policy = policy;
+        self
+    }
+
+    /// Resolves repository hosts with `resolver` at dispatch
+    /// ([`crate::mission::check_resolved`]) instead of the system's.
+    pub fn with_resolver(
+        mut self,
+        resolver: std::sync::Arc<dyn HostResolver>,
+    ) -> ProcessDispatcher {
+        self.resolver = resolver;
         self
     }
 
@@ -334,7 +346,7 @@ impl crate::MissionRuntime for ProcessDispatcher {
 #[async_trait]
 impl Dispatcher for ProcessDispatcher {
     async fn dispatch(&self, dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
-        let launch = Launch::of(dispatch, &self.policy)?;
+        let launch = Launch::checked(dispatch, &self.policy, &*self.resolver).await?;
         self.launch(&launch)
     }
 }

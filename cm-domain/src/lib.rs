@@ -21,7 +21,10 @@
 //! - [`occurrence`]: one scheduled instant of a routine and its [`IdempotencyKey`].
 //! - [`backfill`]: the occurrences of a past window, asked for by hand.
 //! - [`name`]: routine names ([`RoutineName`]): unique handles people type, safe to print.
-//! - [`mission`]: the mission file of a mission routine, validated field by field ([`Mission`]).
+//! - [`mission`]: the mission file of a mission routine, validated field by field ([`Mission`]),
+//!   and what the operator allows a routine to ask for ([`MissionPolicy`]).
+//! - [`repository`]: a mission's repository split once whatever its form, its host read as a
+//!   name or an address, and the addresses a mission may never reach.
 //! - [`outcome`]: what a fire's effect did ([`FireOutcome`]): its dispatch, or its mission's
 //!   run; what every count of failures counts.
 //! - [`run`]: a mission's run watched after its launch ([`RunState`]), and the routine's
@@ -53,6 +56,7 @@ pub mod mission;
 pub mod name;
 pub mod occurrence;
 pub mod outcome;
+pub mod repository;
 pub mod run;
 pub mod schedule;
 pub mod tick;

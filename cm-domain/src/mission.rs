@@ -34,6 +34,8 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+use crate::repository::{Host, Repository, denied_address, denied_name};
+
 /// The most bytes a mission file may hold.
 pub const MAX_MISSION_BYTES: usize = 256 * 1024;
 /// The most bytes of `task` (64 KiB): it reaches the mission as `CM_TASK`, and Linux refuses a
@@ -61,12 +63,13 @@ pub const RESERVED_LABEL_PREFIX: &str = "cm.";
 
 const FIELDS: [&str; 5] = ["repository", "ref", "task", "env", "labels"];
 
-/// The variables a mission's `env` may never set, whatever the operator allows: each is read by a
-/// loader, a shell, an interpreter or a common tool (git, ssh, docker, kubectl, a proxy-aware
-/// client) to change what runs or where it connects. `*` stands for any run of characters. A
-/// routine stored before a name was listed is refused when it comes due (settled `failed`), never
-/// launched.
-pub const DENIED_ENV: [&str; 27] = [
+/// The variables a mission's `env` may never set, whatever the operator allows (the floor no
+/// `env_allow` opens): each is read by a loader, a shell, an interpreter, a build tool, a package
+/// manager or a common client (git, ssh, curl, docker, kubectl, a cloud SDK) to change what runs,
+/// what code is loaded, what is trusted or where it connects. `*` stands for any run of
+/// characters. A routine stored before a name was listed is refused when it comes due (settled
+/// `failed`), never launched.
+pub const DENIED_ENV: &[&str] = &[
     "PATH",
     "HOME",
     "SHELL",
@@ -94,17 +97,109 @@ pub const DENIED_ENV: [&str; 27] = [
     "DOCKER_*",
     "KUBECONFIG",
     "TMPDIR",
+    // The C library and the resolver: tunables, locale and message files, host aliases.
+    "GLIBC_TUNABLES",
+    "LOCPATH",
+    "NLSPATH",
+    "HOSTALIASES",
+    "LOCALDOMAIN",
+    "RES_OPTIONS",
+    // Shells' start-up files and hooks, and the programs tools start for a page or an edit.
+    "ZDOTDIR",
+    "PROMPT_COMMAND",
+    "XDG_*",
+    "PAGER",
+    "MANPAGER",
+    "LESSOPEN",
+    "LESSCLOSE",
+    "EDITOR",
+    "VISUAL",
+    // Interpreters and build tools that load or run what a variable names.
+    "LUA_INIT*",
+    "LUA_PATH*",
+    "LUA_CPATH*",
+    "RUSTC*",
+    "RUSTDOC*",
+    "RUSTFLAGS",
+    "RUSTUP_*",
+    "CARGO_*",
+    "GO*",
+    "*_OPTS",
+    "CLASSPATH",
+    "JAVA_HOME",
+    "MAVEN_*",
+    "GRADLE_*",
+    "CC",
+    "CXX",
+    "CFLAGS",
+    "CXXFLAGS",
+    "CPPFLAGS",
+    "LDFLAGS",
+    "MAKEFLAGS",
+    "PHPRC",
+    "PHP_INI_*",
+    "CORECLR_*",
+    "DOTNET_*",
+    // Package managers' indexes and registries: where code is installed from.
+    "PIP_*",
+    "UV_*",
+    "NPM_CONFIG_*",
+    "YARN_*",
+    "BUNDLE_*",
+    "GEM_*",
+    "COMPOSER_*",
+    // What TLS trusts.
+    "SSL_*",
+    "CURL_*",
+    "REQUESTS_CA_BUNDLE",
+    "OPENSSL_*",
+    "NODE_EXTRA_CA_CERTS",
+    "NODE_TLS_*",
+    // Cloud SDKs' endpoints, configuration and credentials.
+    "AWS_*",
+    "AZURE_*",
+    "CLOUDSDK_*",
 ];
 
-/// Host names a repository may never name: the scheduler's own host and the cloud metadata
-/// services, which hand out the credentials of the machine a mission runs on.
-pub const DENIED_REPOSITORY_HOSTS: [&str; 6] = [
-    "localhost",
-    "*.localhost",
-    "metadata",
-    "metadata.google.internal",
-    "instance-data",
-    "instance-data.ec2.internal",
+/// The `env` names a routine may set when the operator gives no `env_allow`: the time zone and
+/// the locale, which no tool reads to run something or to connect somewhere.
+pub const DEFAULT_ENV_ALLOW: [&str; 4] = ["TZ", "LANG", "LANGUAGE", "LC_*"];
+
+/// The label keys a routine may set when the operator gives no `label_allow`: those under the
+/// prefix `routine/`, which no runtime, controller or selector of cm's reads.
+pub const DEFAULT_LABEL_ALLOW: [&str; 1] = ["routine/*"];
+
+/// Label prefixes (the part before `/`) that runtimes and the controllers beside them read as
+/// their own: each domain and every subdomain of it (`app.kubernetes.io`,
+/// `nginx.ingress.kubernetes.io`, `sidecar.istio.io`). A key whose whole text starts with the
+/// domain reversed (`com.docker.`, `io.kubernetes.`, Docker's style) is refused too.
+pub const RESERVED_LABEL_DOMAINS: &[&str] = &[
+    "kubernetes.io",
+    "k8s.io",
+    "docker.com",
+    "docker.io",
+    "dockerproject.org",
+    "istio.io",
+    "linkerd.io",
+    "traefik.io",
+    "containo.us",
+    "konghq.com",
+    "cilium.io",
+    "openshift.io",
+    "cattle.io",
+    "prometheus.io",
+    "cert-manager.io",
+];
+
+/// Starts of label keys that proxies, meshes and container tools read off a container or a pod
+/// (`traefik.enable`, `caddy`, `istio-injection`, `linkerd.io/inject`,
+/// `com.centurylinklabs.watchtower.enable`).
+pub const RESERVED_LABEL_STARTS: &[&str] = &[
+    "traefik",
+    "caddy",
+    "istio",
+    "linkerd",
+    "com.centurylinklabs.watchtower",
 ];
 
 /// The entry of [`DENIED_ENV`] that `name` matches, if any.
@@ -121,7 +216,7 @@ pub fn denied_env(name: &str) -> Option<&'static str> {
 }
 
 /// Whether `text` matches `pattern`, where `*` stands for any run of characters (also none).
-fn glob_matches(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob_matches(pattern: &str, text: &str) -> bool {
     match pattern.split_once('*') {
         None => pattern == text,
         Some((head, rest)) => {
@@ -148,6 +243,7 @@ fn glob_matches(pattern: &str, text: &str) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mission {
     repository: String,
+    host: Host,
     repository_host: String,
     git_ref: Option<String>,
     task: String,
@@ -217,7 +313,7 @@ impl Mission {
             ));
         }
         let repository = required_string(object, "repository")?;
-        let repository_host = check_repository(repository)?;
+        let host = check_repository(repository)?;
         let git_ref = optional_string(object, "ref")?;
         if let Some(git_ref) = git_ref {
             check_ref(git_ref)?;
@@ -245,7 +341,8 @@ impl Mission {
         }
         Ok(Mission {
             repository: repository.to_owned(),
-            repository_host,
+            repository_host: host.as_text(),
+            host,
             git_ref: git_ref.map(str::to_owned),
             task: task.to_owned(),
             env,
@@ -253,15 +350,23 @@ impl Mission {
         })
     }
 
-    /// The repository to check out: an `https://` or `ssh://` URL, or `git@host:path`.
+    /// The repository to check out: an `https://` or `ssh://` URL, or `user@host:path`.
     pub fn repository(&self) -> &str {
         &self.repository
     }
 
-    /// The repository's host, lowercase (`git.example.com`): what an operator's
-    /// `repository_hosts` ([`MissionPolicy`]) is matched against.
+    /// The repository's host as text: a name lowercase without its trailing dot
+    /// (`git.example.com`), an address in its usual form (`10.0.0.5`, `2001:db8::1`). What an
+    /// operator's `repository_hosts` ([`MissionPolicy`]) is matched against.
     pub fn repository_host(&self) -> &str {
         &self.repository_host
+    }
+
+    /// The repository's host, a name or an address ([`crate::repository`]). A name is resolved
+    /// when the mission is dispatched, and refused if it reaches an address
+    /// [`denied_address`] refuses.
+    pub fn host(&self) -> &Host {
+        &self.host
     }
 
     /// The git ref to check out; `None` means the repository's default branch.
@@ -345,13 +450,14 @@ fn string_map(
         .collect()
 }
 
-/// `https://host/path`, `ssh://[user@]host[:port]/path` or `git@host:path`. Never a local path,
-/// `file://` or another transport (`ext::` runs a command), never a password in the URL
-/// (credentials are the operator's, and a routine's payload is shown to whoever lists routines),
-/// never a host or user that a client could read as an option (`-oProxyCommand=…`), and never
-/// the scheduler's own host or a metadata service (see [`check_host`]). Returns the host,
-/// lowercase.
-fn check_repository(repository: &str) -> Result<String, MissionError> {
+/// `https://host/path`, `ssh://[user@]host[:port]/path` or `user@host:path`, split by
+/// [`Repository::parse`]. Never a local path, `file://`, `git://` or another transport (`ext::`
+/// runs a command), never a password in the URL or a user in an `https://` one (credentials are
+/// the operator's, and a routine's payload is shown to whoever lists routines), never a host or
+/// user that a client could read as an option (`-oProxyCommand=…`), and never an address
+/// [`denied_address`] refuses or a name [`denied_name`] refuses, whatever the form: the host is
+/// checked before the scheme. Returns the host.
+fn check_repository(repository: &str) -> Result<Host, MissionError> {
     let field = "repository";
     if repository.chars().count() > MAX_REPOSITORY_CHARS {
         return Err(refuse(
@@ -368,128 +474,38 @@ fn check_repository(repository: &str) -> Result<String, MissionError> {
             "must not contain spaces or control characters",
         ));
     }
-    if let Some(rest) = repository.strip_prefix("git@") {
-        // scp-like syntax: git@host:path. A host starting with `-` would reach ssh as an option.
-        let (host, path) = rest
-            .split_once(':')
-            .ok_or_else(|| refuse(field, "git@ form must be git@host:path"))?;
-        if !valid_host(host) {
-            return Err(refuse(field, format!("{host:?} is not a host name")));
-        }
-        if path.is_empty() || path.starts_with('-') || path.starts_with('/') {
+    let parsed = Repository::parse(repository).map_err(|why| refuse(field, why))?;
+    let host = parsed.host().clone();
+    let denied = match &host {
+        Host::Address(ip) => denied_address(*ip),
+        Host::Name(name) => denied_name(name),
+    };
+    if let Some(why) = denied {
+        return Err(refuse(
+            field,
+            format!("host {host} is {why}; missions may not reach it"),
+        ));
+    }
+    match parsed.scheme() {
+        None | Some("ssh") => {}
+        Some("https") if parsed.user().is_some() => {
             return Err(refuse(
                 field,
-                "git@ form needs a path after the colon, not starting with - or /",
+                "must not carry credentials; they are operator configuration",
             ));
         }
-        // ssh resolves the host as the C library does, so `127.1` is a loopback address: read
-        // it the way a URL's host is read, which follows the same number forms.
-        let parsed = url::Host::parse(host)
-            .map_err(|e| refuse(field, format!("{host:?} is not a host name ({e})")))?;
-        return check_host(&parsed);
+        Some("https") => {}
+        Some(other) => {
+            return Err(refuse(
+                field,
+                format!("scheme {other:?} is not allowed (https://, ssh:// or user@host:path)"),
+            ));
+        }
     }
-    let url = url::Url::parse(repository).map_err(|e| {
-        refuse(
-            field,
-            format!("must be an https:// or ssh:// URL or git@host:path ({e})"),
-        )
-    })?;
-    if !matches!(url.scheme(), "https" | "ssh") {
-        return Err(refuse(
-            field,
-            format!(
-                "scheme {:?} is not allowed (https://, ssh:// or git@host:path)",
-                url.scheme()
-            ),
-        ));
-    }
-    if url.password().is_some() || (url.scheme() == "https" && !url.username().is_empty()) {
-        return Err(refuse(
-            field,
-            "must not carry credentials; they are operator configuration",
-        ));
-    }
-    let user = url.username();
-    if !user.is_empty()
-        && (user.starts_with('-')
-            || !user
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(refuse(
-            field,
-            format!(
-                "user {user:?} is not allowed: letters, digits, ., _ and -, not starting with -"
-            ),
-        ));
-    }
-    let host = url
-        .host()
-        .ok_or_else(|| refuse(field, "must name a host"))?;
-    if let url::Host::Domain(name) = &host
-        && !valid_host(name)
-    {
-        return Err(refuse(field, format!("{name:?} is not a host name")));
-    }
-    if url.path().trim_matches('/').is_empty() {
+    if parsed.path().trim_matches('/').is_empty() {
         return Err(refuse(field, "must name a repository path"));
     }
-    check_host(&host)
-}
-
-/// Refuses a loopback, link-local, unspecified or metadata address (a mission would reach the
-/// scheduler's host or the credentials of the machine it runs on); returns the host, lowercase.
-fn check_host<S: AsRef<str>>(host: &url::Host<S>) -> Result<String, MissionError> {
-    // The address types only (`core::net`): the domain opens no socket.
-    use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-    let field = "repository";
-    let denied_ip = |ip: IpAddr| -> Option<&'static str> {
-        // An IPv4 address written as IPv6 (`::ffff:127.0.0.1`) is that IPv4 address.
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
-        match ip {
-            IpAddr::V4(v4) if v4.is_loopback() => Some("a loopback address"),
-            IpAddr::V4(v4) if v4.is_link_local() => {
-                Some("a link-local address (where metadata services answer)")
-            }
-            IpAddr::V4(v4) if v4.octets()[0] == 0 || v4.is_broadcast() => {
-                Some("an unspecified address")
-            }
-            IpAddr::V4(v4) if v4 == Ipv4Addr::new(100, 100, 100, 200) => {
-                Some("a metadata service's address")
-            }
-            IpAddr::V6(v6) if v6.is_loopback() => Some("a loopback address"),
-            IpAddr::V6(v6) if v6.is_unspecified() => Some("an unspecified address"),
-            IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80 => {
-                Some("a link-local address (where metadata services answer)")
-            }
-            IpAddr::V6(v6) if v6 == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) => {
-                Some("a metadata service's address")
-            }
-            _ => None,
-        }
-    };
-    let (shown, why) = match host {
-        url::Host::Ipv4(v4) => (v4.to_string(), denied_ip(IpAddr::V4(*v4))),
-        url::Host::Ipv6(v6) => (v6.to_string(), denied_ip(IpAddr::V6(*v6))),
-        url::Host::Domain(name) => {
-            let name = name.as_ref().trim_end_matches('.').to_ascii_lowercase();
-            let denied = DENIED_REPOSITORY_HOSTS
-                .iter()
-                .any(|pattern| glob_matches(pattern, &name));
-            let why = denied.then_some("the scheduler's own host or a metadata service");
-            (name, why)
-        }
-    };
-    match why {
-        Some(why) => Err(refuse(
-            field,
-            format!("host {shown} is {why}; missions may not reach it"),
-        )),
-        None => Ok(shown),
-    }
+    Ok(host)
 }
 
 fn valid_host(host: &str) -> bool {
@@ -611,10 +627,10 @@ fn check_label(name: &str, value: &str) -> Result<(), MissionError> {
     if name.starts_with(RESERVED_LABEL_PREFIX) {
         return Err(refuse(field, "cm.* labels are set by cm itself"));
     }
-    if let Some(reserved) = runtime_reserved_label(prefix, local) {
+    if let Some(reserved) = reserved_label(name) {
         return Err(refuse(
             field,
-            format!("{reserved} labels are reserved by the runtime"),
+            format!("{reserved}: the runtime or a controller beside it reads it"),
         ));
     }
     if !segment_ok(value, true) {
@@ -627,48 +643,74 @@ fn check_label(name: &str, value: &str) -> Result<(), MissionError> {
     Ok(())
 }
 
-/// The reserved key family a label belongs to, on the runtimes cm launches on: Kubernetes sets
-/// `job-name` and `controller-uid` on a Job's pods and owns the `kubernetes.io` and `k8s.io`
-/// prefixes and their subdomains (`batch.kubernetes.io/job-name`). A Job carrying one is refused.
-fn runtime_reserved_label(prefix: Option<&str>, local: &str) -> Option<&'static str> {
-    match prefix {
-        None if local == "job-name" => Some("job-name"),
-        None if local == "controller-uid" => Some("controller-uid"),
-        Some(p) if p == "kubernetes.io" || p.ends_with(".kubernetes.io") => {
-            Some("kubernetes.io/* and *.kubernetes.io/*")
-        }
-        Some(p) if p == "k8s.io" || p.ends_with(".k8s.io") => Some("k8s.io/* and *.k8s.io/*"),
-        _ => None,
+/// Why a label key is one the runtime or a controller beside it reads as its own, or `None`:
+/// the keys Kubernetes sets on a Job's pods (`job-name`, `controller-uid`), a prefix of
+/// [`RESERVED_LABEL_DOMAINS`] or a subdomain of one, a key starting with such a domain
+/// reversed (`com.docker.`) or with one of [`RESERVED_LABEL_STARTS`].
+pub fn reserved_label(key: &str) -> Option<String> {
+    if matches!(key, "job-name" | "controller-uid") {
+        return Some(format!("{key} is set by Kubernetes on a Job's pods"));
     }
+    let prefix = key.split_once('/').map(|(prefix, _)| prefix);
+    for domain in RESERVED_LABEL_DOMAINS {
+        if let Some(prefix) = prefix
+            && (prefix == *domain || prefix.ends_with(&format!(".{domain}")))
+        {
+            return Some(format!("{domain}/* and *.{domain}/* are reserved"));
+        }
+        let reversed: Vec<&str> = domain.rsplit('.').collect();
+        let reversed = reversed.join(".");
+        if key == reversed || key.starts_with(&format!("{reversed}.")) {
+            return Some(format!("{reversed}.* is reserved"));
+        }
+    }
+    RESERVED_LABEL_STARTS
+        .iter()
+        .find(|start| key.starts_with(*start))
+        .map(|start| format!("{start}* is read by a proxy or a service mesh"))
 }
 
-/// The operator's narrowing of what a mission may ask for (in `--mission-config`):
-/// `env_allow`, the only `env` names a routine may set (patterns with `*`, `"REPORT_*"`), and
-/// `repository_hosts`, the only hosts a repository may name (`"git.example.com"`, or
-/// `"*.example.com"` for its subdomains). Either absent allows what the rules allow. Checked
-/// when a routine is created, updated or imported with the config at hand, and again at every
-/// dispatch, so a routine written before the policy changed is refused, not launched.
+/// What the operator allows a routine to ask for (`run` flags or `--mission-config`):
+///
+/// - `env_allow`: the only `env` names a routine may set (patterns with `*`, `"REPORT_*"`);
+///   [`DEFAULT_ENV_ALLOW`] when absent. No entry opens the floor ([`DENIED_ENV`], `CM_*`).
+/// - `label_allow`: the only label keys a routine may set (`"team.example.com/*"`);
+///   [`DEFAULT_LABEL_ALLOW`] when absent. No entry opens a reserved key ([`reserved_label`],
+///   `cm.*`).
+/// - `repository_hosts`: the only hosts a repository may name (`"git.example.com"`, or
+///   `"*.example.com"` for its subdomains); any host the rules allow when absent. A name listed
+///   here is not resolved at dispatch: this list is the one rule the runtime's own resolution
+///   cannot get around.
+///
+/// Checked when a routine is created, updated or imported with the operator's settings at
+/// hand, and again at every dispatch, so a routine written before the policy changed is
+/// refused, not launched.
 ///
 /// ```
 /// use cm_domain::{Mission, MissionPolicy};
 ///
-/// let policy = MissionPolicy::new(Some(vec!["REPORT_*".into()]), None).unwrap();
 /// let m = Mission::from_json(
-///     r#"{"repository": "https://git.example.com/r.git", "task": "t", "env": {"LANG": "C"}}"#,
+///     r#"{"repository": "https://git.example.com/r.git", "task": "t", "env": {"DEBUG": "1"}}"#,
 /// ).unwrap();
-/// assert_eq!(policy.check(&m).unwrap_err().field(), Some("env.LANG"));
+/// // By default a routine may set the time zone and the locale, nothing else.
+/// assert_eq!(MissionPolicy::default().check(&m).unwrap_err().field(), Some("env.DEBUG"));
+/// let policy = MissionPolicy::new(Some(vec!["DEBUG".into()]), None, None).unwrap();
+/// policy.check(&m).unwrap();
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MissionPolicy {
     env_allow: Option<Vec<String>>,
+    label_allow: Option<Vec<String>>,
     repository_hosts: Option<Vec<String>>,
 }
 
 impl MissionPolicy {
-    /// A policy from the operator's lists; an error names the malformed entry. An allowed name
-    /// is `[A-Z0-9_*]`, a host pattern a host name, optionally after `*.`.
+    /// A policy from the operator's lists; an error names the malformed entry. An allowed env
+    /// name is `[A-Z0-9_*]`, a label pattern `[a-zA-Z0-9._/-*]`, a host pattern a host name,
+    /// optionally after `*.`.
     pub fn new(
         env_allow: Option<Vec<String>>,
+        label_allow: Option<Vec<String>>,
         repository_hosts: Option<Vec<String>>,
     ) -> Result<MissionPolicy, String> {
         for pattern in env_allow.iter().flatten() {
@@ -680,6 +722,18 @@ impl MissionPolicy {
                 return Err(format!(
                     "env_allow entry {pattern:?} must be a variable name or a pattern of \
                      [A-Z0-9_] and *"
+                ));
+            }
+        }
+        for pattern in label_allow.iter().flatten() {
+            if pattern.is_empty()
+                || !pattern
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '/' | '*'))
+            {
+                return Err(format!(
+                    "label_allow entry {pattern:?} must be a label key or a pattern of \
+                     letters, digits, ., _, -, / and * (\"team.example.com/*\")"
                 ));
             }
         }
@@ -698,46 +752,93 @@ impl MissionPolicy {
         }
         Ok(MissionPolicy {
             env_allow,
+            label_allow,
             repository_hosts,
         })
     }
 
+    /// The `env` names a routine may set: the operator's, or [`DEFAULT_ENV_ALLOW`].
+    pub fn env_allow(&self) -> Vec<&str> {
+        match &self.env_allow {
+            Some(allow) => allow.iter().map(String::as_str).collect(),
+            None => DEFAULT_ENV_ALLOW.to_vec(),
+        }
+    }
+
+    /// The label keys a routine may set: the operator's, or [`DEFAULT_LABEL_ALLOW`].
+    pub fn label_allow(&self) -> Vec<&str> {
+        match &self.label_allow {
+            Some(allow) => allow.iter().map(String::as_str).collect(),
+            None => DEFAULT_LABEL_ALLOW.to_vec(),
+        }
+    }
+
+    /// Whether the operator's `repository_hosts` names `host` (a repository host as
+    /// [`Mission::repository_host`] gives it). `false` when there is no such list.
+    pub fn names_host(&self, host: &str) -> bool {
+        self.repository_hosts
+            .iter()
+            .flatten()
+            .any(|pattern| match pattern.strip_prefix("*.") {
+                Some(domain) => host
+                    .strip_suffix(domain)
+                    .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),
+                None => pattern == host,
+            })
+    }
+
     /// Refuses a mission that asks for what this policy does not allow, naming the field.
     pub fn check(&self, mission: &Mission) -> Result<(), MissionError> {
-        if let Some(allow) = &self.env_allow
-            && let Some(name) = mission
-                .env()
-                .keys()
-                .find(|name| !allow.iter().any(|pattern| glob_matches(pattern, name)))
-        {
+        let unlisted =
+            |allow: &[&str], key: &str| !allow.iter().any(|pattern| glob_matches(pattern, key));
+        let env_allow = self.env_allow();
+        if let Some(name) = mission.env().keys().find(|name| unlisted(&env_allow, name)) {
             return Err(refuse(
                 format!("env.{name}"),
                 format!(
-                    "is not among the names the operator allows (env_allow: {})",
-                    allow.join(", ")
+                    "is not among the names a routine may set (env_allow: {}{}); the operator \
+                     adds names with --mission-env-allow or \"env_allow\"",
+                    env_allow.join(", "),
+                    if self.env_allow.is_none() {
+                        ", the default"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
-        if let Some(hosts) = &self.repository_hosts {
-            let host = mission.repository_host();
-            let allowed = hosts
-                .iter()
-                .any(|pattern| match pattern.strip_prefix("*.") {
-                    Some(domain) => host
-                        .strip_suffix(domain)
-                        .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),
-                    None => pattern == host,
-                });
-            if !allowed {
-                return Err(refuse(
-                    "repository",
-                    format!(
-                        "host {host} is not among the hosts the operator allows \
-                         (repository_hosts: {})",
-                        hosts.join(", ")
-                    ),
-                ));
-            }
+        let label_allow = self.label_allow();
+        if let Some(key) = mission
+            .labels()
+            .keys()
+            .find(|key| unlisted(&label_allow, key))
+        {
+            return Err(refuse(
+                format!("labels.{key}"),
+                format!(
+                    "is not among the label keys a routine may set (label_allow: {}{}); the \
+                     operator adds keys with --mission-label-allow or \"label_allow\"",
+                    label_allow.join(", "),
+                    if self.label_allow.is_none() {
+                        ", the default"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+        if let Some(hosts) = &self.repository_hosts
+            && !self.names_host(mission.repository_host())
+        {
+            return Err(refuse(
+                "repository",
+                format!(
+                    "host {} is not among the hosts the operator allows \
+                     (repository_hosts: {})",
+                    mission.repository_host(),
+                    hosts.join(", ")
+                ),
+            ));
         }
         Ok(())
     }
@@ -813,24 +914,31 @@ mod tests {
             "ssh://git@git.example.com/team/repo.git",
             "ssh://git@git.example.com:2222/team/repo.git",
             "git@git.example.com:team/repo.git",
+            "deploy@git.example.com:team/repo.git",
+            "root@host:repo",
             "https://example.invalid/r.git",
             "https://10.0.0.5/team/r.git",
             "ssh://git@[2001:db8::1]/team/r.git",
+            "ssh://git@[2001:db8::1%25eth0]:22/team/r.git",
+            "git@[2001:db8::1]:team/r.git",
             "ssh://deploy-bot_1@git.example.com/r.git",
             "https://localhost.example.com/r.git",
+            "https://127.0.0.1.nip.io/r.git",
+            "https://git.example.com./r.git",
         ] {
             accepted(&format!(r#"{{"repository": "{ok}", "task": "t"}}"#));
         }
-        assert_eq!(
-            accepted(r#"{"repository": "https://Git.Example.COM/r.git", "task": "t"}"#)
-                .repository_host(),
-            "git.example.com"
-        );
-        assert_eq!(
-            accepted(r#"{"repository": "git@git.example.com:r.git", "task": "t"}"#)
-                .repository_host(),
-            "git.example.com"
-        );
+        for (repository, host) in [
+            ("https://Git.Example.COM/r.git", "git.example.com"),
+            ("git@git.example.com:r.git", "git.example.com"),
+            ("https://GIT.example.com./r.git", "git.example.com"),
+            ("ssh://git@g%69t.example.com/r.git", "git.example.com"),
+            ("https://10.1/r.git", "10.0.0.1"),
+            ("ssh://git@[2001:DB8::1]/r.git", "2001:db8::1"),
+        ] {
+            let m = accepted(&format!(r#"{{"repository": "{repository}", "task": "t"}}"#));
+            assert_eq!(m.repository_host(), host, "{repository}");
+        }
         for bad in [
             "",
             "/srv/git/repo.git",
@@ -838,6 +946,7 @@ mod tests {
             "file:///srv/git/repo.git",
             "http://git.example.com/repo.git",
             "git://git.example.com/repo.git",
+            "ftp://git.example.com/repo.git",
             "ext::sh -c touch% /tmp/pwned",
             "https://user:secret@git.example.com/repo.git",
             "https://token@git.example.com/repo.git",
@@ -848,37 +957,22 @@ mod tests {
             "git@host",
             "git@host:",
             "git@host:-x",
-            "root@host:repo",
+            "host:repo",
             "https://git.example.com/re po",
+            "https://git.example.com/r.git?x=1",
+            "https://git.example.com/r.git#main",
+            "https://git.example.com\\\\@other.example/r.git",
             // A user or host a client could read as an option.
             "ssh://-oProxyCommand=touch%20x@git.example.com/r.git",
             "ssh://-x@git.example.com/r.git",
             "ssh://a%20b@git.example.com/r.git",
-            // The scheduler's own host, however it is written.
-            "https://127.0.0.1/r.git",
-            "https://127.1/r.git",
-            "https://2130706433/r.git",
-            "https://0x7f000001/r.git",
-            "https://[::1]/r.git",
-            "https://[::ffff:127.0.0.1]/r.git",
-            "https://localhost/r.git",
-            "https://LOCALHOST./r.git",
-            "https://git.localhost/r.git",
-            "ssh://git@[::1]/r.git",
-            "git@127.0.0.1:r.git",
-            "git@127.1:r.git",
-            "git@localhost:r.git",
-            // Unspecified addresses reach the local host too.
-            "https://0.0.0.0/r.git",
-            "https://0/r.git",
-            "https://[::]/r.git",
-            // Link-local and metadata services.
-            "https://169.254.169.254/latest/meta-data",
-            "https://[fe80::1]/r.git",
-            "https://[fd00:ec2::254]/latest",
-            "https://metadata.google.internal/computeMetadata/v1",
-            "https://100.100.100.200/latest",
-            "git@169.254.169.254:r.git",
+            "ssh://%2Dx@git.example.com/r.git",
+            "ssh://git@-oProxyCommand=x/r.git",
+            // Hosts no client reads the same way.
+            "https://1.2.3.08/r.git",
+            "https://git.example.0x1/r.git",
+            "https://a..b/r.git",
+            "https://%E2%93%9Bocalhost/r.git",
         ] {
             refused(
                 &format!(r#"{{"repository": "{bad}", "task": "t"}}"#),
@@ -895,6 +989,126 @@ mod tests {
             r#"{"repository": "https://h.example/a\u0000b", "task": "t"}"#,
             "repository",
         );
+    }
+
+    /// Every form of a host a mission may never reach, in every URL form: each refused, its
+    /// error naming why. The review reproduced the `ssh://` ones as created.
+    #[test]
+    fn every_form_of_a_denied_host_is_refused_whatever_the_scheme() {
+        const LOOPBACK: &str = "a loopback address";
+        const UNSPECIFIED: &str = "an unspecified address";
+        const LINK_LOCAL: &str = "a link-local address";
+        const METADATA: &str = "metadata service";
+        const OWN_HOST: &str = "the scheduler's own host or a metadata service";
+        let cases = [
+            // The issue's ssh:// cases.
+            ("ssh://git@127.0.0.1:5432/r.git", LOOPBACK),
+            ("ssh://git@0x7f000001:5432/r.git", LOOPBACK),
+            ("ssh://git@127.1:5432/r.git", LOOPBACK),
+            ("ssh://git@0.0.0.0:5432/r.git", UNSPECIFIED),
+            ("ssh://git@169.254.169.254/latest", METADATA),
+            // Every IPv4 notation inet_aton reads, in every form.
+            ("ssh://git@2130706433/r.git", LOOPBACK),
+            ("ssh://git@017700000001/r.git", LOOPBACK),
+            ("ssh://git@0x7f.1/r.git", LOOPBACK),
+            ("ssh://git@0177.0.0.1/r.git", LOOPBACK),
+            ("ssh://git@0x7f.0.0.0x1/r.git", LOOPBACK),
+            ("ssh://git@127.0.1/r.git", LOOPBACK),
+            ("ssh://git@127.0.0.1./r.git", LOOPBACK),
+            ("ssh://git@127.0.0.%31/r.git", LOOPBACK),
+            ("ssh://git@%31%32%37.1/r.git", LOOPBACK),
+            ("ssh://git@[127.0.0.1]:22/r.git", LOOPBACK),
+            ("ssh://127.0.0.1/r.git", LOOPBACK),
+            ("ssh://127.0.0.1:22/r.git", LOOPBACK),
+            ("ssh://0/r.git", UNSPECIFIED),
+            ("ssh://0x0/r.git", UNSPECIFIED),
+            ("ssh://git@0xa9fea9fe/latest", METADATA),
+            ("ssh://git@169.254.43518/latest", METADATA),
+            ("ssh://git@0251.0376.0251.0376/latest", METADATA),
+            ("ssh://git@169.254.0.23/r.git", LINK_LOCAL),
+            ("ssh://git@100.100.100.200/latest", METADATA),
+            ("ssh://git@255.255.255.255/r.git", UNSPECIFIED),
+            ("https://127.0.0.1/r.git", LOOPBACK),
+            ("https://127.1/r.git", LOOPBACK),
+            ("https://2130706433/r.git", LOOPBACK),
+            ("https://0x7f000001/r.git", LOOPBACK),
+            ("https://0X7F000001:443/r.git", LOOPBACK),
+            ("https://127.0.0.1.:8443/r.git", LOOPBACK),
+            ("https://0.0.0.0/r.git", UNSPECIFIED),
+            ("https://0/r.git", UNSPECIFIED),
+            ("https://169.254.169.254/latest/meta-data", METADATA),
+            ("https://100.100.100.200/latest", METADATA),
+            ("https://192.0.0.192/latest", METADATA),
+            ("git://127.0.0.1/r.git", LOOPBACK),
+            ("git://0x7f000001/r.git", LOOPBACK),
+            ("git://169.254.169.254/latest", METADATA),
+            ("http://127.1/r.git", LOOPBACK),
+            ("file://127.0.0.1/r.git", LOOPBACK),
+            ("git+ssh://git@127.1/r.git", LOOPBACK),
+            ("git@127.0.0.1:r.git", LOOPBACK),
+            ("git@127.1:r.git", LOOPBACK),
+            ("git@0x7f000001:r.git", LOOPBACK),
+            ("git@2130706433:r.git", LOOPBACK),
+            ("deploy@127.0.0.1.:r.git", LOOPBACK),
+            ("git@0.0.0.0:r.git", UNSPECIFIED),
+            ("git@169.254.169.254:r.git", METADATA),
+            ("git@[127.0.0.1]:r.git", LOOPBACK),
+            // IPv6: loopback, unspecified, link-local with zones, metadata, and IPv4 inside.
+            ("https://[::1]/r.git", LOOPBACK),
+            ("ssh://git@[::1]/r.git", LOOPBACK),
+            ("ssh://git@[::1]:5432/r.git", LOOPBACK),
+            ("ssh://git@[0:0:0:0:0:0:0:1]/r.git", LOOPBACK),
+            ("ssh://git@[::1%25lo]/r.git", LOOPBACK),
+            ("git@[::1]:r.git", LOOPBACK),
+            ("https://[::]/r.git", UNSPECIFIED),
+            ("ssh://git@[::]/r.git", UNSPECIFIED),
+            ("https://[fe80::1]/r.git", LINK_LOCAL),
+            ("ssh://git@[fe80::1%25eth0]/r.git", LINK_LOCAL),
+            ("ssh://git@[fe80::1%eth0]/r.git", LINK_LOCAL),
+            ("git@[fe80::1%eth0]:r.git", LINK_LOCAL),
+            ("ssh://git@[FEBF::1]/r.git", LINK_LOCAL),
+            ("https://[fd00:ec2::254]/latest", METADATA),
+            ("ssh://git@[fd00:ec2::254]/latest", METADATA),
+            ("https://[::ffff:127.0.0.1]/r.git", LOOPBACK),
+            ("ssh://git@[::ffff:127.0.0.1]/r.git", LOOPBACK),
+            ("ssh://git@[::ffff:7f00:1]/r.git", LOOPBACK),
+            ("ssh://git@[::127.0.0.1]/r.git", LOOPBACK),
+            ("ssh://git@[::ffff:0:127.0.0.1]/r.git", LOOPBACK),
+            ("ssh://git@[64:ff9b::169.254.169.254]/latest", METADATA),
+            ("ssh://git@[::ffff:169.254.169.254]/latest", METADATA),
+            ("ssh://git@[::ffff:0.0.0.0]/r.git", UNSPECIFIED),
+            // Names of the scheduler's own host and of metadata services, however written.
+            ("https://localhost/r.git", OWN_HOST),
+            ("https://LOCALHOST./r.git", OWN_HOST),
+            ("https://git.localhost/r.git", OWN_HOST),
+            ("ssh://git@localhost/r.git", OWN_HOST),
+            ("ssh://git@localhost.:5432/r.git", OWN_HOST),
+            ("ssh://git@l%6Fcalhost/r.git", OWN_HOST),
+            ("ssh://git@[localhost]/r.git", OWN_HOST),
+            ("git@localhost:r.git", OWN_HOST),
+            ("git@LocalHost.:r.git", OWN_HOST),
+            (
+                "https://metadata.google.internal/computeMetadata/v1",
+                OWN_HOST,
+            ),
+            ("ssh://git@metadata.google.internal./x", OWN_HOST),
+            ("git@instance-data:r.git", OWN_HOST),
+            ("https://metadata/r.git", OWN_HOST),
+        ];
+        for (repository, why) in cases {
+            let err =
+                Mission::from_json(&format!(r#"{{"repository": "{repository}", "task": "t"}}"#))
+                    .map(|m| panic!("{repository} was accepted, host {:?}", m.host()))
+                    .unwrap_err();
+            assert_eq!(err.field(), Some("repository"), "{repository}: {err}");
+            assert!(err.to_string().contains(why), "{repository}: {err}");
+        }
+        // Percent-encoding an address's digits does not change what the check reads.
+        let err = Mission::from_json(
+            r#"{"repository": "ssh://git@[fd00:ec2::25%34]/latest", "task": "t"}"#,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("fd00:ec2::254"), "{err}");
     }
 
     #[test]
@@ -1038,6 +1252,28 @@ mod tests {
             ("PERL5OPT", "PERL5*"),
             ("SSH_AUTH_SOCK", "SSH_*"),
             ("DOCKER_HOST", "DOCKER_*"),
+            // The second review's, each created before the floor named it.
+            ("LUA_INIT", "LUA_INIT*"),
+            ("LUA_INIT_5_4", "LUA_INIT*"),
+            ("ZDOTDIR", "ZDOTDIR"),
+            ("RUSTC_WRAPPER", "RUSTC*"),
+            ("CARGO_BUILD_RUSTC_WRAPPER", "CARGO_*"),
+            ("GOFLAGS", "GO*"),
+            ("GOPROXY", "GO*"),
+            ("PIP_INDEX_URL", "PIP_*"),
+            ("NPM_CONFIG_REGISTRY", "NPM_CONFIG_*"),
+            ("AWS_ENDPOINT_URL", "AWS_*"),
+            ("SSL_CERT_FILE", "SSL_*"),
+            ("CURL_CA_BUNDLE", "CURL_*"),
+            ("NODE_EXTRA_CA_CERTS", "NODE_EXTRA_CA_CERTS"),
+            ("LESSOPEN", "LESSOPEN"),
+            ("GLIBC_TUNABLES", "GLIBC_TUNABLES"),
+            ("XDG_CONFIG_HOME", "XDG_*"),
+            ("JAVA_OPTS", "*_OPTS"),
+            ("MAVEN_OPTS", "*_OPTS"),
+            ("CLASSPATH", "CLASSPATH"),
+            ("OPENSSL_CONF", "OPENSSL_*"),
+            ("GRADLE_USER_HOME", "GRADLE_*"),
         ] {
             assert_eq!(denied_env(name), Some(entry), "{name}");
             let err =
@@ -1087,7 +1323,12 @@ mod tests {
     fn the_operators_policy() {
         let m = accepted(&mission(r#""env": {"REPORT_FORMAT": "md", "LANG": "C"}"#));
         let allow = |names: &[&str]| {
-            MissionPolicy::new(Some(names.iter().map(|n| n.to_string()).collect()), None).unwrap()
+            MissionPolicy::new(
+                Some(names.iter().map(|n| n.to_string()).collect()),
+                None,
+                None,
+            )
+            .unwrap()
         };
         allow(&["REPORT_*", "LANG"]).check(&m).unwrap();
         let err = allow(&["REPORT_*"]).check(&m).unwrap_err();
@@ -1096,37 +1337,144 @@ mod tests {
         // An empty allow list allows no variable at all, and any mission without one.
         assert_eq!(allow(&[]).check(&m).unwrap_err().field(), Some("env.LANG"));
         allow(&[]).check(&accepted(&mission(""))).unwrap();
-        // The allow list narrows the deny list; it never widens it.
-        refused(&mission(r#""env": {"PATH": "/tmp/evil"}"#), "env.PATH");
-        assert!(MissionPolicy::new(Some(vec!["lower".into()]), None).is_err());
-        assert!(MissionPolicy::new(Some(vec!["".into()]), None).is_err());
+        // The allow list never opens the floor: those names are refused before any policy.
+        for name in ["PATH", "LD_PRELOAD", "LUA_INIT", "CM_TASK"] {
+            refused(
+                &mission(&format!(r#""env": {{"{name}": "x"}}"#)),
+                &format!("env.{name}"),
+            );
+        }
+        assert!(MissionPolicy::new(Some(vec!["lower".into()]), None, None).is_err());
+        assert!(MissionPolicy::new(Some(vec!["".into()]), None, None).is_err());
 
         let hosts = |hosts: &[&str]| {
-            MissionPolicy::new(None, Some(hosts.iter().map(|h| h.to_string()).collect()))
+            MissionPolicy::new(
+                None,
+                None,
+                Some(hosts.iter().map(|h| h.to_string()).collect()),
+            )
         };
         let at = |repository: &str| {
             accepted(&format!(r#"{{"repository": "{repository}", "task": "t"}}"#))
         };
-        let policy = hosts(&["Git.Example.com", "*.corp.example"]).unwrap();
+        let policy = hosts(&["Git.Example.com", "*.corp.example", "10.0.0.5"]).unwrap();
         for ok in [
             "https://git.example.com/r.git",
+            "https://GIT.example.com./r.git",
             "git@git.example.com:r.git",
             "ssh://git@a.b.corp.example/r.git",
+            "ssh://git@10.0.0.5/r.git",
+            "https://0x0a000005/r.git",
         ] {
             policy.check(&at(ok)).unwrap();
+            assert!(policy.names_host(at(ok).repository_host()), "{ok}");
         }
         for bad in [
             "https://evil.example/r.git",
             "https://corp.example/r.git",
             "https://xcorp.example/r.git",
             "https://git.example.com.evil.example/r.git",
+            "https://10.0.0.6/r.git",
         ] {
             let err = policy.check(&at(bad)).unwrap_err();
             assert_eq!(err.field(), Some("repository"), "{bad}");
             assert!(err.to_string().contains("repository_hosts"), "{err}");
+            assert!(!policy.names_host(at(bad).repository_host()), "{bad}");
         }
+        assert!(!MissionPolicy::default().names_host("git.example.com"));
         assert!(hosts(&["-x"]).is_err());
         assert!(hosts(&["a b"]).is_err());
+    }
+
+    /// Without the operator's lists, a routine may set the time zone, the locale and labels
+    /// under `routine/`; every other name and key is refused with where to allow it.
+    #[test]
+    fn allow_lists_by_default() {
+        let policy = MissionPolicy::default();
+        for env in [
+            r#"{"TZ": "Europe/Paris"}"#,
+            r#"{"LANG": "C.UTF-8", "LANGUAGE": "fr:en"}"#,
+            r#"{"LC_ALL": "C", "LC_MESSAGES": "fr_FR.UTF-8"}"#,
+        ] {
+            policy
+                .check(&accepted(&mission(&format!(r#""env": {env}"#))))
+                .unwrap();
+        }
+        for name in [
+            "REPORT_FORMAT",
+            "DEBUG",
+            "A",
+            "LC",
+            "TZDIR",
+            "LANGX",
+            "MY_LANG",
+            // Names the floor does not list that still steer a tool: only an allow list keeps
+            // every one out.
+            "BROWSER",
+            "TERMINFO",
+            "GNUPGHOME",
+            "KRB5_CONFIG",
+        ] {
+            let m = accepted(&mission(&format!(r#""env": {{"{name}": "x"}}"#)));
+            let err = policy.check(&m).unwrap_err();
+            assert_eq!(err.field(), Some(format!("env.{name}").as_str()));
+            assert!(
+                err.to_string()
+                    .contains("env_allow: TZ, LANG, LANGUAGE, LC_*, the default"),
+                "{err}"
+            );
+            assert!(err.to_string().contains("--mission-env-allow"), "{err}");
+        }
+        for labels in [
+            r#"{"routine/team": "platform"}"#,
+            r#"{"routine/tier": "a_b.c", "routine/x": ""}"#,
+        ] {
+            policy
+                .check(&accepted(&mission(&format!(r#""labels": {labels}"#))))
+                .unwrap();
+        }
+        for key in [
+            "team",
+            "app",
+            "example.com/team",
+            "routinex/a",
+            "routine.example/a",
+        ] {
+            let m = accepted(&mission(&format!(r#""labels": {{"{key}": "x"}}"#)));
+            let err = policy.check(&m).unwrap_err();
+            assert_eq!(err.field(), Some(format!("labels.{key}").as_str()));
+            assert!(
+                err.to_string()
+                    .contains("label_allow: routine/*, the default"),
+                "{err}"
+            );
+        }
+        // The operator's lists replace the defaults.
+        let policy = MissionPolicy::new(
+            Some(vec!["REPORT_*".into(), "TZ".into()]),
+            Some(vec!["team.example.com/*".into(), "app".into()]),
+            None,
+        )
+        .unwrap();
+        policy
+            .check(&accepted(&mission(
+                r#""env": {"REPORT_FORMAT": "md", "TZ": "UTC"},
+                   "labels": {"team.example.com/owner": "a", "app": "b"}"#,
+            )))
+            .unwrap();
+        for (fields, field) in [
+            (r#""env": {"LANG": "C"}"#, "env.LANG"),
+            (r#""labels": {"routine/team": "a"}"#, "labels.routine/team"),
+            (
+                r#""labels": {"x.team.example.com/a": "b"}"#,
+                "labels.x.team.example.com/a",
+            ),
+        ] {
+            let err = policy.check(&accepted(&mission(fields))).unwrap_err();
+            assert_eq!(err.field(), Some(field), "{err}");
+        }
+        assert!(MissionPolicy::new(None, Some(vec!["a b".into()]), None).is_err());
+        assert!(MissionPolicy::new(None, Some(vec!["".into()]), None).is_err());
     }
 
     #[test]
@@ -1143,30 +1491,67 @@ mod tests {
             (r#"{"Bad_Prefix/x": "y"}"#, "labels.Bad_Prefix/x"),
             (r#"{"team": 3}"#, "labels.team"),
             (r#"{"": "x"}"#, "labels."),
-            // Keys Kubernetes sets on a Job's pods or owns: a Job carrying one is refused (422).
-            (r#"{"job-name": "x"}"#, "labels.job-name"),
-            (r#"{"controller-uid": "x"}"#, "labels.controller-uid"),
-            (
-                r#"{"batch.kubernetes.io/job-name": "x"}"#,
-                "labels.batch.kubernetes.io/job-name",
-            ),
-            (
-                r#"{"batch.kubernetes.io/controller-uid": "x"}"#,
-                "labels.batch.kubernetes.io/controller-uid",
-            ),
-            (r#"{"kubernetes.io/x": "y"}"#, "labels.kubernetes.io/x"),
-            (
-                r#"{"node.kubernetes.io/x": "y"}"#,
-                "labels.node.kubernetes.io/x",
-            ),
-            (r#"{"k8s.io/x": "y"}"#, "labels.k8s.io/x"),
-            (r#"{"x.k8s.io/y": "z"}"#, "labels.x.k8s.io/y"),
         ] {
             refused(&mission(&format!(r#""labels": {labels}"#)), field);
         }
-        accepted(&mission(
-            r#""labels": {"example.com/job-name": "x", "mykubernetes.io/a": "b", "job-names": "c"}"#,
-        ));
+        // Keys a runtime, an ingress or proxy controller or a service mesh reads: refused
+        // whatever the operator allows.
+        for key in [
+            "job-name",
+            "controller-uid",
+            "batch.kubernetes.io/job-name",
+            "batch.kubernetes.io/controller-uid",
+            "kubernetes.io/x",
+            "node.kubernetes.io/x",
+            "app.kubernetes.io/name",
+            "nginx.ingress.kubernetes.io/rewrite-target",
+            "k8s.io/x",
+            "x.k8s.io/y",
+            "io.kubernetes.pod.name",
+            "com.docker.compose.project",
+            "com.docker.stack.namespace",
+            "io.docker.x",
+            "org.dockerproject.x",
+            "docker.io/x",
+            "traefik.enable",
+            "traefik.http.routers.r.rule",
+            "traefik.io/x",
+            "io.traefik.x",
+            "caddy",
+            "caddy.reverse_proxy",
+            "istio-injection",
+            "istio.io/rev",
+            "sidecar.istio.io/inject",
+            "security.istio.io/tlsMode",
+            "linkerd.io/inject",
+            "config.linkerd.io/skip-outbound-ports",
+            "konghq.com/plugins",
+            "io.cilium.x",
+            "policy.cilium.io/x",
+            "prometheus.io/scrape",
+            "com.centurylinklabs.watchtower.enable",
+        ] {
+            assert!(reserved_label(key).is_some(), "{key}");
+            refused(
+                &mission(&format!(r#""labels": {{"{key}": "x"}}"#)),
+                &format!("labels.{key}"),
+            );
+            // An allow list that would admit the key does not open it.
+            let everything = MissionPolicy::new(None, Some(vec!["*".into()]), None).unwrap();
+            assert!(everything.label_allow().contains(&"*"));
+        }
+        for key in [
+            "example.com/job-name",
+            "mykubernetes.io/a",
+            "job-names",
+            "routine/traefik.enable",
+            "routine/istio-injection",
+            "example.com/io.kubernetes.x",
+            "dockerx.io/a",
+        ] {
+            assert_eq!(reserved_label(key), None, "{key}");
+            accepted(&mission(&format!(r#""labels": {{"{key}": "x"}}"#)));
+        }
         let long = "a".repeat(MAX_LABEL_CHARS + 1);
         refused(
             &mission(&format!(r#""labels": {{"t": "{long}"}}"#)),

@@ -73,7 +73,7 @@ enum Command {
     Run(Box<RunArgs>),
     /// Creates and manages routines.
     #[command(subcommand)]
-    Routine(RoutineCommand),
+    Routine(Box<RoutineCommand>),
     /// Lists fires (the occurrence ledger), newest first, as a table (or JSON lines); `fires
     /// show FIRE` shows one, with what its run said.
     #[command(args_conflicts_with_subcommands = true)]
@@ -423,7 +423,7 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
         }
         Command::Run(args) => run(url, *args).await,
         Command::Outbox(args) => outbox::show(url, args).await,
-        Command::Routine(command) => routine::routine(url, command).await,
+        Command::Routine(command) => routine::routine(url, *command).await,
         Command::Fires {
             show: Some(FiresCommand::Show { fire, json }),
             ..
@@ -642,16 +642,13 @@ fn mission_payload(
     serde_json::from_str(&text).map_err(|e| input(format!("mission file {shown}: {e}")))
 }
 
-/// The operator's mission policy from `--mission-config FILE` (or `CM_MISSION_CONFIG`); none
-/// beyond the mission rules without one.
-fn mission_policy(path: Option<&std::path::Path>) -> Result<cm_domain::MissionPolicy, Failure> {
-    let Some(path) = path else {
-        return Ok(cm_domain::MissionPolicy::default());
-    };
-    let config = crate::mission_args::read_config(path).map_err(input)?;
-    config
-        .policy()
-        .map_err(|e| input(format!("--mission-config {}: {e}", path.display())))
+/// The operator's mission policy from `--mission-config FILE` (or `CM_MISSION_CONFIG`) and the
+/// policy flags that replace its lists; the defaults without either.
+fn mission_policy(
+    path: Option<&std::path::Path>,
+    flags: &crate::mission_args::PolicyFlags,
+) -> Result<cm_domain::MissionPolicy, Failure> {
+    flags.policy(path).map_err(input)
 }
 
 /// `/readyz`'s view of the database: waiting while the start-up has not reached it, then

@@ -2,8 +2,10 @@
 //!
 //! `--mission-backend none|docker|kubernetes|process`; `--mission-image` and `--mission-config
 //! FILE` (JSON, [`MissionConfig`]) for the container backends; `--mission-command PROG [ARG…]`
-//! and `--mission-workdir DIR` for the process runner. Everything here is the operator's: a
-//! routine's mission file never names an image, a command or a resource.
+//! and `--mission-workdir DIR` for the process runner; `--mission-env-allow`,
+//! `--mission-label-allow` and `--mission-repository-host` ([`PolicyFlags`], which `routine
+//! create`, `update` and `import` take too) for what routines may ask for. Everything here is
+//! the operator's: a routine's mission file never names an image, a command or a resource.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -23,8 +25,8 @@ pub struct MissionArgs {
     #[arg(long)]
     pub mission_image: Option<String>,
     /// The operator's mission settings, a JSON file: command, user, resources, network,
-    /// namespace, and which env names and repository hosts routines may use (see README,
-    /// "Mission backends").
+    /// namespace, and which env names, label keys and repository hosts routines may use (see
+    /// README, "Mission backends").
     #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
     pub mission_config: Option<PathBuf>,
     /// The program the process backend runs, then its arguments; it takes the rest of the
@@ -34,6 +36,88 @@ pub struct MissionArgs {
     /// Where the process backend keeps its per-occurrence markers and logs.
     #[arg(long, default_value = "cm-missions")]
     pub mission_workdir: PathBuf,
+    #[command(flatten)]
+    pub policy: PolicyFlags,
+}
+
+/// What routines may ask for, as flags (or their environment variables, so one setting serves
+/// `run` and the routine commands): each, when given, replaces the list of the same name in
+/// `--mission-config`. Comma-separated or repeated; an empty value is an empty list.
+#[derive(Debug, Clone, Default, Args)]
+pub struct PolicyFlags {
+    /// The only env names a mission may set, replacing "env_allow" (patterns with *:
+    /// REPORT_*,LANG) [default: TZ, LANG, LANGUAGE, LC_*]. Never opens PATH, LD_*, GIT_* and
+    /// the rest of the floor (README, "Missions").
+    #[arg(
+        long,
+        env = "CM_MISSION_ENV_ALLOW",
+        value_delimiter = ',',
+        value_name = "PATTERN"
+    )]
+    pub mission_env_allow: Option<Vec<String>>,
+    /// The only label keys a mission may set, replacing "label_allow" (patterns with *:
+    /// team.example.com/*) [default: routine/*]. Never opens cm.*, kubernetes.io/*,
+    /// com.docker.*, traefik* and the rest reserved (README, "Missions").
+    #[arg(
+        long,
+        env = "CM_MISSION_LABEL_ALLOW",
+        value_delimiter = ',',
+        value_name = "PATTERN"
+    )]
+    pub mission_label_allow: Option<Vec<String>>,
+    /// The only hosts a mission's repository may name, replacing "repository_hosts"
+    /// (git.example.com, or *.corp.example for its subdomains) [default: any the rules allow].
+    /// A host listed is not resolved at dispatch: the one rule the runtime cannot get around.
+    #[arg(
+        long,
+        env = "CM_MISSION_REPOSITORY_HOSTS",
+        value_delimiter = ',',
+        value_name = "HOST"
+    )]
+    pub mission_repository_host: Option<Vec<String>>,
+}
+
+impl PolicyFlags {
+    /// `config` with the lists these flags give in place of its own.
+    pub fn apply(&self, mut config: MissionConfig) -> MissionConfig {
+        let list = |given: &Option<Vec<String>>| {
+            given.as_ref().map(|entries| {
+                entries
+                    .iter()
+                    .map(|e| e.trim().to_owned())
+                    .filter(|e| !e.is_empty())
+                    .collect::<Vec<_>>()
+            })
+        };
+        if let Some(allow) = list(&self.mission_env_allow) {
+            config.env_allow = Some(allow);
+        }
+        if let Some(allow) = list(&self.mission_label_allow) {
+            config.label_allow = Some(allow);
+        }
+        if let Some(hosts) = list(&self.mission_repository_host) {
+            config.repository_hosts = Some(hosts);
+        }
+        config
+    }
+
+    /// The operator's policy: `--mission-config`'s lists (the file at `config`, if any) with
+    /// these flags in their place. The error is one line naming the file or the flag.
+    pub fn policy(
+        &self,
+        config: Option<&std::path::Path>,
+    ) -> Result<cm_domain::MissionPolicy, String> {
+        let file = match config {
+            Some(path) => read_config(path)?,
+            None => MissionConfig::default(),
+        };
+        self.apply(file).policy().map_err(|e| match config {
+            Some(path) => format!("--mission-config {} or its flags: {e}", path.display()),
+            None => format!(
+                "--mission-env-allow, --mission-label-allow or --mission-repository-host: {e}"
+            ),
+        })
+    }
 }
 
 /// The mission backends.
@@ -110,12 +194,21 @@ impl MissionArgs {
         }
     }
 
-    /// The operator's settings from `--mission-config`, or the defaults.
+    /// The operator's settings from `--mission-config`, or the defaults, with the lists the
+    /// policy flags give in place of the file's; a malformed list is refused.
     fn settings(&self) -> Result<MissionConfig, MissionSetupError> {
-        match &self.mission_config {
-            Some(path) => Ok(read_config(path)?),
-            None => Ok(MissionConfig::default()),
-        }
+        let file = match &self.mission_config {
+            Some(path) => read_config(path)?,
+            None => MissionConfig::default(),
+        };
+        let settings = self.policy.apply(file);
+        settings.policy().map_err(|e| {
+            config(format!(
+                "--mission-env-allow, --mission-label-allow, --mission-repository-host or \
+                 --mission-config: {e}"
+            ))
+        })?;
+        Ok(settings)
     }
 
     fn image_and_config(&self) -> Result<(String, MissionConfig), MissionSetupError> {

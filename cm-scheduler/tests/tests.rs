@@ -24,6 +24,9 @@
 //! - `overlap`: `replace` whose stop the runtime refuses (a 403 from the engine, a Role without
 //!   `delete`) never has two runs at once; an identity lacking a verb is refused at start.
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
+//! - `author_reach`: what a routine author can reach: repositories on the scheduler's host or a
+//!   metadata service in every URL form, env names and label keys outside the allow lists and
+//!   the floor, refused at create and at dispatch.
 //! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
 //!   message size, names) and files read no further than their limit.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
@@ -44,6 +47,8 @@ mod browser;
 
 #[path = "scheduler/abandon.rs"]
 mod abandon;
+#[path = "scheduler/author_reach.rs"]
+mod author_reach;
 #[path = "scheduler/autopause.rs"]
 mod autopause;
 #[path = "scheduler/citus.rs"]

@@ -318,7 +318,7 @@ async fn kubernetes_jobs_are_the_operators_and_carry_the_missions_environment() 
     assert_eq!(job.env_var("CM_TASK"), Some("report"));
     assert_eq!(job.env_var("CM_REF"), Some("main"));
     assert_eq!(job.env_var("CM_ATTEMPT"), Some("1"));
-    assert_eq!(job.env_var("REPORT_FORMAT"), Some("markdown"));
+    assert_eq!(job.env_var("LANG"), Some("C.UTF-8"));
     assert_eq!(job.env_var("CM_SCHEDULED_AT"), Some("2026-03-29T01:00:00Z"));
     assert_eq!(job.env_var("CM_IDEMPOTENCY_KEY"), Some(name.as_str()));
     assert_eq!(c["env"].as_array().map(Vec::len), Some(9));
@@ -327,7 +327,7 @@ async fn kubernetes_jobs_are_the_operators_and_carry_the_missions_environment() 
     for meta in [&job.object["metadata"], &spec["template"]["metadata"]] {
         assert_eq!(meta["labels"]["cm.routine-id"], routine_id.as_str());
         assert_eq!(meta["labels"]["cm.attempt"], "1");
-        assert_eq!(meta["labels"]["team"], "platform");
+        assert_eq!(meta["labels"]["routine/team"], "platform");
         // A label value cannot hold ':': the instant is an annotation only.
         assert!(meta["labels"]["cm.scheduled-at"].is_null(), "{meta}");
         assert_eq!(
@@ -335,7 +335,7 @@ async fn kubernetes_jobs_are_the_operators_and_carry_the_missions_environment() 
             "2026-03-29T01:00:00Z"
         );
         assert_eq!(meta["annotations"]["cm.routine-id"], routine_id.as_str());
-        assert_eq!(meta["annotations"]["team"], "platform");
+        assert_eq!(meta["annotations"]["routine/team"], "platform");
     }
     assert_eq!(
         job.object["metadata"]["annotations"][KEY_ANNOTATION],

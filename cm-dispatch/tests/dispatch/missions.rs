@@ -117,7 +117,7 @@ pub(crate) fn mission_dispatch(payload: Value, attempt: u32) -> Dispatch {
 
 pub(crate) fn mission() -> Value {
     json!({ "repository": "git@git.example.com:team/repo.git", "ref": "main", "task": "report",
-            "env": { "REPORT_FORMAT": "markdown" }, "labels": { "team": "platform" } })
+            "env": { "LANG": "C.UTF-8" }, "labels": { "routine/team": "platform" } })
 }
 
 #[tokio::test]
@@ -153,7 +153,7 @@ async fn process_runner_gives_the_mission_its_environment_and_nothing_else() {
         "CM_REPOSITORY",
         "CM_REF",
         "CM_TASK",
-        "REPORT_FORMAT",
+        "LANG",
         "PATH",
     ] {
         assert!(
@@ -383,6 +383,54 @@ async fn mission_backends_reject_an_invalid_mission_without_launching() {
     assert_eq!(docker_fake.calls(), vec![], "nothing reached the engine");
 }
 
+/// Resolves every name to the scheduler's own host, as `localtest.me` or `*.nip.io` do.
+#[derive(Debug)]
+struct EverythingIsLoopback;
+
+#[async_trait]
+impl cm_dispatch::mission::HostResolver for EverythingIsLoopback {
+    async fn resolve(&self, _: &str) -> std::io::Result<Vec<std::net::IpAddr>> {
+        Ok(vec![std::net::Ipv4Addr::LOCALHOST.into()])
+    }
+}
+
+/// A repository whose name resolves to the scheduler's host passes the file's check and is
+/// refused by every mission backend at dispatch: nothing launched, nothing sent to the
+/// engine; a host the operator's `repository_hosts` names launches.
+#[tokio::test]
+async fn a_repository_name_resolving_to_loopback_launches_nothing() {
+    let dir = TempDir::new();
+    let resolver: Arc<dyn cm_dispatch::mission::HostResolver> = Arc::new(EverythingIsLoopback);
+    let runner = process_runner(&dir.0).with_resolver(resolver.clone());
+    let docker_fake = FakeDocker::start(&[IMAGE]);
+    let docker = docker_backend(&docker_fake, MissionConfig::default()).with_resolver(resolver);
+    let dispatch = mission_dispatch(
+        json!({ "repository": "ssh://git@localtest.me:5432/r.git", "task": "x" }),
+        1,
+    );
+    for backend in [&runner as &dyn Dispatcher, &docker] {
+        let err = backend.dispatch(&dispatch).await.unwrap_err();
+        assert!(
+            matches!(&err, DispatchError::Rejected(text)
+                if text.contains("localtest.me resolves to 127.0.0.1, a loopback address")),
+            "{err}"
+        );
+    }
+    assert!(
+        !runner
+            .marker_path(dispatch.idempotency_key.as_str())
+            .exists()
+    );
+    assert_eq!(docker_fake.calls(), vec![], "nothing reached the engine");
+
+    let named =
+        cm_domain::MissionPolicy::new(None, None, Some(vec!["localtest.me".into()])).unwrap();
+    let runner = runner.with_policy(named);
+    runner.dispatch(&dispatch).await.unwrap();
+    let probe = ProcessProbe(dir.0.join("work"));
+    assert_eq!(probe.effects(&dispatch.idempotency_key).await, Ok(1));
+}
+
 fn docker_backend(fake: &FakeDocker, config: MissionConfig) -> DockerDispatcher {
     DockerDispatcher::connect(&fake.host(), IMAGE.to_owned(), config).unwrap()
 }
@@ -473,7 +521,7 @@ async fn docker_containers_are_the_operators_and_carry_the_missions_environment(
     assert_eq!(c.env_var("CM_TASK"), Some("report"));
     assert_eq!(c.env_var("CM_REF"), Some("main"));
     assert_eq!(c.env_var("CM_ATTEMPT"), Some("1"));
-    assert_eq!(c.env_var("REPORT_FORMAT"), Some("markdown"));
+    assert_eq!(c.env_var("LANG"), Some("C.UTF-8"));
     assert_eq!(c.env_var("CM_SCHEDULED_AT"), Some("2026-03-29T01:00:00Z"));
     assert_eq!(
         c.labels["cm.routine-id"],
@@ -481,7 +529,7 @@ async fn docker_containers_are_the_operators_and_carry_the_missions_environment(
     );
     assert_eq!(c.labels["cm.scheduled-at"], "2026-03-29T01:00:00Z");
     assert_eq!(c.labels["cm.attempt"], "1");
-    assert_eq!(c.labels["team"], "platform");
+    assert_eq!(c.labels["routine/team"], "platform");
     assert_eq!(c.starts, 1);
 }
 

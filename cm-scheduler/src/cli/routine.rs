@@ -122,10 +122,12 @@ pub(super) struct CreateArgs {
     #[arg(long)]
     paused: bool,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
-    /// refused unless its env names and repository host are among the `env_allow` and
-    /// `repository_hosts` it gives.
+    /// refused unless its env names, label keys and repository host are among the
+    /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
     #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
     mission_config: Option<PathBuf>,
+    #[command(flatten)]
+    policy: crate::mission_args::PolicyFlags,
     /// Print the routine as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -159,10 +161,12 @@ pub(super) struct UpdateArgs {
     #[arg(long, value_parser = ["allow", "forbid", "replace"])]
     overlap: Option<String>,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
-    /// refused unless its env names and repository host are among the `env_allow` and
-    /// `repository_hosts` it gives.
+    /// refused unless its env names, label keys and repository host are among the
+    /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
     #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
     mission_config: Option<PathBuf>,
+    #[command(flatten)]
+    policy: crate::mission_args::PolicyFlags,
     /// Print the routine as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -195,8 +199,8 @@ pub(super) struct ImportArgs {
     #[arg(long, default_value = "fire-once", value_parser = ["fire-once", "catch-up", "skip"], requires = "crontab")]
     misfire: String,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
-    /// refused unless its env names and repository host are among the `env_allow` and
-    /// `repository_hosts` it gives.
+    /// refused unless its env names, label keys and repository host are among the
+    /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
     #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
     mission_config: Option<PathBuf>,
     /// The directory a line's `mission` path is read in [default: the import file's directory;
@@ -205,6 +209,8 @@ pub(super) struct ImportArgs {
     /// regular file is read.
     #[arg(long, value_name = "DIR", conflicts_with = "crontab")]
     mission_root: Option<PathBuf>,
+    #[command(flatten)]
+    policy: crate::mission_args::PolicyFlags,
 }
 
 impl From<&CreateArgs> for RoutineFields {
@@ -228,7 +234,7 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
         RoutineCommand::Create(args) => {
             // Everything about the input is checked before the database is touched, so bad
             // input writes nothing.
-            let policy = mission_policy(args.mission_config.as_deref())?;
+            let policy = mission_policy(args.mission_config.as_deref(), &args.policy)?;
             let new = new_routine(&RoutineFields::from(&args), None, &policy)?;
             let overlap = overlap_for("--overlap", new.kind, args.overlap.as_deref())?;
             let store = connect_migrated(url).await?;
@@ -464,7 +470,7 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
                 message.as_deref(),
                 mission.as_ref(),
                 None,
-                &mission_policy(args.mission_config.as_deref())?,
+                &mission_policy(args.mission_config.as_deref(), &args.policy)?,
             )?),
         },
     };
@@ -545,7 +551,7 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
         },
     };
 
-    let policy = mission_policy(args.mission_config.as_deref())?;
+    let policy = mission_policy(args.mission_config.as_deref(), &args.policy)?;
     let mut routines = Vec::with_capacity(fields.len());
     let mut lines: HashMap<String, usize> = HashMap::new();
     // Each line's overlap policy, by routine name: a mission's, `forbid` unless the line says.

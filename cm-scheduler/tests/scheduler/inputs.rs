@@ -2,7 +2,7 @@
 //! `env` can never steer its runner (refused at create, update and import, and a routine stored
 //! before the rule is settled `failed` at dispatch, never launched), repositories never name the
 //! scheduler's host or a metadata service, the operator's `env_allow` and `repository_hosts`
-//! narrow both, every file is read no further than its limit, a message's text is bounded, and
+//! decide both, every file is read no further than its limit, a message's text is bounded, and
 //! names hold no invisible or bidirectional characters.
 
 use std::process::{Command, Stdio};
@@ -193,9 +193,15 @@ async fn the_operators_policy_narrows_env_names_and_repository_hosts() {
     assert_eq!(out.code, Some(2), "{out:?}");
     assert!(out.stderr.contains("env.DEBUG"), "{out:?}");
     assert_eq!(db.count("routines").await, 0);
-    // Without the policy the rules alone apply; with it, what it allows is created.
+    // Without the policy the default allow list applies (the time zone and the locale);
+    // with it, what it allows is created.
+    check_fails(
+        &db.url,
+        &refs(&create_mission("e", &other_name)),
+        2,
+        "env_allow: TZ, LANG, LANGUAGE, LC_*, the default",
+    );
     created_id(&ok(&db.url, &refs(&with_config("d", &allowed))));
-    created_id(&ok(&db.url, &refs(&create_mission("e", &other_name))));
     // A malformed policy is refused as input.
     let broken = files.write("broken.json", r#"{"env_allow": ["not a name"]}"#);
     let mut args = create_mission("f", &allowed);
@@ -386,7 +392,7 @@ async fn a_stored_mission_that_would_steer_its_runner_fails_at_dispatch_and_runs
     let pwned = files.path("pwned");
     let ran = files.path("ran");
     let script = files.write("runner.sh", &format!("touch {ran}\n"));
-    let good = files.write("good.json", &mission_with(r#""env": {"REPORT": "1"}"#));
+    let good = files.write("good.json", &mission_with(r#""env": {"TZ": "UTC"}"#));
     let id = created_id(&ok(
         &db.url,
         &[

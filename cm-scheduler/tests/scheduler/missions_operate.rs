@@ -184,6 +184,8 @@ async fn process_backend_runs_end_succeeded_and_failed_with_their_exit_code() {
             "process",
             "--mission-workdir",
             &workdir,
+            "--mission-env-allow",
+            "NAP,CODE",
             "--mission-command",
             "/bin/sh",
             "-c",

@@ -28,6 +28,7 @@ pub(crate) const SCRIPT: &str = r#"sleep "${NAP:-0}"; exit "${CODE:-0}""#;
 fn config() -> String {
     serde_json::json!({
         "command": ["sh", "-c", SCRIPT],
+        "env_allow": ["NAP", "CODE"],
         "docker": {"network": "none", "stop_grace_seconds": 1},
     })
     .to_string()
@@ -219,6 +220,8 @@ pub(crate) fn routine(
             &mission,
             "--overlap",
             overlap,
+            "--mission-env-allow",
+            "NAP,CODE",
         ],
     ))
 }

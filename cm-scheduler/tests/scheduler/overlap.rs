@@ -242,9 +242,13 @@ async fn a_run_that_ends_is_counted_once_however_many_schedulers_watch_it(pool: 
         runtime
             .expect_observe()
             .returning(|_, _| Ok(RunState::exited(3, "")));
+        runtime
+            .expect_report()
+            .returning(|_, _| Ok(cm_dispatch::RunReport::default()));
         RunWatch {
             store: Arc::new(store.clone()),
             runtime: Arc::new(runtime),
+            secrets: Vec::new(),
         }
     };
     let (a, b) = (watch(), watch());

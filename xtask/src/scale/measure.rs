@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use chrono::{DateTime, Datelike, TimeDelta, Timelike, Utc};
-use cm_domain::{FireCap, FireStatus, Lease, MisfireRules, SchedulerConfig};
+use cm_domain::{FireCap, Lease, MisfireRules, SchedulerConfig};
 use cm_store::{
     ClaimDueParams, FireFilter, FireLedger, InClaimEffect, InClaimWrites, PgStore, ledger::DUE_SQL,
 };

@@ -163,9 +163,7 @@ impl RunWatch {
                 let run = RunRef {
                     name: occurrence.idempotency_key().to_string(),
                 };
-                let report = runtime
-                    .report(&run, Instant::now() + OBSERVE_TIMEOUT)
-                    .await;
+                let report = runtime.report(&run, Instant::now() + OBSERVE_TIMEOUT).await;
                 (occurrence, report)
             });
         }

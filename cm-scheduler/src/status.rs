@@ -67,6 +67,7 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:.25em 1.2em}dt{font-we
 .figure{border:1px solid #d8dee4;border-radius:6px;padding:.4em .75em;min-width:8em;background:#f6f8fa}
 .figure b{display:block;font-size:1.15em}
 .error{white-space:pre-wrap;word-break:break-word}
+td.error{min-width:22em}
 pre#run-output{background:#f6f8fa;border:1px solid #d0d7de;border-radius:6px;padding:.6em .8em;overflow:auto;max-height:28em;font-size:.85em;white-space:pre-wrap;word-break:break-word}
 .strip{display:flex;gap:2px;align-items:center;min-height:1.1em}
 .cell{display:inline-block;width:.45em;height:1.05em;border-radius:2px;background:#d0d7de}

@@ -20,8 +20,9 @@ use crate::support::{TestDb, eventually_within};
 /// The image `.ci/dockerd` imports.
 const IMAGE: &str = "cm-test-busybox:1";
 
-/// What every mission runs under `sh -c`: a sleep of `$NAP` seconds, then exit `$CODE`.
-pub(crate) const SCRIPT: &str = r#"sleep "${NAP:-0}"; exit "${CODE:-0}""#;
+/// What every mission runs under `sh -c`: two lines of output (one on stderr, one carrying a
+/// password in a URL), a sleep of `$NAP` seconds, then exit `$CODE`.
+pub(crate) const SCRIPT: &str = r#"echo "checking out with https://bot:hunter2secret@git.example.com/r.git"; echo "the report will exit ${CODE:-0}" >&2; sleep "${NAP:-0}"; exit "${CODE:-0}""#;
 
 /// The operator's settings: [`SCRIPT`]; a stop waits one second before it kills (`sh` as PID 1
 /// ignores SIGTERM).
@@ -628,7 +629,7 @@ async fn a_mission_that_exits_3_every_run_is_failing_everywhere_and_paused() {
     let Some(host) = engine() else { return };
     let db = TestDb::new().await;
     let files = MissionFiles::new();
-    let three = routine(&db, &files, "exits-three", "*/2 * * * * *", 0, 3, "forbid");
+    let three = routine(&db, &files, "exits-three", "*/2 * * * * *", 1, 3, "forbid");
     let _cleanup = Cleanup {
         host: host.clone(),
         routines: vec![three],
@@ -737,4 +738,57 @@ async fn a_mission_that_exits_3_every_run_is_failing_everywhere_and_paused() {
     assert_eq!(code, 200, "{routine_page}");
     assert!(routine_page.contains("failed (exit 3)"), "{routine_page}");
     assert!(routine_page.contains(reason), "{routine_page}");
+
+    // What the run said: its output's last lines, scrubbed, and its duration, kept with the run
+    // and shown by `fires show` (by key and by ROUTINE@INSTANT) and on the routine's page.
+    let failed_run = fires(&db, three)
+        .into_iter()
+        .rev()
+        .find(|f| f["run_state"] == "failed")
+        .expect("a failed run");
+    let by_key = key(three, &failed_run);
+    let shown = eventually_within(Duration::from_secs(20), async || {
+        let out = ok(&db.url, &["fires", "show", &by_key]);
+        out.contains("the report will exit 3").then_some(out)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{}", ok(&db.url, &["fires", "show", &by_key])));
+    assert!(shown.contains("outcome     failed (exit 3)"), "{shown}");
+    assert!(shown.contains("exit code   3"), "{shown}");
+    assert!(
+        shown.contains("https://bot:***@git.example.com/r.git") && !shown.contains("hunter2"),
+        "the password is scrubbed: {shown}"
+    );
+    let duration = shown
+        .lines()
+        .find(|l| l.starts_with("duration "))
+        .unwrap_or_default();
+    assert!(duration.ends_with('s'), "{shown}");
+    let instant = failed_run["scheduled_at"].as_str().unwrap().to_owned();
+    let by_instant = ok(
+        &db.url,
+        &["fires", "show", &format!("exits-three@{instant}")],
+    );
+    assert!(by_instant.contains(&by_key), "{by_instant}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&db.url, &["fires", "show", &by_key, "--json"])).unwrap();
+    assert!(json["run_duration_seconds"].as_f64().is_some(), "{json}");
+    assert_eq!(json["fire"]["outcome"], "failed", "{json}");
+    let (_, routine_page) = http_get(&addr, "/routines/exits-three?live=off");
+    let last_run = routine_page.split("Last run").nth(1).unwrap_or_default();
+    assert!(
+        last_run.contains("the report will exit 3") && last_run.contains("Duration"),
+        "{routine_page}"
+    );
+    assert!(!routine_page.contains("hunter2"), "{routine_page}");
+
+    // The routine's page in a real browser, kept where CM_RUN_SCREENSHOT says (the docs'
+    // picture is made so).
+    if let Ok(path) = std::env::var("CM_RUN_SCREENSHOT") {
+        let mut browser = crate::browser::Browser::launch(1280, 1400);
+        browser.open(&format!("http://{addr}/routines/exits-three"));
+        browser.wait_for("document.querySelector('#run-output')");
+        std::fs::write(&path, browser.screenshot()).expect("writing the screenshot");
+    }
+    drop(run);
 }

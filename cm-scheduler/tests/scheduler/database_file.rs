@@ -194,7 +194,7 @@ async fn a_process_mission_finds_no_password_when_the_url_comes_from_a_file() {
     let mission = files.write(
         "m.json",
         r#"{"repository": "https://git.example.com/team/repo.git", "task": "probe",
-            "env": {"REPORT_FORMAT": "markdown"}}"#,
+            "env": {"LANG": "C.UTF-8"}}"#,
     );
     created_id(&ok(
         &db.url,
@@ -237,7 +237,7 @@ async fn a_process_mission_finds_no_password_when_the_url_comes_from_a_file() {
     // variables and the mission's env), and the scheduler's environment and command line.
     let own = section(&from_file, "== env");
     assert!(own.iter().any(|l| l.starts_with("PATH=")), "{from_file}");
-    assert!(own.contains(&"REPORT_FORMAT=markdown"), "{from_file}");
+    assert!(own.contains(&"LANG=C.UTF-8"), "{from_file}");
     assert!(
         own.iter().any(|l| l.starts_with("CM_ROUTINE_NAME=probe")),
         "{from_file}"

@@ -27,6 +27,8 @@
 //! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
 //!   message size, names) and files read no further than their limit.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
+//! - `backfill`: a backfill of missions drains at the launch rate beside an every-second routine
+//!   that stays on time.
 //! - `secrets`: whole processes given every secret, against failing connections, print none.
 //! - `support`: the database server and clean-up the whole-process tests share.
 //! - `browser`: headless Chromium driven over the DevTools protocol (open, evaluate, click).
@@ -41,6 +43,8 @@ mod browser;
 mod abandon;
 #[path = "scheduler/autopause.rs"]
 mod autopause;
+#[path = "scheduler/backfill.rs"]
+mod backfill;
 #[path = "scheduler/citus.rs"]
 mod citus;
 #[path = "scheduler/cli.rs"]

@@ -19,9 +19,13 @@
 //! [`DRAIN_BATCH_LIMIT`]), until nothing more is due, the in-flight room is full, or the
 //! process is stopping; missions past the launch rate are left unclaimed for a later claim.
 //! A tick never waits for the dispatches it starts: a target that takes the whole dispatch
-//! timeout holds one place in the in-flight set, not the scheduler. A tick claims no more than
-//! it can start at once, so no claim waits for room while its lease runs, and every dispatch
-//! runs under a timeout that ends before its lease does, counted from before its claim began.
+//! timeout holds one place in the in-flight set, not the scheduler. A claim takes the places its
+//! dispatches need out of the in-flight set before it is made (a reaper pass meanwhile cannot
+//! take them) and claims no more than it holds; missions, scheduled or asked for by hand
+//! (trigger, backfill), no more than the launch rate's second leaves either. So no claim waits
+//! for room while its lease runs, a backfill of missions drains at the launch rate beside the
+//! other routines instead of stalling the tick, and every dispatch runs under a timeout that
+//! ends before its lease does, counted from before its claim began.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,7 +41,7 @@ use cm_store::{
     ClaimDueParams, ClaimedFire, DueCursor, FireLedger, FireRef, FireSettle, GroupDirectory,
     GroupId, InClaimWrites, OutboxConsumer, ReapParams, RoutineKind, StoreError, TickClaim,
 };
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError, watch};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
@@ -320,6 +324,57 @@ impl Drop for Launching {
     }
 }
 
+/// The room of one claim ([`Scheduler::claim_room`]).
+struct ClaimRoom {
+    /// The most occurrences it may take; `None` when there is no room at all.
+    budget: Option<FireCap>,
+    /// The most missions it may take ([`ClaimDueParams::mission_room`]).
+    mission_room: Option<usize>,
+    /// The in-flight places its dispatches run in.
+    places: Places,
+}
+
+/// Places in the in-flight set taken for one claim before it is made, handed one to each
+/// dispatch it starts; those left over go back when dropped.
+struct Places(Option<OwnedSemaphorePermit>);
+
+impl Places {
+    /// Up to `wanted` places, as many as are free.
+    fn take(room: &Arc<Semaphore>, wanted: usize) -> Places {
+        loop {
+            let n = wanted.min(room.available_permits());
+            let Ok(n) = u32::try_from(n) else {
+                // More than a semaphore holds in one permit: the in-flight set is smaller.
+                return Places(None);
+            };
+            if n == 0 {
+                return Places(None);
+            }
+            match room.clone().try_acquire_many_owned(n) {
+                Ok(permit) => return Places(Some(permit)),
+                // Another pass took some in between: take what is left.
+                Err(TryAcquireError::NoPermits) => continue,
+                Err(TryAcquireError::Closed) => return Places(None),
+            }
+        }
+    }
+
+    /// How many are held.
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, OwnedSemaphorePermit::num_permits)
+    }
+
+    /// One place for one dispatch, if any is left.
+    fn one(&mut self) -> Option<OwnedSemaphorePermit> {
+        let held = self.0.as_mut()?;
+        if held.num_permits() > 1 {
+            held.split(1)
+        } else {
+            self.0.take()
+        }
+    }
+}
+
 impl std::fmt::Debug for Scheduler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scheduler")
@@ -581,7 +636,12 @@ impl Scheduler {
         let mut total = TickReport::default();
         let mut last_deferred = 0;
         loop {
-            let Some(budget) = self.claim_budget(batch) else {
+            let ClaimRoom {
+                budget,
+                mission_room,
+                places,
+            } = self.claim_room(batch);
+            let Some(budget) = budget else {
                 if total.claims == 0 {
                     add(&self.stats.saturated_ticks, 1);
                     debug!(
@@ -598,7 +658,7 @@ impl Scheduler {
                 rules: MisfireRules::from(&self.config),
                 max_routines: self.routines_to_lock(budget),
                 in_claim: self.in_claim,
-                mission_room: self.mission_room(),
+                mission_room,
                 after,
                 group,
             };
@@ -612,7 +672,9 @@ impl Scheduler {
             self.note_owed_per_routine(&claim);
             claimed += claim.fires.len();
             last_deferred = claim.deferred;
-            let report = self.start(claim, completer, wait.as_deref_mut()).await;
+            let report = self
+                .start(claim, completer, wait.as_deref_mut(), places)
+                .await;
             total.add(&TickReport {
                 claims: 1,
                 ..report
@@ -664,30 +726,38 @@ impl Scheduler {
             .store(per_routine.max(1), Ordering::Relaxed);
     }
 
-    /// The most one claim of `batch` may take: occurrences written in the claim take no room;
-    /// every other one needs a place in the in-flight set the moment it is claimed, or its lease
-    /// would run while it waits. `None` when there is no room at all.
-    fn claim_budget(&self, batch: usize) -> Option<FireCap> {
-        let room = if self.in_claim.message.is_some() {
-            // Messages take no room; missions, if dispatched, are bounded by `mission_room`.
-            batch
-        } else {
-            self.room.available_permits()
+    /// The room of one claim of `batch`, taken out of the in-flight set before the claim.
+    /// Occurrences written in the claim take no room; every other one needs a place in the
+    /// in-flight set the moment it is claimed, or its lease would run while it waits: the claim
+    /// takes no more than the places it holds, and missions (scheduled or requested) no more
+    /// than the launch rate's second has left either. The places are its own from before the
+    /// claim, so a reaper pass meanwhile cannot take them.
+    fn claim_room(&self, batch: usize) -> ClaimRoom {
+        let launches = match (
+            self.in_claim.mission,
+            self.config.max_mission_launches_per_second,
+        ) {
+            (None, Some(per_second)) => self.launches.room(per_second.get(), Instant::now()),
+            _ => usize::MAX,
         };
-        FireCap::new(room.min(batch))
-    }
-
-    /// How many missions the next claim may take: what is left of the launch rate's second and
-    /// of the in-flight room (`None`: no bound, missions being written in the claim).
-    fn mission_room(&self) -> Option<usize> {
-        if self.in_claim.mission.is_some() {
-            return None;
+        // A place for every occurrence the claim may dispatch: any of them when messages are
+        // dispatched, else missions only (none when they are written in the claim too).
+        let wanted = match (self.in_claim.message, self.in_claim.mission) {
+            (None, _) => batch,
+            (Some(_), None) => batch.min(launches),
+            (Some(_), Some(_)) => 0,
+        };
+        let places = Places::take(&self.room, wanted);
+        let held = places.len();
+        ClaimRoom {
+            budget: FireCap::new(if self.in_claim.message.is_some() {
+                batch
+            } else {
+                held
+            }),
+            mission_room: self.in_claim.mission.is_none().then(|| held.min(launches)),
+            places,
         }
-        let room = self.room.available_permits();
-        Some(match self.config.max_mission_launches_per_second {
-            Some(per_second) => room.min(self.launches.room(per_second.get(), Instant::now())),
-            None => room,
-        })
     }
 
     /// A place at the launch rate's gate for a mission this process launches itself.
@@ -734,8 +804,9 @@ impl Scheduler {
         wait: Option<&mut JoinSet<FireResult>>,
         group: Option<GroupId>,
     ) -> Result<TickReport, TickError> {
-        let room = self.room.available_permits();
-        let limit = room.min(self.config.max_fires_per_tick.get());
+        // Every claim taken over is dispatched: a place for each, held from before the pass.
+        let places = Places::take(&self.room, self.config.max_fires_per_tick.get());
+        let limit = places.len();
         if limit == 0 {
             return Ok(TickReport::default());
         }
@@ -759,16 +830,18 @@ impl Scheduler {
                 "took over an expired claim (its claimant stopped before settling)"
             );
         }
-        Ok(self.start(claim, completer, wait).await)
+        Ok(self.start(claim, completer, wait, places).await)
     }
 
     /// Acts on what a claim returned: counts what the claim settled itself, starts a dispatch
-    /// for each occurrence to fire, abandons those that crashed too often, leaves the rest.
+    /// for each occurrence to fire in the `places` held for the claim, abandons those that
+    /// crashed too often, leaves the rest. The places left over go back to the in-flight room.
     async fn start(
         &self,
         claim: TickClaim,
         completer: &Arc<dyn Completer>,
         mut wait: Option<&mut JoinSet<FireResult>>,
+        mut places: Places,
     ) -> TickReport {
         let mut report = TickReport {
             deferred: claim.deferred,
@@ -814,10 +887,15 @@ impl Scheduler {
             let action = outcome.action(self.config.max_attempts);
             match action.with_last_error(fire.row.last_error.as_deref()) {
                 ClaimAction::Dispatch { attempt } => {
-                    // Room was counted before the claim; only the reaper competes for it, so
-                    // this waits rarely and briefly.
-                    let Ok(permit) = self.room.clone().acquire_owned().await else {
-                        continue;
+                    // The claim's places were taken before it. Only an occurrence it did not
+                    // count waits for one: a crashed claim of a kind written in the claim,
+                    // taken over by it, which is rare, and which a place frees for quickly.
+                    let permit = match places.one() {
+                        Some(permit) => permit,
+                        None => match self.room.clone().acquire_owned().await {
+                            Ok(permit) => permit,
+                            Err(_) => continue,
+                        },
                     };
                     let budget = self.dispatch_budget(claim.began);
                     if budget.is_zero() {

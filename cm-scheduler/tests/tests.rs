@@ -30,6 +30,8 @@
 //! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
 //!   message size, names) and files read no further than their limit.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
+//! - `backfill`: a backfill of missions drains at the launch rate beside an every-second routine
+//!   that stays on time.
 //! - `secrets`: whole processes given every secret, against failing connections, print none.
 //! - `database_file`: the database URL from `--database-url-file`, given once; a process
 //!   mission finds no password in its environment or its scheduler's.
@@ -51,6 +53,8 @@ mod abandon;
 mod author_reach;
 #[path = "scheduler/autopause.rs"]
 mod autopause;
+#[path = "scheduler/backfill.rs"]
+mod backfill;
 #[path = "scheduler/citus.rs"]
 mod citus;
 #[path = "scheduler/cli.rs"]

@@ -6,11 +6,12 @@
 //! [`FireLedger::claim_due`] is one transaction of (usually) two statements:
 //!
 //! 1. one statement reads the database's clock (`now()` is fixed for the whole transaction),
-//!    takes the due requests (occurrences asked for by hand) and locks the due routines,
-//!    oldest first, with `FOR UPDATE SKIP LOCKED`, so several schedulers share the due set
-//!    instead of queueing on it;
+//!    takes the due requests (occurrences asked for by hand; those of missions no more than
+//!    the mission room) and locks the due routines, oldest first, with `FOR UPDATE SKIP
+//!    LOCKED`, so several schedulers share the due set instead of queueing on it;
 //! 2. the domain plans each routine with its misfire policy and the claim with the cap
-//!    (`cm-domain`'s [`plan_claim`]: routines whole, oldest first);
+//!    (`cm-domain`'s [`plan_claim`]: routines whole, oldest first; scheduled missions in what
+//!    the requested ones left of the mission room);
 //! 3. one statement claims every planned occurrence, `INSERT … ON CONFLICT … DO UPDATE …
 //!    RETURNING (xmax = 0) AS inserted` over arrays, and moves each routine's `next_run_at` to
 //!    where the plan says (an `UPDATE` in the same statement); the upsert takes a row over only
@@ -143,9 +144,11 @@ pub struct ClaimDueParams {
     pub max_routines: u32,
     /// The kinds whose fresh occurrences are settled with their effect inside the claim.
     pub in_claim: InClaimWrites,
-    /// The most mission occurrences this claim may take (what is left of the launch rate's
-    /// budget); `None` for no bound. Missions past it are not claimed: they stay due, their
-    /// lease not running, until a later claim has room ([`TickClaim::held`]).
+    /// The most mission occurrences this claim may take, scheduled and requested (trigger,
+    /// backfill) together: what is left of the launch rate's budget and of the in-flight room;
+    /// `None` for no bound. Missions past it are not claimed: scheduled ones stay due
+    /// ([`TickClaim::held`]), requested ones stay in the request table, in order, their lease
+    /// not running, until a later claim has room.
     pub mission_room: Option<usize>,
     /// Resume the due walk after this routine (the previous claim's
     /// [`TickClaim::resume_after`]) instead of from the oldest due routine; `None` for the
@@ -533,7 +536,31 @@ struct DueRoutine {
 }
 
 /// An occurrence asked for by hand, taken by the claim.
-type Request = (Uuid, DateTime<Utc>, FireOrigin);
+#[derive(Debug, Clone, Copy)]
+struct Request {
+    routine_id: Uuid,
+    scheduled_at: DateTime<Utc>,
+    origin: FireOrigin,
+    /// Whether its routine is a mission: it takes the mission room.
+    mission: bool,
+}
+
+impl Request {
+    /// A request as a request walk returns it: routine, instant, stored origin, routine kind.
+    fn read(
+        routine_id: Uuid,
+        scheduled_at: DateTime<Utc>,
+        origin: &str,
+        kind: &str,
+    ) -> Result<Request, StoreError> {
+        Ok(Request {
+            routine_id,
+            scheduled_at,
+            origin: request_origin(routine_id, origin)?,
+            mission: kind == RoutineKind::Mission.as_str(),
+        })
+    }
+}
 
 /// Begins a claim's (or reaper pass's) transaction on an acquired connection, and returns it
 /// with the local instant it began at and the database's clock, read once for the whole
@@ -561,22 +588,26 @@ pub fn request_share(cap: usize) -> usize {
 }
 
 /// Deletes and returns up to `limit` requested occurrences that are due, oldest first, skipping
-/// those another claim holds.
+/// those another claim holds; at most `missions` of them of mission routines (`None`: no
+/// bound). The mission requests past that bound stay in the table, in order, for a later claim.
 async fn take_requests(
     tx: &mut Transaction<'_, Postgres>,
     limit: usize,
+    missions: Option<usize>,
     group: Option<GroupId>,
 ) -> Result<Vec<Request>, StoreError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let missions = missions.map(|m| i64::try_from(m).unwrap_or(i64::MAX));
     let query = match group {
-        None => sqlx::query_as(TAKE_REQUESTS_SQL).bind(limit),
+        None => sqlx::query_as(TAKE_REQUESTS_SQL).bind(limit).bind(missions),
         Some(group) => sqlx::query_as(TAKE_GROUP_REQUESTS_SQL)
             .bind(limit)
+            .bind(missions)
             .bind(group),
     };
-    let rows: Vec<(Uuid, DateTime<Utc>, String)> = query.fetch_all(&mut **tx).await?;
+    let rows: Vec<(Uuid, DateTime<Utc>, String, String)> = query.fetch_all(&mut **tx).await?;
     rows.into_iter()
-        .map(|(id, at, origin)| Ok((id, at, request_origin(id, &origin)?)))
+        .map(|(id, at, origin, kind)| Request::read(id, at, &origin, &kind))
         .collect()
 }
 
@@ -619,10 +650,12 @@ fn split_due_rows(rows: Vec<DueRow>) -> Result<DueSet, StoreError> {
     for row in rows {
         now = Some(row.now);
         match (row.source.as_str(), row.id, row.at) {
-            ("request", Some(id), Some(at)) => {
-                let origin = request_origin(id, row.origin.as_deref().unwrap_or_default())?;
-                requested.push((id, at, origin));
-            }
+            ("request", Some(id), Some(at)) => requested.push(Request::read(
+                id,
+                at,
+                row.origin.as_deref().unwrap_or_default(),
+                row.kind.as_deref().unwrap_or_default(),
+            )?),
             ("due", Some(id), Some(next_run_at)) => due.push(DueRoutine {
                 id,
                 schedule: row.schedule.unwrap_or_default(),
@@ -639,7 +672,7 @@ fn split_due_rows(rows: Vec<DueRow>) -> Result<DueSet, StoreError> {
             "the due query returned no clock row".into(),
         ))
     })?;
-    requested.sort_by_key(|(id, at, _)| (*at, *id));
+    requested.sort_by_key(|r| (r.scheduled_at, r.routine_id));
     due.sort_by_key(|r| (r.next_run_at, r.id));
     Ok(DueSet {
         now,
@@ -738,7 +771,7 @@ impl Advance {
         }
         let mut requested_only: Vec<Uuid> = requested
             .iter()
-            .map(|(id, _, _)| *id)
+            .map(|r| r.routine_id)
             .filter(|id| !advance.ids.contains(id))
             .collect();
         requested_only.sort_unstable();
@@ -881,8 +914,12 @@ impl FireLedger for PgStore {
         // sustained backlog of scheduled work cannot starve them; scheduled work gets the rest,
         // and requests may fill whatever it leaves. Each request is deleted in this transaction,
         // with its claim. The clock, the requests and the due routines come in one statement.
+        // Requested missions take the mission room like scheduled ones: together they never
+        // exceed it, and the requests past it stay in the table for a later claim.
         let share = request_share(cap);
-        let missions_open = params.mission_room != Some(0);
+        let mission_room = params
+            .mission_room
+            .map(|room| i64::try_from(room).unwrap_or(i64::MAX));
         let statement = match (params.after, params.group) {
             (None, None) => DUE_SQL,
             (None, Some(_)) => DUE_GROUP_SQL,
@@ -892,7 +929,7 @@ impl FireLedger for PgStore {
         let mut query = sqlx::query_as(statement)
             .bind(i64::from(params.max_routines))
             .bind(i64::try_from(share).unwrap_or(i64::MAX))
-            .bind(missions_open);
+            .bind(mission_room);
         if let Some(after) = params.after {
             query = query.bind(after.next_run_at).bind(after.routine_id);
         }
@@ -906,6 +943,11 @@ impl FireLedger for PgStore {
             due,
         } = split_due_rows(rows)?;
         let requests_may_remain = requested.len() == share;
+        // What the requested missions leave of the room for the scheduled ones.
+        let requested_missions = requested.iter().filter(|r| r.mission).count();
+        let limited_room = params
+            .mission_room
+            .map(|room| room.saturating_sub(requested_missions));
 
         let mut plans = Vec::with_capacity(due.len());
         let mut unusable = Vec::new();
@@ -939,10 +981,8 @@ impl FireLedger for PgStore {
                 }),
             }
         }
-        let tick = match FireCap::new(cap - requested.len()) {
-            Some(scheduled_cap) => {
-                plan_claim(&plans, scheduled_cap, params.mission_room.unwrap_or(0))
-            }
+        let tick = match FireCap::new(cap.saturating_sub(requested.len())) {
+            Some(scheduled_cap) => plan_claim(&plans, scheduled_cap, limited_room.unwrap_or(0)),
             // The requests took the whole cap (a cap of one): every scheduled occurrence waits
             // for a later tick, and no routine's clock moves.
             None => TickPlan {
@@ -953,18 +993,26 @@ impl FireLedger for PgStore {
 
         let room = cap.saturating_sub(tick.claims.len() + requested.len());
         if requests_may_remain && room > 0 {
-            requested.extend(take_requests(&mut tx, room, params.group).await?);
+            // The scheduled missions planned took their part of the room too.
+            let scheduled_missions: usize = plans
+                .iter()
+                .zip(&tick.advances)
+                .filter(|(plan, _)| plan.limited)
+                .map(|(_, advance)| advance.claimed)
+                .sum();
+            let missions_left = limited_room.map(|room| room.saturating_sub(scheduled_missions));
+            requested.extend(take_requests(&mut tx, room, missions_left, params.group).await?);
         }
         let mut claims: Vec<(Occurrence, FireOrigin)> = tick
             .claims
             .iter()
             .map(|o| (*o, FireOrigin::Schedule))
             .collect();
-        for (routine_id, scheduled_at, origin) in &requested {
-            let occurrence = Occurrence::new(*routine_id, *scheduled_at);
+        for request in &requested {
+            let occurrence = Occurrence::new(request.routine_id, request.scheduled_at);
             // A requested slot the schedule also planned this tick is claimed once.
             if !tick.claims.contains(&occurrence) {
-                claims.push((occurrence, *origin));
+                claims.push((occurrence, request.origin));
             }
         }
         // Oldest first: the outbox numbers a claim's messages in this order, so each routine's
@@ -1269,57 +1317,93 @@ impl From<FireRow> for Fire {
     }
 }
 
-/// Takes due requests, oldest occurrence first, skipping those another claim holds; the
-/// argument is the parameter holding the limit. Each request's routine is locked FOR KEY SHARE
-/// with it, skipping a routine being deleted: the claim then never waits on a routine while
-/// holding a request, the wait that deadlocked against `delete_routine`. The lock is also what
-/// keeps the requested occurrence's fire from outliving its routine (the ledger has no foreign
-/// key): `delete_routine` waits for it, then deletes the fires the claim wrote.
+/// Takes due requests, oldest occurrence first, skipping those another claim holds; `$limit` is
+/// the parameter holding the most to take, `$missions` the most of them that may be of mission
+/// routines (at most `$limit`; a NULL bound is none), `$walk` the walk's group filter and `$taken`
+/// the deleted rows' own. The walk joins each request's routine for its kind and walks the two
+/// kinds apart, so mission requests past their room stay in the table, in order, without
+/// holding back the message requests behind them; of the two walks the oldest `$limit` are
+/// taken. Each request's routine is locked FOR KEY SHARE with it, skipping a routine being
+/// deleted: the claim then never waits on a routine while holding a request, the wait that
+/// deadlocked against `delete_routine`. The lock is also what keeps the requested
+/// occurrence's fire from outliving its routine (the ledger has no foreign key):
+/// `delete_routine` waits for it, then deletes the fires the claim wrote. Returns each taken
+/// request's routine, instant, origin and routine kind.
 macro_rules! take_requests_sql {
-    ($limit:literal, $group:literal) => {
+    ($limit:literal, $missions:literal, $walk:literal, $taken:literal) => {
         concat!(
             "
-DELETE FROM routine_requests
-WHERE (routine_id, scheduled_at, group_id) IN (
-    SELECT q.routine_id, q.scheduled_at, q.group_id
-    FROM routine_requests q JOIN routines r ON r.id = q.routine_id AND r.group_id = q.group_id
-    WHERE q.scheduled_at <= now()",
-            $group,
+DELETE FROM routine_requests d
+USING (
+    SELECT routine_id, scheduled_at, group_id, kind
+    FROM (",
+            take_requests_walk!("r.kind = 'mission'", $missions, $walk),
             "
-    ORDER BY q.scheduled_at, q.routine_id
+        UNION ALL",
+            take_requests_walk!("r.kind <> 'mission'", $limit, $walk),
+            "
+    ) walk
+    ORDER BY scheduled_at, routine_id
     LIMIT ",
             $limit,
             "
-    FOR UPDATE OF q SKIP LOCKED
-    FOR KEY SHARE OF r SKIP LOCKED)"
+) t
+WHERE d.routine_id = t.routine_id AND d.scheduled_at = t.scheduled_at
+  AND d.group_id = t.group_id",
+            $taken,
+            "
+RETURNING d.routine_id, d.scheduled_at, d.origin, t.kind"
         )
     };
 }
 
-/// Takes at most `$1` due requests (see `take_requests_sql!`).
-const TAKE_REQUESTS_SQL: &str = concat!(
-    take_requests_sql!("$1", ""),
-    " RETURNING routine_id, scheduled_at, origin"
-);
+/// One kind's walk of `take_requests_sql!`: at most `$limit` due requests whose routine matches
+/// `$kind`, oldest first, locked.
+macro_rules! take_requests_walk {
+    ($kind:literal, $limit:literal, $walk:literal) => {
+        concat!(
+            "
+        SELECT * FROM (
+            SELECT q.routine_id, q.scheduled_at, q.group_id, r.kind
+            FROM routine_requests q
+            JOIN routines r ON r.id = q.routine_id AND r.group_id = q.group_id
+            WHERE q.scheduled_at <= now() AND ",
+            $kind,
+            $walk,
+            "
+            ORDER BY q.scheduled_at, q.routine_id
+            LIMIT ",
+            $limit,
+            "
+            FOR UPDATE OF q SKIP LOCKED
+            FOR KEY SHARE OF r SKIP LOCKED
+        ) w"
+        )
+    };
+}
 
-/// Takes at most `$1` due requests of the group `$2`.
-pub const TAKE_GROUP_REQUESTS_SQL: &str = concat!(
-    take_requests_sql!("$1", "\n      AND q.group_id = $2 AND r.group_id = $2"),
-    " AND group_id = $2 RETURNING routine_id, scheduled_at, origin"
+/// Takes at most `$1` due requests, at most `$2` of them of missions (see `take_requests_sql!`).
+const TAKE_REQUESTS_SQL: &str = take_requests_sql!("$1", "least($1, $2::bigint)", "", "");
+
+/// Takes at most `$1` due requests of the group `$3`, at most `$2` of them of missions.
+pub const TAKE_GROUP_REQUESTS_SQL: &str = take_requests_sql!(
+    "$1",
+    "least($1, $2::bigint)",
+    "\n              AND q.group_id = $3 AND r.group_id = $3",
+    " AND d.group_id = $3"
 );
 
 /// The claim's first statement, around a due walk: the database's clock (one row, always), the
-/// due requests (`$2` at most) and the due routines, locked. `$1` is the most routines to lock,
-/// `$3` whether mission routines may be locked at all (their launch budget is not spent).
+/// due requests (`$2` at most, at most `$3` of them of missions) and the due routines, locked.
+/// `$1` is the most routines to lock; `$3` is the mission room (NULL: no bound), and with none
+/// left mission routines are not locked at all (their launch budget is spent).
 macro_rules! due_sql {
     ($walk:literal, $group:literal, $requests:literal, $take:literal) => {
         concat!(
             "
 WITH requested AS (",
-            take_requests_sql!("$2", $requests),
-            $take,
+            take_requests_sql!("$2", "least($2, $3::bigint)", $requests, $take),
             "
-    RETURNING routine_id, scheduled_at, origin
 ),
 due AS (
     SELECT id, schedule, timezone, misfire_policy, kind, next_run_at
@@ -1328,7 +1412,7 @@ due AS (
             $walk,
             $group,
             "
-      AND ($3 OR kind <> 'mission')
+      AND ($3::bigint IS NULL OR $3::bigint > 0 OR kind <> 'mission')
     ORDER BY next_run_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -1337,7 +1421,7 @@ SELECT 'clock' AS source, now() AS now, NULL::uuid AS id, NULL::timestamptz AS a
        NULL::text AS schedule, NULL::text AS timezone, NULL::text AS misfire_policy,
        NULL::text AS kind, NULL::text AS origin
 UNION ALL
-SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, NULL, origin
+SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, kind, origin
 FROM requested
 UNION ALL
 SELECT 'due', now(), id, next_run_at, schedule, timezone, misfire_policy, kind, NULL
@@ -1357,8 +1441,8 @@ pub const DUE_SQL: &str = due_sql!("", "", "", "");
 pub const DUE_GROUP_SQL: &str = due_sql!(
     "",
     "\n      AND group_id = $4",
-    "\n      AND q.group_id = $4 AND r.group_id = $4",
-    " AND group_id = $4"
+    "\n              AND q.group_id = $4 AND r.group_id = $4",
+    " AND d.group_id = $4"
 );
 
 /// The claim's first statement resumed after `($4, $5)`, the `(next_run_at, id)` of the last
@@ -1377,8 +1461,8 @@ pub const DUE_GROUP_AFTER_SQL: &str = due_sql!(
     "
       AND (next_run_at, id) > ($4::timestamptz, $5::uuid)",
     "\n      AND group_id = $6",
-    "\n      AND q.group_id = $6 AND r.group_id = $6",
-    " AND group_id = $6"
+    "\n              AND q.group_id = $6 AND r.group_id = $6",
+    " AND d.group_id = $6"
 );
 
 /// Moves routines' clocks, the last four parameters of the claim statements: `$1` the routines,

@@ -27,6 +27,7 @@
 //! baseline_per_sec=<n> ratio=<r>`, followed on Citus by `citus_fires_per_sec=<n>
 //! citus_baseline_per_sec=<n> citus_ratio=<r> citus_over_plain=<r>`.
 
+mod backfill;
 mod citus;
 mod lateness;
 mod ledger;
@@ -132,18 +133,6 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         return Ok(());
     };
     STARTED.get_or_init(Instant::now);
-    // Before anything is built or created: a missing tool is a one-line answer.
-    let tools = raw_sql::tool_versions()?;
-    if !crate::postgres_answers(&options.database_url) {
-        bail!("PostgreSQL does not answer at {}", options.database_url);
-    }
-    if let Some(coordinator) = &options.citus_url
-        && !crate::postgres_answers(coordinator)
-    {
-        bail!("the Citus coordinator does not answer at {coordinator} (start it with .ci/citus)");
-    }
-    progress!("building the release cm-scheduler");
-    let binary = processes::build_binary()?;
     let command = std::iter::once("cargo run --release -p xtask -- bench".to_string())
         .chain(args.iter().map(|a| {
             if a.contains(' ') || a.is_empty() {
@@ -154,11 +143,66 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         }))
         .collect::<Vec<_>>()
         .join(" ");
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?
-        .block_on(bench(options, binary, tools, command))
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")
+    };
+    if !crate::postgres_answers(&options.database_url) {
+        bail!("PostgreSQL does not answer at {}", options.database_url);
+    }
+    if options.backfill_only {
+        return runtime()?.block_on(backfill_only(options, command));
+    }
+    // Before anything is built or created: a missing tool is a one-line answer.
+    let tools = raw_sql::tool_versions()?;
+    if let Some(coordinator) = &options.citus_url
+        && !crate::postgres_answers(coordinator)
+    {
+        bail!("the Citus coordinator does not answer at {coordinator} (start it with .ci/citus)");
+    }
+    progress!("building the release cm-scheduler");
+    let binary = processes::build_binary()?;
+    runtime()?.block_on(bench(options, binary, tools, command))
+}
+
+/// `--backfill-only`: the backfill run alone, in a fresh database dropped afterwards.
+async fn backfill_only(options: Options, command: String) -> anyhow::Result<()> {
+    let name = format!(
+        "cm_bench_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let url = crate::database_url(&options.database_url, &name)?;
+    PgStore::create_database_if_missing(&url)
+        .await
+        .with_context(|| format!("creating a bench database on {}", options.database_url))?;
+    progress!("created database {name}");
+    let result = async {
+        let admin = PgStore::connect(&url).await?;
+        admin.migrate().await?;
+        let started_at = Utc::now();
+        let run = backfill::run(admin.pool(), &url, &options).await?;
+        progress!(
+            "backfill of {} missions: message lateness p99 {:.0} ms",
+            options.backfill_missions,
+            run.claimed[1]
+        );
+        let server: String = sqlx::query_scalar("SHOW server_version")
+            .fetch_one(admin.pool())
+            .await?;
+        admin.pool().close().await;
+        report::print_backfill_only(&options, &command, started_at, &server, &run);
+        anyhow::Ok(())
+    }
+    .await;
+    let dropped = <sqlx::Postgres as sqlx::migrate::MigrateDatabase>::force_drop_database(&url)
+        .await
+        .with_context(|| format!("dropping {name}"));
+    result?;
+    dropped?;
+    progress!("dropped the bench's database");
+    Ok(())
 }
 
 async fn bench(
@@ -327,6 +371,13 @@ async fn measure(
         }
     }
 
+    let backfill = backfill::run(pool, &plain.engine_url, options).await?;
+    progress!(
+        "backfill of {} missions: message lateness p99 {:.0} ms",
+        options.backfill_missions,
+        backfill.claimed[1]
+    );
+
     let show = |setting: &'static str| async move {
         sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!("SHOW {setting}")))
             .fetch_one(pool)
@@ -357,7 +408,7 @@ async fn measure(
         wall: STARTED.get_or_init(Instant::now).elapsed(),
     };
     admin.pool().close().await;
-    report::print(options, &facts, &runs, &lateness);
+    report::print(options, &facts, &runs, &lateness, &backfill);
     if options.quick {
         println!("{}", report::last_line(&runs));
     }

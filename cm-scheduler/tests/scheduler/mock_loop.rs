@@ -1259,3 +1259,122 @@ async fn a_tick_starts_at_what_the_last_one_claimed() {
     let caps: Vec<usize> = asked.lock().unwrap().iter().map(|(cap, _)| *cap).collect();
     assert_eq!(caps, vec![6, 24, 32, 6]);
 }
+
+/// A backend double that holds each dispatch of the routines in `held` for `hold` and answers
+/// the others at once, recording which occurrences it was asked for and when each ended.
+struct HoldsSome {
+    held: Vec<Uuid>,
+    hold: Duration,
+    ended: Mutex<Vec<(Occurrence, std::time::Instant)>>,
+}
+
+#[async_trait::async_trait]
+impl Dispatcher for HoldsSome {
+    async fn dispatch(&self, dispatch: &cm_dispatch::Dispatch) -> Result<Receipt, DispatchError> {
+        if self.held.contains(&dispatch.occurrence.routine_id) {
+            tokio::time::sleep(self.hold).await;
+        }
+        self.ended
+            .lock()
+            .unwrap()
+            .push((dispatch.occurrence, std::time::Instant::now()));
+        receipt()
+    }
+}
+
+/// The in-flight places a claim counted are its own from before the claim: a reaper pass that
+/// runs while the claim is under way finds no room (it takes nothing over), and the claim's
+/// occurrences start at once instead of waiting, their lease running, for dispatches the reaper
+/// started in their places.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaper_pass_during_a_claim_cannot_take_the_claims_room() {
+    let (entered, entered_rx) = std::sync::mpsc::channel::<()>();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let (entered, go_rx) = (Mutex::new(entered), Mutex::new(go_rx));
+    let mut ledger = MockFireLedger::new();
+    // The tick's claim: two occurrences, answered once the test says so.
+    ledger.expect_claim_due().times(1).returning(move |_| {
+        entered.lock().unwrap().send(()).unwrap();
+        go_rx
+            .lock()
+            .unwrap()
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap();
+        Ok(claim(&[Row::Fresh, Row::Fresh], 0))
+    });
+    // The reaper takes over as many expired claims as it asks for (occurrences 10 and on),
+    // each of whose dispatches the backend holds.
+    let reaper_asked = Arc::new(Mutex::new(Vec::new()));
+    let asked = reaper_asked.clone();
+    ledger.expect_reap_expired().returning(move |params| {
+        asked.lock().unwrap().push(params.limit);
+        let mut taken = claim(&[], 0);
+        taken.fires = (10..10 + params.limit)
+            .map(|n| fire(n, Row::Retry(2)))
+            .collect();
+        Ok(taken)
+    });
+    ledger
+        .expect_settle_fires()
+        .returning(|batch| Ok(vec![SettleOutcome::Settled; batch.len()]));
+    let backend = Arc::new(HoldsSome {
+        held: (10..20).map(|n| occurrence(n).routine_id).collect(),
+        hold: Duration::from_millis(1_500),
+        ended: Mutex::default(),
+    });
+    let config = SchedulerConfig {
+        max_fires_per_tick: FireCap::new(2).unwrap(),
+        max_in_flight: 2,
+        lease: Lease::new(Duration::from_secs(10)).unwrap(),
+        dispatch_timeout: Duration::from_secs(5),
+        ..config()
+    };
+    let scheduler =
+        Arc::new(Scheduler::new(Arc::new(ledger), backend.clone(), config, "me").unwrap());
+
+    let ticking = scheduler.clone();
+    let tick = tokio::spawn(async move { ticking.tick().await });
+    tokio::task::spawn_blocking(move || entered_rx.recv_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .unwrap();
+    // While the claim is under way, a whole reaper pass.
+    let reaped = scheduler.clone();
+    let reap = tokio::spawn(async move { reaped.reap().await });
+    // Let the pass take what it can (and start its dispatches) before the claim comes back.
+    crate::support::eventually_within(Duration::from_secs(5), async || {
+        (reap.is_finished() || !reaper_asked.lock().unwrap().is_empty()).then_some(())
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    go.send(()).unwrap();
+    let report = tick.await.unwrap().unwrap();
+    let reap_report = reap.await.unwrap().unwrap();
+
+    assert_eq!(report.fired, 2, "{report:?}");
+    assert_eq!(
+        *reaper_asked.lock().unwrap(),
+        Vec::<u32>::new(),
+        "the reaper took over claims in the room the tick's claim had counted: {reap_report:?}"
+    );
+    // Neither of the claim's occurrences waited for a dispatch the reaper started.
+    let ended = backend.ended.lock().unwrap().clone();
+    let mine: Vec<_> = ended
+        .iter()
+        .filter(|(o, _)| *o == occurrence(0) || *o == occurrence(1))
+        .map(|(_, at)| *at)
+        .collect();
+    assert_eq!(mine.len(), 2);
+    let first_reaped = ended
+        .iter()
+        .filter(|(o, _)| !(*o == occurrence(0) || *o == occurrence(1)))
+        .map(|(_, at)| *at)
+        .min();
+    if let Some(first_reaped) = first_reaped {
+        assert!(
+            mine.iter().all(|at| *at < first_reaped),
+            "the claim's dispatches waited for the reaper's"
+        );
+    }
+}

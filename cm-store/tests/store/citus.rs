@@ -496,7 +496,7 @@ async fn every_claim_statement_is_one_task_on_citus() {
         sqlx::query_scalar(explain(cm_store::ledger::DUE_GROUP_SQL))
             .bind(10_i64)
             .bind(2_i64)
-            .bind(true)
+            .bind(Some(1_i64))
             .bind(group)
             .fetch_all(&db.pool)
             .await
@@ -507,7 +507,7 @@ async fn every_claim_statement_is_one_task_on_citus() {
         sqlx::query_scalar(explain(cm_store::ledger::DUE_GROUP_AFTER_SQL))
             .bind(10_i64)
             .bind(2_i64)
-            .bind(true)
+            .bind(Some(1_i64))
             .bind(now)
             .bind(ids[0])
             .bind(group)
@@ -519,6 +519,7 @@ async fn every_claim_statement_is_one_task_on_citus() {
         "requests",
         sqlx::query_scalar(explain(cm_store::ledger::TAKE_GROUP_REQUESTS_SQL))
             .bind(10_i64)
+            .bind(Some(1_i64))
             .bind(group)
             .fetch_all(&db.pool)
             .await

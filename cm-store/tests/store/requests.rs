@@ -194,3 +194,177 @@ async fn requests_for_a_missing_routine_are_refused(pool: PgPool) {
         Err(StoreError::RoutineNotFound(_))
     ));
 }
+
+/// Makes the routine a mission routine (the claim reads the kind from the row).
+async fn make_mission(pool: &PgPool, id: Uuid) {
+    sqlx::query("UPDATE routines SET kind = 'mission' WHERE id = $1")
+        .bind(id)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// The requests still waiting, oldest first.
+async fn waiting(pool: &PgPool) -> Vec<(Uuid, chrono::DateTime<chrono::Utc>)> {
+    sqlx::query_as("SELECT routine_id, scheduled_at FROM routine_requests ORDER BY scheduled_at")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// Requested (trigger, backfill) missions take the mission room like scheduled ones, and
+/// scheduled and requested missions together never exceed it; message requests still flow;
+/// the mission requests past the room stay in the table and are taken by later claims, oldest
+/// first, each once. `group` claims in one group (every routine is put in group 0 for it).
+async fn mission_requests_within_the_room(pool: PgPool, group: Option<i16>) {
+    if group.is_some() {
+        // Before the store reads the count: every routine, request and fire in group 0.
+        sqlx::query("UPDATE cm_settings SET group_count = 1")
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let store = PgStore::new(pool.clone());
+    let now = db_now(&pool).await;
+    // A backfill of six mission occurrences, the oldest due; three message occurrences after
+    // them; and two mission routines whose scheduled occurrence is due.
+    let mission = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
+    make_mission(&pool, mission.id).await;
+    let mission_slots: Vec<_> = (1..=6).rev().map(|h| now - TimeDelta::hours(h)).collect();
+    store
+        .request_occurrences(mission.id, &mission_slots)
+        .await
+        .unwrap();
+    let message = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
+    let message_slots: Vec<_> = (1..=3).rev().map(|m| now - TimeDelta::minutes(m)).collect();
+    store
+        .request_occurrences(message.id, &message_slots)
+        .await
+        .unwrap();
+    let mut scheduled = Vec::new();
+    for _ in 0..2 {
+        let (routine, _) = crate::support::due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
+        make_mission(&pool, routine.id).await;
+        scheduled.push(routine.id);
+    }
+    let with_room = |room| cm_store::ClaimDueParams {
+        mission_room: Some(room),
+        group,
+        ..claim_params("a", 25, rules(0, 100))
+    };
+    let missions = |claim: &cm_store::TickClaim| -> Vec<_> {
+        claim
+            .fires
+            .iter()
+            .filter(|f| f.kind == cm_store::RoutineKind::Mission)
+            .map(|f| f.occurrence)
+            .collect()
+    };
+    let requested_missions = |claim: &cm_store::TickClaim| -> Vec<_> {
+        claim
+            .fires
+            .iter()
+            .filter(|f| f.occurrence.routine_id == mission.id)
+            .map(|f| f.occurrence.scheduled_at)
+            .collect()
+    };
+    let mut taken = Vec::new();
+
+    // A room of three: the three oldest requested missions, no scheduled one (held), and every
+    // message request.
+    let claim = store.claim_due(&with_room(3)).await.unwrap();
+    assert_eq!(missions(&claim).len(), 3, "{:?}", missions(&claim));
+    assert_eq!(requested_missions(&claim), mission_slots[..3]);
+    assert_eq!(claim.held, 2);
+    let messages: Vec<_> = claim
+        .fires
+        .iter()
+        .filter(|f| f.occurrence.routine_id == message.id)
+        .map(|f| f.occurrence.scheduled_at)
+        .collect();
+    assert_eq!(messages, message_slots, "message requests held back");
+    taken.extend(requested_missions(&claim));
+    // Nothing lost: the other three wait, and a request goes only with its claim.
+    let left: Vec<_> = waiting(&pool).await.into_iter().map(|(_, at)| at).collect();
+    assert_eq!(left, mission_slots[3..]);
+    assert_eq!(crate::support::fire_count(&pool).await, 6);
+
+    // No room: no mission at all, the requests stay.
+    let none = store.claim_due(&with_room(0)).await.unwrap();
+    assert!(none.fires.is_empty(), "{:?}", missions(&none));
+    assert_eq!(waiting(&pool).await.len(), 3);
+
+    // A room of two, then of ten: the rest in order, requests first, then the scheduled ones.
+    let two = store.claim_due(&with_room(2)).await.unwrap();
+    assert_eq!(missions(&two).len(), 2);
+    taken.extend(requested_missions(&two));
+    let rest = store.claim_due(&with_room(10)).await.unwrap();
+    assert_eq!(missions(&rest).len(), 3);
+    taken.extend(requested_missions(&rest));
+    assert!(
+        scheduled
+            .iter()
+            .all(|id| rest.fires.iter().any(|f| f.occurrence.routine_id == *id))
+    );
+    assert_eq!(
+        taken, mission_slots,
+        "each requested mission once, oldest first"
+    );
+    assert!(waiting(&pool).await.is_empty());
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn mission_requests_take_only_the_mission_room_and_the_rest_wait_in_order(pool: PgPool) {
+    mission_requests_within_the_room(pool, None).await;
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn mission_requests_in_one_group_take_only_the_mission_room(pool: PgPool) {
+    mission_requests_within_the_room(pool, Some(0)).await;
+}
+
+/// A cap of one with requests of both kinds: each claim takes one occurrence (a request first),
+/// never more than the mission room, and the scheduled one waits; nothing underflows.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_cap_of_one_takes_one_request_and_never_a_mission_past_the_room(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let now = db_now(&pool).await;
+    let mission = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
+    make_mission(&pool, mission.id).await;
+    let mission_slots: Vec<_> = (3..=4).rev().map(|h| now - TimeDelta::hours(h)).collect();
+    store
+        .request_occurrences(mission.id, &mission_slots)
+        .await
+        .unwrap();
+    let message = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
+    let message_slot = now - TimeDelta::hours(1);
+    store
+        .request_occurrences(message.id, &[message_slot])
+        .await
+        .unwrap();
+    let (due, due_at) = crate::support::due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
+    let claim_one = async |room| {
+        let claim = store
+            .claim_due(&cm_store::ClaimDueParams {
+                mission_room: Some(room),
+                ..claim_params("a", 1, rules(0, 100))
+            })
+            .await
+            .unwrap();
+        assert!(claim.fires.len() <= 1, "{:?}", claim.fires.len());
+        claim.fires.first().map(|f| f.occurrence)
+    };
+    // No mission room: the message request, then the scheduled occurrence; the missions wait.
+    assert_eq!(
+        claim_one(0).await,
+        Some(Occurrence::new(message.id, message_slot))
+    );
+    assert_eq!(claim_one(0).await, Some(Occurrence::new(due.id, due_at)));
+    assert_eq!(claim_one(0).await, None);
+    assert_eq!(waiting(&pool).await.len(), 2);
+    // Room for one mission a claim: the requests, oldest first.
+    for at in &mission_slots {
+        assert_eq!(claim_one(1).await, Some(Occurrence::new(mission.id, *at)));
+    }
+    assert_eq!(claim_one(1).await, None);
+}

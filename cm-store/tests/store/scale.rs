@@ -163,7 +163,10 @@ async fn ledger_rows(pool: &PgPool, rows: i64, status: &str, lease_secs: f64) ->
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn the_due_query_reads_the_limit_not_the_group_sharing_an_instant(pool: PgPool) {
     routines_sharing_one_instant(&pool).await;
-    let plan = explain(&pool, DUE_SQL, |q| q.bind(LIMIT).bind(LIMIT / 5).bind(true)).await;
+    let plan = explain(&pool, DUE_SQL, |q| {
+        q.bind(LIMIT).bind(LIMIT / 5).bind(None::<i64>)
+    })
+    .await;
     plan.assert_reads_about_the_limit("due query");
 }
 
@@ -182,7 +185,11 @@ async fn the_resumed_due_query_starts_at_its_cursor(pool: PgPool) {
     .await
     .unwrap();
     let plan = explain(&pool, DUE_AFTER_SQL, |q| {
-        q.bind(LIMIT).bind(LIMIT / 5).bind(true).bind(at).bind(id)
+        q.bind(LIMIT)
+            .bind(LIMIT / 5)
+            .bind(None::<i64>)
+            .bind(at)
+            .bind(id)
     })
     .await;
     plan.assert_reads_about_the_limit("resumed due query");

@@ -8,7 +8,8 @@ pub(super) const USAGE: &str = "usage: cargo run --release -p xtask -- bench [--
 [--tick DURATION] [--engine-args \"FLAGS\"] [--rounds N] [--sql-seconds N] [--drain-routines N] \
 [--drain-backlog N] [--drain-limit N] [--window-routines N] [--window-backlog N] \
 [--window-seconds N] [--lateness-routines N] [--lateness-cap N] [--lateness-seconds N] \
-[--stall-seconds N] [--database-url URL] [--citus-url URL]";
+[--stall-seconds N] [--backfill-missions N] [--backfill-rate N] [--backfill-routines N] \
+[--backfill-limit N] [--backfill-only] [--database-url URL] [--citus-url URL]";
 
 /// The raw-SQL scripts number 20,000 routines, and each of their two clients takes its batches from
 /// its own half; a batch is that many consecutive routines at most.
@@ -60,6 +61,16 @@ pub(crate) struct Options {
     pub lateness_seconds: u32,
     /// How long the backend double holds each dispatch of the stalled routine.
     pub stall_seconds: u32,
+    /// Mission occurrences of the backfill run (one routine's backfill).
+    pub backfill_missions: u32,
+    /// The backfill run's `--max-mission-launches-per-second`.
+    pub backfill_rate: u32,
+    /// Every-second message routines beside the backfill.
+    pub backfill_routines: u32,
+    /// How long the backfill may take to drain before the run fails.
+    pub backfill_limit: u32,
+    /// Only the backfill run: no throughput or lateness runs, no pgbench, no release binary.
+    pub backfill_only: bool,
     /// The server to create the bench databases on (its database part names the maintenance
     /// database to connect to for creating and dropping).
     pub database_url: String,
@@ -89,6 +100,11 @@ impl Options {
             lateness_cap: 1_000,
             lateness_seconds: 40,
             stall_seconds: 20,
+            backfill_missions: 1_000,
+            backfill_rate: 100,
+            backfill_routines: 50,
+            backfill_limit: 120,
+            backfill_only: false,
             // Not DATABASE_URL: `.cargo/config.toml` sets it for every cargo-run process, and
             // this names only the server; the bench writes to databases of its own.
             database_url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
@@ -124,6 +140,10 @@ impl Options {
             match flag.as_str() {
                 "--help" | "-h" => return Ok(None),
                 "--quick" => continue,
+                "--backfill-only" => {
+                    options.backfill_only = true;
+                    continue;
+                }
                 _ => {}
             }
             let value = args
@@ -154,6 +174,10 @@ impl Options {
                 "--lateness-cap" => options.lateness_cap = number()? as usize,
                 "--lateness-seconds" => options.lateness_seconds = number()?,
                 "--stall-seconds" => options.stall_seconds = number()?,
+                "--backfill-missions" => options.backfill_missions = number()?,
+                "--backfill-rate" => options.backfill_rate = number()?,
+                "--backfill-routines" => options.backfill_routines = number()?,
+                "--backfill-limit" => options.backfill_limit = number()?,
                 "--database-url" => options.database_url = value.clone(),
                 "--citus-url" => options.citus_url = Some(value.clone()),
                 _ => bail!("unknown flag {flag} (see --help)"),
@@ -275,6 +299,15 @@ mod tests {
             "21",
             "--stall-seconds",
             "3",
+            "--backfill-missions",
+            "300",
+            "--backfill-rate",
+            "30",
+            "--backfill-routines",
+            "4",
+            "--backfill-limit",
+            "50",
+            "--backfill-only",
             "--database-url",
             "postgres://u@h:1/x",
             "--citus-url",
@@ -301,6 +334,11 @@ mod tests {
                 lateness_cap: 60,
                 lateness_seconds: 21,
                 stall_seconds: 3,
+                backfill_missions: 300,
+                backfill_rate: 30,
+                backfill_routines: 4,
+                backfill_limit: 50,
+                backfill_only: true,
                 database_url: "postgres://u@h:1/x".into(),
                 citus_url: Some("postgres://u@h:2/y".into()),
             }

@@ -1,5 +1,6 @@
 //! The bench's Markdown report, and `--quick`'s last line.
 
+use super::backfill::BackfillRun;
 use super::lateness::{LatenessRun, Percentiles};
 use super::options::format_duration;
 use super::processes::{EngineRun, Shape};
@@ -160,7 +161,13 @@ fn percentile_cells(p: &Percentiles) -> String {
 }
 
 /// Prints the whole report to stdout.
-pub(super) fn print(options: &Options, facts: &Facts, runs: &[Run], lateness: &[LatenessRun]) {
+pub(super) fn print(
+    options: &Options,
+    facts: &Facts,
+    runs: &[Run],
+    lateness: &[LatenessRun],
+    backfill: &BackfillRun,
+) {
     let build = if cfg!(debug_assertions) {
         "debug (unoptimised: not representative)"
     } else {
@@ -223,6 +230,7 @@ pub(super) fn print(options: &Options, facts: &Facts, runs: &[Run], lateness: &[
         options.lateness_seconds,
         options.stall_seconds
     );
+    println!("| backfill | {} |", backfill_setting(options));
     println!(
         "| rounds | {} (interleaved, each starting elsewhere) |",
         options.rounds
@@ -329,6 +337,74 @@ pub(super) fn print(options: &Options, facts: &Facts, runs: &[Run], lateness: &[
             println!("| {} | {} |", format_duration(l.tick), percentile_cells(p));
         }
     }
+    print_backfill(backfill);
+}
+
+/// The backfill run's settings, one line.
+fn backfill_setting(options: &Options) -> String {
+    format!(
+        "{} mission occurrences of one routine asked for at once (`routine backfill`), launched \
+         at {} a second through a runtime double answering in {} ms, beside {} message routines \
+         `* * * * * *` (catch-up) written to the outbox in the claim; one in-process scheduler, \
+         otherwise `run`'s defaults (in-flight room {}); limit {} s",
+        options.backfill_missions,
+        options.backfill_rate,
+        super::backfill::LAUNCH.as_millis(),
+        options.backfill_routines,
+        cm_domain::SchedulerConfig::DEFAULT_MAX_IN_FLIGHT,
+        options.backfill_limit
+    )
+}
+
+/// The backfill run's section.
+fn print_backfill(run: &BackfillRun) {
+    println!("\n### Lateness during a mission backfill (ms after `scheduled_at`)\n");
+    println!(
+        "| message fires | claimed p50 | p99 | max | missions drained in | most claimed in a \
+         second | missions not `fired` | taken again |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {} | {} | {} | {} | {:.1} s | {} | {} | {} |",
+        run.message_fires,
+        ms(run.claimed[0]),
+        ms(run.claimed[1]),
+        ms(run.claimed[2]),
+        run.drain.as_secs_f64(),
+        run.most_claimed_in_a_second,
+        run.missions_not_fired,
+        run.missions_retried
+    );
+}
+
+/// The report of `--backfill-only`: the run's facts and the backfill section.
+pub(super) fn print_backfill_only(
+    options: &Options,
+    command: &str,
+    started_at: chrono::DateTime<chrono::Utc>,
+    server: &str,
+    run: &BackfillRun,
+) {
+    let build = if cfg!(debug_assertions) {
+        "debug (unoptimised: not representative)"
+    } else {
+        "release"
+    };
+    println!(
+        "## Backfill run of {}\n",
+        started_at.format("%Y-%m-%d %H:%M UTC")
+    );
+    println!("| | |\n|---|---|");
+    println!("| command | `{command}` |");
+    println!("| commit | {} |", super::commit());
+    println!(
+        "| cores (`available_parallelism`) | {} |",
+        std::thread::available_parallelism().map_or(0, usize::from)
+    );
+    println!("| PostgreSQL | {server} |");
+    println!("| bench build | {build} |");
+    println!("| backfill | {} |", backfill_setting(options));
+    print_backfill(run);
 }
 
 /// Per claim, the median over the rounds of the runs named `name` on `database`: the

@@ -204,7 +204,7 @@ async fn due_plan(pool: &PgPool) -> anyhow::Result<String> {
         DUE_SQL
             .replace("$1", "400")
             .replace("$2", "80")
-            .replace("$3", "true")
+            .replace("$3", "NULL")
     )))
     .fetch_all(&mut *tx)
     .await?;

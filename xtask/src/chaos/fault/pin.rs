@@ -24,6 +24,9 @@ const RECOVERY: Duration = Duration::from_secs(60);
 /// How many routines the measured due query locks, as a tick under the default cap would.
 const DUE_LIMIT: &str = "100";
 
+/// How many requests it takes at most: a fifth of the routines, as a claim does.
+const DUE_REQUESTS: &str = "20";
+
 /// One sample.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Sample {
@@ -77,7 +80,10 @@ impl Pin {
             let mut tx = pool.begin().await?;
             let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
-                cm_store::ledger::DUE_SQL.replace("$1", DUE_LIMIT)
+                cm_store::ledger::DUE_SQL
+                    .replace("$1", DUE_LIMIT)
+                    .replace("$2", DUE_REQUESTS)
+                    .replace("$3", "NULL")
             )))
             .fetch_one(&mut *tx)
             .await?;

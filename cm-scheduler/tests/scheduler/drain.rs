@@ -258,3 +258,70 @@ async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(po
         .unwrap();
     assert_eq!(all, owed);
 }
+
+/// A `forbid` mission whose earlier run is still running, due among 2,000 message routines:
+/// deciding its overlap locks nothing the claims walk, so the drain's batches keep growing (25,
+/// 50, 100, …) and one tick fires every message, the mission settled `skipped`. The batch sizes
+/// are the claims' sizes, read back by claim token.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_held_forbid_mission_among_2000_messages_keeps_the_drains_batches_growing(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    due_yearly(&store, &pool, 2_000, RoutineKind::Message).await;
+    due_yearly(&store, &pool, 1, RoutineKind::Mission).await;
+    // Its fire of last year holds its run, still running.
+    let held = sqlx::query(
+        "INSERT INTO routine_fires
+             (routine_id, group_id, scheduled_at, status, completed_at, claimant, claim_token,
+              attempt, claimed_at, lease_expires_at, run_state, holds_run)
+         SELECT id, group_id, next_run_at - interval '1 year', 'fired', now(), 'earlier',
+                gen_random_uuid(), 1, now() - interval '1 hour', now() - interval '1 hour',
+                'running', true
+         FROM routines WHERE kind = 'mission'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(held.rows_affected(), 1);
+
+    let messages = Arc::new(MemoryDispatcher::new());
+    let missions = Arc::new(MemoryDispatcher::new());
+    let mut runtime = cm_dispatch::runtime::MockMissionRuntime::new();
+    runtime
+        .expect_observe()
+        .returning(|_, _| Ok(cm_domain::RunState::Running));
+    let config = SchedulerConfig {
+        max_in_flight: 10_000,
+        ..SchedulerConfig::default()
+    };
+    let scheduler = scheduler(
+        &store,
+        Arc::new(RoutedDispatcher::new(
+            Some(messages.clone()),
+            Some(missions.clone()),
+        )),
+        config,
+    )
+    .with_run_watch(Arc::new(store.clone()), Arc::new(runtime));
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(report.fired, 2_000, "{report:?}");
+    assert_eq!(report.overlap_skipped, 1, "{report:?}");
+    assert!(
+        missions.calls().is_empty(),
+        "the held run was launched beside"
+    );
+
+    let batches: Vec<i64> = sqlx::query_scalar(
+        "SELECT count(*) FROM routine_fires WHERE claimant <> 'earlier'
+         GROUP BY claim_token ORDER BY min(claimed_at)",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    eprintln!("the drain's batches: {batches:?}");
+    assert_eq!(batches.iter().sum::<i64>(), 2_001);
+    assert!(batches.len() <= 10, "{batches:?}");
+    assert!(
+        batches.iter().max().is_some_and(|&m| m >= 400),
+        "the batches did not grow: {batches:?}"
+    );
+}

@@ -247,6 +247,19 @@ pub fn outcome_text(outcome: FireOutcome, status: &str, exit_code: Option<i32>) 
     }
 }
 
+/// A run's duration as the listings and the page print it: `2.4 s`, `3 min 05 s`,
+/// `1 h 02 min`.
+pub fn duration_text(d: chrono::TimeDelta) -> String {
+    let secs = d.num_milliseconds() as f64 / 1000.0;
+    if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else if secs < 3600.0 {
+        format!("{} min {:02} s", d.num_minutes(), d.num_seconds() % 60)
+    } else {
+        format!("{} h {:02} min", d.num_hours(), d.num_minutes() % 60)
+    }
+}
+
 /// [`outcome_text`] of a listed fire.
 pub fn fire_outcome_text(f: &cm_store::Fire) -> String {
     outcome_text(f.outcome(), &f.status, f.run_exit_code)

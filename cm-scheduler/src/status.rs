@@ -905,34 +905,26 @@ fn figures(
 /// A fire's outcome in words (`failed (exit 3)`, `succeeded`; a claim is `running`), coloured
 /// as its cell in the strips.
 fn outcome_word(outcome: FireOutcome, status: &str, exit_code: Option<i32>) -> Markup {
-    let word = match outcome {
+    html! { span class=(outcome_class(outcome)) { (page_outcome_text(outcome, status, exit_code)) } }
+}
+
+/// An outcome's words on the page: [`crate::runs::outcome_text`], with a claim `running`.
+fn page_outcome_text(outcome: FireOutcome, status: &str, exit_code: Option<i32>) -> String {
+    match outcome {
         FireOutcome::Claimed => "running".to_owned(),
         _ => crate::runs::outcome_text(outcome, status, exit_code),
-    };
-    html! { span class=(outcome_class(outcome)) { (word) } }
+    }
 }
 
 /// A fire's run in a cell: its duration and start, or nothing for a fire with no run.
 fn run_cell(f: &cm_store::Fire, now: DateTime<Utc>) -> Markup {
     html! {
         @if let Some(started) = f.run_started_at {
-            @if let Some(d) = f.run_duration() { (run_duration(d)) " " }
+            @if let Some(d) = f.run_duration() { (crate::runs::duration_text(d)) " " }
             span.muted.small { "from " (moment(started, now)) }
         } @else if f.run_state.as_deref() == Some("running") {
             span.muted.small { "running" }
         }
-    }
-}
-
-/// A run's duration: `2.4 s`, `3 min 05 s`, `1 h 02 min`.
-fn run_duration(d: chrono::TimeDelta) -> String {
-    let secs = d.num_milliseconds() as f64 / 1000.0;
-    if secs < 60.0 {
-        format!("{secs:.1} s")
-    } else if secs < 3600.0 {
-        format!("{} min {:02} s", d.num_minutes(), d.num_seconds() % 60)
-    } else {
-        format!("{} h {:02} min", d.num_hours(), d.num_minutes() % 60)
     }
 }
 
@@ -948,7 +940,7 @@ fn last_run_section(run: &cm_store::FireDetail, now: DateTime<Utc>) -> Markup {
             @if let Some(why) = f.failure() { dt { "Reason" } dd.error { (shown(why)) } }
             dt { "Started" } dd { @match f.run_started_at { Some(at) => (moment(at, now)), None => "not reported" } }
             dt { "Ended" } dd { @match f.run_finished_at { Some(at) => (moment(at, now)), None => "not reported" } }
-            dt { "Duration" } dd { @match f.run_duration() { Some(d) => (run_duration(d)), None => "not reported" } }
+            dt { "Duration" } dd { @match f.run_duration() { Some(d) => (crate::runs::duration_text(d)), None => "not reported" } }
             dt { "Exit code" } dd { @match f.run_exit_code { Some(code) => (code), None => "none" } }
         }
         @match run.run_output.as_deref() {
@@ -1021,10 +1013,7 @@ fn strip(fires: &[RecentFire]) -> Markup {
         span.strip role="img" aria-label=(strip_label(fires)) {
             @for f in fires.iter().rev() {
                 @let outcome = f.outcome();
-                @let word = match outcome {
-                    FireOutcome::Claimed => "running".to_owned(),
-                    _ => crate::runs::outcome_text(outcome, &f.status, f.run_exit_code),
-                };
+                @let word = page_outcome_text(outcome, &f.status, f.run_exit_code);
                 @let title = match &f.error {
                     Some(error) => format!("{} {word}: {error}", utc(f.scheduled_at)),
                     None => format!("{} {word}", utc(f.scheduled_at)),

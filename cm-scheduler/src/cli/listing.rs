@@ -219,18 +219,6 @@ pub(super) fn routine_fire_row(f: &Fire) -> Vec<String> {
     row
 }
 
-/// A duration as `fires show` prints it: `2.4s`, `3m 05s`, `1h 02m`.
-pub(super) fn duration(d: chrono::TimeDelta) -> String {
-    let secs = d.num_milliseconds() as f64 / 1000.0;
-    if secs < 60.0 {
-        format!("{secs:.1}s")
-    } else if secs < 3600.0 {
-        format!("{}m {:02}s", d.num_minutes(), d.num_seconds() % 60)
-    } else {
-        format!("{}h {:02}m", d.num_hours(), d.num_minutes() % 60)
-    }
-}
-
 /// `fires show`: the fire's fields, one a line, then the last of its run's output.
 pub(super) fn print_fire(detail: &cm_store::FireDetail, occurrence: cm_domain::Occurrence) {
     let f = &detail.fire;
@@ -258,7 +246,9 @@ pub(super) fn print_fire(detail: &cm_store::FireDetail, occurrence: cm_domain::O
         say!("ended       {}", time(f.run_finished_at));
         say!(
             "duration    {}",
-            f.run_duration().map(duration).unwrap_or_else(|| "-".into())
+            f.run_duration()
+                .map(cm_scheduler::runs::duration_text)
+                .unwrap_or_else(|| "-".into())
         );
         say!(
             "exit code   {}",

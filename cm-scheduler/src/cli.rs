@@ -1041,8 +1041,9 @@ async fn shutdown_signal() {
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    // Without RUST_LOG: info, but not each fire's own line (`engine::FIRES`).
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("info,sqlx=warn,{}=warn", cm_scheduler::FIRES)));
     // Colours only for a person at a terminal: a file or a log collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

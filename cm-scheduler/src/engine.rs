@@ -57,6 +57,10 @@ use crate::stats::{Stats, add};
 /// deletes far more rows a second than the engine fires.
 pub const PRUNE_BATCH: u32 = 10_000;
 
+/// The log target of each fire's own line (at info): left out by the default filter, since a
+/// busy scheduler fires thousands a second; `RUST_LOG=info` shows them.
+pub const FIRES: &str = "cm_scheduler::fires";
+
 /// The largest batch one claim of a drain takes (or the cap, if larger). A tick's first claim
 /// takes the cap, or twice what the previous tick claimed if that was more than the cap (up to
 /// this bound); each claim that comes back full multiplies the next one's batch by
@@ -992,7 +996,7 @@ impl Scheduler {
                         if scheduled {
                             self.stats.lateness.observe(lateness);
                         }
-                        debug!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                        info!(target: FIRES, routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                             scheduled_at = %fire.occurrence.scheduled_at,
                             lateness_ms = lateness.as_millis() as u64,
                             receipt = fire.receipt.as_deref().unwrap_or(""), "fired in the claim");
@@ -1588,7 +1592,7 @@ impl FireJob {
         Ok(
             match tokio::time::timeout_at(self.deadline, self.dispatcher.dispatch(dispatch)).await {
                 Ok(Ok(receipt)) => {
-                    debug!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                    info!(target: FIRES, routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
                     scheduled_at = %fire.occurrence.scheduled_at, attempt,
                     lateness_ms = lateness.as_millis() as u64, duplicate = receipt.duplicate,
                     detail = %receipt.detail, "fired");

@@ -37,6 +37,7 @@ pub mod stats;
 pub mod status;
 
 pub use engine::{
-    Completion, PRUNE_BATCH, RunSummary, Scheduler, TickError, TickReport, default_instance_id,
+    Completion, FIRES, PRUNE_BATCH, RunSummary, Scheduler, TickError, TickReport,
+    default_instance_id,
 };
 pub use stats::Stats;

@@ -634,8 +634,8 @@ async fn kubernetes_over_https_builds_its_tls_client_from_the_kubeconfig() {
 
 /// `kubernetes-validate` (PyPI, the official OpenAPI schemas of each Kubernetes release): the
 /// program named by `CM_TEST_KUBERNETES_VALIDATE`, else the one on `PATH`. `.ci/run` installs
-/// it; in CI a missing validator fails the test.
-fn kubernetes_validate() -> Option<PathBuf> {
+/// it; the test that needs it is ignored unless asked for, and fails without it.
+fn kubernetes_validate() -> PathBuf {
     let program = std::env::var_os("CM_TEST_KUBERNETES_VALIDATE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("kubernetes-validate"));
@@ -643,23 +643,18 @@ fn kubernetes_validate() -> Option<PathBuf> {
         .arg("--version")
         .output()
     {
-        Ok(out) if out.status.success() => Some(program),
-        result if std::env::var_os("CI").is_some() => panic!(
-            "CI needs kubernetes-validate (pip install kubernetes-validate; .ci/run does): \
-             {result:?}"
+        Ok(out) if out.status.success() => program,
+        result => panic!(
+            "kubernetes-validate does not run (pip install kubernetes-validate and set \
+             CM_TEST_KUBERNETES_VALIDATE; .ci/run does): {result:?}"
         ),
-        _ => {
-            eprintln!("kubernetes-validate is not installed; the Job's schema is not checked");
-            None
-        }
     }
 }
 
 #[tokio::test]
+#[ignore = "needs kubernetes-validate: pip install kubernetes-validate (in a virtualenv), and set CM_TEST_KUBERNETES_VALIDATE to it"]
 async fn the_job_passes_the_official_batch_v1_schema() {
-    let Some(validator) = kubernetes_validate() else {
-        return;
-    };
+    let validator = kubernetes_validate();
     let fake = FakeKubernetes::start(&["missions"], TOKEN);
     let config = MissionConfig::from_json(
         r#"{"command": ["run-mission", "--verbose"], "user": "1000:1000",

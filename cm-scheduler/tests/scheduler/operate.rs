@@ -432,6 +432,7 @@ fn chromium(profile: &std::path::Path, args: &[&str]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium: apt-get install chromium, or set CHROMIUM to a Chromium binary"]
 async fn the_status_page_in_a_real_browser() {
     let db = TestDb::new().await;
     let store = PgStore::new(db.pool.clone());
@@ -553,6 +554,7 @@ async fn is_paused(pool: &sqlx::PgPool, name: &str) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium: apt-get install chromium, or set CHROMIUM to a Chromium binary"]
 async fn pause_clicked_in_a_browser_pauses_and_a_cross_site_form_is_refused() {
     let db = TestDb::new().await;
     let store = PgStore::new(db.pool.clone());

@@ -61,7 +61,7 @@ macro_rules! progress {
 }
 pub(crate) use progress;
 
-const USAGE: &str = "usage: cargo run --release -p xtask -- scale [--quick] [--keep] \
+const USAGE: &str = "usage: cargo xtask scale [--quick] [--keep] \
 [--only STEP] [--database-url URL]\n\
   --quick             a tenth of the sizes (a smoke test of every step)\n\
   --only STEP         only this step: idle, throughput, due-at-once, every-second, mission-rate,
@@ -302,7 +302,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     }
     progress!("building the release cm-scheduler");
     let binary = crate::bench::processes::build_binary()?;
-    let command = std::iter::once("cargo run --release -p xtask -- scale".to_string())
+    let command = std::iter::once("cargo xtask scale".to_string())
         .chain(args.iter().cloned())
         .collect::<Vec<_>>()
         .join(" ");
@@ -430,7 +430,7 @@ mod tests {
     #[test]
     fn the_report_is_one_markdown_table_with_the_command_and_commit() {
         let facts = Facts {
-            command: "cargo run --release -p xtask -- scale --quick".into(),
+            command: "cargo xtask scale --quick".into(),
             commit: "`abc1234`".into(),
             server: "PostgreSQL 15".into(),
             started_at: DateTime::parse_from_rfc3339("2026-11-30T20:00:00Z")

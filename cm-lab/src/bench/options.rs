@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 
-pub(super) const USAGE: &str = "usage: cargo run --release -p xtask -- bench [--quick] [--batch N] \
+pub(super) const USAGE: &str = "usage: cargo xtask bench [--quick] [--batch N] \
 [--tick DURATION] [--engine-args \"FLAGS\"] [--rounds N] [--sql-seconds N] [--drain-routines N] \
 [--drain-backlog N] [--drain-limit N] [--window-routines N] [--window-backlog N] \
 [--window-seconds N] [--lateness-routines N] [--lateness-cap N] [--lateness-seconds N] \

@@ -27,7 +27,7 @@
 //! interleaving with the schedulers' own timing is not reproducible, so a seed reproduces the kind
 //! of run, not the exact one.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -116,10 +116,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         c.args(["build", "--quiet", "--package", "cm-scheduler"]);
         c
     })?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| super::workspace_root().join("target"));
-    let binary = target.join("debug/cm-scheduler");
+    let binary = crate::target_dir().join("debug/cm-scheduler");
 
     // The name is random on its own rather than derived from the seed, so two runs with one
     // seed (one of them kept) never meet in one database.

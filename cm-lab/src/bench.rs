@@ -133,7 +133,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         return Ok(());
     };
     STARTED.get_or_init(Instant::now);
-    let command = std::iter::once("cargo run --release -p xtask -- bench".to_string())
+    let command = std::iter::once("cargo xtask bench".to_string())
         .chain(args.iter().map(|a| {
             if a.contains(' ') || a.is_empty() {
                 format!("\"{a}\"")

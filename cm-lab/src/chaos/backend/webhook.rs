@@ -1,7 +1,7 @@
 //! The webhook backend (`--message-backend webhook`): the run's own receiver and the check of
 //! what it got.
 //!
-//! The receiver is an HTTP server on 127.0.0.1 that xtask starts before the schedulers. It
+//! The receiver is an HTTP server on 127.0.0.1 that the chaos run starts before the schedulers. It
 //! verifies every request's Standard Webhooks signature with its own HMAC-SHA256 (not the
 //! `standardwebhooks` crate the backend signs with), refuses a timestamp more than
 //! [`TOLERANCE_SECS`] from its own clock, records every request in memory in the order it took

@@ -36,10 +36,7 @@ pub(crate) fn build_binary() -> anyhow::Result<PathBuf> {
         c.args(["build", "--quiet", "--release", "--package", "cm-scheduler"]);
         c
     })?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::workspace_root().join("target"));
-    let binary = target.join("release/cm-scheduler");
+    let binary = crate::target_dir().join("release/cm-scheduler");
     if !binary.is_file() {
         bail!("the build left no binary at {}", binary.display());
     }

@@ -514,16 +514,18 @@ async fn fire_show(url: &str, handle: &str, json: bool) -> Result<(), Failure> {
             listing::instant(occurrence.scheduled_at)
         )));
     };
+    let names = store.names_of(&[occurrence.routine_id]).await?;
     if json {
         let line = serde_json::json!({
-            "fire": listing::FireLine::from(&detail.fire),
+            "fire": listing::FireLine::new(&detail.fire, &names),
             "key": occurrence.idempotency_key().to_string(),
             "run_duration_seconds": detail.fire.run_duration().map(|d| d.as_seconds_f64()),
             "run_output": detail.run_output,
         });
         say!("{line}");
     } else {
-        listing::print_fire(&detail, occurrence);
+        let name = names.get(&occurrence.routine_id).map(String::as_str);
+        listing::print_fire(&detail, occurrence, name);
     }
     Ok(())
 }
@@ -560,11 +562,19 @@ async fn fires(url: &str, page: FirePage<'_>) -> Result<(), Failure> {
     let next = (fires.len() == page.limit as usize)
         .then(|| fires.last().map(FireCursor::after))
         .flatten();
+    // The page's routines by name: one lookup for the page, at most `limit` ids.
+    let mut ids: Vec<uuid::Uuid> = fires.iter().map(|f| f.routine_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let names = store.names_of(&ids).await?;
     if page.json {
-        let lines: Vec<listing::FireLine<'_>> = fires.iter().map(listing::FireLine::from).collect();
+        let lines: Vec<listing::FireLine<'_>> = fires
+            .iter()
+            .map(|f| listing::FireLine::new(f, &names))
+            .collect();
         listing::print_json_lines(&lines)?;
     } else {
-        let rows: Vec<Vec<String>> = fires.iter().map(listing::fire_row).collect();
+        let rows: Vec<Vec<String>> = fires.iter().map(|f| listing::fire_row(f, &names)).collect();
         // An empty page still has its header: the listing ran and found nothing.
         listing::Table::new(listing::FIRE_COLUMNS).print_page(&rows);
     }

@@ -38,6 +38,7 @@
 //! - `operator_files`: an import's mission paths kept inside its root, only regular files read
 //!   (a FIFO refused at once), and `--overlap` refused on a message routine by every command.
 //! - `page_host`: the status page answers only its own names (a DNS-rebound request refused).
+//! - `shells`: the completion scripts in real bash, zsh and fish, TAB pressed in a tmux pane.
 //! - `support`: the database server and clean-up the whole-process tests share.
 //! - `browser`: headless Chromium driven over the DevTools protocol (open, evaluate, click).
 
@@ -98,5 +99,7 @@ mod overlap;
 mod page_host;
 #[path = "scheduler/secrets.rs"]
 mod secrets;
+#[path = "scheduler/shells.rs"]
+mod shells;
 #[path = "scheduler/slow_target.rs"]
 mod slow_target;

@@ -444,6 +444,20 @@ impl PgStore {
         .await?)
     }
 
+    /// The names of those of `ids` that still exist, by id (what `fires` prints beside each
+    /// fire's routine id). A deleted routine is absent.
+    pub async fn names_of(
+        &self,
+        ids: &[Uuid],
+    ) -> Result<std::collections::HashMap<Uuid, String>, StoreError> {
+        let rows: Vec<(Uuid, String)> =
+            sqlx::query_as("SELECT id, name FROM routines WHERE id = ANY($1)")
+                .bind(ids)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.into_iter().collect())
+    }
+
     /// Makes one connection to `url` and closes it, with no retry: a refused connection, an
     /// unknown database or a rejected password is reported at once, where a pool would retry
     /// until its acquire timeout and report only that it timed out.

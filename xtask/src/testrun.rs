@@ -42,12 +42,17 @@ pub(crate) const SERVICES: &[Service] = &[
         present: || set("CM_TEST_KUBERNETES_VALIDATE") || on_path("kubernetes-validate"),
     },
     Service {
+        needs: "needs tmux",
+        present: || on_path("tmux"),
+    },
+    // The zsh and fish tests drive the shell in tmux, or run it directly.
+    Service {
         needs: "needs zsh",
-        present: || on_path("zsh"),
+        present: || on_path("zsh") && on_path("tmux"),
     },
     Service {
         needs: "needs fish",
-        present: || on_path("fish"),
+        present: || on_path("fish") && on_path("tmux"),
     },
 ];
 

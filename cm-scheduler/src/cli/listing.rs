@@ -2,8 +2,11 @@
 //! and aligned columns. Every value is printed with its control characters escaped, so a stored
 //! text cannot break a listing or drive the terminal.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, SecondsFormat, Utc};
 use cm_store::{Fire, RecentFire, Routine};
+use uuid::Uuid;
 
 /// How many routines `routine list` reads and prints at a time.
 pub(super) const ROUTINE_PAGE: u32 = 1000;
@@ -158,6 +161,7 @@ impl<'a> RoutineLine<'a> {
 pub(super) const FIRE_COLUMNS: &[&str] = &[
     "SCHEDULED AT (UTC)",
     "ROUTINE",
+    "ROUTINE ID",
     "OUTCOME",
     "STATUS",
     "ORIGIN",
@@ -167,8 +171,22 @@ pub(super) const FIRE_COLUMNS: &[&str] = &[
     "ERROR",
 ];
 
-/// A fire as a row of `fires`.
-pub(super) fn fire_row(f: &Fire) -> Vec<String> {
+/// What `fires` prints for a routine no longer there (its fires outlive it only in a listing
+/// taken while it was being deleted).
+const DELETED: &str = "(deleted)";
+
+/// A fire as a row of `fires`: its routine's name (from `names`) beside its id.
+pub(super) fn fire_row(f: &Fire, names: &HashMap<Uuid, String>) -> Vec<String> {
+    let mut row = fire_columns(f);
+    let name = names
+        .get(&f.routine_id)
+        .map_or_else(|| DELETED.to_string(), |n| printable(n));
+    row.insert(1, name);
+    row
+}
+
+/// A fire's columns but its routine's name.
+fn fire_columns(f: &Fire) -> Vec<String> {
     let why = f.failure().or(f.error.as_deref());
     vec![
         instant(f.scheduled_at),
@@ -183,19 +201,23 @@ pub(super) fn fire_row(f: &Fire) -> Vec<String> {
     ]
 }
 
-/// A fire as a line of `fires --json`: its row with its outcome.
+/// A fire as a line of `fires --json`: its row with its outcome and its routine's name (`null`
+/// once the routine is deleted).
 #[derive(serde::Serialize)]
 pub(super) struct FireLine<'a> {
     #[serde(flatten)]
     fire: &'a Fire,
     outcome: &'static str,
+    routine_name: Option<&'a str>,
 }
 
-impl<'a> From<&'a Fire> for FireLine<'a> {
-    fn from(fire: &'a Fire) -> Self {
+impl<'a> FireLine<'a> {
+    /// The line of `fire`, its routine named from `names`.
+    pub(super) fn new(fire: &'a Fire, names: &'a HashMap<Uuid, String>) -> Self {
         FireLine {
             fire,
             outcome: fire.outcome().as_str(),
+            routine_name: names.get(&fire.routine_id).map(String::as_str),
         }
     }
 }
@@ -214,17 +236,25 @@ pub(super) const ROUTINE_FIRE_COLUMNS: &[&str] = &[
 
 /// A fire as a row of `routine show`.
 pub(super) fn routine_fire_row(f: &Fire) -> Vec<String> {
-    let mut row = fire_row(f);
+    let mut row = fire_columns(f);
     row.remove(1);
     row
 }
 
 /// `fires show`: the fire's fields, one a line, then the last of its run's output.
-pub(super) fn print_fire(detail: &cm_store::FireDetail, occurrence: cm_domain::Occurrence) {
+pub(super) fn print_fire(
+    detail: &cm_store::FireDetail,
+    occurrence: cm_domain::Occurrence,
+    name: Option<&str>,
+) {
     let f = &detail.fire;
     let time = |t: Option<DateTime<Utc>>| t.map(instant).unwrap_or_else(|| "-".into());
     say!("fire        {}", occurrence.idempotency_key());
-    say!("routine     {}", f.routine_id);
+    say!(
+        "routine     {} ({})",
+        name.map_or_else(|| DELETED.to_string(), printable),
+        f.routine_id
+    );
     say!("scheduled   {}", instant(f.scheduled_at));
     say!(
         "outcome     {}",

@@ -586,6 +586,26 @@ async fn names_are_unique_printable_handles() {
     let by_id = ok(url, &["fires", "--routine", &id.to_string(), "--json"]);
     assert_eq!(by_name, by_id);
     assert_eq!(by_name.lines().count(), 1);
+    // Each fire names its routine beside its id: in the table, the JSON and `fires show`.
+    let line: serde_json::Value = serde_json::from_str(&by_name).unwrap();
+    assert_eq!(
+        (line["routine_name"].as_str(), line["routine_id"].as_str()),
+        (Some("hourly"), Some(id.to_string().as_str())),
+        "{by_name}"
+    );
+    let table = ok(url, &["fires", "--routine", "hourly"]);
+    let row = table.lines().nth(1).unwrap_or_default();
+    assert!(
+        table.starts_with("SCHEDULED AT (UTC)    ROUTINE  ROUTINE ID")
+            && row.contains("  hourly   ")
+            && row.contains(&id.to_string()),
+        "{table}"
+    );
+    let shown = ok(url, &["fires", "show", "hourly@2025-01-01T00:00:00Z"]);
+    assert!(
+        shown.contains(&format!("routine     hourly ({id})")),
+        "{shown}"
+    );
     ok(url, &["routine", "delete", "hourly"]);
     assert_eq!(db.count("routines").await, 0);
 }

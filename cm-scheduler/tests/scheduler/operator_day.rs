@@ -449,7 +449,7 @@ async fn bash_completes_subcommands_flags_and_routine_names() {
         r#"source {}
 fn=$(complete -p cm-scheduler | sed 's/.* -F \([^ ]*\) .*/\1/')
 comp() {{
-    COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); COMP_LINE="$*"; COMPREPLY=()
+    COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); COMP_LINE="$*"; COMP_POINT=${{#COMP_LINE}}; COMPREPLY=()
     "$fn" cm-scheduler "${{COMP_WORDS[COMP_CWORD]}}" "${{COMP_WORDS[COMP_CWORD-1]}}"
     echo "$*|${{COMPREPLY[*]}}"
 }}

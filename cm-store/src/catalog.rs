@@ -275,10 +275,27 @@ pub(crate) async fn update_routine(
     Ok(updated)
 }
 
+/// Whether a set's write is kept, or only worked out (a dry run: done under the same locks, then
+/// rolled back, so it says exactly what the write would do at that moment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    Commit,
+    RollBack,
+}
+
+async fn finish(tx: sqlx::Transaction<'_, sqlx::Postgres>, write: Write) -> Result<(), StoreError> {
+    match write {
+        Write::Commit => tx.commit().await?,
+        Write::RollBack => tx.rollback().await?,
+    }
+    Ok(())
+}
+
 pub(crate) async fn import_routines(
     pool: &PgPool,
     routines: &[NewRoutine],
     upsert: bool,
+    write: Write,
 ) -> Result<Vec<ImportedRoutine>, StoreError> {
     let mut tx = pool.begin().await?;
     let now = db_now(&mut tx).await?;
@@ -300,7 +317,7 @@ pub(crate) async fn import_routines(
         };
         imported.push(written);
     }
-    tx.commit().await?;
+    finish(tx, write).await?;
     Ok(imported)
 }
 
@@ -347,19 +364,106 @@ pub(crate) async fn delete_locked(conn: &mut PgConnection, id: Uuid) -> Result<(
     Ok(())
 }
 
+/// Locks the routines without a source, named from `source` (`SOURCE: …`), whose payload one of
+/// `routines` has (those a sync may adopt by identity), beside the `held` already locked.
+async fn lock_sourceless_like(
+    conn: &mut PgConnection,
+    source: &str,
+    routines: &[NewRoutine],
+    held: &[Routine],
+) -> Result<Vec<Routine>, StoreError> {
+    let payloads = serde_json::Value::Array(routines.iter().map(|r| r.payload.clone()).collect());
+    let mut targets: Vec<(GroupId, Uuid)> = sqlx::query_as(
+        "SELECT group_id, id FROM routines
+         WHERE source IS NULL AND starts_with(name, $2 || ': ')
+           AND payload IN (SELECT value FROM jsonb_array_elements($1::jsonb))",
+    )
+    .bind(&payloads)
+    .bind(source)
+    .fetch_all(&mut *conn)
+    .await?;
+    targets.retain(|(_, id)| !held.iter().any(|r| r.id == *id));
+    targets.sort_unstable();
+    let mut locked = Vec::with_capacity(targets.len());
+    for group in targets.chunk_by(|a, b| a.0 == b.0) {
+        let ids: Vec<Uuid> = group.iter().map(|(_, id)| *id).collect();
+        let rows: Vec<Routine> = sqlx::query_as(
+            "SELECT * FROM routines WHERE group_id = $1 AND id = ANY($2) AND source IS NULL
+             ORDER BY id FOR UPDATE",
+        )
+        .bind(group[0].0)
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await?;
+        locked.extend(rows);
+    }
+    Ok(locked)
+}
+
+/// Whether `stored` may be the routine of `line` by identity: one with the line's kind and
+/// payload (its command: an edited schedule keeps its routine) that is the source's, or has no
+/// source and a name the source gave it (`SOURCE: …`, as an import of a crontab of that file
+/// name, without `--sync`, names its entries). A routine made by hand, or named from another
+/// file, is never taken for a line it does not name.
+fn same_identity(stored: &Routine, line: &NewRoutine, source: &str) -> bool {
+    let same_action = stored.kind == line.kind && stored.payload == line.payload;
+    let ours = match stored.source.as_deref() {
+        Some(s) => s == source,
+        None => stored
+            .name
+            .strip_prefix(source)
+            .is_some_and(|rest| rest.starts_with(": ")),
+    };
+    ours && same_action
+}
+
+/// Pairs each line with the stored routine it is: by name, else by identity
+/// ([`same_identity`]) where exactly one unpaired routine and exactly one unpaired line share
+/// it (two lines with one command are each matched by name alone).
+fn pair_lines(existing: &[Routine], routines: &[NewRoutine], source: &str) -> Vec<Option<usize>> {
+    let mut paired: Vec<Option<usize>> = routines
+        .iter()
+        .map(|r| existing.iter().position(|e| e.name == r.name))
+        .collect();
+    let taken = |paired: &[Option<usize>], j: usize| paired.contains(&Some(j));
+    for i in 0..routines.len() {
+        if paired[i].is_some() {
+            continue;
+        }
+        let candidates: Vec<usize> = (0..existing.len())
+            .filter(|&j| !taken(&paired, j) && same_identity(&existing[j], &routines[i], source))
+            .collect();
+        let [only] = candidates[..] else { continue };
+        let rivals = (0..routines.len())
+            .filter(|&k| {
+                k != i
+                    && paired[k].is_none()
+                    && same_identity(&existing[only], &routines[k], source)
+            })
+            .count();
+        if rivals == 0 {
+            paired[i] = Some(only);
+        }
+    }
+    paired
+}
+
 pub(crate) async fn sync_routines(
     pool: &PgPool,
     source: &str,
     routines: &[NewRoutine],
+    write: Write,
 ) -> Result<Vec<SyncedRoutine>, StoreError> {
     let mut tx = pool.begin().await?;
     let now = db_now(&mut tx).await?;
     let names: Vec<&str> = routines.iter().map(|r| r.name.as_str()).collect();
-    let existing = lock_named(&mut tx, &names, Some(source)).await?;
+    let mut existing = lock_named(&mut tx, &names, Some(source)).await?;
+    let adoptable = lock_sourceless_like(&mut tx, source, routines, &existing).await?;
+    existing.extend(adoptable);
+    let paired = pair_lines(&existing, routines, source);
     let mut synced = Vec::with_capacity(routines.len());
-    for routine in routines {
-        let found = existing.iter().find(|r| r.name == routine.name);
-        let (routine, action) = match found {
+    for (routine, pair) in routines.iter().zip(&paired) {
+        let (routine, action) = match pair.map(|j| &existing[j]) {
             None => (
                 insert_routine(&mut tx, routine, Some(source), now).await?,
                 SyncAction::Created,
@@ -371,13 +475,19 @@ pub(crate) async fn sync_routines(
                         routine.name
                     )));
                 }
-                Some(_) if same_settings(current, routine) => {
+                Some(_) if current.name == routine.name && same_settings(current, routine) => {
                     (current.clone(), SyncAction::Unchanged)
                 }
-                _ => {
-                    apply_update(&mut tx, current, &settings_of(routine), now).await?;
-                    // A routine of that name without a source (made by hand, or imported
-                    // without --sync) joins this one.
+                from => {
+                    let mut update = settings_of(routine);
+                    if current.name != routine.name {
+                        // Paired by identity: the line's name (an edited schedule renames a
+                        // crontab entry named by its content) comes with it.
+                        update.name = Some(routine.name.clone());
+                    }
+                    apply_update(&mut tx, current, &update, now).await?;
+                    // A routine without a source (made by hand, or imported without --sync)
+                    // joins this one.
                     let updated = sqlx::query_as::<_, Routine>(
                         "UPDATE routines SET source = $2 WHERE id = $1 AND group_id = $3
                          RETURNING *",
@@ -387,23 +497,27 @@ pub(crate) async fn sync_routines(
                     .bind(current.group_id)
                     .fetch_one(&mut *tx)
                     .await?;
-                    (updated, SyncAction::Updated)
+                    let action = if from.is_none() {
+                        SyncAction::Adopted
+                    } else {
+                        SyncAction::Updated
+                    };
+                    (updated, action)
                 }
             },
         };
         synced.push(SyncedRoutine { routine, action });
     }
-    for gone in existing
-        .into_iter()
-        .filter(|r| r.source.as_deref() == Some(source) && !names.contains(&r.name.as_str()))
-    {
-        delete_locked(&mut tx, gone.id).await?;
-        synced.push(SyncedRoutine {
-            routine: gone,
-            action: SyncAction::Deleted,
-        });
+    for (j, gone) in existing.into_iter().enumerate() {
+        if gone.source.as_deref() == Some(source) && !paired.contains(&Some(j)) {
+            delete_locked(&mut tx, gone.id).await?;
+            synced.push(SyncedRoutine {
+                routine: gone,
+                action: SyncAction::Deleted,
+            });
+        }
     }
-    tx.commit().await?;
+    finish(tx, write).await?;
     Ok(synced)
 }
 
@@ -442,6 +556,28 @@ impl PgStore {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// What [`RoutineStore::import_routines`] would write, worked out under the same locks in a
+    /// transaction rolled back: nothing is written (`routine import --dry-run`). The ids of
+    /// routines it would create are not kept.
+    pub async fn plan_import(
+        &self,
+        routines: &[NewRoutine],
+        upsert: bool,
+    ) -> Result<Vec<ImportedRoutine>, StoreError> {
+        import_routines(&self.pool, routines, upsert, Write::RollBack).await
+    }
+
+    /// What [`RoutineStore::sync_routines`] would do, worked out under the same locks in a
+    /// transaction rolled back: nothing is written or deleted (`routine import --sync
+    /// --dry-run`).
+    pub async fn plan_sync(
+        &self,
+        source: &str,
+        routines: &[NewRoutine],
+    ) -> Result<Vec<SyncedRoutine>, StoreError> {
+        sync_routines(&self.pool, source, routines, Write::RollBack).await
     }
 
     /// The names of those of `ids` that still exist, by id (what `fires` prints beside each

@@ -230,6 +230,10 @@ pub enum SyncAction {
     /// The file changes a routine of the source (or claims one of its name without a source):
     /// updated in place, its history kept.
     Updated,
+    /// A routine without a source that a line of the file names, or whose schedule and
+    /// payload a line has: it joins the source (its settings made the line's, its history
+    /// kept), so a plain import followed by a sync converges to the file.
+    Adopted,
     /// The file has the routine as stored: not written.
     Unchanged,
     /// The source has a routine the file no longer has: deleted with its fires.
@@ -242,6 +246,7 @@ impl SyncAction {
         match self {
             SyncAction::Created => "created",
             SyncAction::Updated => "updated",
+            SyncAction::Adopted => "adopted",
             SyncAction::Unchanged => "unchanged",
             SyncAction::Deleted => "deleted",
         }

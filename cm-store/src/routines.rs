@@ -55,9 +55,14 @@ pub trait RoutineStore: Send + Sync {
     /// Makes the routines of `source` (a file's name) what `routines` are, in one transaction or
     /// not at all, as `crontab FILE` replaces a table: creates the new, updates the changed
     /// (their history kept), leaves the rest, and deletes the source's routines `routines` no
-    /// longer has, with their fires. A routine of one of the names without a source joins it;
-    /// one from another source is refused ([`StoreError::InvalidRoutine`]). Returns what it did,
-    /// the file's routines in order, then the deleted.
+    /// longer has, with their fires. A line is the stored routine of its name; a line whose
+    /// name no routine has is the routine with its kind and payload (its command: an edited
+    /// schedule keeps its routine, renamed) that is the source's, or has no source and a name
+    /// the source gave it (`SOURCE: …`, as a crontab imported without a source names its
+    /// entries), where exactly one routine and one line share that identity. A routine without a source paired so joins the source
+    /// ([`crate::SyncAction::Adopted`]); one of the name from another source is refused
+    /// ([`StoreError::InvalidRoutine`]). Returns what it did, the file's routines in order,
+    /// then the deleted.
     async fn sync_routines(
         &self,
         source: &str,
@@ -144,7 +149,7 @@ impl RoutineStore for PgStore {
         routines: &[NewRoutine],
         upsert: bool,
     ) -> Result<Vec<ImportedRoutine>, StoreError> {
-        catalog::import_routines(&self.pool, routines, upsert).await
+        catalog::import_routines(&self.pool, routines, upsert, catalog::Write::Commit).await
     }
 
     async fn sync_routines(
@@ -152,7 +157,7 @@ impl RoutineStore for PgStore {
         source: &str,
         routines: &[NewRoutine],
     ) -> Result<Vec<SyncedRoutine>, StoreError> {
-        catalog::sync_routines(&self.pool, source, routines).await
+        catalog::sync_routines(&self.pool, source, routines, catalog::Write::Commit).await
     }
 
     async fn pending_requests(&self, id: Uuid, limit: u32) -> Result<PendingRequests, StoreError> {

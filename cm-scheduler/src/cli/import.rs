@@ -125,14 +125,17 @@ const NAME_COMMENT: &str = "cm:";
 /// entry's command, named by a `# cm: name=NAME` comment above it or else by its content
 /// ([`content_name`]), never by its line, so adding, removing or moving lines leaves every other
 /// entry's name (and its routine's history) where it was.
-/// Entries are read in `zone` until a `CRON_TZ=` line names another. `@reboot`, environment
-/// assignments other than `CRON_TZ` (cm runs no shell, so they would mean nothing) and anything else
-/// that is not an entry are refused with their line.
+/// Entries are read in `zone` until a `CRON_TZ=` line names another. Other environment
+/// assignments (`MAILTO=`, `SHELL=`, `PATH=`: every `crontab -l` has some) are accepted and
+/// left aside, each with a note in `notes` saying why (its value is not repeated: an
+/// assignment may hold a secret). `@reboot` and anything else that is not an entry are refused
+/// with their line.
 pub(super) fn crontab(
     text: impl BufRead,
     label: &str,
     zone: &str,
     misfire: &str,
+    notes: &mut Vec<LineError>,
 ) -> Result<Vec<RoutineFields>, LineError> {
     let mut zone = zone.to_string();
     let mut routines = Vec::new();
@@ -164,13 +167,8 @@ pub(super) fn crontab(
         }
         if let Some((variable, value)) = assignment(trimmed) {
             if variable != "CRON_TZ" {
-                return Err((
-                    line,
-                    format!(
-                        "the environment assignment {variable}= is not supported: cm runs no shell \
-                         (each entry's command becomes a message's text); remove the line"
-                    ),
-                ));
+                notes.push((line, ignored_assignment(variable)));
+                continue;
             }
             let value = value.trim().trim_matches(['"', '\'']);
             Zone::parse(value).map_err(|e| (line, e.to_string()))?;
@@ -199,6 +197,21 @@ pub(super) fn crontab(
         return Err((line, "this `# cm: name=` comment names no entry".into()));
     }
     Ok(routines)
+}
+
+/// Why a crontab's assignment of `variable` means nothing to cm, as the import reports it.
+fn ignored_assignment(variable: &str) -> String {
+    let why = match variable {
+        "MAILTO" | "MAILFROM" => {
+            "cm sends no mail: each fire's outcome is in `fires`, on the status page and in /metrics"
+        }
+        "SHELL" | "PATH" => {
+            "cm runs no shell and no command: each entry's command becomes a message's text"
+        }
+        "RANDOM_DELAY" => "cm fires each occurrence at its instant, with no random delay",
+        _ => "cm runs no shell, so an environment variable means nothing to a message",
+    };
+    format!("{variable}= ignored: {why}")
 }
 
 /// `NAME=value` (or `NAME = value`): an environment assignment, as cron reads one.

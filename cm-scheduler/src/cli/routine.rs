@@ -192,6 +192,10 @@ pub(super) struct ImportArgs {
     /// file's name; required for standard input].
     #[arg(long, requires = "sync")]
     source: Option<String>,
+    /// Print what the import would create, update, adopt, leave and delete, and change
+    /// nothing.
+    #[arg(long)]
+    dry_run: bool,
     /// With --crontab: the zone entries are read in until a CRON_TZ= line.
     #[arg(long, default_value = "UTC", requires = "crontab")]
     timezone: String,
@@ -535,7 +539,12 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
                 .file_name()
                 .map_or_else(|| "stdin".into(), |n| n.to_string_lossy().into_owned()),
         };
-        import::crontab(reader, &label, &args.timezone, &args.misfire)
+        let mut notes = Vec::new();
+        let read = import::crontab(reader, &label, &args.timezone, &args.misfire, &mut notes);
+        for (line, note) in notes {
+            eprintln!("{shown}:{line}: {note}");
+        }
+        read
     } else {
         import::json_lines(reader)
     }
@@ -582,6 +591,9 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
         return Err(input(format!("{shown} holds no routine")));
     }
 
+    if args.dry_run {
+        return dry_run(url, source.as_deref(), &routines, args.upsert, &lines).await;
+    }
     if let Some(source) = source {
         let store = connect_migrated(url).await?;
         for synced in store.sync_routines(&source, &routines).await? {
@@ -625,6 +637,60 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
             printable(&written.routine.name)
         );
     }
+    Ok(())
+}
+
+/// `routine import --dry-run`: what the import (or sync) would do, one line a routine
+/// (`create`, `update`, `adopt`, `leave`, `delete`, its id where it has one, its name), worked
+/// out by the store under the write's own locks and rolled back: nothing is written.
+async fn dry_run(
+    url: &str,
+    source: Option<&str>,
+    routines: &[NewRoutine],
+    upsert: bool,
+    lines: &HashMap<String, usize>,
+) -> Result<(), Failure> {
+    let store = connect_migrated(url).await?;
+    let planned: Vec<(&str, Option<Uuid>, String)> = match source {
+        Some(source) => store
+            .plan_sync(source, routines)
+            .await?
+            .into_iter()
+            .map(|synced| {
+                let (word, id) = match synced.action {
+                    cm_store::SyncAction::Created => ("create", None),
+                    cm_store::SyncAction::Updated => ("update", Some(synced.routine.id)),
+                    cm_store::SyncAction::Adopted => ("adopt", Some(synced.routine.id)),
+                    cm_store::SyncAction::Unchanged => ("leave", Some(synced.routine.id)),
+                    cm_store::SyncAction::Deleted => ("delete", Some(synced.routine.id)),
+                };
+                (word, id, synced.routine.name)
+            })
+            .collect(),
+        None => match store.plan_import(routines, upsert).await {
+            Err(StoreError::NameTaken(name)) => {
+                let line = lines.get(&name).copied().unwrap_or(0);
+                return Err(input(format!(
+                    "line {line}: a routine named {name:?} already exists (--upsert updates it)"
+                )));
+            }
+            other => other?
+                .into_iter()
+                .map(|written| {
+                    if written.created {
+                        ("create", None, written.routine.name)
+                    } else {
+                        ("update", Some(written.routine.id), written.routine.name)
+                    }
+                })
+                .collect(),
+        },
+    };
+    for (word, id, name) in planned {
+        let id = id.map_or_else(|| "-".to_string(), |id| id.to_string());
+        say!("{word:<6}  {id}  {}", printable(&name));
+    }
+    eprintln!("dry run: nothing was written");
     Ok(())
 }
 

@@ -103,7 +103,7 @@ async fn a_crontab_imported_again_keeps_one_routine_per_entry_with_its_history()
         out.lines()
             .map(|l| l.split("  ").next().unwrap())
             .collect::<Vec<_>>(),
-        ["updated", "updated", "updated"],
+        ["adopted", "adopted", "adopted"],
         "the routines of --upsert join the file's source: {out}"
     );
     let out = ok(url, &["routine", "import", "--crontab", "--sync", &file]);
@@ -160,6 +160,181 @@ async fn a_crontab_imported_again_keeps_one_routine_per_entry_with_its_history()
         &["routine", "import", "--crontab", "--sync", "-"],
         2,
         "--source",
+    );
+}
+
+/// The routines' (name, schedule) by id.
+async fn schedules_by_id(db: &TestDb) -> HashMap<Uuid, (String, String)> {
+    sqlx::query_as::<_, (Uuid, String, String)>("SELECT id, name, schedule FROM routines")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(id, name, schedule)| (id, (name, schedule)))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_plain_import_then_a_sync_of_the_edited_crontab_converges_and_a_dry_run_writes_nothing() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let dir = tempdir();
+    // What `crontab -l` prints: variables first, then entries.
+    let v1 = "MAILTO=ops@example.invalid\nSHELL=/bin/bash\nPATH=/usr/bin:/bin\n\
+              */15 * * * * check-disk\n0 3 * * * rotate-logs\n";
+    let file = crontab_file(dir.path(), "ops.cron", v1);
+    let out = cm(url, &["routine", "import", "--crontab", &file]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    // Each variable is accepted and reported on its line, its value not repeated.
+    for (line, variable) in [(1, "MAILTO"), (2, "SHELL"), (3, "PATH")] {
+        assert!(
+            out.stderr
+                .contains(&format!("ops.cron:{line}: {variable}= ignored: cm ")),
+            "{}",
+            out.stderr
+        );
+    }
+    assert!(
+        !out.stderr.contains("ops@example.invalid"),
+        "{}",
+        out.stderr
+    );
+    let before = routines_by_name(&db).await;
+    let disk = before["ops.cron: */15 * * * * check-disk"];
+    let rotate = before[ROTATE];
+    record_fire(&db, disk, "2026-01-01T10:15:00Z").await;
+
+    // The entry's schedule edited, one line added, and a routine made by hand with the same
+    // command, which no sync may take.
+    ok(
+        url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "disk by hand",
+            "--schedule",
+            "*/15 * * * *",
+            "--message",
+            "check-disk",
+        ],
+    );
+    let v2 = "MAILTO=ops@example.invalid\n*/10 * * * * check-disk\n0 3 * * * rotate-logs\n\
+              @hourly ping\n";
+    let file = crontab_file(dir.path(), "ops.cron", v2);
+
+    // A dry run says what the sync would do and writes nothing.
+    let stored = schedules_by_id(&db).await;
+    let fires = fires_by_routine(&db).await;
+    let out = cm(
+        url,
+        &[
+            "routine",
+            "import",
+            "--crontab",
+            "--sync",
+            "--dry-run",
+            &file,
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let plan: Vec<(String, String)> = out
+        .stdout
+        .lines()
+        .map(|l| {
+            let cells: Vec<&str> = l.splitn(3, "  ").collect();
+            (cells[0].trim().to_string(), cells[2].to_string())
+        })
+        .collect();
+    assert_eq!(
+        plan,
+        [
+            ("adopt".into(), "ops.cron: */10 * * * * check-disk".into()),
+            ("adopt".into(), ROTATE.into()),
+            ("create".into(), "ops.cron: @hourly ping".into()),
+        ],
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stderr.contains("dry run: nothing was written"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(schedules_by_id(&db).await, stored);
+    assert_eq!(fires_by_routine(&db).await, fires);
+    assert_eq!(db.count("routines").await, 3);
+
+    // The sync itself: the */15 routine becomes the */10 one, its id and history kept; nothing
+    // stale is left firing beside it, and the routine made by hand is left alone.
+    let out = ok(url, &["routine", "import", "--crontab", "--sync", &file]);
+    let after = schedules_by_id(&db).await;
+    assert_eq!(
+        after[&disk],
+        (
+            "ops.cron: */10 * * * * check-disk".to_string(),
+            "*/10 * * * *".to_string()
+        ),
+        "{out}"
+    );
+    assert_eq!(after[&rotate].0, ROTATE);
+    assert_eq!(after.len(), 4, "{after:?}");
+    assert!(
+        after.values().any(|(name, _)| name == "disk by hand"),
+        "{after:?}"
+    );
+    let mut every_15: Vec<&str> = after
+        .values()
+        .filter(|(_, schedule)| schedule == "*/15 * * * *")
+        .map(|(name, _)| name.as_str())
+        .collect();
+    every_15.sort_unstable();
+    assert_eq!(every_15, ["disk by hand"], "{after:?}");
+    assert_eq!(fires_by_routine(&db).await[&disk], 1);
+
+    // The entry deleted: a dry run names the deletion, then the sync deletes it.
+    let v3 = "0 3 * * * rotate-logs\n@hourly ping\n";
+    let file = crontab_file(dir.path(), "ops.cron", v3);
+    let out = ok(
+        url,
+        &[
+            "routine",
+            "import",
+            "--crontab",
+            "--sync",
+            "--dry-run",
+            &file,
+        ],
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("delete") && l.contains(&disk.to_string())),
+        "{out}"
+    );
+    assert!(schedules_by_id(&db).await.contains_key(&disk));
+    ok(url, &["routine", "import", "--crontab", "--sync", &file]);
+    assert!(!schedules_by_id(&db).await.contains_key(&disk));
+
+    // A plain import's dry run names what it would create, and still refuses a taken name.
+    let extra = crontab_file(dir.path(), "extra.cron", "@daily report\n");
+    let out = ok(
+        url,
+        &["routine", "import", "--crontab", "--dry-run", &extra],
+    );
+    assert!(
+        out.starts_with("create  -  extra.cron: @daily report"),
+        "{out}"
+    );
+    assert!(
+        !routines_by_name(&db)
+            .await
+            .contains_key("extra.cron: @daily report")
+    );
+    check_fails(
+        url,
+        &["routine", "import", "--crontab", "--dry-run", &file],
+        2,
+        "already exists",
     );
 }
 

@@ -764,7 +764,7 @@ async fn imports_and_syncs_create_update_and_delete_on_citus() {
     assert_eq!(
         sync(&[message("a", "0 0 * * *"), message("c", YEARLY)]).await,
         [
-            ("a".into(), SyncAction::Updated),
+            ("a".into(), SyncAction::Adopted),
             ("c".into(), SyncAction::Created)
         ]
     );

@@ -204,7 +204,10 @@ pub fn run(args: &[String], required: bool) -> Outcome {
     let skipped_count = first.ignored.saturating_sub(second.passed + second.failed);
     let why: Vec<String> = skipped
         .values()
-        .map(|(count, reason)| format!("{count} {reason}"))
+        .map(|(count, reason)| match reason.strip_prefix("needs ") {
+            Some(rest) if *count != 1 => format!("{count} need {rest}"),
+            _ => format!("{count} {reason}"),
+        })
         .collect();
     println!(
         "xtask test: {} passed, {} failed, {} skipped{}{}",

@@ -7,14 +7,19 @@
 //! holds `pid N` once the child started; one without a pid means a scheduler died between
 //! creating it and starting the child, and the occurrence fails rather than risk a second run.
 //!
-//! The child runs without a shell, with a cleared environment: the scheduler's own `PATH`, then
-//! the mission's `CM_*` variables and its `env` (which can name no variable that steers a runner:
-//! `cm_domain::mission::DENIED_ENV`). The program is resolved once, when the backend is built,
-//! with the scheduler's own `PATH`: a lookup at spawn would search the child's. Its stdout and
-//! stderr go to `<key>.log` in the work directory, and its exit status, once it ends, to
-//! `<key>.exit` (while this scheduler lives). The marker's second line records when the child
-//! started (`started_at <RFC 3339>`), the exit file's when it ended (`finished_at <RFC 3339>`);
-//! a run's report is those times and the log's last [`MAX_RUN_OUTPUT`](crate::MAX_RUN_OUTPUT)
+//! The program runs under a small `/bin/sh` wrapper ([`WRAPPER`]) in a process group of its own,
+//! so a Ctrl-C or a SIGTERM meant for the scheduler reaches neither, and the wrapper, not the
+//! scheduler, writes the program's exit status to `<key>.exit` when it ends: a run outlives the
+//! scheduler that started it, and a scheduler started later (the same one restarted, or another
+//! with the same work directory) re-adopts it from the marker's pid and start time (so a pid the
+//! system reused for another process is not taken for the run) and the exit file. The program
+//! itself is started without a shell, with a cleared environment: the scheduler's own `PATH`,
+//! then the mission's `CM_*` variables and its `env` (which can name no variable that steers a
+//! runner: `cm_domain::mission::DENIED_ENV`). The program is resolved once, when the backend is
+//! built, with the scheduler's own `PATH`: a lookup at spawn would search the child's. Its
+//! stdout and stderr go to `<key>.log` in the work directory. The marker's second line records
+//! when the child started (`started_at <RFC 3339>`); the exit file's time is when it ended. A
+//! run's report is those times and the log's last [`MAX_RUN_OUTPUT`](crate::MAX_RUN_OUTPUT)
 //! bytes, read from its end.
 
 use std::ffi::OsString;
@@ -91,6 +96,29 @@ impl ProcessDispatcher {
         self.workdir.join(format!("{name}.launched"))
     }
 
+    /// The file the wrapper writes the exit status of the occurrence named `name` to.
+    fn exit_path(&self, name: &str) -> PathBuf {
+        self.workdir.join(format!("{name}.exit"))
+    }
+
+    /// How the run of `name` ended, if its exit file says so yet, with the file's time.
+    fn ended(
+        &self,
+        name: &str,
+    ) -> Option<(cm_domain::RunState, Option<chrono::DateTime<chrono::Utc>>)> {
+        let path = self.exit_path(name);
+        let text = std::fs::read_to_string(&path).ok()?;
+        // Written whole, through a rename; a file without its line is still being written.
+        if !text.contains('\n') {
+            return None;
+        }
+        let at = recorded_time(&text, FINISHED_AT).or_else(|| {
+            let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
+            Some(chrono::DateTime::<chrono::Utc>::from(modified))
+        });
+        Some((exit_run_state(&text), at))
+    }
+
     fn launch(&self, launch: &Launch) -> Result<Receipt, DispatchError> {
         let marker_path = self.marker_path(&launch.name);
         let mut marker = match std::fs::OpenOptions::new()
@@ -127,8 +155,23 @@ impl ProcessDispatcher {
                 )));
             }
         };
-        let mut command = tokio::process::Command::new(&self.program);
+        if !is_executable(&self.program) {
+            // Nothing can start: the marker goes, so a retry may launch once the operator
+            // mends the configuration.
+            let _ = std::fs::remove_file(&marker_path);
+            return Err(DispatchError::Unavailable(format!(
+                "cannot start {}: not an executable file",
+                self.program.display()
+            )));
+        }
+        let exit_path = self.exit_path(&launch.name);
+        let mut command = tokio::process::Command::new(SHELL);
         command
+            .arg("-c")
+            .arg(WRAPPER)
+            .arg("cm-mission")
+            .arg(&exit_path)
+            .arg(&self.program)
             .args(&self.args)
             .env_clear()
             .envs(self.path.clone().map(|path| ("PATH", path)))
@@ -145,23 +188,28 @@ impl ProcessDispatcher {
             // Its own process group: a Ctrl-C meant for the scheduler does not stop missions.
             .process_group(0)
             .kill_on_drop(false);
+        let started_at = chrono::Utc::now();
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
-                // The program did not start: nothing ran, so the marker goes and a retry may
-                // launch; the failure is the operator's configuration.
+                // The wrapper did not start: nothing ran, so the marker goes and a retry may
+                // launch; the failure is the machine's.
                 let _ = std::fs::remove_file(&marker_path);
                 return Err(DispatchError::Unavailable(format!(
-                    "cannot start {}: {e}",
+                    "cannot start {} for {}: {e}",
+                    SHELL,
                     self.program.display()
                 )));
             }
         };
         let pid = child.id().unwrap_or_default();
-        let started_at = chrono::Utc::now();
         // The pid is written after the start; a crash in between leaves a marker without one,
-        // which a retry reports instead of launching again.
-        let record = format!("pid {pid}\n{STARTED_AT} {}\n", rfc3339(started_at));
+        // which a retry reports instead of launching again. The start tick tells this process
+        // from a later one the system gives the same pid.
+        let tick = start_tick(pid)
+            .map(|tick| format!("{START_TICK} {tick}\n"))
+            .unwrap_or_default();
+        let record = format!("pid {pid}\n{STARTED_AT} {}\n{tick}", rfc3339(started_at));
         if let Err(e) = marker
             .write_all(record.as_bytes())
             .and_then(|()| marker.sync_all())
@@ -171,19 +219,16 @@ impl ProcessDispatcher {
                 marker_path.display()
             )));
         }
-        let exit_path = self.workdir.join(format!("{}.exit", launch.name));
-        // Reaps the child so it does not linger as a zombie, and records how it ended.
+        // Reaps the wrapper so it does not linger as a zombie; the wrapper records how the
+        // program ended, and this only when the wrapper itself was killed before it could.
         tokio::spawn(async move {
             let status = match child.wait().await {
                 Ok(status) => status.to_string(),
                 Err(e) => format!("unknown: {e}"),
             };
-            let finished_at = rfc3339(chrono::Utc::now());
-            let _ = tokio::fs::write(
-                exit_path,
-                format!("{status}\n{FINISHED_AT} {finished_at}\n"),
-            )
-            .await;
+            if !exit_path.exists() {
+                let _ = tokio::fs::write(exit_path, format!("{status}\n")).await;
+            }
         });
         Ok(Receipt {
             duplicate: false,
@@ -195,8 +240,50 @@ impl ProcessDispatcher {
 /// The marker's line recording when the child started.
 const STARTED_AT: &str = "started_at";
 
-/// The exit file's line recording when the child ended.
+/// The marker's line recording the wrapper's start time in clock ticks since boot
+/// (`/proc/PID/stat`'s 22nd field), which tells it from a later process with the same pid.
+const START_TICK: &str = "start_tick";
+
+/// The exit file's line recording when the child ended, in files written before the file's
+/// own modification time was taken for it.
 const FINISHED_AT: &str = "finished_at";
+
+/// The shell the wrapper runs in.
+const SHELL: &str = "/bin/sh";
+
+/// The wrapper each mission runs under, as `sh -c WRAPPER cm-mission EXIT_FILE PROGRAM ARGS…`:
+/// it starts the program, passes a SIGTERM on to it (a stop sends one to the whole group, which
+/// the wrapper outlives to record the end), waits for it and writes `exit status: N` (as Rust
+/// prints an `ExitStatus`; a program killed by signal S exits `128 + S`, as Docker reports it) to
+/// the exit file, through a temporary file so a reader never sees half of it. Its variables
+/// are the shell's own, not exported, and it unsets the `PWD` a shell exports: the program's
+/// environment is the mission's.
+pub const WRAPPER: &str = r#"unset PWD OLDPWD
+exit_file=$1; shift
+"$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM
+while :; do
+  wait "$child"; status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+printf 'exit status: %s\n' "$status" > "$exit_file.part" && mv -f "$exit_file.part" "$exit_file" || printf 'exit status: %s\n' "$status" > "$exit_file"
+exit "$status""#;
+
+/// Whether `path` is a file its owner, group or others may execute.
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The start time of process `pid` in clock ticks since boot, from `/proc/PID/stat`; `None`
+/// when there is no such process (or no `/proc`).
+fn start_tick(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may hold spaces: the fields after it start at the 3rd.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(22 - 3)?.parse().ok()
+}
 
 fn rfc3339(at: chrono::DateTime<chrono::Utc>) -> String {
     at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
@@ -208,6 +295,23 @@ fn recorded_time(text: &str, name: &str) -> Option<chrono::DateTime<chrono::Utc>
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|at| chrono::DateTime::parse_from_rfc3339(at.trim()).ok())
         .map(|at| at.with_timezone(&chrono::Utc))
+}
+
+/// Whether `pid` (as a marker records it) is still the process the marker's start tick names:
+/// a process that exists (a zombie not yet reaped included) and, where the marker recorded a
+/// start tick, started then.
+fn is_the_run(pid: &str, marker: &str) -> bool {
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    let recorded = marker
+        .lines()
+        .find_map(|line| line.strip_prefix(START_TICK)?.trim().parse::<u64>().ok());
+    match (start_tick(pid), recorded) {
+        (None, _) => false,
+        (Some(now), Some(then)) => now == then,
+        (Some(_), None) => true,
+    }
 }
 
 /// The pid a marker records on its first line, if any.
@@ -275,27 +379,31 @@ impl crate::MissionRuntime for ProcessDispatcher {
         Ok(())
     }
 
-    /// The exit file once the child ended; while it has none, running if its pid is still a
-    /// process (the scheduler that started it may have restarted), else lost.
+    /// The exit file once the program ended; while it has none, running if the marker's pid is
+    /// still the wrapper it started (whether this scheduler started it or one before a
+    /// restart), else lost.
     async fn observe(
         &self,
         run: &crate::RunRef,
         _deadline: std::time::Instant,
     ) -> Result<cm_domain::RunState, DispatchError> {
-        let exit = self.workdir.join(format!("{}.exit", run.name));
-        if let Ok(text) = std::fs::read_to_string(&exit) {
-            return Ok(exit_run_state(&text));
+        if let Some((state, _)) = self.ended(&run.name) {
+            return Ok(state);
         }
         let marker = std::fs::read_to_string(self.marker_path(&run.name)).unwrap_or_default();
         let pid = recorded_pid(&marker).unwrap_or_default();
-        if !pid.is_empty() && Path::new(&format!("/proc/{pid}")).exists() {
+        if is_the_run(pid, &marker) {
             return Ok(cm_domain::RunState::Running);
+        }
+        // The wrapper may have written the exit and gone between the two reads.
+        if let Some((state, _)) = self.ended(&run.name) {
+            return Ok(state);
         }
         Ok(cm_domain::RunState::Lost {
             reason: cm_domain::ErrorText::new(format!(
                 "no process {} and no exit status in {}",
                 if pid.is_empty() { "recorded" } else { pid },
-                exit.display()
+                self.exit_path(&run.name).display()
             )),
         })
     }
@@ -310,7 +418,8 @@ impl crate::MissionRuntime for ProcessDispatcher {
         let Some(pid) = recorded_pid(&marker) else {
             return Ok(());
         };
-        if self.workdir.join(format!("{}.exit", run.name)).exists() {
+        // An ended run, or a pid now another process's, gets no signal.
+        if self.ended(&run.name).is_some() || !is_the_run(pid, &marker) {
             return Ok(());
         }
         let _ = tokio::process::Command::new("kill")
@@ -330,15 +439,19 @@ impl crate::MissionRuntime for ProcessDispatcher {
     ) -> Result<crate::RunReport, DispatchError> {
         let read = |path: PathBuf| std::fs::read_to_string(path).unwrap_or_default();
         let marker = read(self.marker_path(&run.name));
-        let exit = read(self.workdir.join(format!("{}.exit", run.name)));
+        let started_at = recorded_time(&marker, STARTED_AT);
         let log = self.workdir.join(format!("{}.log", run.name));
         let output = log_tail(&log).map_err(|e| {
             DispatchError::Unavailable(format!("cannot read {}: {e}", log.display()))
         })?;
         Ok(crate::RunReport {
             output,
-            started_at: recorded_time(&marker, STARTED_AT),
-            finished_at: recorded_time(&exit, FINISHED_AT),
+            started_at,
+            // A file's time is coarser than the clock: never before the start.
+            finished_at: self
+                .ended(&run.name)
+                .and_then(|(_, at)| at)
+                .map(|at| started_at.map_or(at, |started| at.max(started))),
         })
     }
 }
@@ -357,7 +470,6 @@ fn resolve_program(
     program: &std::ffi::OsStr,
     path: Option<&std::ffi::OsStr>,
 ) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
     let as_path = Path::new(program);
     if program.is_empty() {
         return Err(std::io::Error::new(
@@ -368,15 +480,11 @@ fn resolve_program(
     if as_path.components().count() > 1 || program.as_encoded_bytes().contains(&b'/') {
         return std::path::absolute(as_path);
     }
-    let executable = |candidate: &Path| {
-        std::fs::metadata(candidate)
-            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
     path.into_iter()
         .flat_map(std::env::split_paths)
         .filter(|dir| dir.is_absolute())
         .map(|dir| dir.join(as_path))
-        .find(|candidate| executable(candidate))
+        .find(|candidate| is_executable(candidate))
         .ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::NotFound,

@@ -297,6 +297,51 @@ exit 3
     assert_eq!(unknown, RunReport::default());
 }
 
+/// A stop sends SIGTERM to the run's group; the wrapper outlives it and records the end
+/// (`128 + 15`, as Docker reports a signal's death). A marker whose pid is now another
+/// process's (the start tick differs) is not taken for a running run: it is lost, and a stop
+/// signals nothing.
+#[tokio::test]
+async fn process_runner_stops_a_run_and_never_mistakes_a_reused_pid_for_it() {
+    let dir = TempDir::new();
+    let script = dir.0.join("sleepy.sh");
+    std::fs::write(&script, "sleep 30\n").unwrap();
+    let runner =
+        ProcessDispatcher::new("/bin/sh", vec![script.into()], dir.0.join("work")).unwrap();
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    let dispatch = mission_dispatch(mission(), 1);
+    runner.dispatch(&dispatch).await.unwrap();
+    let run = RunRef {
+        name: dispatch.idempotency_key.to_string(),
+    };
+    assert_eq!(
+        runner.observe(&run, deadline()).await.unwrap(),
+        RunState::Running
+    );
+    runner.stop(&run, deadline()).await.unwrap();
+    let ended = run_ended(&runner, &run.name).await;
+    assert_eq!(ended.exit_code(), Some(143), "{ended:?}");
+
+    // A marker naming a live process (this test's) with another start tick.
+    let stale = mission_dispatch(mission(), 1);
+    let marker = runner.marker_path(stale.idempotency_key.as_str());
+    std::fs::write(
+        &marker,
+        format!(
+            "pid {}\nstarted_at 2026-03-29T01:00:00.000000Z\nstart_tick 1\n",
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let stale = RunRef {
+        name: stale.idempotency_key.to_string(),
+    };
+    let state = runner.observe(&stale, deadline()).await.unwrap();
+    assert!(matches!(state, RunState::Lost { .. }), "{state:?}");
+    // Still here: the stop sent this process nothing.
+    runner.stop(&stale, deadline()).await.unwrap();
+}
+
 /// A routine stored around the mission rules (written before them, or straight into the table)
 /// whose `env` would steer the runner: `BASH_ENV` makes a bash program run a command first,
 /// `PATH` would pick another program. The process runner refuses it with the reason and starts

@@ -2,8 +2,9 @@
 //! it bounded and trimmed, refuse to be given beside `--database-url` or `DATABASE_URL`, and
 //! keep its password out of what is printed. With it the password is nowhere in the scheduler's
 //! environment or command line, so a process-backend mission (a child of the scheduler, as its
-//! user, started with a cleared environment) that prints its own environment and reads
-//! `/proc/$PPID/environ` and `/proc/$PPID/cmdline` finds no password; given through
+//! user, started with a cleared environment under a wrapper shell) that prints its own
+//! environment and reads the scheduler's `/proc/PID/environ` and `/proc/PID/cmdline` (its
+//! parent's parent) finds no password; given through
 //! `DATABASE_URL` instead, the same mission reads it from the scheduler's environment.
 
 use std::path::{Path, PathBuf};
@@ -135,9 +136,9 @@ impl Drop for Scheduler {
     }
 }
 
-/// What the mission prints: its own environment, then its parent's (the scheduler's)
-/// environment and command line, each after a marker, then an end marker.
-const PROBE: &str = r#"echo '== env'; env; echo '== parent environ'; tr '\0' '\n' < "/proc/$PPID/environ"; echo '== parent cmdline'; tr '\0' ' ' < "/proc/$PPID/cmdline"; echo; echo '== end'"#;
+/// What the mission prints: its own environment, then the scheduler's (the parent of its
+/// wrapper shell) environment and command line, each after a marker, then an end marker.
+const PROBE: &str = r#"read -r _ _ _ scheduler _ < "/proc/$PPID/stat"; echo '== env'; env; echo '== parent environ'; tr '\0' '\n' < "/proc/$scheduler/environ"; echo '== parent cmdline'; tr '\0' ' ' < "/proc/$scheduler/cmdline"; echo; echo '== end'"#;
 
 /// Starts a process-backend scheduler (`database` are its database arguments, `env` its extra
 /// environment) whose missions run [`PROBE`], and returns the first complete output a mission

@@ -168,6 +168,22 @@ async fn run_waits_for_a_docker_engine_that_is_not_there_yet() {
     );
 }
 
+/// `run`'s flags for the process backend in `workdir`, running [`SCRIPT`].
+fn process_backend(workdir: &str) -> [&str; 10] {
+    [
+        "--mission-backend",
+        "process",
+        "--mission-workdir",
+        workdir,
+        "--mission-env-allow",
+        "NAP,CODE",
+        "--mission-command",
+        "/bin/sh",
+        "-c",
+        SCRIPT,
+    ]
+}
+
 /// The process backend's runs are watched to their end from its exit files: `succeeded` for
 /// exit 0, `failed` with exit code 3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,22 +193,7 @@ async fn process_backend_runs_end_succeeded_and_failed_with_their_exit_code() {
     let zero = routine(&db, &files, "zero", "*/2 * * * * *", 0, 0, "forbid");
     let three = routine(&db, &files, "three", "*/2 * * * * *", 0, 3, "forbid");
     let workdir = format!("{}.d", files.write("workdir-marker", ""));
-    let scheduler = Running::start_with(
-        &db.url,
-        &[
-            "--mission-backend",
-            "process",
-            "--mission-workdir",
-            &workdir,
-            "--mission-env-allow",
-            "NAP,CODE",
-            "--mission-command",
-            "/bin/sh",
-            "-c",
-            SCRIPT,
-        ],
-        &[],
-    );
+    let scheduler = Running::start_with(&db.url, &process_backend(&workdir), &[]);
     ended_zero_and_three(&db, zero, three, || scheduler.log()).await;
     // No fire of either is left running once the last run ended.
     let settled = eventually_within(Duration::from_secs(20), async || {
@@ -203,5 +204,104 @@ async fn process_backend_runs_end_succeeded_and_failed_with_their_exit_code() {
     })
     .await;
     assert!(settled.is_some(), "{:?}", fires(&db, zero));
+    let _ = std::fs::remove_dir_all(&workdir);
+}
+
+/// The pids of the process wrappers the markers in `workdir` record, and whether each is still
+/// a process.
+fn marker_pids(workdir: &str) -> Vec<(u32, bool)> {
+    std::fs::read_dir(workdir)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".launched"))
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .filter_map(|m| m.lines().next()?.strip_prefix("pid ")?.parse().ok())
+                .map(|pid: u32| (pid, std::path::Path::new(&format!("/proc/{pid}")).exists()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// SIGINT stops the scheduler and leaves its process missions running in their own group; the
+/// scheduler started next re-adopts them from their markers and exit files: a run that ended
+/// while no scheduler ran settles with its exit code (`failed (exit 3)`), one still going when
+/// it starts is watched to its end (`succeeded`), and neither is `lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_missions_outlive_a_restart_and_are_re_adopted() {
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let short = routine(&db, &files, "short", "*/2 * * * * *", 3, 3, "forbid");
+    let long = routine(&db, &files, "long", "*/2 * * * * *", 9, 0, "forbid");
+    let workdir = format!("{}.d", files.write("workdir-marker", ""));
+    let args = process_backend(&workdir);
+    let mut first = Running::start_with(&db.url, &args, &[]);
+    let launched = eventually_within(Duration::from_secs(30), async || {
+        [short, long]
+            .iter()
+            .all(|&r| fires(&db, r).iter().any(|f| f["run_state"] == "running"))
+            .then_some(())
+    })
+    .await;
+    for id in [short, long] {
+        ok(&db.url, &["routine", "pause", &id.to_string()]);
+    }
+    assert!(launched.is_some(), "{}", first.log());
+    let exit = first.signal("-INT").await;
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "{exit:?}\n{}",
+        first.log()
+    );
+    let pids = marker_pids(&workdir);
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert!(
+        pids.iter().all(|&(_, alive)| alive),
+        "a mission died with its scheduler: {pids:?}"
+    );
+    // The short run (3 s) ends while no scheduler runs.
+    let short_ended = eventually_within(Duration::from_secs(20), async || {
+        std::fs::read_dir(&workdir)
+            .ok()?
+            .filter_map(|e| e.ok())
+            .find(|e| e.file_name().to_string_lossy().ends_with(".exit"))
+            .map(|_| ())
+    })
+    .await;
+    assert!(short_ended.is_some(), "{:?}", marker_pids(&workdir));
+    assert!(
+        marker_pids(&workdir).iter().any(|&(_, alive)| alive),
+        "the long run is still going when the next scheduler starts"
+    );
+
+    let second = Running::start_with(&db.url, &args, &[]);
+    let launched_fire = |routine| {
+        fires(&db, routine)
+            .into_iter()
+            .find(|f| f["status"] == "fired")
+            .expect("a launched fire")
+    };
+    let settled = eventually_within(Duration::from_secs(30), async || {
+        let (s, l) = (launched_fire(short), launched_fire(long));
+        (s["run_state"] != "running" && l["run_state"] != "running").then_some((s, l))
+    })
+    .await;
+    let (s, l) = settled.unwrap_or_else(|| {
+        panic!(
+            "{:?}\n{:?}\n{}",
+            fires(&db, short),
+            fires(&db, long),
+            second.log()
+        )
+    });
+    assert_eq!(
+        (&s["run_state"], &s["run_exit_code"]),
+        (&serde_json::json!("failed"), &serde_json::json!(3)),
+        "{s:?}"
+    );
+    assert_eq!(
+        (&l["run_state"], &l["run_exit_code"]),
+        (&serde_json::json!("succeeded"), &serde_json::json!(0)),
+        "{l:?}"
+    );
     let _ = std::fs::remove_dir_all(&workdir);
 }

@@ -135,11 +135,16 @@ impl Running {
 
     /// SIGTERM, then the exit status within ten seconds.
     async fn terminate(&mut self) -> Option<ExitStatus> {
+        self.signal("-TERM").await
+    }
+
+    /// `kill SIGNAL` (`-INT`, `-TERM`), then the exit status within ten seconds.
+    pub(crate) async fn signal(&mut self, signal: &str) -> Option<ExitStatus> {
         let sent = Command::new("kill")
-            .arg("-TERM")
+            .arg(signal)
             .arg(self.child.id().to_string())
             .status();
-        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM failed");
+        assert!(sent.is_ok_and(|s| s.success()), "kill {signal} failed");
         eventually_within(Duration::from_secs(10), async || {
             self.child.try_wait().expect("polling the scheduler")
         })

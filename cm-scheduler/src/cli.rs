@@ -828,6 +828,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             Failure::Other(anyhow::anyhow!(message))
         }
     })?;
+    let runner = args.mission.describe();
     let token = http_token(&args)?;
     let messages = args.messages.plan(&config)?;
     let listener = match args.listen {
@@ -917,6 +918,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             metrics: metrics.clone(),
             status: Some(StatusPage {
                 hosts: hosts.clone().unwrap_or_else(AllowedHosts::loopback),
+                runner,
                 ..StatusPage::new(Arc::new(page.clone()), Arc::new(page), instance_id.clone())
             }),
             token,

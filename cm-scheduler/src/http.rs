@@ -28,8 +28,10 @@ use crate::status;
 
 /// The longest a request may take before it is answered 408.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// The largest request body accepted (an action's form is a few hundred bytes).
-pub const BODY_LIMIT: usize = 16 * 1024;
+/// The largest request body accepted: an edit's form with the longest message a routine may
+/// have, percent-encoded (three bytes a byte at most), and room for the other fields; every
+/// other action's form is a few hundred bytes.
+pub const BODY_LIMIT: usize = 3 * cm_domain::MAX_MESSAGE_BYTES + 16 * 1024;
 
 /// Every route, with a request timeout and a body limit.
 pub fn router(state: Arc<HttpState>) -> Router {

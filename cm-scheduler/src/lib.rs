@@ -26,6 +26,7 @@
 
 mod autopause;
 pub mod completer;
+pub mod edit;
 mod engine;
 pub mod groups;
 pub mod health;

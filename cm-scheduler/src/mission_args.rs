@@ -194,6 +194,88 @@ impl MissionArgs {
         }
     }
 
+    /// How missions run, as label and value, for the status page: the backend, then what it
+    /// runs (image or program, command) and the resources and isolation it gives each. Empty
+    /// for `--mission-backend none`, or settings that do not read (the backend refused them
+    /// first).
+    pub fn describe(&self) -> Vec<(String, String)> {
+        let pair = |label: &str, value: String| (label.to_owned(), value);
+        let quoted = |words: &[String]| {
+            words
+                .iter()
+                .map(|w| {
+                    if w.is_empty() || w.contains(char::is_whitespace) {
+                        format!("'{w}'")
+                    } else {
+                        w.clone()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        match self.mission_backend {
+            MissionBackend::None => Vec::new(),
+            MissionBackend::Process => {
+                let command: Vec<String> = self
+                    .mission_command
+                    .iter()
+                    .map(|w| w.to_string_lossy().into_owned())
+                    .collect();
+                vec![
+                    pair("Backend", "process (development only)".into()),
+                    pair("Command", quoted(&command)),
+                    pair("Work directory", self.mission_workdir.display().to_string()),
+                ]
+            }
+            MissionBackend::Docker | MissionBackend::Kubernetes => {
+                let Ok((image, settings)) = self.image_and_config() else {
+                    return Vec::new();
+                };
+                let docker = self.mission_backend == MissionBackend::Docker;
+                let mut out = vec![
+                    pair(
+                        "Backend",
+                        if docker { "docker" } else { "kubernetes" }.into(),
+                    ),
+                    pair("Image", image),
+                ];
+                if !settings.command.is_empty() {
+                    out.push(pair("Command", quoted(&settings.command)));
+                }
+                if let Some(user) = &settings.user {
+                    out.push(pair("User", user.clone()));
+                }
+                let unset = || "not limited".to_owned();
+                if docker {
+                    let d = &settings.docker;
+                    out.push(pair(
+                        "Memory",
+                        d.memory_bytes
+                            .map_or_else(unset, |b| format!("{} MiB", b >> 20)),
+                    ));
+                    out.push(pair(
+                        "CPUs",
+                        d.nano_cpus
+                            .map_or_else(unset, |n| format!("{}", n as f64 / 1e9)),
+                    ));
+                    out.push(pair(
+                        "Network",
+                        d.network
+                            .clone()
+                            .unwrap_or_else(|| "Docker's default".into()),
+                    ));
+                } else {
+                    let k = &settings.kubernetes;
+                    out.push(pair("Namespace", k.namespace.clone()));
+                    out.push(pair("Memory", k.memory.clone().unwrap_or_else(unset)));
+                    out.push(pair("CPU", k.cpu.clone().unwrap_or_else(unset)));
+                    out.push(pair("Deadline", format!("{} s", k.active_deadline_seconds)));
+                }
+                out
+            }
+        }
+    }
+
     /// The operator's settings from `--mission-config`, or the defaults, with the lists the
     /// policy flags give in place of the file's; a malformed list is refused.
     fn settings(&self) -> Result<MissionConfig, MissionSetupError> {

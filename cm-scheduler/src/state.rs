@@ -46,6 +46,9 @@ pub struct StatusPage {
     /// The `Host` values the page and its actions answer (DNS rebinding); every other is
     /// refused before any handler runs, with or without a token.
     pub hosts: AllowedHosts,
+    /// How this scheduler runs missions (the backend, its image, command and resources), as
+    /// label and value, shown on a mission routine's page; empty without a mission backend.
+    pub runner: Vec<(String, String)>,
 }
 
 impl StatusPage {
@@ -65,6 +68,7 @@ impl StatusPage {
             deadline: Duration::from_secs(3),
             csrf: CsrfToken::random(),
             hosts: AllowedHosts::loopback(),
+            runner: Vec::new(),
         }
     }
 }

@@ -1,14 +1,16 @@
 //! The status page: every routine (filtered by name and state, sorted) with its schedule, next
 //! run, state and a strip of its last fires; fires and failures per minute over the last hour;
 //! the outbox backlog; recent failures; this scheduler's figures; a page per routine (by name or
-//! id) with its settings, next runs and fires; and the operator's actions on a routine (pause,
-//! resume, fire now), each confirmed on the page.
+//! id) with its settings, how its mission runs, next runs and fires; and the operator's actions
+//! on a routine (pause, resume, fire now, edit its settings, delete it), each confirmed on the
+//! page.
 //!
 //! Server-rendered HTML (maud) and SVG: everything reads without JavaScript. A small script
 //! (`/page.js`) updates the page in place every few seconds, keeping the scroll and any open
 //! confirmation, and the operator can switch it off; without script a `<noscript>` refresh does
-//! it (`?live=off` stops that). Payload contents are never shown (a mission's description or a
-//! message's text may be private), only their size.
+//! it (`?live=off` stops that). A message's text is never shown (it may be private), only its
+//! size; a mission's repository, ref, task, env and labels are, each scrubbed of secrets
+//! (`cm_dispatch::scrub_output`: a URL's password, `TOKEN=…` values, known token shapes).
 //!
 //! Every read waits on the database at most [`StatusPage::deadline`], and the cached health is
 //! asked first: with the database down the page answers 503 with the reason at once.
@@ -58,7 +60,8 @@ table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:.35em .55em;border-bottom:1px solid #d8dee4;vertical-align:top}
 th{background:#f6f8fa;font-weight:600;white-space:nowrap}
 th a{color:inherit}th a.on::after{content:' ▾'}
-time,.nowrap,td code,td.name{white-space:nowrap}
+time,.nowrap,td code{white-space:nowrap}
+td.name{min-width:10em;max-width:18em;overflow-wrap:anywhere}h1{overflow-wrap:anywhere}
 .fired{color:#1a7f37}.failed{color:#cf222e;font-weight:600}.claimed{color:#9a6700}.skipped{color:#57606a}
 .paused{color:#9a6700;font-weight:600}.active{color:#1a7f37}.muted{color:#59636e}.small{font-size:.85em}
 .reason{display:block;max-width:14em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
@@ -83,6 +86,9 @@ details.act summary{cursor:pointer;list-style:none;color:#0969da;white-space:now
 details.act summary::-webkit-details-marker{display:none}
 details.act[open] summary{color:#59636e}
 details.act form{margin:.3em 0}
+.actions details#edit[open]{order:1;flex-basis:100%}
+form.edit{display:grid;grid-template-columns:max-content minmax(12em,28em);gap:.4em .8em;align-items:center;margin:.5em 0 1em}
+form.edit textarea{font:inherit;min-height:4em}form.edit .hint{grid-column:2}
 .notice{background:#dafbe1;border:1px solid #2da44e;border-radius:6px;padding:.5em .8em}
 .problem{background:#ffebe9;border:1px solid #cf222e;border-radius:6px;padding:.5em .8em}
 svg.chart{width:100%;max-width:60em;height:auto;display:block}
@@ -557,9 +563,10 @@ pub async fn routine(
             }
             None => None,
         };
-        Ok((routine, fires, last_run))
+        let fire_count = status.reader.fire_count(routine.id).await?;
+        Ok((routine, fires, last_run, fire_count))
     };
-    let (r, fires, last_run) = match read(&state, reads).await {
+    let (r, fires, last_run, fire_count) = match read(&state, reads).await {
         Ok(Ok(read)) => read,
         Ok(Err(_)) => return missing(&handle),
         Err(response) => return response,
@@ -587,7 +594,11 @@ pub async fn routine(
         h1 { (shown(&r.name)) }
         (notice(&query))
         div id="live" {
-            div.actions { (actions(status, &r, &back)) }
+            div.actions {
+                (actions(status, &r, &back))
+                (edit_form(status, &r, &back))
+                (delete_form(status, &r, fire_count))
+            }
             dl id="settings" {
                 dt { "Id" } dd { code { (r.id) } }
                 dt { "Kind" } dd { (r.kind) }
@@ -600,21 +611,28 @@ pub async fn routine(
                     @if let Some(reason) = &r.paused_reason { " " span.error { (shown(reason)) } }
                 }
                 dt { "Next run" } dd { (next_run_cell(&r, now)) }
-                dt { "Payload" } dd.muted { (payload_bytes) " bytes (contents not shown)" }
+                @if r.kind == cm_store::RoutineKind::Message {
+                    dt { "Message" } dd.muted { (payload_bytes) " bytes (contents not shown)" }
+                }
                 dt { "Last claimed" } dd { @match r.last_run_at { Some(at) => (moment(at, now)), None => "never" } }
                 dt { "Created" } dd { (moment(r.created_at, now)) }
                 dt { "Changed" } dd { (moment(r.updated_at, now)) }
             }
+            @if r.kind == cm_store::RoutineKind::Mission { (mission_section(status, &r, payload_bytes)) }
             @if let Some(run) = &last_run { (last_run_section(run, now)) }
             h2 { "Next runs" }
             @let next = next_runs(&r);
             @if next.is_empty() {
                 p.muted { @if r.paused { "None while paused." } @else { "The schedule has no more runs." } }
             } @else {
+                @let in_utc = zone.is_some_and(|z| z == chrono_tz::UTC);
                 div.scroll { table id="next-runs" {
-                    thead { tr { th { "In " (r.timezone) } th { "UTC" } th { "When" } } }
+                    thead { tr {
+                        @if !in_utc { th { "In " (r.timezone) } }
+                        th { "UTC" } th { "When" }
+                    } }
                     tbody { @for at in &next { tr {
-                        td.nowrap { (in_zone(*at, zone)) }
+                        @if !in_utc { td.nowrap { (in_zone(*at, zone)) } }
                         td.nowrap { (utc(*at)) }
                         td.nowrap { (relative(*at, now)) }
                     } } }
@@ -685,16 +703,26 @@ enum Action {
     Pause,
     Resume,
     Trigger,
+    Edit,
+    Delete,
 }
 
 impl Action {
-    const ALL: [Action; 3] = [Action::Pause, Action::Resume, Action::Trigger];
+    const ALL: [Action; 5] = [
+        Action::Pause,
+        Action::Resume,
+        Action::Trigger,
+        Action::Edit,
+        Action::Delete,
+    ];
 
     fn path(self) -> &'static str {
         match self {
             Action::Pause => "pause",
             Action::Resume => "resume",
             Action::Trigger => "trigger",
+            Action::Edit => "edit",
+            Action::Delete => "delete",
         }
     }
 
@@ -703,12 +731,16 @@ impl Action {
             Action::Pause => "paused",
             Action::Resume => "resumed",
             Action::Trigger => "triggered",
+            Action::Edit => "edited",
+            Action::Delete => "deleted",
         }
     }
 }
 
-/// `POST /routines/{name or id}/{pause|resume|trigger}`: pauses the routine, resumes it from
-/// its next occurrence, or asks for one occurrence now (fired by the next tick).
+/// `POST /routines/{name or id}/{pause|resume|trigger|edit|delete}`: pauses the routine,
+/// resumes it from its next occurrence, asks for one occurrence now (fired by the next tick),
+/// changes its settings (checked as `routine update` checks them), or deletes it with its
+/// fires.
 pub async fn action(
     State(state): State<Arc<HttpState>>,
     path: Result<Path<(String, String)>, PathRejection>,
@@ -737,19 +769,19 @@ pub async fn action_by_get() -> Response {
 
 /// The second half of the CSRF guard (the first, in `http`, checked the request's origin): the
 /// form must carry this process's token. Then the action, and a redirect (303) back to the
-/// page it came from, which says what was done.
+/// page it came from, which says what was done (to the index after a delete). An edit that
+/// the checks refuse changes nothing and answers 400 with the reason.
 async fn act(state: &HttpState, handle: &str, body: &[u8], action: Action) -> Response {
     let status = status_page(state);
-    let mut csrf = None;
-    let mut back = None;
-    for (key, value) in url::form_urlencoded::parse(body) {
-        match &*key {
-            "csrf" => csrf = Some(value.into_owned()),
-            "back" => back = Some(value.into_owned()),
-            _ => {}
-        }
-    }
-    if !csrf.is_some_and(|given| status.csrf.matches(&given)) {
+    let form: Vec<(String, String)> = url::form_urlencoded::parse(body)
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    let field = |name: &str| {
+        form.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    if !field("csrf").is_some_and(|given| status.csrf.matches(given)) {
         return refused(
             StatusCode::FORBIDDEN,
             "This action was refused: its form did not come from this page (reload the page and \
@@ -759,29 +791,98 @@ async fn act(state: &HttpState, handle: &str, body: &[u8], action: Action) -> Re
     let routines = &status.routines;
     let acted = async {
         let routine = status.reader.routine(handle).await?;
-        match action {
-            Action::Pause => routines.set_routine_paused(routine.id, true).await,
-            Action::Resume => routines.set_routine_paused(routine.id, false).await,
-            Action::Trigger => routines.trigger_routine(routine.id).await.map(|_| routine),
-        }
+        let outcome = match action {
+            Action::Pause => routines.set_routine_paused(routine.id, true).await?,
+            Action::Resume => routines.set_routine_paused(routine.id, false).await?,
+            Action::Trigger => {
+                routines.trigger_routine(routine.id).await?;
+                routine
+            }
+            Action::Edit => match edit_of(&routine, &field) {
+                Ok(Some(update)) => routines.update_routine(routine.id, &update).await?,
+                Ok(None) => return Ok(Err((routine, "unchanged"))),
+                Err(reason) => return Err(StoreError::InvalidRoutine(reason)),
+            },
+            Action::Delete => {
+                routines.delete_routine(routine.id).await?;
+                routine
+            }
+        };
+        Ok(Ok(outcome))
     };
-    let routine = match read(state, acted).await {
-        Ok(Ok(routine)) => routine,
-        Ok(Err(_)) => return missing(handle),
+    let (routine, done) = match write(state, handle, acted).await {
+        Ok(Ok(routine)) => (routine, action.done()),
+        Ok(Err((routine, done))) => (routine, done),
         Err(response) => return response,
     };
-    tracing::info!(routine = %routine.name, id = %routine.id, action = action.done(),
+    tracing::info!(routine = %routine.name, id = %routine.id, action = done,
         "an operator acted on the status page");
-    let back = back
-        .filter(|b| safe_back(b))
-        .unwrap_or_else(|| routine_href(&routine));
-    let location = with_notice(&back, action.done(), &routine.name);
+    let back = match action {
+        Action::Delete => "/".to_owned(),
+        _ => field("back")
+            .filter(|b| safe_back(b))
+            .map(str::to_owned)
+            .unwrap_or_else(|| routine_href(&routine)),
+    };
+    let location = with_notice(&back, done, &routine.name);
     (
         StatusCode::SEE_OTHER,
         [(header::LOCATION, location)],
         "done\n",
     )
         .into_response()
+}
+
+/// An action's write: [`read`]'s deadline and health, and a refusal (a check, a name taken, a
+/// routine gone) answered 400 or 404 with its reason, nothing changed.
+async fn write<T>(
+    state: &HttpState,
+    handle: &str,
+    writes: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, Response> {
+    match read(state, async {
+        match writes.await {
+            Err(StoreError::InvalidRoutine(reason)) => Ok(Err(reason)),
+            Err(StoreError::NameTaken(name)) => Ok(Err(format!("the name {name} is taken"))),
+            other => other.map(Ok),
+        }
+    })
+    .await
+    {
+        Ok(Ok(Ok(done))) => Ok(done),
+        Ok(Ok(Err(reason))) => Err(refused(
+            StatusCode::BAD_REQUEST,
+            &format!("Nothing was changed: {reason}."),
+        )),
+        Ok(Err(_)) => Err(missing(handle)),
+        Err(response) => Err(response),
+    }
+}
+
+/// The change an edit form asks of `routine`: each field that differs from the routine's
+/// setting (an empty message keeps the message), checked by [`crate::edit::Edit::checked`] as
+/// `routine update` checks its flags. `None` when nothing differs.
+fn edit_of<'a>(
+    routine: &Routine,
+    field: &impl Fn(&str) -> Option<&'a str>,
+) -> Result<Option<cm_store::RoutineUpdate>, String> {
+    let changed =
+        |name: &str, current: &str| field(name).map(str::trim).filter(|given| *given != current);
+    let edit = crate::edit::Edit {
+        name: None,
+        schedule: changed("schedule", &routine.schedule),
+        timezone: changed("timezone", &routine.timezone),
+        misfire: changed("misfire", &routine.misfire_policy),
+        overlap: changed("overlap", &routine.overlap)
+            .filter(|_| routine.kind == cm_store::RoutineKind::Mission),
+        message: field("message").filter(|m| !m.is_empty()),
+    };
+    let zone = cm_domain::Zone::parse(&routine.timezone).ok();
+    match edit.checked(routine.kind, zone, "overlap") {
+        Ok(update) => Ok(Some(update)),
+        Err(e) if e == crate::edit::NOTHING_TO_CHANGE => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Whether `back` is a path of this server (never another host: no open redirect).
@@ -817,6 +918,11 @@ fn notice(query: &IndexQuery) -> Markup {
         Some("triggered") => Some(format!(
             "Triggered “{of}”: the next tick fires it (an occurrence at this instant)."
         )),
+        Some("edited") => Some(format!(
+            "Saved “{of}”: its next run is worked out from the new settings."
+        )),
+        Some("unchanged") => Some(format!("Nothing to save: “{of}” has these settings.")),
+        Some("deleted") => Some(format!("Deleted “{of}” and its fires.")),
         _ => None,
     };
     html! { @if let Some(said) = said { p.notice role="status" { (said) } } }
@@ -848,6 +954,101 @@ fn actions(status: &StatusPage, r: &Routine, back: &str) -> Markup {
                 (form(Action::Trigger, "Run again…", format!("Run {} again now", shown(&r.name)), "go"))
             } @else {
                 (form(Action::Trigger, "Fire now…", format!("Fire {} now", shown(&r.name)), "go"))
+            }
+        }
+    }
+}
+
+/// A routine's settings as a form (behind a `<details>`, as every action): schedule, zone,
+/// misfire policy, and a mission's overlap policy or a message's new text (empty keeps the
+/// text, which the page never shows).
+fn edit_form(status: &StatusPage, r: &Routine, back: &str) -> Markup {
+    let mission = r.kind == cm_store::RoutineKind::Mission;
+    html! {
+        details.act id="edit" {
+            summary { "Edit settings…" }
+            form.edit method="post" action={ (routine_href(r)) "/edit" } {
+                input type="hidden" name="csrf" value=(status.csrf.value());
+                input type="hidden" name="back" value=(back);
+                label for="edit-schedule" { "Schedule" }
+                input id="edit-schedule" name="schedule" value=(r.schedule) required spellcheck="false";
+                label for="edit-timezone" { "Time zone" }
+                input id="edit-timezone" name="timezone" value=(r.timezone) required spellcheck="false";
+                label for="edit-misfire" { "Misfire policy" }
+                select id="edit-misfire" name="misfire" {
+                    @for policy in ["fire-once", "catch-up", "skip"] {
+                        option value=(policy) selected[r.misfire_policy == policy] { (policy) }
+                    }
+                }
+                @if mission {
+                    label for="edit-overlap" { "Overlap" }
+                    select id="edit-overlap" name="overlap" {
+                        @for policy in ["forbid", "allow", "replace"] {
+                            option value=(policy) selected[r.overlap == policy] { (policy) }
+                        }
+                    }
+                } @else {
+                    label for="edit-message" { "New message" }
+                    textarea id="edit-message" name="message" maxlength=(cm_domain::MAX_MESSAGE_BYTES)
+                        placeholder="empty keeps the current message (not shown)" {}
+                }
+                span {}
+                button type="submit" class="go" { "Save changes" }
+                span.hint.muted.small { "Checked as routine update checks it; a new schedule or zone moves the next run." }
+            }
+        }
+    }
+}
+
+/// Delete, behind a confirmation that says how many fires go with the routine.
+fn delete_form(status: &StatusPage, r: &Routine, fire_count: u64) -> Markup {
+    let fires = match fire_count {
+        0 => "no fires".to_owned(),
+        1 => "its one fire".to_owned(),
+        n => format!("its {n} fires"),
+    };
+    html! {
+        details.act id="delete" {
+            summary { "Delete…" }
+            form method="post" action={ (routine_href(r)) "/delete" } {
+                input type="hidden" name="csrf" value=(status.csrf.value());
+                p.small { "Deletes the routine and " (fires) " from the ledger; a run already going is not stopped by this page." }
+                button type="submit" class="danger" { "Delete " (shown(&r.name)) " and " (fires) }
+            }
+        }
+    }
+}
+
+/// A mission routine's description, scrubbed of secrets, and how this scheduler runs it.
+fn mission_section(status: &StatusPage, r: &Routine, payload_bytes: usize) -> Markup {
+    let scrub = |text: &str| cm_dispatch::scrub_output(text, &[]);
+    let mission = cm_domain::Mission::from_value(&r.payload);
+    html! {
+        h2 { "Mission" }
+        @match &mission {
+            Ok(m) => {
+                dl id="mission" {
+                    dt { "Repository" } dd { code { (shown(&scrub(m.repository()))) } }
+                    dt { "Ref" } dd { @match m.git_ref() { Some(git_ref) => code { (shown(git_ref)) }, None => span.muted { "the default branch" } } }
+                    dt { "Task" } dd.error { (shown(&scrub(m.task()))) }
+                    dt { "Env" } dd {
+                        @if m.env().is_empty() { span.muted { "none" } }
+                        @for (name, value) in m.env() { code { (shown(&scrub(&format!("{name}={value}")))) } br; }
+                    }
+                    dt { "Labels" } dd {
+                        @if m.labels().is_empty() { span.muted { "none" } }
+                        @for (key, value) in m.labels() { code { (shown(key)) "=" (shown(value)) } br; }
+                    }
+                }
+            }
+            Err(e) => p.problem { (payload_bytes) " bytes that are not a mission this version reads: " (shown(&e.to_string())) }
+        }
+        h2 { "How missions run here" }
+        @if status.runner.is_empty() {
+            p.muted { "This scheduler has no mission backend (its occurrences settle failed)." }
+        } @else {
+            dl id="runner" {
+                @for (label, value) in &status.runner { dt { (label) } dd { code { (shown(&scrub(value))) } } }
             }
         }
     }

@@ -13,7 +13,7 @@ pub use crate::model::{
     ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
     SyncAction, SyncedRoutine,
 };
-use crate::model::{NewRoutine, Routine};
+use crate::model::{NewRoutine, Routine, RoutineKind};
 use crate::{MIGRATOR, PgStore, StoreError};
 
 /// The group of the routine `id`, by the schema's group count.
@@ -195,6 +195,15 @@ async fn apply_update(
     let misfire = update
         .misfire
         .map_or(current.misfire_policy.as_str(), |m| m.as_str());
+    if update.overlap.is_some() && kind != RoutineKind::Mission {
+        return Err(StoreError::InvalidRoutine(
+            "an overlap policy is for mission routines (a message routine has no run to overlap)"
+                .into(),
+        ));
+    }
+    let overlap = update
+        .overlap
+        .map_or(current.overlap.as_str(), |o| o.as_str());
     if name != current.name {
         take_name(conn, name, current.id, current.group_id).await?;
         sqlx::query("DELETE FROM routine_names WHERE name = $1 AND routine_id = $2")
@@ -206,7 +215,7 @@ async fn apply_update(
     sqlx::query_as::<_, Routine>(
         "UPDATE routines
          SET name = $2, schedule = $3, timezone = $4, kind = $5, payload = $6,
-             misfire_policy = $7, next_run_at = $8, updated_at = now()
+             misfire_policy = $7, next_run_at = $8, overlap = $10, updated_at = now()
          WHERE id = $1 AND group_id = $9
          RETURNING *",
     )
@@ -219,6 +228,7 @@ async fn apply_update(
     .bind(misfire)
     .bind(next_run_at)
     .bind(current.group_id)
+    .bind(overlap)
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, name))
@@ -333,6 +343,7 @@ fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
             kind: routine.kind,
             payload: routine.payload.clone(),
         }),
+        overlap: None,
     }
 }
 

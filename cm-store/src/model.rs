@@ -185,6 +185,9 @@ pub struct RoutineUpdate {
     pub misfire: Option<MisfirePolicy>,
     /// A new kind and payload.
     pub action: Option<RoutineAction>,
+    /// A new overlap policy: only a mission routine (after the change) has one, and the store
+    /// refuses it for a message routine ([`StoreError::InvalidRoutine`]).
+    pub overlap: Option<cm_domain::OverlapPolicy>,
 }
 
 /// One routine an import wrote.

@@ -186,6 +186,9 @@ pub trait StatusReader: Send + Sync {
     /// The fire of `occurrence` with its run's output, if the ledger holds it.
     async fn fire(&self, occurrence: Occurrence) -> Result<Option<FireDetail>, StoreError>;
 
+    /// How many fires the ledger holds for a routine (what deleting it deletes with it).
+    async fn fire_count(&self, id: Uuid) -> Result<u64, StoreError>;
+
     /// The `limit` newest failures across routines (at most [`MAX_PAGE`]): failed dispatches
     /// and missions whose run failed or was lost, by occurrence, newest first.
     async fn recent_failures(&self, limit: u32) -> Result<Vec<FailedFire>, StoreError>;
@@ -340,6 +343,15 @@ impl StatusReader for PgStore {
             fire: Fire::from(row.fire),
             run_output: row.run_output,
         }))
+    }
+
+    async fn fire_count(&self, id: Uuid) -> Result<u64, StoreError> {
+        let count: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE routine_id = $1")
+                .bind(id)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(count.max(0) as u64)
     }
 
     async fn recent_failures(&self, limit: u32) -> Result<Vec<FailedFire>, StoreError> {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use chrono::SecondsFormat;
 use clap::{Args, Subcommand};
-use cm_domain::{MisfirePolicy, RoutineName, Schedule, Zone};
+use cm_domain::{MisfirePolicy, Schedule, Zone};
 use cm_store::{
     FireFilter, FireLedger, NewRoutine, PgStore, Routine, RoutineAction, RoutineCursor,
     RoutineKind, RoutineStore, RoutineUpdate, StoreError,
@@ -357,37 +357,20 @@ fn print_json(routine: &Routine) -> Result<(), Failure> {
 }
 
 fn name(text: &str) -> Result<String, Failure> {
-    RoutineName::parse(text)
-        .map(RoutineName::into_string)
-        .map_err(|e| input(e.to_string()))
+    cm_scheduler::edit::name(text).map_err(input)
 }
 
-/// The one rule for an overlap policy, whether `routine create --overlap`, `routine update
-/// --overlap` or an import line's `"overlap"` gives it: only a mission routine has one (a
-/// message is posted, never running while the next comes due), and it must be a policy's name.
-/// `kind` is what the routine is (for `update`, after the change); `field` names where the
-/// policy was given, for the refusal. `None` when none is given.
+/// [`cm_scheduler::edit::overlap`], refused as bad input.
 fn overlap_for(
     field: &str,
     kind: RoutineKind,
     given: Option<&str>,
 ) -> Result<Option<cm_domain::OverlapPolicy>, Failure> {
-    let Some(text) = given else {
-        return Ok(None);
-    };
-    if kind != RoutineKind::Mission {
-        return Err(input(format!(
-            "{field} is for mission routines (a message routine has no run to overlap)"
-        )));
-    }
-    text.parse()
-        .map(Some)
-        .map_err(|e: cm_domain::ParseOverlapPolicyError| input(format!("{field}: {e}")))
+    cm_scheduler::edit::overlap(field, kind, given).map_err(input)
 }
 
 fn misfire(text: &str) -> Result<MisfirePolicy, Failure> {
-    text.parse()
-        .map_err(|e: cm_domain::ParseMisfirePolicyError| input(e.to_string()))
+    cm_scheduler::edit::misfire(text).map_err(input)
 }
 
 /// What a routine does, from `--message` or `--mission` (read inside `root` when an import's
@@ -399,22 +382,7 @@ fn action(
     policy: &MissionPolicy,
 ) -> Result<RoutineAction, Failure> {
     match (message, mission) {
-        (Some(text), None) => {
-            if text.is_empty() {
-                return Err(input("the message must not be empty"));
-            }
-            if text.len() > cm_domain::MAX_MESSAGE_BYTES {
-                return Err(input(format!(
-                    "the message is {} bytes; at most {} are allowed",
-                    text.len(),
-                    cm_domain::MAX_MESSAGE_BYTES
-                )));
-            }
-            Ok(RoutineAction {
-                kind: RoutineKind::Message,
-                payload: serde_json::json!({ "text": text }),
-            })
-        }
+        (Some(text), None) => cm_scheduler::edit::message(text).map_err(input),
         (None, Some(path)) => Ok(RoutineAction {
             kind: RoutineKind::Mission,
             payload: mission_payload(path, root, policy)?,
@@ -451,56 +419,47 @@ fn new_routine(
 }
 
 async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
-    // Checked before the database is touched, as create checks them.
-    let zone = args
-        .timezone
-        .as_deref()
-        .map(Zone::parse)
-        .transpose()
-        .map_err(|e| input(e.to_string()))?;
-    if let Some(expression) = &args.schedule {
-        // Read in the new zone, or UTC for now: a field error does not depend on the zone, and
-        // the store reads it again in the routine's own zone under its lock.
-        Schedule::new(expression, zone.unwrap_or(Zone::UTC)).map_err(|e| input(e.to_string()))?;
-    }
-    let update = RoutineUpdate {
-        name: args.name.as_deref().map(name).transpose()?,
-        expression: args.schedule.clone(),
-        zone,
-        misfire: args.misfire.as_deref().map(misfire).transpose()?,
-        action: match (&args.message, &args.mission) {
-            (None, None) => None,
-            (message, mission) => Some(action(
-                message.as_deref(),
-                mission.as_ref(),
-                None,
-                &mission_policy(args.mission_config.as_deref(), &args.policy)?,
-            )?),
-        },
+    let edit = cm_scheduler::edit::Edit {
+        name: args.name.as_deref(),
+        schedule: args.schedule.as_deref(),
+        timezone: args.timezone.as_deref(),
+        misfire: args.misfire.as_deref(),
+        message: args.message.as_deref(),
+        overlap: args.overlap.as_deref(),
     };
-    if update == RoutineUpdate::default() && args.overlap.is_none() {
-        return Err(input(
-            "nothing to change: give at least one of --name, --schedule, --timezone, --misfire, \
-             --message, --mission and --overlap",
-        ));
-    }
+    // Checked before the database is touched, as create checks them: the fields first (a
+    // mission's kind stands in until the routine is read), then against the routine.
+    let mission = match &args.mission {
+        Some(path) => Some(action(
+            None,
+            Some(path),
+            None,
+            &mission_policy(args.mission_config.as_deref(), &args.policy)?,
+        )?),
+        None => None,
+    };
+    let given_kind = mission.as_ref().map_or(RoutineKind::Mission, |m| m.kind);
+    let checked = |kind, zone| {
+        let mut update = edit.checked(kind, zone, "--overlap").or_else(|e| {
+            // A mission file alone is a change too.
+            if mission.is_some() && e == cm_scheduler::edit::NOTHING_TO_CHANGE {
+                Ok(RoutineUpdate::default())
+            } else {
+                Err(input(e))
+            }
+        })?;
+        if mission.is_some() {
+            update.action = mission.clone();
+        }
+        Ok::<_, Failure>(update)
+    };
+    checked(given_kind, None)?;
     let store = connect_migrated(url).await?;
     let found = find(&store, &args.routine).await?;
-    let id = found.id;
-    let kind = update
-        .action
-        .as_ref()
-        .map_or(found.kind, |action| action.kind);
-    let overlap = overlap_for("--overlap", kind, args.overlap.as_deref())?;
-    let mut routine = if update == RoutineUpdate::default() {
-        found
-    } else {
-        store.update_routine(id, &update).await?
-    };
-    if let Some(policy) = overlap {
-        cm_store::MissionRuns::set_overlap(&store, id, policy).await?;
-        routine.overlap = policy.as_str().to_owned();
-    }
+    let zone = Zone::parse(&found.timezone).ok();
+    let kind = mission.as_ref().map_or(found.kind, |m| m.kind);
+    let update = checked(kind, zone)?;
+    let routine = store.update_routine(found.id, &update).await?;
     print_created(&routine, args.json)
 }
 

@@ -306,7 +306,9 @@ async fn the_page_needs_its_token_and_the_probes_do_not(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
-async fn the_page_shows_routines_fires_and_failures_but_no_payload(pool: PgPool) {
+async fn the_page_shows_routines_fires_failures_and_missions_but_no_message_or_secret(
+    pool: PgPool,
+) {
     let store = PgStore::new(pool);
     let create = |name: &str, kind, payload| {
         store.create_routine(NewRoutine {
@@ -328,7 +330,10 @@ async fn the_page_shows_routines_fires_and_failures_but_no_payload(pool: PgPool)
     let mission = create(
         "nightly-audit",
         RoutineKind::Mission,
-        json!({ "repository": "https://git.example.com/private.git" }),
+        json!({ "repository": "https://git.example.com/team/audit.git",
+                "task": "audit it, token=abc123secret", "ref": "main",
+                "env": { "LANG": "C.UTF-8", "API_TOKEN": "s3cr3t-value" },
+                "labels": { "routine/team": "platform" } }),
     )
     .await
     .unwrap();
@@ -385,8 +390,15 @@ async fn the_page_shows_routines_fires_and_failures_but_no_payload(pool: PgPool)
         "nightly-audit",
         "mission",
         "fire-once",
-        "contents not shown",
         "no mission backend is configured",
+        // The mission, its secrets masked.
+        "<code>https://git.example.com/team/audit.git</code>",
+        "audit it, token=***",
+        "<code>main</code>",
+        "<code>LANG=C.UTF-8</code>",
+        "<code>API_TOKEN=***</code>",
+        "<code>routine/team=platform</code>",
+        "This scheduler has no mission backend",
     ] {
         assert!(
             page.contains(shown),
@@ -401,8 +413,18 @@ async fn the_page_shows_routines_fires_and_failures_but_no_payload(pool: PgPool)
         "five runs, in the zone, in UTC and how far: {next_runs}"
     );
 
-    for body in [&index, &page] {
-        for hidden in ["private words", "private.git"] {
+    let (_, message_page) = get(&state, &format!("/routines/{}", message.id), None).await;
+    assert!(
+        message_page.contains("bytes (contents not shown)"),
+        "{message_page}"
+    );
+    for body in [&index, &page, &message_page] {
+        for hidden in [
+            "private words",
+            "hunter2secret",
+            "abc123secret",
+            "s3cr3t-value",
+        ] {
             assert!(
                 !body.contains(hidden),
                 "the payload leaks {hidden:?}:\n{body}"
@@ -833,4 +855,294 @@ fn relative_times_read_as_people_say_them() {
     ] {
         assert_eq!(relative(at, now), said);
     }
+}
+
+/// A form post of the page's edit or delete, as the page's own form sends it.
+async fn submit(
+    state: &Arc<HttpState>,
+    path: &str,
+    fields: &[(&str, &str)],
+) -> (StatusCode, String, String) {
+    let mut form = url::form_urlencoded::Serializer::new(String::new());
+    form.append_pair("csrf", &csrf(state));
+    for (name, value) in fields {
+        form.append_pair(name, value);
+    }
+    let (status, headers, body) = post(
+        state,
+        path,
+        &form.finish(),
+        &[("sec-fetch-site", "same-origin")],
+    )
+    .await;
+    let location = headers
+        .get(header::LOCATION)
+        .map(|l| l.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, location, body)
+}
+
+/// The page's edit form changes schedule, zone, misfire policy, a message's text and a
+/// mission's overlap, checked as `routine update` checks them: a refused edit answers 400 with
+/// the same reason the command line gives and changes nothing; an edit that changes nothing
+/// says so; the form needs the page's token.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let digest = store
+        .create_routine(NewRoutine {
+            name: "digest".into(),
+            schedule: Schedule::parse("0 9 * * *", "Europe/Berlin").unwrap(),
+            kind: RoutineKind::Message,
+            payload: json!({ "text": "old words" }),
+            misfire: MisfirePolicy::FireOnce,
+            paused: false,
+        })
+        .await
+        .unwrap();
+    let audit = store
+        .create_routine(NewRoutine {
+            name: "audit".into(),
+            schedule: Schedule::parse("0 3 * * *", "UTC").unwrap(),
+            kind: RoutineKind::Mission,
+            payload: json!({ "repository": "https://git.example.com/team/audit.git" }),
+            misfire: MisfirePolicy::FireOnce,
+            paused: false,
+        })
+        .await
+        .unwrap();
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+
+    // The form is on the routine's page, filled with its settings, the message left empty.
+    let (_, page) = get(&state, "/routines/digest", None).await;
+    for shown in [
+        "action=\"/routines/digest/edit\"",
+        "name=\"schedule\" value=\"0 9 * * *\"",
+        "name=\"timezone\" value=\"Europe/Berlin\"",
+        "<option value=\"fire-once\" selected>",
+        "name=\"message\"",
+    ] {
+        assert!(page.contains(shown), "{shown:?} missing:\n{page}");
+    }
+    assert!(!page.contains("old words"), "{page}");
+    assert!(
+        !page.contains("name=\"overlap\""),
+        "a message has no overlap: {page}"
+    );
+
+    // Refused as `routine update` refuses, in its words; nothing changes.
+    let same = |schedule: &'static str, zone: &'static str| cm_scheduler::edit::Edit {
+        schedule: Some(schedule),
+        timezone: Some(zone),
+        ..Default::default()
+    };
+    let before = store.get_routine(digest.id).await.unwrap();
+    for (fields, edit) in [
+        (
+            [("schedule", "61 * * * *"), ("timezone", "Europe/Berlin")],
+            same("61 * * * *", "Europe/Berlin"),
+        ),
+        (
+            [("schedule", "0 9 * * *"), ("timezone", "Mars/Olympus")],
+            same("0 9 * * *", "Mars/Olympus"),
+        ),
+    ] {
+        let reason = edit
+            .checked(RoutineKind::Message, None, "overlap")
+            .unwrap_err();
+        let (status, _, body) = submit(&state, "/routines/digest/edit", &fields).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{fields:?}: {body}");
+        assert!(
+            body.contains(&format!("Nothing was changed: {}", maud_escaped(&reason))),
+            "{reason:?} missing:\n{body}"
+        );
+        assert_eq!(store.get_routine(digest.id).await.unwrap(), before);
+    }
+    let too_long = "x".repeat(cm_domain::MAX_MESSAGE_BYTES + 1);
+    let (status, _, body) =
+        submit(&state, "/routines/digest/edit", &[("message", &too_long)]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("at most"), "{body}");
+    assert_eq!(store.get_routine(digest.id).await.unwrap(), before);
+
+    // Without the page's token: refused, nothing changed.
+    let (status, _, _) = post(
+        &state,
+        "/routines/digest/edit",
+        "schedule=0+7+*+*+*&timezone=UTC",
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(store.get_routine(digest.id).await.unwrap(), before);
+
+    // The same settings: nothing to save.
+    let (status, location, _) = submit(
+        &state,
+        "/routines/digest/edit",
+        &[
+            ("schedule", "0 9 * * *"),
+            ("timezone", "Europe/Berlin"),
+            ("misfire", "fire-once"),
+            ("message", ""),
+            ("back", "/routines/digest"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        (status, location.as_str()),
+        (
+            StatusCode::SEE_OTHER,
+            "/routines/digest?done=unchanged&of=digest"
+        )
+    );
+    assert_eq!(store.get_routine(digest.id).await.unwrap(), before);
+
+    // A real edit: every setting the form has, in one write; the next run follows.
+    let (status, location, _) = submit(
+        &state,
+        "/routines/digest/edit",
+        &[
+            ("schedule", "30 7 * * MON-FRI"),
+            ("timezone", "Asia/Tokyo"),
+            ("misfire", "skip"),
+            ("message", "new words"),
+            ("back", "/routines/digest"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        (status, location.as_str()),
+        (
+            StatusCode::SEE_OTHER,
+            "/routines/digest?done=edited&of=digest"
+        )
+    );
+    let after = store.get_routine(digest.id).await.unwrap();
+    assert_eq!(
+        (
+            after.schedule.as_str(),
+            after.timezone.as_str(),
+            after.misfire_policy.as_str()
+        ),
+        ("30 7 * * MON-FRI", "Asia/Tokyo", "skip")
+    );
+    assert_eq!(after.payload, json!({ "text": "new words" }));
+    let next = after
+        .next_run_at
+        .unwrap()
+        .with_timezone(&chrono_tz::Asia::Tokyo);
+    assert_eq!(next.format("%H:%M").to_string(), "07:30", "{next}");
+    let (_, page) = get(&state, &location, None).await;
+    assert!(page.contains("Saved “digest”"), "{page}");
+
+    // A mission's overlap, from its own form.
+    let (_, page) = get(&state, "/routines/audit", None).await;
+    assert!(page.contains("name=\"overlap\""), "{page}");
+    assert!(!page.contains("name=\"message\""), "{page}");
+    let (status, _, body) = submit(
+        &state,
+        "/routines/audit/edit",
+        &[
+            ("schedule", "0 3 * * *"),
+            ("timezone", "UTC"),
+            ("misfire", "fire-once"),
+            ("overlap", "replace"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    assert_eq!(
+        store.get_routine(audit.id).await.unwrap().overlap,
+        "replace"
+    );
+    let (status, _, body) =
+        submit(&state, "/routines/audit/edit", &[("overlap", "sometimes")]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(
+        store.get_routine(audit.id).await.unwrap().overlap,
+        "replace"
+    );
+}
+
+/// The page deletes a routine after a confirmation that says how many fires go with it; the
+/// routine and its fires are gone, and the index says so.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_page_deletes_a_routine_after_saying_how_many_fires_go(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let standup = every_minute(&store, "standup", false).await;
+    let keep = every_minute(&store, "keep", false).await;
+    for id in [standup.id, keep.id] {
+        store.trigger_routine(id).await.unwrap();
+    }
+    let scheduler = Scheduler::new(
+        Arc::new(store.clone()),
+        Arc::new(RoutedDispatcher::new(
+            Some(Arc::new(MemoryDispatcher::new())),
+            None,
+        )),
+        SchedulerConfig::default(),
+        "page-test",
+    )
+    .unwrap();
+    assert_eq!(scheduler.tick().await.unwrap().fired, 2);
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+
+    let (_, page) = get(&state, "/routines/standup", None).await;
+    assert!(page.contains("<summary>Delete…</summary>"), "{page}");
+    assert!(page.contains("Delete standup and its one fire"), "{page}");
+    assert!(
+        page.contains("action=\"/routines/standup/delete\""),
+        "{page}"
+    );
+
+    // Not without the page's token.
+    let (status, _, _) = post(&state, "/routines/standup/delete", "csrf=guess", &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(store.get_routine(standup.id).await.is_ok());
+
+    let (status, location, _) = submit(&state, "/routines/standup/delete", &[]).await;
+    assert_eq!(
+        (status, location.as_str()),
+        (StatusCode::SEE_OTHER, "/?done=deleted&of=standup")
+    );
+    assert!(store.get_routine(standup.id).await.is_err());
+    let fires: i64 = sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE routine_id = $1")
+        .bind(standup.id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(fires, 0);
+    assert!(
+        store.get_routine(keep.id).await.is_ok(),
+        "another routine went too"
+    );
+    let (_, index) = get(&state, &location, None).await;
+    assert!(
+        index.contains("Deleted “standup” and its fires."),
+        "{index}"
+    );
+    let (status, _) = get(&state, "/routines/standup", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// A UTC routine's next runs are one column of UTC times, not the same column twice.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_utc_routines_next_runs_are_not_shown_twice(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    every_minute(&store, "standup", false).await;
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+    let (_, page) = get(&state, "/routines/standup", None).await;
+    let next_runs = page.split("id=\"next-runs\"").nth(1).unwrap_or_default();
+    let next_runs = next_runs.split("</table>").next().unwrap_or_default();
+    assert!(!next_runs.contains("In UTC"), "{next_runs}");
+    assert_eq!(next_runs.matches("<td").count(), 10, "{next_runs}");
+}
+
+/// Text as maud writes it into a page.
+fn maud_escaped(text: &str) -> String {
+    maud::html! { (text) }.into_string()
 }

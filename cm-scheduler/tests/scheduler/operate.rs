@@ -630,3 +630,148 @@ async fn pause_clicked_in_a_browser_pauses_and_a_cross_site_form_is_refused() {
     browser.wait_for("document.body.innerText.includes('Nothing was done')");
     assert!(is_paused(&db.pool, "standup").await, "a GET resumed it");
 }
+
+/// The fires a routine's strip on the index shows.
+const STRIP_FIRES: i64 = cm_scheduler::status::STRIP_FIRES as i64;
+
+/// At 1,280 px a 150-character name wraps inside its cell and the routines table fits its
+/// width, so the Actions column is on screen without scrolling sideways; a mission's page shows
+/// its repository, task and env (secrets masked) and how this scheduler runs it, and its edit
+/// form opens. Screenshots of both go to `CM_PAGE_SCREENSHOTS` when set (docs/ has them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Chromium: apt-get install chromium, or set CHROMIUM to a Chromium binary"]
+async fn long_names_wrap_and_actions_stay_in_view_at_1280_px() {
+    let db = TestDb::new().await;
+    let store = PgStore::new(db.pool.clone());
+    let mut long = String::from("quarterly-revenue-reconciliation");
+    while long.len() < 150 {
+        long.push_str("-for-the-emea-finance-team");
+    }
+    long.truncate(150);
+    for (name, kind, payload, schedule) in [
+        (
+            long.as_str(),
+            RoutineKind::Message,
+            json!({ "text": "hello" }),
+            "0 9 * * MON-FRI",
+        ),
+        (
+            "standup",
+            RoutineKind::Message,
+            json!({ "text": "hello" }),
+            "*/30 * * * * *",
+        ),
+        (
+            "nightly-audit",
+            RoutineKind::Mission,
+            json!({ "repository": "https://git.example.com/team/audit.git", "ref": "main",
+                    "task": "audit the dependencies and open an issue per finding",
+                    "env": { "LANG": "C.UTF-8", "REPORT_TOKEN": "s3cr3t-value" },
+                    "labels": { "routine/team": "platform" } }),
+            "0 3 * * *",
+        ),
+    ] {
+        let routine = store
+            .create_routine(NewRoutine {
+                name: name.into(),
+                schedule: Schedule::parse(schedule, "Europe/Berlin").unwrap(),
+                kind,
+                payload,
+                misfire: MisfirePolicy::FireOnce,
+                paused: false,
+            })
+            .await
+            .unwrap();
+        // A full strip of fires in the messages' rows: the table at its widest. The mission
+        // runs once.
+        if kind == RoutineKind::Message {
+            let now = chrono::Utc::now();
+            let past: Vec<_> = (1..=STRIP_FIRES)
+                .map(|minutes| now - chrono::Duration::minutes(minutes))
+                .collect();
+            store.request_occurrences(routine.id, &past).await.unwrap();
+        } else {
+            store.trigger_routine(routine.id).await.unwrap();
+        }
+    }
+    let workdir = std::env::temp_dir().join(format!("cm-page-{}", Uuid::new_v4().simple()));
+    let workdir = workdir.to_string_lossy().into_owned();
+    let scheduler = Running::start(
+        &db.url,
+        &[
+            "--mission-backend",
+            "process",
+            "--mission-workdir",
+            &workdir,
+            "--mission-env-allow",
+            "LANG,REPORT_*",
+            "--mission-command",
+            "/bin/true",
+        ],
+    );
+    let base = format!("http://{}", scheduler.addr);
+    scheduler.await_answer("/", 200, "standup").await;
+    let fired = eventually_within(PATIENCE, async || {
+        let settled: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE completed_at IS NOT NULL")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        (settled > 2 * STRIP_FIRES).then_some(())
+    })
+    .await;
+    assert!(fired.is_some(), "{}", scheduler.log());
+    let shots = std::env::var("CM_PAGE_SCREENSHOTS").ok().map(PathBuf::from);
+
+    let mut browser = Browser::launch(1280, 900);
+    browser.open(&format!("{base}/?sort=name"));
+    browser.wait_for("document.querySelector('#routines')");
+    let fit = browser.eval(
+        "(() => { const table = document.getElementById('routines');
+                  const box = table.parentElement;
+                  const actions = table.querySelector('thead th:last-child').getBoundingClientRect();
+                  const name = table.querySelector('td.name').getBoundingClientRect();
+                  return { right: actions.right, width: window.innerWidth,
+                           scroll: box.scrollWidth, client: box.clientWidth,
+                           nameHeight: name.height }; })()",
+    );
+    let number = |key: &str| fit[key].as_f64().unwrap_or(f64::NAN);
+    assert!(
+        number("right") <= number("width"),
+        "the Actions column ends off screen: {fit}"
+    );
+    assert!(
+        number("scroll") <= number("client"),
+        "the routines table scrolls sideways: {fit}"
+    );
+    assert!(
+        number("nameHeight") > 40.0,
+        "the long name did not wrap: {fit}"
+    );
+    if let Some(dir) = &shots {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("page-routines-1280.png"), browser.screenshot()).unwrap();
+    }
+
+    browser.open(&format!("{base}/routines/nightly-audit"));
+    browser.wait_for("document.querySelector('#mission')");
+    let text = browser.eval("document.body.innerText");
+    let text = text.as_str().unwrap_or_default();
+    for shown in [
+        "https://git.example.com/team/audit.git",
+        "audit the dependencies",
+        "LANG=C.UTF-8",
+        "REPORT_TOKEN=***",
+        "process (development only)",
+        "/bin/true",
+    ] {
+        assert!(text.contains(shown), "{shown:?} missing:\n{text}");
+    }
+    assert!(!text.contains("s3cr3t-value"), "{text}");
+    browser.click("#edit summary");
+    browser.wait_for("document.querySelector('#edit-overlap').offsetParent !== null");
+    if let Some(dir) = &shots {
+        std::fs::write(dir.join("page-mission-1280.png"), browser.screenshot()).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&workdir);
+}

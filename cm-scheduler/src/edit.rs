@@ -1,0 +1,183 @@
+//! A change to a routine's settings as an operator gives it, in text: from `routine update`'s
+//! flags or from the status page's form. Both go through [`Edit::checked`], so the page refuses
+//! exactly what the command line refuses, with the same words, before anything is written; the
+//! store then applies the change in one transaction with the routine's row locked.
+
+use cm_domain::{MisfirePolicy, OverlapPolicy, RoutineName, Schedule, Zone};
+use cm_store::{RoutineAction, RoutineKind, RoutineUpdate};
+
+/// The settings an edit gives; `None` leaves one as it is. A mission's description is not
+/// here: it is a file (`routine update --mission`), read and checked against the operator's
+/// mission policy by the command line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Edit<'a> {
+    /// A new name.
+    pub name: Option<&'a str>,
+    /// A new cron expression.
+    pub schedule: Option<&'a str>,
+    /// A new IANA zone.
+    pub timezone: Option<&'a str>,
+    /// A new misfire policy (`fire-once`, `catch-up`, `skip`).
+    pub misfire: Option<&'a str>,
+    /// A new message text (the routine becomes, or stays, a message routine).
+    pub message: Option<&'a str>,
+    /// A new overlap policy (`allow`, `forbid`, `replace`), of a mission routine only.
+    pub overlap: Option<&'a str>,
+}
+
+impl Edit<'_> {
+    /// The change, checked: a name, an expression read in the (new or current) zone, a zone, a
+    /// policy, a message within its size, an overlap policy only for a routine that is a
+    /// mission after the change (`kind`, the routine's kind now, becomes a message's when the
+    /// edit gives a message). `overlap_field` names where the overlap came from in a refusal
+    /// (`--overlap`). An edit that changes nothing is refused.
+    pub fn checked(
+        &self,
+        kind: RoutineKind,
+        current_zone: Option<Zone>,
+        overlap_field: &str,
+    ) -> Result<RoutineUpdate, String> {
+        let zone = self
+            .timezone
+            .map(Zone::parse)
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        if let Some(expression) = self.schedule {
+            // In the new zone, else the routine's (UTC when not known): a field error does not
+            // depend on the zone, and the store reads it again in the routine's own under its
+            // lock.
+            Schedule::new(expression, zone.or(current_zone).unwrap_or(Zone::UTC))
+                .map_err(|e| e.to_string())?;
+        }
+        let action = self.message.map(message).transpose()?;
+        let kind = action.as_ref().map_or(kind, |a| a.kind);
+        let update = RoutineUpdate {
+            name: self.name.map(name).transpose()?,
+            expression: self.schedule.map(str::to_owned),
+            zone,
+            misfire: self.misfire.map(misfire).transpose()?,
+            action,
+            overlap: overlap(overlap_field, kind, self.overlap)?,
+        };
+        if update == RoutineUpdate::default() {
+            return Err(NOTHING_TO_CHANGE.into());
+        }
+        Ok(update)
+    }
+}
+
+/// The refusal of an edit that changes nothing.
+pub const NOTHING_TO_CHANGE: &str = "nothing to change: give at least one of --name, --schedule, \
+     --timezone, --misfire, --message, --mission and --overlap";
+
+/// A routine's name, checked.
+pub fn name(text: &str) -> Result<String, String> {
+    RoutineName::parse(text)
+        .map(RoutineName::into_string)
+        .map_err(|e| e.to_string())
+}
+
+/// A misfire policy by its name.
+pub fn misfire(text: &str) -> Result<MisfirePolicy, String> {
+    text.parse()
+        .map_err(|e: cm_domain::ParseMisfirePolicyError| e.to_string())
+}
+
+/// A message routine's action: a text, not empty, of at most
+/// [`cm_domain::MAX_MESSAGE_BYTES`].
+pub fn message(text: &str) -> Result<RoutineAction, String> {
+    if text.is_empty() {
+        return Err("the message must not be empty".into());
+    }
+    if text.len() > cm_domain::MAX_MESSAGE_BYTES {
+        return Err(format!(
+            "the message is {} bytes; at most {} are allowed",
+            text.len(),
+            cm_domain::MAX_MESSAGE_BYTES
+        ));
+    }
+    Ok(RoutineAction {
+        kind: RoutineKind::Message,
+        payload: serde_json::json!({ "text": text }),
+    })
+}
+
+/// The one rule for an overlap policy, whether `routine create --overlap`, `routine update
+/// --overlap`, an import line's `"overlap"` or the page gives it: only a mission routine has one
+/// (a message is posted, never running while the next comes due), and it must be a policy's
+/// name. `kind` is what the routine is (after the change); `field` names where the policy was
+/// given, for the refusal. `None` when none is given.
+pub fn overlap(
+    field: &str,
+    kind: RoutineKind,
+    given: Option<&str>,
+) -> Result<Option<OverlapPolicy>, String> {
+    let Some(text) = given else {
+        return Ok(None);
+    };
+    if kind != RoutineKind::Mission {
+        return Err(format!(
+            "{field} is for mission routines (a message routine has no run to overlap)"
+        ));
+    }
+    text.parse()
+        .map(Some)
+        .map_err(|e: cm_domain::ParseOverlapPolicyError| format!("{field}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_edit_is_checked_before_anything_is_written() {
+        let mission = RoutineKind::Mission;
+        let edit = |e: Edit<'_>| e.checked(mission, None, "--overlap");
+        assert_eq!(edit(Edit::default()).unwrap_err(), NOTHING_TO_CHANGE);
+        assert!(
+            edit(Edit {
+                schedule: Some("61 * * * *"),
+                ..Edit::default()
+            })
+            .is_err()
+        );
+        assert!(
+            edit(Edit {
+                timezone: Some("Mars/Olympus"),
+                ..Edit::default()
+            })
+            .is_err()
+        );
+        assert!(
+            edit(Edit {
+                message: Some(""),
+                ..Edit::default()
+            })
+            .unwrap_err()
+            .contains("must not be empty")
+        );
+        // A message makes it a message routine, which has no overlap.
+        assert!(
+            edit(Edit {
+                message: Some("hi"),
+                overlap: Some("forbid"),
+                ..Edit::default()
+            })
+            .unwrap_err()
+            .starts_with("--overlap is for mission routines")
+        );
+        let update = edit(Edit {
+            schedule: Some("0 9 * * *"),
+            timezone: Some("Europe/Berlin"),
+            misfire: Some("skip"),
+            overlap: Some("replace"),
+            ..Edit::default()
+        })
+        .unwrap();
+        assert_eq!(update.expression.as_deref(), Some("0 9 * * *"));
+        assert_eq!(update.zone.map(|z| z.name()), Some("Europe/Berlin"));
+        assert_eq!(update.misfire, Some(MisfirePolicy::Skip));
+        assert_eq!(update.overlap, Some(OverlapPolicy::Replace));
+        assert_eq!(update.action, None);
+    }
+}

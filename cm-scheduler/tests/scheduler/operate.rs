@@ -315,7 +315,9 @@ fn every_second(name: &str, kind: RoutineKind, zone: &str) -> NewRoutine {
         kind,
         payload: match kind {
             RoutineKind::Message => json!({ "text": "payload text not to show" }),
-            RoutineKind::Mission => json!({ "repository": "https://git.example.com/hidden.git" }),
+            RoutineKind::Mission => {
+                json!({ "repository": "https://git.example.com/team/audit.git", "task": "audit" })
+            }
         },
         misfire: MisfirePolicy::FireOnce,
         paused: false,
@@ -492,7 +494,8 @@ async fn the_status_page_in_a_real_browser() {
         "<h1>audit</h1>",
         "<table id=\"next-runs\">",
         "<table id=\"fires\">",
-        "contents not shown",
+        // A mission's description is shown; a message's text never is.
+        "<code>https://git.example.com/team/audit.git</code>",
     ] {
         assert!(
             page.contains(shown),
@@ -501,8 +504,8 @@ async fn the_status_page_in_a_real_browser() {
     }
     for dom in [&index, &page] {
         assert!(
-            !dom.contains("hidden.git") && !dom.contains("payload text"),
-            "a payload shows:\n{dom}"
+            !dom.contains("payload text"),
+            "a message's text shows:\n{dom}"
         );
     }
     // A phone-sized screenshot of the whole page, kept where CM_STATUS_SCREENSHOT says (the

@@ -883,6 +883,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     .map_err(|e| input(e.to_string()))?
     .with_auto_pause(Arc::new(store.clone()), args.pause_after_failures)
     .with_outbox_pruning(Arc::new(store.clone()))
+    .with_planning(Arc::new(store.clone()))
     .with_groups(Arc::new(store.clone()), args.claim_per_group);
     if let Some(runtime) = &runtime {
         scheduler = scheduler

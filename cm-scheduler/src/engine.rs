@@ -186,6 +186,7 @@ pub struct Scheduler {
     in_claim: InClaimWrites,
     completion: Completion,
     auto_pause: Option<AutoPause>,
+    planning: Option<Arc<dyn cm_store::UnplannedRoutines>>,
     outbox: Option<Arc<dyn OutboxConsumer>>,
     launches: Arc<LaunchWindow>,
     /// Mission runs watched after their launch (`runs.rs`).
@@ -419,6 +420,7 @@ impl Scheduler {
             in_claim,
             completion: Completion::default(),
             auto_pause: None,
+            planning: None,
             outbox: None,
             launches: Arc::default(),
             runs: None,
@@ -439,6 +441,14 @@ impl Scheduler {
     /// ago in its prune pass.
     pub fn with_outbox_pruning(mut self, outbox: Arc<dyn OutboxConsumer>) -> Self {
         self.outbox = Some(outbox);
+        self
+    }
+
+    /// Plans, every tick interval (and at the start of every [`Scheduler::tick`]), the routines
+    /// written through SQL (`cm.create_routine`): a valid one gets its first run, a refused one
+    /// is paused with the reason, logged and counted (`cm_routines_planned_total`).
+    pub fn with_planning(mut self, store: Arc<dyn cm_store::UnplannedRoutines>) -> Self {
+        self.planning = Some(store);
         self
     }
 
@@ -544,7 +554,56 @@ impl Scheduler {
     /// One tick, whole: claim what is due (at most the cap, and no more than there is room to
     /// start), dispatch it, and wait until every dispatch is settled.
     pub async fn tick(&self) -> Result<TickReport, TickError> {
+        self.plan().await;
         self.whole_pass(Pass::Tick).await
+    }
+
+    /// One planning pass (see [`Scheduler::with_planning`]) over the groups this scheduler
+    /// maintains; whether it succeeded. A failure is logged and kept for health like a failed
+    /// tick, and the next pass tries again.
+    async fn plan(&self) -> bool {
+        let Some(store) = &self.planning else {
+            return true;
+        };
+        for group in self.maintained_groups().await {
+            match store.plan_routines(group, cm_store::PLAN_BATCH).await {
+                Ok(planned) => {
+                    for routine in planned {
+                        match &routine.refused {
+                            None => {
+                                add(&self.stats.planned, 1);
+                                info!(routine = %routine.name, routine_id = %routine.id,
+                                    next_run_at = ?routine.next_run_at, "planned a routine written through SQL");
+                            }
+                            Some(reason) => {
+                                add(&self.stats.refused_at_planning, 1);
+                                error!(routine = %routine.name, routine_id = %routine.id, %reason,
+                                    "paused a routine written through SQL: it cannot be planned");
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    error!(error = %e, "planning routines written through SQL failed");
+                    self.stats
+                        .tick_failed(format!("planning routines written through SQL failed: {e}"));
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Plans the routines written through SQL every tick interval, beside the ticks (nothing
+    /// without [`Scheduler::with_planning`]).
+    async fn plan_loop(&self, mut stopped: watch::Receiver<bool>) {
+        if self.planning.is_none() {
+            return;
+        }
+        let mut beat = beat(self.config.tick_interval);
+        while next_beat(&mut beat, &mut stopped).await {
+            self.plan().await;
+        }
     }
 
     /// One reaper pass, whole: take over claims whose lease ran out (their claimant crashed)
@@ -1153,6 +1212,7 @@ impl Scheduler {
             self.tick_loop(stopped.clone(), &completer),
             self.reap_loop(stopped.clone(), &completer),
             self.watch_loop(stopped.clone()),
+            self.plan_loop(stopped.clone()),
             self.lease_loop(stopped),
         );
         // No new claims from here on; wait for every dispatch in flight to settle (each is

@@ -139,6 +139,7 @@ const TICK_ERRORS: &str = "cm_tick_errors_total";
 const DEFERRED: &str = "cm_deferred_total";
 const SKIPPED: &str = "cm_misfires_skipped_total";
 const PRUNED: &str = "cm_pruned_total";
+const PLANNED: &str = "cm_routines_planned_total";
 const REAPED: &str = "cm_reaped_total";
 const SATURATED: &str = "cm_ticks_saturated_total";
 const OVERRUNS: &str = "cm_tick_overruns_total";
@@ -240,6 +241,11 @@ pub struct Stats {
     pub reaped: Counter,
     /// Settled fires deleted after their retention.
     pub pruned: Counter,
+    /// Routines written through SQL that a planning pass gave their first run.
+    pub planned: Counter,
+    /// Routines written through SQL that a planning pass refused and paused (a bad cron
+    /// expression, zone, name or mission).
+    pub refused_at_planning: Counter,
     /// Dispatches that hit a transient error of cm's own database and were left `claimed` for
     /// a retry after their lease, instead of being settled `failed`.
     pub left_for_retry: Counter,
@@ -283,6 +289,8 @@ impl Default for Stats {
             skipped: Counter::new(SKIPPED, None),
             reaped: Counter::new(REAPED, None),
             pruned: Counter::new(PRUNED, None),
+            planned: Counter::new(PLANNED, Some("planned")),
+            refused_at_planning: Counter::new(PLANNED, Some("refused")),
             left_for_retry: outcome("left_for_retry"),
             saturated_ticks: Counter::new(SATURATED, None),
             tick_overruns: Counter::new(OVERRUNS, None),

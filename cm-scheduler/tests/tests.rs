@@ -103,3 +103,5 @@ mod secrets;
 mod shells;
 #[path = "scheduler/slow_target.rs"]
 mod slow_target;
+#[path = "scheduler/sql_writes.rs"]
+mod sql_writes;

@@ -108,12 +108,16 @@ async fn take_name(
     Ok(())
 }
 
-/// Maps a unique violation of the name constraint to [`StoreError::NameTaken`].
+/// Maps a unique violation of the name constraint to [`StoreError::NameTaken`]. On Citus the
+/// error comes from a worker's shard (`routine_names_pkey_102040`) without its constraint
+/// field, and only its message names the constraint.
 pub(crate) fn name_conflict(e: sqlx::Error, name: &str) -> StoreError {
     let taken = e.as_database_error().is_some_and(|d| {
         d.kind() == sqlx::error::ErrorKind::UniqueViolation
-            && d.constraint()
-                .is_some_and(|c| c.starts_with("routine_names_pkey"))
+            && match d.constraint() {
+                Some(c) => c.starts_with("routine_names_pkey"),
+                None => d.message().contains("\"routine_names_pkey"),
+            }
     });
     if taken {
         StoreError::NameTaken(name.to_string())
@@ -163,7 +167,7 @@ pub(crate) async fn insert_routine(
     .map_err(|e| name_conflict(e, &routine.name))
 }
 
-async fn db_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, StoreError> {
+pub(crate) async fn db_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, StoreError> {
     Ok(sqlx::query_scalar("SELECT now()").fetch_one(conn).await?)
 }
 
@@ -273,11 +277,11 @@ pub(crate) async fn list_routines_page(
 }
 
 pub(crate) async fn update_routine(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     id: Uuid,
     update: &RoutineUpdate,
 ) -> Result<Routine, StoreError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = conn.begin().await?;
     let current = lock_routine(&mut tx, id).await?;
     let now = db_now(&mut tx).await?;
     let updated = apply_update(&mut tx, &current, update, now).await?;
@@ -302,12 +306,12 @@ async fn finish(tx: sqlx::Transaction<'_, sqlx::Postgres>, write: Write) -> Resu
 }
 
 pub(crate) async fn import_routines(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     routines: &[NewRoutine],
     upsert: bool,
     write: Write,
 ) -> Result<Vec<ImportedRoutine>, StoreError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = conn.begin().await?;
     let now = db_now(&mut tx).await?;
     let names: Vec<&str> = routines.iter().map(|r| r.name.as_str()).collect();
     let existing = lock_named(&mut tx, &names, None).await?;
@@ -460,12 +464,12 @@ fn pair_lines(existing: &[Routine], routines: &[NewRoutine], source: &str) -> Ve
 }
 
 pub(crate) async fn sync_routines(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     source: &str,
     routines: &[NewRoutine],
     write: Write,
 ) -> Result<Vec<SyncedRoutine>, StoreError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = conn.begin().await?;
     let now = db_now(&mut tx).await?;
     let names: Vec<&str> = routines.iter().map(|r| r.name.as_str()).collect();
     let mut existing = lock_named(&mut tx, &names, Some(source)).await?;
@@ -577,7 +581,13 @@ impl PgStore {
         routines: &[NewRoutine],
         upsert: bool,
     ) -> Result<Vec<ImportedRoutine>, StoreError> {
-        import_routines(&self.pool, routines, upsert, Write::RollBack).await
+        import_routines(
+            &mut *self.pool.acquire().await?,
+            routines,
+            upsert,
+            Write::RollBack,
+        )
+        .await
     }
 
     /// What [`RoutineStore::sync_routines`] would do, worked out under the same locks in a
@@ -588,7 +598,13 @@ impl PgStore {
         source: &str,
         routines: &[NewRoutine],
     ) -> Result<Vec<SyncedRoutine>, StoreError> {
-        sync_routines(&self.pool, source, routines, Write::RollBack).await
+        sync_routines(
+            &mut *self.pool.acquire().await?,
+            source,
+            routines,
+            Write::RollBack,
+        )
+        .await
     }
 
     /// The names of those of `ids` that still exist, by id (what `fires` prints beside each

@@ -64,9 +64,11 @@ pub mod ledger;
 mod model;
 mod options;
 pub mod outbox;
+mod planning;
 pub mod routines;
 pub mod runs;
 pub mod status;
+pub mod tx;
 
 use sqlx::PgPool;
 use sqlx::migrate::Migrator;
@@ -99,6 +101,7 @@ pub use options::{PLAN_CACHE_MODE, StoreOptions};
 pub use outbox::MockOutboxStore;
 pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
 pub use outcome::{FIRE_FAILURE_SQL, FIRE_OUTCOME_SQL};
+pub use planning::{PLAN_BATCH, PlannedRoutine, UnplannedRoutines};
 #[cfg(feature = "mock")]
 pub use routines::MockRoutineStore;
 pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};

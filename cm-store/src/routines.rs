@@ -5,12 +5,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::catalog;
 pub use crate::model::{
     ImportedRoutine, NewRoutine, PendingRequests, Routine, RoutineCursor, RoutineKind,
     RoutineUpdate, SyncedRoutine,
 };
 use crate::{PgStore, StoreError};
+use crate::{catalog, tx};
 
 /// Creating and managing routines.
 #[cfg_attr(feature = "mock", mockall::automock)]
@@ -99,13 +99,7 @@ pub trait RoutineStore: Send + Sync {
 #[async_trait]
 impl RoutineStore for PgStore {
     async fn create_routine(&self, routine: NewRoutine) -> Result<Routine, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-            .fetch_one(&mut *tx)
-            .await?;
-        let row = catalog::insert_routine(&mut tx, &routine, None, now).await?;
-        tx.commit().await?;
-        Ok(row)
+        tx::create_routine(&mut *self.pool.acquire().await?, &routine).await
     }
 
     async fn get_routine(&self, id: Uuid) -> Result<Routine, StoreError> {
@@ -141,7 +135,7 @@ impl RoutineStore for PgStore {
         id: Uuid,
         update: &RoutineUpdate,
     ) -> Result<Routine, StoreError> {
-        catalog::update_routine(&self.pool, id, update).await
+        tx::update_routine(&mut *self.pool.acquire().await?, id, update).await
     }
 
     async fn import_routines(
@@ -149,7 +143,7 @@ impl RoutineStore for PgStore {
         routines: &[NewRoutine],
         upsert: bool,
     ) -> Result<Vec<ImportedRoutine>, StoreError> {
-        catalog::import_routines(&self.pool, routines, upsert, catalog::Write::Commit).await
+        tx::import_routines(&mut *self.pool.acquire().await?, routines, upsert).await
     }
 
     async fn sync_routines(
@@ -157,7 +151,7 @@ impl RoutineStore for PgStore {
         source: &str,
         routines: &[NewRoutine],
     ) -> Result<Vec<SyncedRoutine>, StoreError> {
-        catalog::sync_routines(&self.pool, source, routines, catalog::Write::Commit).await
+        tx::sync_routines(&mut *self.pool.acquire().await?, source, routines).await
     }
 
     async fn pending_requests(&self, id: Uuid, limit: u32) -> Result<PendingRequests, StoreError> {
@@ -165,33 +159,7 @@ impl RoutineStore for PgStore {
     }
 
     async fn set_routine_paused(&self, id: Uuid, paused: bool) -> Result<Routine, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let routine = catalog::lock_routine(&mut tx, id).await?;
-        let group = routine.group_id;
-        if routine.paused == paused {
-            return Ok(routine);
-        }
-        let next_run_at = if paused {
-            None
-        } else {
-            let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
-                .fetch_one(&mut *tx)
-                .await?;
-            routine.parsed_schedule()?.next_after(now)
-        };
-        let row = sqlx::query_as::<_, Routine>(
-            "UPDATE routines
-             SET paused = $2, next_run_at = $3, paused_reason = NULL, updated_at = now()
-             WHERE id = $1 AND group_id = $4 RETURNING *",
-        )
-        .bind(id)
-        .bind(paused)
-        .bind(next_run_at)
-        .bind(group)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(row)
+        tx::set_routine_paused(&mut *self.pool.acquire().await?, id, paused).await
     }
 
     async fn request_occurrences(
@@ -199,87 +167,14 @@ impl RoutineStore for PgStore {
         id: Uuid,
         instants: &[DateTime<Utc>],
     ) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let group = catalog::routine_group(&mut tx, id).await?;
-        // Lock the routine so a concurrent delete cannot slip between the check and the insert.
-        let exists: Option<Uuid> =
-            sqlx::query_scalar("SELECT id FROM routines WHERE id = $1 AND group_id = $2 FOR SHARE")
-                .bind(id)
-                .bind(group)
-                .fetch_optional(&mut *tx)
-                .await?;
-        if exists.is_none() {
-            return Err(StoreError::RoutineNotFound(id));
-        }
-        let requested = sqlx::query(
-            "INSERT INTO routine_requests (routine_id, scheduled_at, origin, group_id)
-             SELECT $1, t.scheduled_at, 'backfill', $3
-             FROM UNNEST($2::timestamptz[]) AS t(scheduled_at)
-             WHERE NOT EXISTS (
-                 SELECT 1 FROM routine_fires f
-                 WHERE f.routine_id = $1 AND f.scheduled_at = t.scheduled_at
-                   AND f.group_id = $3)
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(id)
-        .bind(instants)
-        .bind(group)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        tx.commit().await?;
-        Ok(requested)
+        tx::request_occurrences(&mut *self.pool.acquire().await?, id, instants).await
     }
 
     async fn trigger_routine(&self, id: Uuid) -> Result<DateTime<Utc>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let group = catalog::routine_group(&mut tx, id).await?;
-        let now: Option<DateTime<Utc>> = sqlx::query_scalar(
-            "SELECT now() FROM routines WHERE id = $1 AND group_id = $2 FOR SHARE",
-        )
-        .bind(id)
-        .bind(group)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let now = now.ok_or(StoreError::RoutineNotFound(id))?;
-        // Two triggers in the same microsecond name the same occurrence, and fire once.
-        sqlx::query(
-            "INSERT INTO routine_requests (routine_id, scheduled_at, origin, group_id)
-             VALUES ($1, $2, 'trigger', $3)
-             ON CONFLICT DO NOTHING",
-        )
-        .bind(id)
-        .bind(now)
-        .bind(group)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(now)
+        tx::trigger_routine(&mut *self.pool.acquire().await?, id).await
     }
 
     async fn delete_routine(&self, id: Uuid) -> Result<(), StoreError> {
-        // Locks are taken in one order, the routine first: a tick's claim skips a routine
-        // locked here (its due query and its requests both use SKIP LOCKED on the routine), so
-        // once the routine is ours no claim can be holding one of its requests while waiting
-        // for it. Leaving the requests to their foreign key's cascade would lock the routine
-        // and then wait for a request a claim holds while that claim waits for the routine: a
-        // deadlock. The fires have no foreign key: this lock is what keeps a claim from writing
-        // one after the delete, and the delete, which waited for any claim holding the
-        // routine, deletes the ones written before.
-        let mut tx = self.pool.begin().await?;
-        let group = catalog::routine_group(&mut tx, id).await?;
-        let locked: Option<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM routines WHERE id = $1 AND group_id = $2 FOR UPDATE",
-        )
-        .bind(id)
-        .bind(group)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if locked.is_none() {
-            return Err(StoreError::RoutineNotFound(id));
-        }
-        catalog::delete_locked(&mut tx, id).await?;
-        tx.commit().await?;
-        Ok(())
+        tx::delete_routine(&mut *self.pool.acquire().await?, id).await
     }
 }

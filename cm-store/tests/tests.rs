@@ -107,3 +107,8 @@ mod groups;
 // statement one task, no two-phase commit during a claim.
 #[path = "store/citus.rs"]
 mod citus;
+
+// Writes in the caller's transaction (`cm_store::tx`) and from SQL (`cm.create_routine` …),
+// with the planning pass that reads what SQL could not.
+#[path = "store/writes.rs"]
+mod writes;

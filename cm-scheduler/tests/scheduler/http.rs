@@ -34,6 +34,8 @@ const SERIES: &[&str] = &[
     "cm_fires_total{outcome=\"settle_error\"}",
     "cm_fires_total{outcome=\"unstarted\"}",
     "cm_fires_total{outcome=\"dispatch_panic\"}",
+    "cm_routines_planned_total{outcome=\"planned\"}",
+    "cm_routines_planned_total{outcome=\"refused\"}",
     "# TYPE cm_mission_runs_total counter",
     "cm_mission_runs_total{state=\"running\"}",
     "cm_mission_runs_total{state=\"succeeded\"}",

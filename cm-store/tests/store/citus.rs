@@ -965,3 +965,67 @@ async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
     );
     db.drop_all().await;
 }
+
+/// On Citus a sibling's writes in its own transaction and through SQL work as on PostgreSQL:
+/// a routine written in a transaction that rolls back is gone, one committed with the
+/// caller's row is there, several routines (several groups: a distributed transaction) commit
+/// as one, and the SQL functions' rows are planned or paused with the reason.
+#[tokio::test]
+#[ignore = "needs Citus: start it with .ci/citus and set CM_TEST_CITUS_URL to what it prints"]
+async fn writes_in_the_callers_transaction_and_from_sql_on_citus() {
+    use cm_store::UnplannedRoutines as _;
+    let db = CitusDb::create().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let gone = cm_store::tx::create_routine(&mut tx, &message("gone", YEARLY))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(db.store.get_routine(gone.id).await.is_err());
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let mut ids = Vec::new();
+    for name in ["one", "two", "three", "four"] {
+        ids.push(
+            cm_store::tx::create_routine(&mut tx, &message(name, YEARLY))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let taken = cm_store::tx::create_routine(&mut tx, &message("one", YEARLY)).await;
+    assert!(matches!(taken, Err(StoreError::NameTaken(_))), "{taken:?}");
+    tx.commit().await.unwrap();
+    for id in &ids {
+        assert!(db.store.get_routine(*id).await.is_ok());
+    }
+
+    let good: Uuid =
+        sqlx::query_scalar("SELECT cm.create_routine('sql', '0 9 * * *', 'UTC', 'hi')")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let bad: Uuid = sqlx::query_scalar(
+        "SELECT cm.create_routine('sql bad', '0 9 * * *', 'Mars/Olympus', 'hi')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let planned = db.store.plan_routines(None, 100).await.unwrap();
+    assert_eq!(planned.len(), 2, "{planned:?}");
+    assert!(
+        db.store
+            .get_routine(good)
+            .await
+            .unwrap()
+            .next_run_at
+            .is_some()
+    );
+    assert!(db.store.get_routine(bad).await.unwrap().paused);
+    let deleted: bool = sqlx::query_scalar("SELECT cm.delete_routine($1)")
+        .bind(good)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(deleted);
+    db.drop_all().await;
+}

@@ -27,7 +27,7 @@
 //!
 //! The cluster is the one `kube::Config::infer` finds: `KUBECONFIG` or `~/.kube/config`, else
 //! the in-cluster service account. Tested against a fake of the API
-//! ([`crate::fakes::kubernetes`]); no cluster was available where it was built.
+//! (`fakes::kubernetes`, feature `fakes`); no cluster was available where it was built.
 
 use std::collections::BTreeMap;
 

@@ -1,7 +1,7 @@
 //! The [`Dispatcher`] trait, and the backends that carry out an occurrence.
 //!
 //! A dispatch is one attempt at one occurrence: the routine's payload, its
-//! [`IdempotencyKey`](cm_domain::IdempotencyKey) (the same for every attempt at the occurrence)
+//! [`IdempotencyKey`] (the same for every attempt at the occurrence)
 //! and a deadline. A backend turns it into an effect (a message posted, a container launched)
 //! and uses the key so that a retry after a crash cannot produce a second effect where the
 //! target can prevent it.
@@ -28,6 +28,11 @@
 //! [`conformance::check_backend`] is the suite every backend passes;
 //! [`mission_conformance::check_mission_backend`] adds the cases of mission backends.
 //! Fakes of the runtimes' HTTP APIs are in `fakes` (feature `fakes`).
+
+/// The crate's README, whose example is compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 pub mod conformance;
 #[cfg(feature = "docker")]

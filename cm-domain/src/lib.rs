@@ -45,6 +45,11 @@
 //! );
 //! ```
 
+/// The crate's README, whose example is compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 /// The most bytes of a message routine's text (it is copied into every fire's message).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 

@@ -573,7 +573,7 @@ impl PgStore {
         .await?)
     }
 
-    /// What [`RoutineStore::import_routines`] would write, worked out under the same locks in a
+    /// What [`RoutineStore::import_routines`](crate::RoutineStore::import_routines) would write, worked out under the same locks in a
     /// transaction rolled back: nothing is written (`routine import --dry-run`). The ids of
     /// routines it would create are not kept.
     pub async fn plan_import(
@@ -590,7 +590,7 @@ impl PgStore {
         .await
     }
 
-    /// What [`RoutineStore::sync_routines`] would do, worked out under the same locks in a
+    /// What [`RoutineStore::sync_routines`](crate::RoutineStore::sync_routines) would do, worked out under the same locks in a
     /// transaction rolled back: nothing is written or deleted (`routine import --sync
     /// --dry-run`).
     pub async fn plan_sync(

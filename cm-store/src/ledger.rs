@@ -1504,7 +1504,7 @@ const ADVANCE_SQL: &str = concat!(
     " SELECT count(*) FROM advanced"
 );
 
-/// [`ADVANCE_SQL`] within the group `$6`.
+/// `ADVANCE_SQL` within the group `$6`.
 pub const ADVANCE_GROUP_SQL: &str = concat!(
     "WITH ",
     advance_cte!("$1", "$2", "$3", "$4", "$5", " AND r.group_id = $6"),
@@ -1626,7 +1626,7 @@ FROM claimed c JOIN routines r ON r.id = c.routine_id AND r.group_id = c.group_i
 /// `$12` each occurrence's group.
 const CLAIM_SQL: &str = claim_sql!("");
 
-/// [`CLAIM_SQL`] within the group `$13`.
+/// `CLAIM_SQL` within the group `$13`.
 pub const CLAIM_GROUP_SQL: &str = claim_sql!(" AND r.group_id = $13");
 
 /// The claim statement with the transactional outbox (see [`CLAIM_WITH_OUTBOX_SQL`]); the
@@ -1704,7 +1704,7 @@ JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
 /// numbers drawn for rows that turn out to exist are simply unused.
 const CLAIM_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!("");
 
-/// [`CLAIM_WITH_OUTBOX_SQL`] within the group `$16`.
+/// `CLAIM_WITH_OUTBOX_SQL` within the group `$16`.
 pub const CLAIM_GROUP_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!(" AND r.group_id = $16");
 
 /// The reaper's statement; the arguments keep it in one group, or are empty.

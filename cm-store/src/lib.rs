@@ -51,6 +51,11 @@
 //! # Ok(()) }
 //! ```
 
+/// The crate's README, whose example is compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[macro_use]
 pub mod outcome;
 

@@ -249,6 +249,10 @@ pub(super) enum Readiness {
     NoAnswer,
     /// Nothing listens (a scheduler starting, or just killed).
     Refused,
+    /// The connection was closed or reset before any answer: the scheduler asked was killed
+    /// while the probe waited (a SIGKILL resets its sockets). Not a silence: a silence is a
+    /// live process that does not answer in time.
+    Closed,
 }
 
 /// `GET /readyz` on 127.0.0.1:`port`, giving up after `deadline`, as an orchestrator's probe
@@ -260,11 +264,14 @@ pub(super) fn probe_readyz(port: u16, deadline: Duration) -> Readiness {
     };
     let started = Instant::now();
     let _ = stream.set_write_timeout(Some(deadline));
-    if stream
-        .write_all(b"GET /readyz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
-        .is_err()
+    let silent_or_closed = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => Readiness::NoAnswer,
+        _ => Readiness::Closed,
+    };
+    if let Err(e) =
+        stream.write_all(b"GET /readyz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
     {
-        return Readiness::NoAnswer;
+        return silent_or_closed(e);
     }
     let mut answer = Vec::new();
     let mut buf = [0u8; 1024];
@@ -274,9 +281,10 @@ pub(super) fn probe_readyz(port: u16, deadline: Duration) -> Readiness {
             return Readiness::NoAnswer;
         }
         match stream.read(&mut buf) {
+            Ok(0) if answer.is_empty() => return Readiness::Closed,
             Ok(0) => break,
             Ok(n) => answer.extend_from_slice(&buf[..n]),
-            Err(_) => return Readiness::NoAnswer,
+            Err(e) => return silent_or_closed(e),
         }
     }
     let text = String::from_utf8_lossy(&answer);
@@ -386,12 +394,13 @@ pub(super) fn probe_digest(probes: &[Probe], from: Duration, to: Duration) -> St
                 _ => None,
             });
             format!(
-                "slot {slot}: {}, {} no answer in {} s, {} ready, {} refused of {}",
+                "slot {slot}: {}, {} no answer in {} s, {} ready, {} refused, {} closed unanswered of {}",
                 first_503.unwrap_or_else(|| "no 503".to_string()),
                 count(&Readiness::NoAnswer),
                 PROBE_DEADLINE.as_secs(),
                 count(&Readiness::Ready),
                 count(&Readiness::Refused),
+                count(&Readiness::Closed),
                 inside.len()
             )
         })
@@ -471,9 +480,10 @@ mod tests {
         assert!(flags.windows(2).any(|w| w == ["--tick-interval", "200ms"]));
     }
 
-    /// The probe against a server of the test's own: an answer, a reason, a silence.
+    /// The probe against a server of the test's own: an answer, a reason, a silence, a
+    /// process that dies while asked.
     #[test]
-    fn the_probe_tells_ready_unready_silent_and_absent_apart() {
+    fn the_probe_tells_ready_unready_silent_closed_and_absent_apart() {
         let serve = |answer: &'static str| {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let port = listener.local_addr().unwrap().port();
@@ -481,7 +491,9 @@ mod tests {
                 if let Ok((mut s, _)) = listener.accept() {
                     let mut buf = [0u8; 256];
                     let _ = s.read(&mut buf);
-                    if answer.is_empty() {
+                    if answer == "close" {
+                        drop(s);
+                    } else if answer.is_empty() {
                         std::thread::sleep(Duration::from_secs(2));
                     } else {
                         let _ = s.write_all(answer.as_bytes());
@@ -502,6 +514,7 @@ mod tests {
         let started = Instant::now();
         assert_eq!(probe_readyz(silent, short), Readiness::NoAnswer);
         assert!(started.elapsed() < Duration::from_millis(1500));
+        assert_eq!(probe_readyz(serve("close"), short), Readiness::Closed);
         assert_eq!(
             probe_readyz(free_port().unwrap(), short),
             Readiness::Refused

@@ -62,6 +62,7 @@ pub mod name;
 pub mod occurrence;
 pub mod outcome;
 pub mod repository;
+pub mod rules;
 pub mod run;
 pub mod schedule;
 pub mod tick;
@@ -77,11 +78,13 @@ pub use mission::{Mission, MissionError, MissionPolicy};
 pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
 pub use occurrence::{FireOrigin, IdempotencyKey, Occurrence, ParseFireOriginError, RoutineId};
 pub use outcome::{FireOutcome, ParseFireOutcomeError};
+pub use rules::{MAX_EVERY_SECONDS, ScheduleText, parse_duration, parse_time};
 pub use run::{
     OverlapDecision, OverlapPolicy, ParseOverlapPolicyError, ParseRunStateError, RunHolder,
     RunState, RunStateName, decide_overlap,
 };
 pub use schedule::{
-    Field, MAX_EXPRESSION_CHARS, Occurrences, Schedule, ScheduleError, Zone, ZoneError,
+    Field, MAX_EXPRESSION_CHARS, MAX_SCHEDULE_CHARS, Occurrences, Schedule, ScheduleError, Zone,
+    ZoneError,
 };
 pub use tick::{DueRoutine, RoutineAdvance, TickPlan, plan_claim, plan_tick};

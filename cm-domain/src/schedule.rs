@@ -31,10 +31,15 @@ use std::fmt;
 
 use chrono::{DateTime, Datelike, LocalResult, NaiveDateTime, TimeDelta, TimeZone, Utc};
 use croner::Cron;
+
+use crate::rules::{Bounds, Rule};
 use croner::parser::{CronParser, Seconds, Year};
 
-/// The longest expression accepted, in characters.
+/// The longest cron expression accepted, in characters.
 pub const MAX_EXPRESSION_CHARS: usize = 256;
+
+/// The longest schedule accepted, its clauses included, in characters.
+pub const MAX_SCHEDULE_CHARS: usize = 1024;
 
 /// An IANA time zone, stored and shown by its name (never as an offset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -155,6 +160,12 @@ pub enum ScheduleError {
         /// The expression's length in characters.
         chars: usize,
     },
+    /// The schedule, its clauses included, is longer than [`MAX_SCHEDULE_CHARS`].
+    #[error("invalid schedule: it is {chars} characters long, the limit is {MAX_SCHEDULE_CHARS}")]
+    ScheduleTooLong {
+        /// The schedule's length in characters.
+        chars: usize,
+    },
     /// The expression has a character that cannot be placed in a field (the field count is
     /// wrong too, so which field it belongs to is unknown).
     #[error("invalid cron expression: unexpected character {ch:?} (U+{:04X})", u32::from(*ch))]
@@ -195,22 +206,56 @@ pub enum ScheduleError {
         /// Which fields exclude each other.
         reason: String,
     },
+    /// An interval, a one-shot, a window or an exclusion is malformed.
+    #[error("invalid schedule: {reason}")]
+    Rule {
+        /// What is wrong, naming the clause.
+        reason: String,
+    },
     /// The expression passed cm's checks but the cron engine refused it.
     #[error("invalid cron expression: {0}")]
     Invalid(String),
 }
 
-/// A parsed cron expression in a zone.
+/// A parsed schedule in a zone: a cron expression, an interval (`@every`) or one instant
+/// (`@at`), with its window and exclusions (see [`crate::rules`] for the grammar).
 #[derive(Clone)]
 pub struct Schedule {
-    /// The expression as given.
+    /// The schedule as given.
     expression: String,
     /// The zone its wall times are read in.
     zone: Zone,
-    /// The expression compiled by croner, from the canonical six-field form.
-    cron: Cron,
+    /// Its rule.
+    rule: Rule,
+    /// Its window and exclusions.
+    bounds: Bounds,
+}
+
+/// A cron expression that passed cm's checks, compiled by croner.
+pub(crate) struct CompiledCron {
+    /// The compiled expression.
+    pub cron: Cron,
     /// Whether second, minute and hour are each one plain number.
-    fixed_time: bool,
+    pub fixed_time: bool,
+    /// Its canonical six-field form, seconds first.
+    pub canonical: String,
+}
+
+/// Checks a cron expression field by field and compiles it.
+pub(crate) fn compile_cron(expression: &str) -> Result<CompiledCron, ScheduleError> {
+    let checked = check_expression(expression)?;
+    let cron = CronParser::builder()
+        .seconds(Seconds::Required)
+        .year(Year::Disallowed)
+        .dom_and_dow(false)
+        .build()
+        .parse(&checked.canonical)
+        .map_err(|e| ScheduleError::Invalid(e.to_string()))?;
+    Ok(CompiledCron {
+        cron,
+        fixed_time: checked.fixed_time,
+        canonical: checked.canonical,
+    })
 }
 
 impl Schedule {
@@ -219,31 +264,110 @@ impl Schedule {
         Schedule::new(expression, Zone::parse(zone)?)
     }
 
-    /// Parses `expression` in `zone`.
+    /// Parses `expression` in `zone`: a cron expression, `@every DURATION [offset DURATION]` or
+    /// `@at TIME`, then any `except CRON` clauses, `from TIME` and `until TIME`.
     pub fn new(expression: &str, zone: Zone) -> Result<Self, ScheduleError> {
-        let checked = check_expression(expression)?;
-        let cron = CronParser::builder()
-            .seconds(Seconds::Required)
-            .year(Year::Disallowed)
-            .dom_and_dow(false)
-            .build()
-            .parse(&checked.canonical)
-            .map_err(|e| ScheduleError::Invalid(e.to_string()))?;
+        let chars = expression.chars().count();
+        if chars > MAX_SCHEDULE_CHARS {
+            return Err(ScheduleError::ScheduleTooLong { chars });
+        }
+        let parts = crate::rules::ScheduleText::parse(expression)?;
+        let rule = match parts.rule.as_str().split_once([' ', '\t']) {
+            Some((word, rest)) if word.eq_ignore_ascii_case("@every") => {
+                crate::rules::parse_every(rest)?
+            }
+            Some((word, rest)) if word.eq_ignore_ascii_case("@at") => {
+                Rule::At(crate::rules::parse_time(rest, zone).map_err(|reason| {
+                    ScheduleError::Rule {
+                        reason: format!("@at {:?}: {reason}", crate::rules::blank_trimmed(rest)),
+                    }
+                })?)
+            }
+            _ if ["@every", "@at"]
+                .iter()
+                .any(|w| parts.rule.eq_ignore_ascii_case(w)) =>
+            {
+                return Err(ScheduleError::Rule {
+                    reason: format!("{} needs a value", parts.rule),
+                });
+            }
+            _ => {
+                if parts.rule.chars().count() > MAX_EXPRESSION_CHARS {
+                    return Err(ScheduleError::TooLong {
+                        chars: parts.rule.chars().count(),
+                    });
+                }
+                let compiled = compile_cron(&parts.rule)?;
+                Rule::Cron {
+                    cron: Box::new(compiled.cron),
+                    fixed_time: compiled.fixed_time,
+                }
+            }
+        };
+        let bounds = crate::rules::parse_bounds(&parts, zone)?;
         let schedule = Schedule {
             expression: expression.to_owned(),
             zone,
-            cron,
-            fixed_time: checked.fixed_time,
+            rule,
+            bounds,
         };
-        // The calendar check above is exact, so this is a second line of defence: it catches a
-        // disagreement with croner before a routine is stored that would never come due.
-        let reference = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single();
-        if reference.and_then(|r| schedule.next_after(r)).is_none() {
+        // The calendar check is exact, so this is a second line of defence: it catches a
+        // disagreement with croner, and a window or exclusions that leave nothing, before a
+        // routine is stored that would never come due.
+        if let Rule::Cron { .. } | Rule::Every { .. } = schedule.rule {
+            let reference = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single();
+            if reference.and_then(|r| schedule.next_after(r)).is_none() {
+                let bounded =
+                    schedule.bounds.end.is_some() || !schedule.bounds.exclusions.is_empty();
+                return Err(ScheduleError::NeverFires {
+                    reason: if bounded {
+                        "no occurrence falls inside its window that its exclusions leave"
+                    } else {
+                        "no occurrence was found"
+                    }
+                    .to_owned(),
+                });
+            }
+        } else if schedule.next_after(schedule.start_search()).is_none() {
             return Err(ScheduleError::NeverFires {
-                reason: "no occurrence was found".to_owned(),
+                reason: "its one instant is outside its window or excluded".to_owned(),
             });
         }
         Ok(schedule)
+    }
+
+    /// An instant before every occurrence a one-shot can have.
+    fn start_search(&self) -> DateTime<Utc> {
+        match self.rule {
+            Rule::At(at) => at - TimeDelta::seconds(1),
+            _ => DateTime::<Utc>::MIN_UTC,
+        }
+    }
+
+    /// When the window opens (`from`), if it has a start.
+    pub fn start(&self) -> Option<DateTime<Utc>> {
+        self.bounds.start
+    }
+
+    /// When the window closes (`until`), if it has an end.
+    pub fn end(&self) -> Option<DateTime<Utc>> {
+        self.bounds.end
+    }
+
+    /// Whether the schedule is one instant (`@at`).
+    pub fn is_one_shot(&self) -> bool {
+        matches!(self.rule, Rule::At(_))
+    }
+
+    /// Whether the schedule is an interval in absolute time (`@every`).
+    pub fn is_interval(&self) -> bool {
+        matches!(self.rule, Rule::Every { .. })
+    }
+
+    /// Whether nothing is owed after `instant`: the window closed, or the one instant passed.
+    /// A routine whose schedule is over is *finished*.
+    pub fn is_over_after(&self, instant: DateTime<Utc>) -> bool {
+        self.next_after(instant).is_none()
     }
 
     /// The expression as given.
@@ -262,10 +386,17 @@ impl Schedule {
     /// the overlap. A degenerate range or list such as `2-2` or `2,2` is still a range or list,
     /// so it makes an interval schedule.
     pub fn is_fixed_time(&self) -> bool {
-        self.fixed_time
+        matches!(
+            self.rule,
+            Rule::Cron {
+                fixed_time: true,
+                ..
+            }
+        )
     }
 
-    /// The first occurrence strictly after `instant`, or `None` if there is none.
+    /// The first occurrence strictly after `instant`, or `None` if there is none: the rule's
+    /// next instant inside the window that no exclusion drops.
     ///
     /// Occurrences are whole seconds. `None` also covers instants whose local date is outside
     /// the years 2 to 4998, which the cron engine does not search.
@@ -273,26 +404,54 @@ impl Schedule {
         // Converting the far ends of chrono's range to a zone can overflow, and croner searches
         // no further than the year 5000; no schedule runs there, so those instants are
         // answered before any conversion.
-        if !(2..=4998).contains(&instant.year()) {
-            return None;
+        let mut from = match self.bounds.start {
+            // `from` is inclusive: the search starts just before it.
+            Some(start) if start > instant => start - TimeDelta::milliseconds(1),
+            _ => instant,
+        };
+        for _ in 0..crate::rules::MAX_EXCLUDED_IN_A_ROW {
+            if !(2..=4998).contains(&from.year()) {
+                return None;
+            }
+            let next = self.rule_after(from)?;
+            if self.bounds.end.is_some_and(|end| next > end) {
+                return None;
+            }
+            match self.bounds.excluded_through(next, self.zone) {
+                None => return Some(next),
+                Some(through) => from = through,
+            }
         }
-        if self.fixed_time {
-            self.next_fixed_time_after(instant)
-        } else {
-            self.next_interval_after(instant)
+        None
+    }
+
+    /// The rule's first instant strictly after `instant`, window and exclusions aside.
+    fn rule_after(&self, instant: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match &self.rule {
+            Rule::Cron {
+                cron,
+                fixed_time: true,
+            } => self.next_fixed_time_after(cron, instant),
+            Rule::Cron { cron, .. } => Self::next_interval_after(cron, self.zone, instant),
+            Rule::Every { every, offset } => Rule::next_every(*every, *offset, instant),
+            Rule::At(at) => (*at > instant).then_some(*at),
         }
     }
 
     /// `next_after` for an interval schedule: croner's own zoned search, which skips gaps and
     /// walks both passes of an overlap in real-time order.
-    fn next_interval_after(&self, instant: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let mut from = instant.with_timezone(&self.zone.tz());
+    fn next_interval_after(
+        cron: &Cron,
+        zone: Zone,
+        instant: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        let mut from = instant.with_timezone(&zone.tz());
         // croner promises an instant strictly after its start, and the tests check that it
         // keeps the promise. This loop keeps the contract even if a future croner did not: a
         // result at or before `instant` is searched past, and the loop is bounded so a broken
         // engine cannot spin.
         for _ in 0..4 {
-            let next = self.cron.find_next_occurrence(&from, false).ok()?;
+            let next = cron.find_next_occurrence(&from, false).ok()?;
             let next_utc = next.with_timezone(&Utc);
             if next_utc > instant {
                 return Some(next_utc);
@@ -309,7 +468,7 @@ impl Schedule {
     /// time for at most two hours, and fails past that: in `Pacific/Apia`, where 2011-12-30
     /// never happened, a daily job would get no next run at all and stop for good. Placing the
     /// wall times here has no such limit.
-    fn next_fixed_time_after(&self, instant: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    fn next_fixed_time_after(&self, cron: &Cron, instant: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let tz = self.zone.tz();
         let mut wall = instant.with_timezone(&tz).naive_local();
         // A fixed-time schedule's wall times, in order, land on instants that never go back:
@@ -321,7 +480,7 @@ impl Schedule {
         for _ in 0..8 {
             // On naive wall times croner is a plain calendar search: strictly after `wall`
             // (its fraction of a second dropped), with no zone involved.
-            wall = self.cron.find_next_occurrence(&wall, false).ok()?;
+            wall = cron.find_next_occurrence(&wall, false).ok()?;
             let at = match tz.from_local_datetime(&wall) {
                 LocalResult::Single(at) | LocalResult::Ambiguous(at, _) => at,
                 LocalResult::None => first_instant_after_gap(tz, wall)?,
@@ -350,7 +509,7 @@ impl fmt::Debug for Schedule {
         f.debug_struct("Schedule")
             .field("expression", &self.expression)
             .field("zone", &self.zone.name())
-            .field("fixed_time", &self.fixed_time)
+            .field("fixed_time", &self.is_fixed_time())
             .finish_non_exhaustive()
     }
 }
@@ -379,7 +538,7 @@ impl Iterator for Occurrences<'_> {
 /// That instant is the earliest of the first wall time after the gap. It is found by doubling
 /// a step until a wall time exists, then halving back to the first that does: about thirty
 /// zone lookups even for the 24-hour gap of `Pacific/Apia` in 2011, instead of one per second.
-fn first_instant_after_gap(
+pub(crate) fn first_instant_after_gap(
     tz: chrono_tz::Tz,
     wall: NaiveDateTime,
 ) -> Option<DateTime<chrono_tz::Tz>> {
@@ -866,7 +1025,7 @@ mod tests {
         check("@hourly", "UTC", false);
         check_err("@reboot", "@reboot is not supported");
         check_err("@REBOOT", "not when the scheduler starts");
-        check_err("@every 5m", "unknown macro");
+        check_err("@every", "@every needs a value");
         check_err("@fortnightly", "unknown macro");
         check_err("@daily *", "stands alone");
         check_err("0 0 @ * *", "day-of-month");

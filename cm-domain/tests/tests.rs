@@ -8,5 +8,6 @@
 
 mod model;
 mod repository_hosts;
+mod rules_properties;
 mod schedule_properties;
 mod schedules;

@@ -17,6 +17,7 @@ mod import;
 mod listing;
 mod out;
 mod routine;
+mod schedule_flags;
 mod secrets;
 
 use std::path::PathBuf;
@@ -201,8 +202,11 @@ enum LogFormat {
 enum ScheduleCommand {
     /// Prints the next occurrences of an expression, one UTC instant a line.
     Next {
-        /// The cron expression.
-        expr: String,
+        /// The cron expression, with any clauses (`except …`, `from …`, `until …`); or give
+        /// the flags `routine create` takes instead.
+        expr: Option<String>,
+        #[command(flatten)]
+        when: schedule_flags::ScheduleFlags,
         /// The IANA zone it is read in.
         #[arg(long, default_value = "UTC")]
         timezone: String,
@@ -401,10 +405,22 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
     match cli.command {
         Command::Schedule(ScheduleCommand::Next {
             expr,
+            mut when,
             timezone,
             after,
             count,
-        }) => schedule_next(&expr, &timezone, after.as_deref(), count),
+        }) => {
+            if let Some(expr) = expr {
+                if when.schedule.is_some() || when.every.is_some() || when.at.is_some() {
+                    return Err(input(
+                        "give the schedule once: as EXPR, or as --schedule, --every or --at",
+                    ));
+                }
+                when.schedule = Some(expr);
+            }
+            let expr = when.text(None).map_err(input)?.unwrap_or_default();
+            schedule_next(&expr, &timezone, after.as_deref(), count)
+        }
         Command::Migrate { citus } => {
             let store = connect(url, true).await?;
             store

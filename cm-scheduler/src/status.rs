@@ -63,7 +63,7 @@ th a{color:inherit}th a.on::after{content:' ▾'}
 time,.nowrap,td code{white-space:nowrap}
 td.name{min-width:10em;max-width:18em;overflow-wrap:anywhere}h1{overflow-wrap:anywhere}
 .fired{color:#1a7f37}.failed{color:#cf222e;font-weight:600}.claimed{color:#9a6700}.skipped{color:#57606a}
-.paused{color:#9a6700;font-weight:600}.active{color:#1a7f37}.muted{color:#59636e}.small{font-size:.85em}
+.paused{color:#9a6700;font-weight:600}.active{color:#1a7f37}.finished{color:#59636e;font-weight:600}.muted{color:#59636e}.small{font-size:.85em}
 .reason{display:block;max-width:14em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap}
 dl{display:grid;grid-template-columns:max-content 1fr;gap:.25em 1.2em}dt{font-weight:600}dd{margin:0}
 .figures{display:flex;flex-wrap:wrap;gap:.5em}
@@ -573,7 +573,9 @@ pub async fn routine(
     };
     let now = Utc::now();
     let payload_bytes = serde_json::to_vec(&r.payload).map_or(0, |v| v.len());
-    let zone = r.parsed_schedule().ok().map(|s| s.zone().tz());
+    let parsed = r.parsed_schedule().ok();
+    let zone = parsed.as_ref().map(|s| s.zone().tz());
+    let window = parsed.as_ref().map(|s| (s.start(), s.end()));
     let recent: Vec<RecentFire> = fires
         .iter()
         .map(|f| RecentFire {
@@ -604,10 +606,14 @@ pub async fn routine(
                 dt { "Kind" } dd { (r.kind) }
                 dt { "Schedule" } dd { code { (r.schedule) } }
                 dt { "Time zone" } dd { (r.timezone) }
+                @if let Some((Some(start), _)) = window { dt { "Starts" } dd { (instant_cell(start, zone)) } }
+                @if let Some((_, Some(end))) = window { dt { "Ends" } dd { (instant_cell(end, zone)) } }
                 dt { "Misfire policy" } dd { (r.misfire_policy) }
                 @if r.kind == cm_store::RoutineKind::Mission { dt { "Overlap" } dd { (r.overlap) } }
                 dt { "State" } dd {
-                    @if r.paused { span.paused { "paused" } } @else { span.active { "active" } }
+                    @if r.paused { span.paused { "paused" } }
+                    @else if r.is_finished(now) { span.finished { "finished" } }
+                    @else { span.active { "active" } }
                     @if let Some(reason) = &r.paused_reason { " " span.error { (shown(reason)) } }
                 }
                 dt { "Next run" } dd { (next_run_cell(&r, now)) }
@@ -1186,6 +1192,8 @@ fn state_cell(r: &Routine) -> Markup {
                 @let reason = reason.strip_prefix("paused ").unwrap_or(reason);
                 span.reason.small.muted title=(shown(reason)) { (shown(reason)) }
             }
+        } @else if r.is_finished(Utc::now()) {
+            span.finished { "finished" }
         } @else {
             span.active { "active" }
         }
@@ -1202,8 +1210,19 @@ fn next_run_cell(r: &Routine, now: DateTime<Utc>) -> Markup {
                 @if r.timezone != "UTC" { span.muted.small.nowrap { (in_zone(at, zone)) } br; }
                 span.muted.small.nowrap { (utc(at)) }
             }
-            None => span.muted { @if r.paused { "none while paused" } @else { "none" } },
+            None => span.muted {
+                @if r.paused { "none while paused" }
+                @else if r.is_finished(now) { "none: finished" }
+                @else { "none" }
+            },
         }
+    }
+}
+
+/// An instant in the routine's zone, with UTC beside it.
+fn instant_cell(at: DateTime<Utc>, zone: Option<chrono_tz::Tz>) -> Markup {
+    html! {
+        (in_zone(at, zone)) " " span.muted.small.nowrap { (utc(at)) }
     }
 }
 

@@ -97,6 +97,8 @@ mod operator_files;
 mod overlap;
 #[path = "scheduler/page_host.rs"]
 mod page_host;
+#[path = "scheduler/schedules_beyond.rs"]
+mod schedules_beyond;
 #[path = "scheduler/secrets.rs"]
 mod secrets;
 #[path = "scheduler/shells.rs"]

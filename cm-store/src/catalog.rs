@@ -136,6 +136,14 @@ pub(crate) async fn insert_routine(
     source: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<Routine, StoreError> {
+    // A schedule already over (its window closed, its one instant passed) would make a
+    // routine that never fires: refused, not stored finished.
+    if routine.schedule.is_over_after(now) {
+        return Err(StoreError::InvalidRoutine(format!(
+            "its schedule {:?} has no occurrence after now ({now}): it would never fire",
+            routine.schedule.expression()
+        )));
+    }
     let next_run_at = if routine.paused {
         None
     } else {

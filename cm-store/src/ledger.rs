@@ -964,7 +964,8 @@ impl FireLedger for PgStore {
                     cm_domain::Schedule::parse(&routine.schedule, &routine.timezone)
                         .map_err(|e| e.to_string())
                 })
-                .clone();
+                .as_ref()
+                .map_err(Clone::clone);
             let policy = routine
                 .misfire_policy
                 .parse::<cm_domain::MisfirePolicy>()
@@ -972,7 +973,7 @@ impl FireLedger for PgStore {
             match (schedule, policy) {
                 (Ok(schedule), Ok(policy)) => plans.push(PlannedRoutine {
                     routine_id: routine.id,
-                    plan: plan_due(routine.next_run_at, &schedule, now, policy, &params.rules),
+                    plan: plan_due(routine.next_run_at, schedule, now, policy, &params.rules),
                     limited: params.mission_room.is_some() && routine.kind == "mission",
                 }),
                 (Err(reason), _) | (_, Err(reason)) => unusable.push(UnusableRoutine {

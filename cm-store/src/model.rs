@@ -128,6 +128,26 @@ impl Routine {
         })
     }
 
+    /// Whether the routine is *finished*: not paused, and its schedule owes nothing after
+    /// `now` (its window closed, or its one instant fired). It fires no more unless an edit
+    /// gives it occurrences again.
+    pub fn is_finished(&self, now: DateTime<Utc>) -> bool {
+        !self.paused
+            && self.next_run_at.is_none()
+            && self.parsed_schedule().is_ok_and(|s| s.is_over_after(now))
+    }
+
+    /// `active`, `paused` or `finished` (see [`Routine::is_finished`]).
+    pub fn state(&self, now: DateTime<Utc>) -> &'static str {
+        if self.paused {
+            "paused"
+        } else if self.is_finished(now) {
+            "finished"
+        } else {
+            "active"
+        }
+    }
+
     /// The parsed misfire policy.
     pub fn misfire(&self) -> Result<MisfirePolicy, StoreError> {
         self.misfire_policy

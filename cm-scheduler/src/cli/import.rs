@@ -33,7 +33,22 @@ pub(super) struct RoutineFields {
 #[serde(deny_unknown_fields)]
 struct JsonLine {
     name: String,
-    schedule: String,
+    /// A cron expression (with its clauses, if any); or `every` (with `offset`), or `at`.
+    #[serde(default)]
+    schedule: Option<String>,
+    #[serde(default)]
+    every: Option<String>,
+    #[serde(default)]
+    offset: Option<String>,
+    #[serde(default)]
+    at: Option<String>,
+    /// Exclusions: cron expressions, as `routine create --except`.
+    #[serde(default)]
+    except: Vec<String>,
+    #[serde(default)]
+    start: Option<String>,
+    #[serde(default)]
+    end: Option<String>,
     #[serde(default = "utc")]
     timezone: String,
     #[serde(default = "fire_once")]
@@ -78,10 +93,30 @@ pub(super) fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineE
             let what = what.split(" at line ").next().unwrap_or(&what).to_string();
             (line, format!("not a routine: {what}"))
         })?;
+        let rules = [&parsed.schedule, &parsed.every, &parsed.at];
+        if rules.iter().filter(|r| r.is_some()).count() > 1 {
+            return Err((line, "give one of schedule, every and at".to_string()));
+        }
+        if parsed.offset.is_some() && parsed.every.is_none() {
+            return Err((line, "offset needs every".to_string()));
+        }
+        let when = super::schedule_flags::ScheduleFlags {
+            schedule: parsed.schedule,
+            every: parsed.every,
+            offset: parsed.offset,
+            at: parsed.at,
+            except: parsed.except,
+            start: parsed.start,
+            end: parsed.end,
+        };
+        let schedule = when
+            .text(None)
+            .map_err(|e| (line, e.replace("--", "")))?
+            .unwrap_or_default();
         routines.push(RoutineFields {
             line,
             name: parsed.name,
-            schedule: parsed.schedule,
+            schedule,
             timezone: parsed.timezone,
             misfire: parsed.misfire,
             message: parsed.message,

@@ -98,11 +98,11 @@ pub(super) const ROUTINE_COLUMNS: &[&str] = &[
     "STATE",
 ];
 
-/// Whether a routine runs: `active`, `paused`, or why cm paused it by itself (its reason
-/// starts `paused by cm:`).
+/// Whether a routine runs: `active`, `finished` (its window closed or its one instant fired),
+/// `paused`, or why cm paused it by itself (its reason starts `paused by cm:`).
 pub(super) fn state(r: &Routine) -> String {
     match (&r.paused_reason, r.paused) {
-        (_, false) => "active".into(),
+        (_, false) => r.state(chrono::Utc::now()).into(),
         (Some(reason), true) => printable(reason),
         (None, true) => "paused".into(),
     }
@@ -122,6 +122,7 @@ pub(super) fn routine_row(r: &Routine, last: Option<&RecentFire>) -> Vec<String>
     let next = match r.next_run_at {
         Some(t) => instant(t),
         None if r.paused => "paused".into(),
+        None if r.is_finished(chrono::Utc::now()) => "finished".into(),
         None => "never".into(),
     };
     vec![

@@ -99,9 +99,8 @@ pub(super) struct CreateArgs {
     /// A name for people: unique, no control characters, not a UUID.
     #[arg(long)]
     name: String,
-    /// A cron expression: 5 fields, or 6 with seconds first.
-    #[arg(long)]
-    schedule: String,
+    #[command(flatten)]
+    when: super::schedule_flags::ScheduleFlags,
     /// The IANA zone the schedule is read in.
     #[arg(long, default_value = "UTC")]
     timezone: String,
@@ -142,9 +141,10 @@ pub(super) struct UpdateArgs {
     /// A new name.
     #[arg(long)]
     name: Option<String>,
-    /// A new cron expression.
-    #[arg(long)]
-    schedule: Option<String>,
+    /// A new rule (--schedule, --every, --at) replaces the rule; a clause given (--except,
+    /// --start, --end) replaces that clause and keeps the rest.
+    #[command(flatten)]
+    when: super::schedule_flags::ScheduleFlags,
     /// A new IANA zone for the schedule.
     #[arg(long)]
     timezone: Option<String>,
@@ -217,19 +217,21 @@ pub(super) struct ImportArgs {
     policy: crate::mission_args::PolicyFlags,
 }
 
-impl From<&CreateArgs> for RoutineFields {
-    fn from(args: &CreateArgs) -> Self {
-        RoutineFields {
+impl TryFrom<&CreateArgs> for RoutineFields {
+    type Error = Failure;
+
+    fn try_from(args: &CreateArgs) -> Result<Self, Failure> {
+        Ok(RoutineFields {
             line: 0,
             name: args.name.clone(),
-            schedule: args.schedule.clone(),
+            schedule: args.when.text(None).map_err(input)?.unwrap_or_default(),
             timezone: args.timezone.clone(),
             misfire: args.misfire.clone(),
             message: args.message.clone(),
             mission: args.mission.clone(),
             overlap: args.overlap.clone(),
             paused: args.paused,
-        }
+        })
     }
 }
 
@@ -239,7 +241,7 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
             // Everything about the input is checked before the database is touched, so bad
             // input writes nothing.
             let policy = mission_policy(args.mission_config.as_deref(), &args.policy)?;
-            let new = new_routine(&RoutineFields::from(&args), None, &policy)?;
+            let new = new_routine(&RoutineFields::try_from(&args)?, None, &policy)?;
             let overlap = overlap_for("--overlap", new.kind, args.overlap.as_deref())?;
             let store = connect_migrated(url).await?;
             let mut routine = store.create_routine(new).await?;
@@ -419,13 +421,14 @@ fn new_routine(
 }
 
 async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
-    let edit = cm_scheduler::edit::Edit {
-        name: args.name.as_deref(),
-        schedule: args.schedule.as_deref(),
-        timezone: args.timezone.as_deref(),
-        misfire: args.misfire.as_deref(),
-        message: args.message.as_deref(),
-        overlap: args.overlap.as_deref(),
+    // A rule given is checked before the database is touched; a clause alone (--end) is
+    // written into the routine's present schedule once it is read.
+    let given_rule =
+        args.when.schedule.is_some() || args.when.every.is_some() || args.when.at.is_some();
+    let early_schedule = if given_rule {
+        args.when.text(None).map_err(input)?
+    } else {
+        None
     };
     // Checked before the database is touched, as create checks them: the fields first (a
     // mission's kind stands in until the routine is read), then against the routine.
@@ -439,10 +442,19 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
         None => None,
     };
     let given_kind = mission.as_ref().map_or(RoutineKind::Mission, |m| m.kind);
-    let checked = |kind, zone| {
+    let checked = |schedule: Option<&str>, kind, zone| {
+        let edit = cm_scheduler::edit::Edit {
+            name: args.name.as_deref(),
+            schedule,
+            timezone: args.timezone.as_deref(),
+            misfire: args.misfire.as_deref(),
+            message: args.message.as_deref(),
+            overlap: args.overlap.as_deref(),
+        };
         let mut update = edit.checked(kind, zone, "--overlap").or_else(|e| {
-            // A mission file alone is a change too.
-            if mission.is_some() && e == cm_scheduler::edit::NOTHING_TO_CHANGE {
+            // A mission file alone is a change too, and so is a clause alone.
+            if (mission.is_some() || args.when.any()) && e == cm_scheduler::edit::NOTHING_TO_CHANGE
+            {
                 Ok(RoutineUpdate::default())
             } else {
                 Err(input(e))
@@ -453,12 +465,17 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
         }
         Ok::<_, Failure>(update)
     };
-    checked(given_kind, None)?;
+    checked(early_schedule.as_deref(), given_kind, None)?;
     let store = connect_migrated(url).await?;
     let found = find(&store, &args.routine).await?;
+    let schedule = if args.when.any() {
+        args.when.text(Some(&found.schedule)).map_err(input)?
+    } else {
+        None
+    };
     let zone = Zone::parse(&found.timezone).ok();
     let kind = mission.as_ref().map_or(found.kind, |m| m.kind);
-    let update = checked(kind, zone)?;
+    let update = checked(schedule.as_deref(), kind, zone)?;
     let routine = store.update_routine(found.id, &update).await?;
     print_created(&routine, args.json)
 }
@@ -732,6 +749,12 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
         say!("overlap     {}", routine.overlap);
     }
     say!("state       {}", listing::state(routine));
+    if let Some(start) = schedule.start() {
+        say!("starts      {}", listing::instant(start));
+    }
+    if let Some(end) = schedule.end() {
+        say!("ends        {}", listing::instant(end));
+    }
     if let Some(source) = &routine.source {
         say!("source      {}", printable(source));
     }
@@ -758,7 +781,10 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
     say!("");
     match routine.next_run_at {
         None if routine.paused => say!("next runs: none while paused"),
-        None => say!("next runs: none (the schedule has no more occurrences)"),
+        None if routine.is_finished(chrono::Utc::now()) => {
+            say!("next runs: none (finished: the schedule has no more occurrences)")
+        }
+        None => say!("next runs: none yet (the routine is not planned yet)"),
         Some(first) => {
             let mut runs = vec![first];
             while runs.len() < SHOWN_RUNS {

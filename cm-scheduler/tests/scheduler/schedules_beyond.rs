@@ -1,0 +1,200 @@
+//! Schedules beyond one cron line, through the binary: a window, an interval with exclusions
+//! and a one-shot fire exactly what `schedule next` lists for the same flags, nothing outside
+//! the window and nothing excluded; a routine past its end is `finished`, and editing its end
+//! revives it; bad flags write nothing.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Timelike, Utc};
+use uuid::Uuid;
+
+use crate::cli::{BIN, check_fails, ok};
+use crate::support::TestDb;
+
+fn rfc(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// What `schedule next` lists after `after` for `flags`.
+fn listed(url: &str, after: DateTime<Utc>, flags: &[&str]) -> BTreeSet<DateTime<Utc>> {
+    let after = rfc(after);
+    let mut args = vec!["schedule", "next", "--after", &after, "--count", "100"];
+    args.extend(flags);
+    ok(url, &args).lines().map(|l| l.parse().unwrap()).collect()
+}
+
+async fn fired(db: &TestDb, routine: &str) -> BTreeSet<DateTime<Utc>> {
+    sqlx::query_scalar::<_, DateTime<Utc>>(
+        "SELECT f.scheduled_at FROM routine_fires f JOIN routines r ON r.id = f.routine_id
+         WHERE r.name = $1 AND f.status = 'fired'",
+    )
+    .bind(routine)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect()
+}
+
+#[tokio::test]
+async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_lists() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let now = Utc::now().with_nanosecond(0).unwrap();
+    let (start, end, at) = (
+        now + chrono::Duration::seconds(3),
+        now + chrono::Duration::seconds(7),
+        now + chrono::Duration::seconds(4),
+    );
+    let (start_s, end_s, at_s) = (rfc(start), rfc(end), rfc(at));
+    let window = ["--every", "1s", "--start", &start_s, "--end", &end_s];
+    let odd = [
+        "--every",
+        "1s",
+        "--except",
+        "*/2 * * * * *",
+        "--end",
+        &end_s,
+    ];
+    let once = ["--at", &at_s];
+    for (name, flags) in [
+        ("window", &window[..]),
+        ("odd", &odd[..]),
+        ("once", &once[..]),
+    ] {
+        let mut args = vec!["routine", "create", "--name", name, "--message", "hi"];
+        args.extend(flags);
+        Uuid::parse_str(ok(url, &args).trim()).unwrap();
+    }
+    let expected_window = listed(url, now, &window);
+    let expected_odd = listed(url, now, &odd);
+    assert_eq!(expected_window.len(), 5, "{expected_window:?}");
+    assert!(expected_window.iter().all(|t| *t >= start && *t <= end));
+    assert!(
+        expected_odd
+            .iter()
+            .all(|t| t.second() % 2 == 1 && *t <= end)
+    );
+    assert_eq!(listed(url, now, &once), BTreeSet::from([at]));
+
+    // Bad flags are refused with one line, and write nothing.
+    let past = rfc(now - chrono::Duration::hours(1));
+    for (args, fragment) in [
+        (vec!["--at", past.as_str()], "would never fire"),
+        (
+            vec!["--every", "90m", "--offset", "90m"],
+            "offset must be shorter",
+        ),
+        (vec!["--start", start_s.as_str()], "a schedule is needed"),
+        (
+            vec![
+                "--every",
+                "1s",
+                "--start",
+                end_s.as_str(),
+                "--end",
+                start_s.as_str(),
+            ],
+            "ends",
+        ),
+        (
+            vec!["--schedule", "* * * * *", "--except", "* * * * *"],
+            "never fires",
+        ),
+    ] {
+        let mut full = vec!["routine", "create", "--name", "bad", "--message", "x"];
+        full.extend(args);
+        check_fails(url, &full, 2, fragment);
+    }
+    assert_eq!(db.count("routines").await, 3);
+
+    // A JSON Lines import takes the same fields; a line with two rules is refused, whole.
+    let dir = std::env::temp_dir().join(format!("cm-schedules-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = r#"{"name": "j1", "every": "1h", "offset": "15m", "except": ["0 0 25 12 *"], "end": "2027-01-01", "message": "x"}"#;
+    let two_rules =
+        r#"{"name": "j2", "schedule": "* * * * *", "at": "2030-01-01", "message": "x"}"#;
+    let file = dir.join("bad.jsonl");
+    std::fs::write(&file, format!("{good}\n{two_rules}\n")).unwrap();
+    check_fails(
+        url,
+        &["routine", "import", file.to_str().unwrap()],
+        2,
+        "one of schedule, every and at",
+    );
+    assert_eq!(db.count("routines").await, 3);
+    let file = dir.join("good.jsonl");
+    std::fs::write(&file, format!("{good}\n")).unwrap();
+    ok(url, &["routine", "import", file.to_str().unwrap()]);
+    let shown = ok(url, &["routine", "show", "j1"]);
+    assert!(
+        shown.contains("schedule    @every 1h offset 15m except 0 0 25 12 * until 2027-01-01"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("ends        2027-01-01T00:00:00Z"),
+        "{shown}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Through SQL, planned by the scheduler: its clauses hold as well.
+    let sql_schedule = format!("@every 1s until {end_s}");
+    sqlx::query("SELECT cm.create_routine('sql', $1, 'UTC', 'hi')")
+        .bind(&sql_schedule)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let expected_sql = listed(url, now, &[sql_schedule.as_str()]);
+
+    let mut scheduler = Command::new(BIN)
+        .args(["--database-url", url, "run", "--tick-interval", "100ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    while Utc::now() < end + chrono::Duration::seconds(2) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    scheduler.kill().unwrap();
+    let _ = scheduler.wait();
+
+    assert_eq!(fired(&db, "window").await, expected_window);
+    assert_eq!(fired(&db, "odd").await, expected_odd);
+    assert_eq!(fired(&db, "once").await, BTreeSet::from([at]));
+    // Planned when the scheduler first saw it, so from then on: all it lists after that.
+    let from_sql = fired(&db, "sql").await;
+    assert!(from_sql.is_subset(&expected_sql), "{from_sql:?}");
+    assert!(
+        from_sql.len() + 2 >= expected_sql.len(),
+        "{from_sql:?} of {expected_sql:?}"
+    );
+    assert!(from_sql.iter().all(|t| *t <= end));
+    let all: i64 = db.count("routine_fires").await;
+    assert_eq!(
+        all as usize,
+        expected_window.len() + expected_odd.len() + 1 + from_sql.len(),
+        "a fire outside what was listed"
+    );
+
+    // Past its end a routine is finished; an edited end revives it, keeping the rest.
+    for name in ["window", "once"] {
+        let shown = ok(url, &["routine", "show", name]);
+        assert!(shown.contains("state       finished"), "{shown}");
+    }
+    let listing = ok(url, &["routine", "list"]);
+    // window, odd, once and sql, each in its next-run and state columns.
+    assert_eq!(listing.matches("finished").count(), 8, "{listing}");
+    let later = rfc(Utc::now() + chrono::Duration::hours(1));
+    ok(url, &["routine", "update", "window", "--end", &later]);
+    let shown = ok(url, &["routine", "show", "window"]);
+    assert!(shown.contains("state       active"), "{shown}");
+    assert!(
+        shown.contains(&format!(
+            "schedule    @every 1s from {start_s} until {later}"
+        )),
+        "{shown}"
+    );
+    assert!(shown.contains("NEXT RUNS"), "{shown}");
+}

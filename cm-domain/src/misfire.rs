@@ -133,6 +133,23 @@ pub struct DuePlan {
     pub next_run_at: Option<DateTime<Utc>>,
 }
 
+impl DuePlan {
+    /// This plan under a run limit: a routine with `runs_left` occurrences left to fire owes at
+    /// most that many, oldest first, and once they are claimed it has no next run (it is
+    /// finished). `None` is no limit. Misfires the policy skipped are not runs and do not count.
+    /// The claim decrements the routine's count by what it claims, in the same transaction that
+    /// holds the routine's row, so two schedulers never fire one more than the limit.
+    pub fn limited_to(mut self, runs_left: Option<u32>) -> DuePlan {
+        if let Some(left) = runs_left.map(|n| n as usize)
+            && self.occurrences.len() >= left
+        {
+            self.occurrences.truncate(left);
+            self.next_run_at = None;
+        }
+        self
+    }
+}
+
 /// Plans a routine whose `next_run_at` is `due`, at `now`, under `policy`.
 ///
 /// `due` must be an occurrence of `schedule` (the stored `next_run_at`). If it is later than
@@ -739,5 +756,26 @@ mod tests {
         assert_eq!(rules.grace, config.misfire_grace);
         assert_eq!(rules.max_backlog, config.max_backlog);
         assert_eq!(rules.max_scan, MisfireRules::DEFAULT_MAX_SCAN);
+    }
+
+    #[test]
+    fn a_run_limit_keeps_the_oldest_occurrences_and_ends_the_clock_when_spent() {
+        let at = |s: u32| chrono::TimeZone::with_ymd_and_hms(&Utc, 2026, 1, 1, 0, 0, s).unwrap();
+        let plan = DuePlan {
+            occurrences: vec![at(1), at(2), at(3)],
+            skipped: 4,
+            next_run_at: Some(at(4)),
+        };
+        assert_eq!(plan.clone().limited_to(None), plan);
+        assert_eq!(plan.clone().limited_to(Some(5)), plan);
+        let two = plan.clone().limited_to(Some(2));
+        assert_eq!(
+            (two.occurrences, two.next_run_at, two.skipped),
+            (vec![at(1), at(2)], None, 4)
+        );
+        let three = plan.clone().limited_to(Some(3));
+        assert_eq!((three.occurrences.len(), three.next_run_at), (3, None));
+        let none = plan.limited_to(Some(0));
+        assert_eq!((none.occurrences.len(), none.next_run_at), (0, None));
     }
 }

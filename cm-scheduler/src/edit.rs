@@ -58,6 +58,8 @@ impl Edit<'_> {
             misfire: self.misfire.map(misfire).transpose()?,
             action,
             overlap: overlap(overlap_field, kind, self.overlap)?,
+            // `routine update --limit-runs` sets it after the check.
+            runs_left: None,
         };
         if update == RoutineUpdate::default() {
             return Err(NOTHING_TO_CHANGE.into());
@@ -68,7 +70,8 @@ impl Edit<'_> {
 
 /// The refusal of an edit that changes nothing.
 pub const NOTHING_TO_CHANGE: &str = "nothing to change: give at least one of --name, --schedule, \
-     --timezone, --misfire, --message, --mission and --overlap";
+     --every, --at, --except, --start, --end, --timezone, --misfire, --message, --mission, \
+     --overlap and --limit-runs";
 
 /// A routine's name, checked.
 pub fn name(text: &str) -> Result<String, String> {

@@ -608,6 +608,7 @@ pub async fn routine(
                 dt { "Time zone" } dd { (r.timezone) }
                 @if let Some((Some(start), _)) = window { dt { "Starts" } dd { (instant_cell(start, zone)) } }
                 @if let Some((_, Some(end))) = window { dt { "Ends" } dd { (instant_cell(end, zone)) } }
+                @if let Some(left) = r.runs_left { dt { "Runs left" } dd { (left) } }
                 dt { "Misfire policy" } dd { (r.misfire_policy) }
                 @if r.kind == cm_store::RoutineKind::Mission { dt { "Overlap" } dd { (r.overlap) } }
                 dt { "State" } dd {

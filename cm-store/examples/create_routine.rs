@@ -25,6 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             payload: serde_json::json!({ "text": "standup in 5 minutes" }),
             misfire: MisfirePolicy::FireOnce,
             paused: false,
+            runs_left: None,
         })
         .await?;
     println!("{} first runs at {:?}", routine.id, routine.next_run_at);

@@ -185,6 +185,7 @@ mod tests {
                 payload: json!({ "text": "Good morning" }),
                 misfire: MisfirePolicy::FireOnce,
                 paused: false,
+                runs_left: None,
             })
             .await
             .unwrap();

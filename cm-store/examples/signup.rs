@@ -74,6 +74,7 @@ async fn sign_up(State(pool): State<PgPool>, body: Bytes) -> Response {
         payload: json!({ "text": format!("Good morning, {}: here is your digest.", body.email) }),
         misfire: MisfirePolicy::FireOnce,
         paused: false,
+        runs_left: None,
     };
     let written = async {
         let mut tx = pool.begin().await?;

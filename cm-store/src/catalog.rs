@@ -144,6 +144,12 @@ pub(crate) async fn insert_routine(
             routine.schedule.expression()
         )));
     }
+    let runs_left = runs_left_column(routine.runs_left)?;
+    if runs_left == Some(0) {
+        return Err(StoreError::InvalidRoutine(
+            "a run limit of 0 would never fire (give at least 1)".into(),
+        ));
+    }
     let next_run_at = if routine.paused {
         None
     } else {
@@ -155,8 +161,8 @@ pub(crate) async fn insert_routine(
     sqlx::query_as::<_, Routine>(
         "INSERT INTO routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
-              source, group_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+              source, group_id, runs_left)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          RETURNING *",
     )
     .bind(id)
@@ -170,9 +176,21 @@ pub(crate) async fn insert_routine(
     .bind(next_run_at)
     .bind(source)
     .bind(group)
+    .bind(runs_left)
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, &routine.name))
+}
+
+/// A run limit as the `runs_left` column holds it.
+fn runs_left_column(limit: Option<u32>) -> Result<Option<i32>, StoreError> {
+    limit
+        .map(|n| {
+            i32::try_from(n).map_err(|_| {
+                StoreError::InvalidRoutine(format!("a run limit is at most {}", i32::MAX))
+            })
+        })
+        .transpose()
 }
 
 pub(crate) async fn db_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, StoreError> {
@@ -188,10 +206,19 @@ async fn apply_update(
 ) -> Result<Routine, StoreError> {
     let expression = update.expression.as_deref().unwrap_or(&current.schedule);
     let zone = update.zone.map_or(current.timezone.as_str(), |z| z.name());
-    let next_run_at = if expression != current.schedule || zone != current.timezone {
+    let runs_left = match update.runs_left {
+        Some(limit) => runs_left_column(limit)?,
+        None => current.runs_left,
+    };
+    // A new schedule, zone or run limit computes the next run again: a routine finished by
+    // its limit or its window comes back when the edit gives it occurrences.
+    let recompute = expression != current.schedule
+        || zone != current.timezone
+        || runs_left != current.runs_left;
+    let next_run_at = if recompute {
         let schedule = Schedule::parse(expression, zone)
             .map_err(|e| StoreError::InvalidRoutine(e.to_string()))?;
-        if current.paused {
+        if current.paused || runs_left == Some(0) {
             None
         } else {
             schedule.next_after(now)
@@ -227,7 +254,8 @@ async fn apply_update(
     sqlx::query_as::<_, Routine>(
         "UPDATE routines
          SET name = $2, schedule = $3, timezone = $4, kind = $5, payload = $6,
-             misfire_policy = $7, next_run_at = $8, overlap = $10, updated_at = now()
+             misfire_policy = $7, next_run_at = $8, overlap = $10, runs_left = $11,
+             updated_at = now()
          WHERE id = $1 AND group_id = $9
          RETURNING *",
     )
@@ -241,6 +269,7 @@ async fn apply_update(
     .bind(next_run_at)
     .bind(current.group_id)
     .bind(overlap)
+    .bind(runs_left)
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, name))
@@ -344,7 +373,9 @@ pub(crate) async fn import_routines(
 }
 
 /// The change that gives a stored routine `routine`'s settings. Pausing and resuming are their
-/// own commands: an import leaves them be.
+/// own commands: an import leaves them be. So is a run limit: it is set when the routine is
+/// created and counts down from there, so importing the same file again does not give a routine
+/// its runs back.
 fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
     RoutineUpdate {
         name: None,
@@ -356,6 +387,7 @@ fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
             payload: routine.payload.clone(),
         }),
         overlap: None,
+        runs_left: None,
     }
 }
 

@@ -523,6 +523,7 @@ struct DueRow {
     misfire_policy: Option<String>,
     kind: Option<String>,
     origin: Option<String>,
+    runs_left: Option<i32>,
 }
 
 /// A due routine as the claim reads it.
@@ -533,6 +534,8 @@ struct DueRoutine {
     misfire_policy: String,
     kind: String,
     next_run_at: DateTime<Utc>,
+    /// Scheduled occurrences it may still fire; `None` is no limit.
+    runs_left: Option<i32>,
 }
 
 /// An occurrence asked for by hand, taken by the claim.
@@ -663,6 +666,7 @@ fn split_due_rows(rows: Vec<DueRow>) -> Result<DueSet, StoreError> {
                 misfire_policy: row.misfire_policy.unwrap_or_default(),
                 kind: row.kind.unwrap_or_default(),
                 next_run_at,
+                runs_left: row.runs_left,
             }),
             _ => {}
         }
@@ -748,6 +752,8 @@ struct Advance {
     next_run_at: Vec<Option<DateTime<Utc>>>,
     moves: Vec<bool>,
     ran: Vec<bool>,
+    /// How many scheduled occurrences of each the claim claims: a run limit is lowered by it.
+    claimed: Vec<i32>,
 }
 
 impl Advance {
@@ -759,6 +765,7 @@ impl Advance {
             next_run_at: Vec::new(),
             moves: Vec::new(),
             ran: Vec::new(),
+            claimed: Vec::new(),
         };
         for a in &tick.advances {
             let moves = a.next_run_at != was.get(&a.routine_id).copied();
@@ -767,6 +774,9 @@ impl Advance {
                 advance.next_run_at.push(a.next_run_at);
                 advance.moves.push(moves);
                 advance.ran.push(a.claimed > 0);
+                advance
+                    .claimed
+                    .push(i32::try_from(a.claimed).unwrap_or(i32::MAX));
             }
         }
         let mut requested_only: Vec<Uuid> = requested
@@ -781,11 +791,14 @@ impl Advance {
             advance.next_run_at.push(None);
             advance.moves.push(false);
             advance.ran.push(true);
+            advance.claimed.push(0);
         }
         advance
     }
 
-    /// Binds the four arrays of the advance (`advance_cte!`, [`ADVANCE_SQL`]), which come last.
+    /// Binds the four arrays of the advance (`advance_cte!`, [`ADVANCE_SQL`]), which come
+    /// before the statement's clock; the fifth, the claimed counts, is bound last of all
+    /// ([`Advance::bind_claimed`]).
     fn bind<'q>(
         &'q self,
         query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
@@ -795,6 +808,14 @@ impl Advance {
             .bind(&self.next_run_at)
             .bind(&self.moves)
             .bind(&self.ran)
+    }
+
+    /// Binds the claimed counts, the statement's last parameter (after its group, if any).
+    fn bind_claimed<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+        query.bind(&self.claimed)
     }
 }
 
@@ -890,7 +911,8 @@ impl PgStore {
             query
         };
         let query = advance.bind(query).bind(claim.now).bind(claim.groups);
-        let mut rows: Vec<ClaimedRow> = bind_group(query, params.group)
+        let query = advance.bind_claimed(bind_group(query, params.group));
+        let mut rows: Vec<ClaimedRow> = query
             .try_map(|row| ClaimedRow::from_row(&row))
             .fetch_all(&mut **tx)
             .await?;
@@ -973,7 +995,8 @@ impl FireLedger for PgStore {
             match (schedule, policy) {
                 (Ok(schedule), Ok(policy)) => plans.push(PlannedRoutine {
                     routine_id: routine.id,
-                    plan: plan_due(routine.next_run_at, schedule, now, policy, &params.rules),
+                    plan: plan_due(routine.next_run_at, schedule, now, policy, &params.rules)
+                        .limited_to(routine.runs_left.map(|n| n.max(0).unsigned_abs())),
                     limited: params.mission_room.is_some() && routine.kind == "mission",
                 }),
                 (Err(reason), _) | (_, Err(reason)) => unusable.push(UnusableRoutine {
@@ -1028,7 +1051,10 @@ impl FireLedger for PgStore {
                     Some(_) => ADVANCE_GROUP_SQL,
                 };
                 let query = advance.bind(sqlx::query(statement)).bind(now);
-                bind_group(query, params.group).execute(&mut *tx).await?;
+                advance
+                    .bind_claimed(bind_group(query, params.group))
+                    .execute(&mut *tx)
+                    .await?;
             }
             Vec::new()
         } else {
@@ -1407,7 +1433,7 @@ WITH requested AS (",
             "
 ),
 due AS (
-    SELECT id, schedule, timezone, misfire_policy, kind, next_run_at
+    SELECT id, schedule, timezone, misfire_policy, kind, next_run_at, runs_left
     FROM routines
     WHERE next_run_at <= now()",
             $walk,
@@ -1420,12 +1446,12 @@ due AS (
 )
 SELECT 'clock' AS source, now() AS now, NULL::uuid AS id, NULL::timestamptz AS at,
        NULL::text AS schedule, NULL::text AS timezone, NULL::text AS misfire_policy,
-       NULL::text AS kind, NULL::text AS origin
+       NULL::text AS kind, NULL::text AS origin, NULL::integer AS runs_left
 UNION ALL
-SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, kind, origin
+SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, kind, origin, NULL
 FROM requested
 UNION ALL
-SELECT 'due', now(), id, next_run_at, schedule, timezone, misfire_policy, kind, NULL
+SELECT 'due', now(), id, next_run_at, schedule, timezone, misfire_policy, kind, NULL, runs_left
 FROM due"
         )
     };
@@ -1470,7 +1496,8 @@ pub const DUE_GROUP_AFTER_SQL: &str = due_sql!(
 /// `$2` their new `next_run_at`, `$3` whether it moves, `$4` whether the routine ran (claimed
 /// an occurrence, `last_run_at` becomes now).
 macro_rules! advance_cte {
-    ($ids:literal, $next:literal, $moves:literal, $ran:literal, $now:literal, $group:literal) => {
+    ($ids:literal, $next:literal, $moves:literal, $ran:literal, $now:literal, $group:literal,
+     $claimed:literal) => {
         concat!(
             "
 advanced AS (
@@ -1478,7 +1505,9 @@ advanced AS (
     SET next_run_at = CASE WHEN t.moves THEN t.next_run_at ELSE r.next_run_at END,
         last_run_at = CASE WHEN t.ran THEN ",
             $now,
-            "::timestamptz ELSE r.last_run_at END
+            "::timestamptz ELSE r.last_run_at END,
+        runs_left = CASE WHEN r.runs_left IS NULL THEN NULL
+                         ELSE greatest(r.runs_left - t.claimed, 0) END
     FROM UNNEST(",
             $ids,
             "::uuid[], ",
@@ -1487,7 +1516,9 @@ advanced AS (
             $moves,
             "::bool[], ",
             $ran,
-            "::bool[]) AS t(id, next_run_at, moves, ran)
+            "::bool[], ",
+            $claimed,
+            "::integer[]) AS t(id, next_run_at, moves, ran, claimed)
     WHERE r.id = t.id",
             $group,
             "
@@ -1501,14 +1532,14 @@ advanced AS (
 /// `$5` is the claim's clock.
 const ADVANCE_SQL: &str = concat!(
     "WITH ",
-    advance_cte!("$1", "$2", "$3", "$4", "$5", ""),
+    advance_cte!("$1", "$2", "$3", "$4", "$5", "", "$6"),
     " SELECT count(*) FROM advanced"
 );
 
 /// `ADVANCE_SQL` within the group `$6`.
 pub const ADVANCE_GROUP_SQL: &str = concat!(
     "WITH ",
-    advance_cte!("$1", "$2", "$3", "$4", "$5", " AND r.group_id = $6"),
+    advance_cte!("$1", "$2", "$3", "$4", "$5", " AND r.group_id = $6", "$7"),
     " SELECT count(*) FROM advanced"
 );
 
@@ -1595,7 +1626,7 @@ macro_rules! claim_upsert {
 /// The claim statement when every occurrence goes to a dispatch (see [`CLAIM_SQL`]); the
 /// argument is the filter that keeps it in one group (`$13`), or nothing.
 macro_rules! claim_sql {
-    ($group:literal) => {
+    ($group:literal, $claimed:literal) => {
         concat!(
             "
 WITH claimed AS (
@@ -1609,7 +1640,7 @@ WITH claimed AS (
             claim_upsert!("$11::timestamptz"),
             "
 ),",
-            advance_cte!("$7", "$8", "$9", "$10", "$11", $group),
+            advance_cte!("$7", "$8", "$9", "$10", "$11", $group, $claimed),
             "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
        c.lease_expires_at, r.name, r.kind, c.origin, r.payload, NULL::text AS receipt,
@@ -1625,15 +1656,15 @@ FROM claimed c JOIN routines r ON r.id = c.routine_id AND r.group_id = c.group_i
 /// seconds, `$6` each occurrence's origin; `$7` to `$10` move the routines' clocks in the same
 /// statement (`advance_cte!`); `$11` is the claim's clock (read once, in the due statement),
 /// `$12` each occurrence's group.
-const CLAIM_SQL: &str = claim_sql!("");
+const CLAIM_SQL: &str = claim_sql!("", "$13");
 
 /// `CLAIM_SQL` within the group `$13`.
-pub const CLAIM_GROUP_SQL: &str = claim_sql!(" AND r.group_id = $13");
+pub const CLAIM_GROUP_SQL: &str = claim_sql!(" AND r.group_id = $13", "$14");
 
 /// The claim statement with the transactional outbox (see [`CLAIM_WITH_OUTBOX_SQL`]); the
 /// argument is the filter that keeps it in one group (`$16`), or nothing.
 macro_rules! claim_with_outbox_sql {
-    ($group:literal) => {
+    ($group:literal, $claimed:literal) => {
         concat!(
             "
 WITH input AS MATERIALIZED (
@@ -1677,7 +1708,7 @@ outbox AS (
     ON CONFLICT DO NOTHING
     RETURNING seq
 ),",
-            advance_cte!("$10", "$11", "$12", "$13", "$14", $group),
+            advance_cte!("$10", "$11", "$12", "$13", "$14", $group, $claimed),
             "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
        c.lease_expires_at, i.name, i.kind, c.origin, i.payload, c.receipt,
@@ -1703,10 +1734,11 @@ JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
 /// (oldest occurrence first), so within one claim a routine's messages are numbered in
 /// `scheduled_at` order. A number is drawn before the insert so the fire row is written once;
 /// numbers drawn for rows that turn out to exist are simply unused.
-const CLAIM_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!("");
+const CLAIM_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!("", "$16");
 
 /// `CLAIM_WITH_OUTBOX_SQL` within the group `$16`.
-pub const CLAIM_GROUP_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!(" AND r.group_id = $16");
+pub const CLAIM_GROUP_WITH_OUTBOX_SQL: &str =
+    claim_with_outbox_sql!(" AND r.group_id = $16", "$17");
 
 /// The reaper's statement; the arguments keep it in one group, or are empty.
 macro_rules! reap_sql {
@@ -1920,9 +1952,12 @@ impl PgStore {
         };
         if !advance.ids.is_empty() {
             advance
-                .bind(sqlx::query(ADVANCE_GROUP_SQL))
-                .bind(claim.now)
-                .bind(group)
+                .bind_claimed(
+                    advance
+                        .bind(sqlx::query(ADVANCE_GROUP_SQL))
+                        .bind(claim.now)
+                        .bind(group),
+                )
                 .execute(&mut **tx)
                 .await?;
         }

@@ -45,6 +45,7 @@
 //!         payload: serde_json::json!({ "text": "standup in 5" }),
 //!         misfire: MisfirePolicy::FireOnce,
 //!         paused: false,
+//!         runs_left: None,
 //!     })
 //!     .await?;
 //! println!("{} first runs at {:?}", routine.id, routine.next_run_at);

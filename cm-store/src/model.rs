@@ -76,6 +76,9 @@ pub struct NewRoutine {
     pub misfire: MisfirePolicy,
     /// Created paused: never due until resumed.
     pub paused: bool,
+    /// A run limit: at most this many scheduled occurrences fire, then the routine is
+    /// finished. `None` is no limit.
+    pub runs_left: Option<u32>,
 }
 
 /// A stored routine.
@@ -117,6 +120,8 @@ pub struct Routine {
     /// The file `routine import --sync` keeps it in step with; `None` for a routine made by
     /// hand or imported without a source.
     pub source: Option<String>,
+    /// How many more scheduled occurrences it may fire (`--limit-runs`); `None` is no limit.
+    pub runs_left: Option<i32>,
 }
 
 impl Routine {
@@ -129,12 +134,13 @@ impl Routine {
     }
 
     /// Whether the routine is *finished*: not paused, and its schedule owes nothing after
-    /// `now` (its window closed, or its one instant fired). It fires no more unless an edit
+    /// `now` (its window closed, its one instant fired, or its run limit is spent). It fires no more unless an edit
     /// gives it occurrences again.
     pub fn is_finished(&self, now: DateTime<Utc>) -> bool {
         !self.paused
             && self.next_run_at.is_none()
-            && self.parsed_schedule().is_ok_and(|s| s.is_over_after(now))
+            && (self.runs_left == Some(0)
+                || self.parsed_schedule().is_ok_and(|s| s.is_over_after(now)))
     }
 
     /// `active`, `paused` or `finished` (see [`Routine::is_finished`]).
@@ -208,6 +214,9 @@ pub struct RoutineUpdate {
     /// A new overlap policy: only a mission routine (after the change) has one, and the store
     /// refuses it for a message routine ([`StoreError::InvalidRoutine`]).
     pub overlap: Option<cm_domain::OverlapPolicy>,
+    /// A new run limit: `Some(Some(n))` lets it fire `n` more scheduled occurrences (and
+    /// revives a routine whose limit was spent), `Some(None)` removes the limit.
+    pub runs_left: Option<Option<u32>>,
 }
 
 /// One routine an import wrote.

@@ -54,6 +54,7 @@
 //!         payload: serde_json::json!({ "text": format!("good morning, {email}") }),
 //!         misfire: MisfirePolicy::FireOnce,
 //!         paused: false,
+//!         runs_left: None,
 //!     };
 //!     cm_store::tx::create_routine(&mut tx, &digest).await?;
 //!     // Both rows, or neither.
@@ -109,7 +110,7 @@ pub async fn set_routine_paused(
     if routine.paused == paused {
         return Ok(routine);
     }
-    let next_run_at = if paused {
+    let next_run_at = if paused || routine.runs_left == Some(0) {
         None
     } else {
         let now = catalog::db_now(&mut tx).await?;

@@ -82,6 +82,7 @@ pub(super) async fn run(
             }),
             misfire: MisfirePolicy::FireOnce,
             paused: false,
+            runs_left: None,
         })
         .await?;
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT date_trunc('second', now())")

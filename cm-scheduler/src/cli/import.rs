@@ -26,6 +26,8 @@ pub(super) struct RoutineFields {
     /// when absent.
     pub overlap: Option<String>,
     pub paused: bool,
+    /// A run limit: at most this many scheduled occurrences fire.
+    pub runs_left: Option<u32>,
 }
 
 /// A line of a JSON Lines import: the fields of `routine create`.
@@ -64,6 +66,9 @@ struct JsonLine {
     overlap: Option<String>,
     #[serde(default)]
     paused: bool,
+    /// A run limit, as `routine create --limit-runs` (set when the routine is created).
+    #[serde(default)]
+    limit_runs: Option<u32>,
 }
 
 fn utc() -> String {
@@ -123,6 +128,7 @@ pub(super) fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineE
             mission: parsed.mission,
             overlap: parsed.overlap,
             paused: parsed.paused,
+            runs_left: parsed.limit_runs,
         });
     }
     Ok(routines)
@@ -226,6 +232,7 @@ pub(super) fn crontab(
             mission: None,
             overlap: None,
             paused: false,
+            runs_left: None,
         });
     }
     if let Some((line, _)) = pending_name {

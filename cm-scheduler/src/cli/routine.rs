@@ -120,6 +120,11 @@ pub(super) struct CreateArgs {
     /// Create it paused.
     #[arg(long)]
     paused: bool,
+    /// Fire at most N scheduled occurrences (counted as they are claimed, so several
+    /// schedulers never fire N+1), then the routine is finished. Triggers and backfills are
+    /// not counted.
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=i32::MAX as u64))]
+    limit_runs: Option<u32>,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
     /// refused unless its env names, label keys and repository host are among the
     /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
@@ -160,6 +165,10 @@ pub(super) struct UpdateArgs {
     /// A new overlap policy (allow, forbid, replace) of a mission routine.
     #[arg(long, value_parser = ["allow", "forbid", "replace"])]
     overlap: Option<String>,
+    /// Let it fire N more scheduled occurrences from now (reviving one whose limit was spent);
+    /// `none` removes the limit.
+    #[arg(long, value_name = "N|none", value_parser = limit_runs)]
+    limit_runs: Option<LimitRuns>,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
     /// refused unless its env names, label keys and repository host are among the
     /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
@@ -231,6 +240,7 @@ impl TryFrom<&CreateArgs> for RoutineFields {
             mission: args.mission.clone(),
             overlap: args.overlap.clone(),
             paused: args.paused,
+            runs_left: args.limit_runs,
         })
     }
 }
@@ -417,7 +427,24 @@ fn new_routine(
         payload: action.payload,
         misfire,
         paused: fields.paused,
+        runs_left: fields.runs_left,
     })
+}
+
+/// `routine update --limit-runs`: a number of runs, or `none` (no limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LimitRuns(Option<u32>);
+
+fn limit_runs(text: &str) -> Result<LimitRuns, String> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(LimitRuns(None));
+    }
+    match text.parse::<u32>() {
+        Ok(n) if (1..=i32::MAX as u32).contains(&n) => Ok(LimitRuns(Some(n))),
+        _ => Err(format!(
+            "{text:?} is not a run limit (a number from 1, or none)"
+        )),
+    }
 }
 
 async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
@@ -452,8 +479,9 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
             overlap: args.overlap.as_deref(),
         };
         let mut update = edit.checked(kind, zone, "--overlap").or_else(|e| {
-            // A mission file alone is a change too, and so is a clause alone.
-            if (mission.is_some() || args.when.any()) && e == cm_scheduler::edit::NOTHING_TO_CHANGE
+            // A mission file alone is a change too, and so are a clause and a run limit.
+            if (mission.is_some() || args.when.any() || args.limit_runs.is_some())
+                && e == cm_scheduler::edit::NOTHING_TO_CHANGE
             {
                 Ok(RoutineUpdate::default())
             } else {
@@ -463,6 +491,7 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
         if mission.is_some() {
             update.action = mission.clone();
         }
+        update.runs_left = args.limit_runs.map(|l| l.0);
         Ok::<_, Failure>(update)
     };
     checked(early_schedule.as_deref(), given_kind, None)?;
@@ -749,6 +778,9 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
         say!("overlap     {}", routine.overlap);
     }
     say!("state       {}", listing::state(routine));
+    if let Some(left) = routine.runs_left {
+        say!("runs left   {left}");
+    }
     if let Some(start) = schedule.start() {
         say!("starts      {}", listing::instant(start));
     }

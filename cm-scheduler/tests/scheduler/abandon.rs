@@ -34,6 +34,7 @@ async fn an_abandoned_occurrence_keeps_the_last_attempts_error(pool: PgPool) {
             payload: json!({ "text": "hello" }),
             misfire: MisfirePolicy::FireOnce,
             paused: false,
+            runs_left: None,
         })
         .await
         .unwrap();

@@ -24,6 +24,7 @@ fn every_second(name: &str, kind: RoutineKind) -> NewRoutine {
         payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
         misfire: MisfirePolicy::FireOnce,
         paused: false,
+        runs_left: None,
     }
 }
 

@@ -51,6 +51,7 @@ async fn routine(store: &PgStore, name: &str, schedule: &str, kind: RoutineKind)
             payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
             misfire: MisfirePolicy::FireOnce,
             paused: false,
+            runs_left: None,
         })
         .await
         .unwrap()

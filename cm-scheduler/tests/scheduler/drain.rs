@@ -31,6 +31,7 @@ async fn due_yearly(store: &PgStore, pool: &PgPool, n: usize, kind: RoutineKind)
                 payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
                 misfire: MisfirePolicy::FireOnce,
                 paused: false,
+                runs_left: None,
             })
             .await
             .unwrap();
@@ -207,6 +208,7 @@ async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(po
                 payload: json!({ "text": "hello" }),
                 misfire: MisfirePolicy::CatchUp,
                 paused: false,
+                runs_left: None,
             })
             .await
             .unwrap();

@@ -52,6 +52,7 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
                 payload: json!({ "text": format!("every second {i}") }),
                 misfire: MisfirePolicy::FireOnce,
                 paused: false,
+                runs_left: None,
             })
             .await
             .unwrap();

@@ -320,6 +320,7 @@ async fn the_page_shows_routines_fires_failures_and_missions_but_no_message_or_s
             payload,
             misfire: MisfirePolicy::FireOnce,
             paused: false,
+            runs_left: None,
         })
     };
     let message = create(
@@ -461,6 +462,7 @@ async fn every_minute(store: &PgStore, name: &str, paused: bool) -> cm_store::Ro
             payload: json!({ "text": "hello" }),
             misfire: MisfirePolicy::FireOnce,
             paused,
+            runs_left: None,
         })
         .await
         .unwrap()
@@ -899,6 +901,7 @@ async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool)
             payload: json!({ "text": "old words" }),
             misfire: MisfirePolicy::FireOnce,
             paused: false,
+            runs_left: None,
         })
         .await
         .unwrap();
@@ -910,6 +913,7 @@ async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool)
             payload: json!({ "repository": "https://git.example.com/team/audit.git" }),
             misfire: MisfirePolicy::FireOnce,
             paused: false,
+            runs_left: None,
         })
         .await
         .unwrap();

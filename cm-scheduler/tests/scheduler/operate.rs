@@ -321,6 +321,7 @@ fn every_second(name: &str, kind: RoutineKind, zone: &str) -> NewRoutine {
         },
         misfire: MisfirePolicy::FireOnce,
         paused: false,
+        runs_left: None,
     }
 }
 
@@ -682,6 +683,7 @@ async fn long_names_wrap_and_actions_stay_in_view_at_1280_px() {
                 payload,
                 misfire: MisfirePolicy::FireOnce,
                 paused: false,
+                runs_left: None,
             })
             .await
             .unwrap();

@@ -198,3 +198,113 @@ async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_list
     );
     assert!(shown.contains("NEXT RUNS"), "{shown}");
 }
+
+/// A scheduler of the test's, killable.
+fn start_scheduler(url: &str) -> std::process::Child {
+    Command::new(BIN)
+        .args([
+            "--database-url",
+            url,
+            "run",
+            "--tick-interval",
+            "100ms",
+            "--lease",
+            "3s",
+            "--dispatch-timeout",
+            "1s",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn sigkill(child: &mut std::process::Child) {
+    child.kill().unwrap();
+    let _ = child.wait();
+}
+
+/// `--limit-runs 5` under two schedulers, each SIGKILLed and restarted while the routine fires
+/// every second: exactly five occurrences are in the ledger, all fired, and the routine is
+/// finished with no runs left. `routine update --limit-runs 2` revives it for two more.
+#[tokio::test]
+async fn a_run_limit_fires_exactly_that_many_under_two_schedulers_and_kills() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    ok(
+        url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "five",
+            "--schedule",
+            "* * * * * *",
+            "--misfire",
+            "catch-up",
+            "--limit-runs",
+            "5",
+            "--message",
+            "hi",
+        ],
+    );
+    check_fails(
+        url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "zero",
+            "--every",
+            "1s",
+            "--limit-runs",
+            "0",
+            "--message",
+            "x",
+        ],
+        2,
+        "--limit-runs",
+    );
+    let rows = || async {
+        sqlx::query_as::<_, (String, i64)>(
+            "SELECT status, count(*) FROM routine_fires GROUP BY status ORDER BY status",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap()
+    };
+    let mut a = start_scheduler(url);
+    let mut b = start_scheduler(url);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sigkill(&mut a);
+    let mut a = start_scheduler(url);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    sigkill(&mut b);
+    let mut b = start_scheduler(url);
+    // Every second owes one until the five are spent; a killed claim is retried after its
+    // 3 s lease. Ten seconds covers both, and then some, so a sixth would show.
+    let deadline = std::time::Instant::now() + Duration::from_secs(12);
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(rows().await, [("fired".to_string(), 5)]);
+    let shown = ok(url, &["routine", "show", "five"]);
+    assert!(shown.contains("state       finished"), "{shown}");
+    assert!(shown.contains("runs left   0"), "{shown}");
+
+    ok(url, &["routine", "update", "five", "--limit-runs", "2"]);
+    let shown = ok(url, &["routine", "show", "five"]);
+    assert!(
+        shown.contains("state       active") && shown.contains("runs left   2"),
+        "{shown}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    sigkill(&mut a);
+    sigkill(&mut b);
+    assert_eq!(rows().await, [("fired".to_string(), 7)]);
+    let shown = ok(url, &["routine", "show", "five"]);
+    assert!(shown.contains("state       finished"), "{shown}");
+}

@@ -77,6 +77,7 @@ async fn a_slow_target_never_delays_other_routines(pool: PgPool) {
                 payload: json!({ "text": format!("routine {i}") }),
                 misfire: MisfirePolicy::FireOnce,
                 paused: false,
+                runs_left: None,
             })
             .await
             .unwrap();

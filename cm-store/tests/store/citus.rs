@@ -570,6 +570,7 @@ async fn every_claim_statement_is_one_task_on_citus() {
         )))
         .bind(now)
         .bind(group)
+        .bind(vec![1_i32])
         .fetch_all(&db.pool)
         .await
         .unwrap(),

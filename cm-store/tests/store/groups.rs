@@ -87,6 +87,7 @@ async fn names_stay_unique_through_their_own_table(pool: PgPool) {
             payload: serde_json::json!({}),
             misfire: MisfirePolicy::FireOnce,
             paused: false,
+            runs_left: None,
         })
         .await;
     assert!(matches!(taken, Err(StoreError::NameTaken(n)) if n == "standup"));

@@ -311,3 +311,62 @@ async fn a_long_outage_is_walked_over_several_ticks_and_fires_once(pool: PgPool)
     )
     .await;
 }
+
+/// A run limit of 4 under catch-up with ten owed: a first claim under a cap of 3 claims the
+/// oldest three and lowers the count to 1, the next claims one more and ends the clock (the
+/// routine is finished), and a third claims nothing. Skipped misfires of fire-once do not count.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_run_limit_is_spent_by_what_claims_claim_and_then_the_clock_stops(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let (routine, oldest) = outage(&store, &pool, MisfirePolicy::CatchUp).await;
+    sqlx::query("UPDATE routines SET runs_left = 4 WHERE id = $1")
+        .bind(routine.id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let rules = rules(0, 100);
+    let first = store.claim_due(&claim_params("a", 3, rules)).await.unwrap();
+    let (late, _) = owed(oldest, first.now, &rules);
+    check(&store, &routine, &first, &late[..3], late[3]).await;
+    assert_eq!(
+        store.get_routine(routine.id).await.unwrap().runs_left,
+        Some(1)
+    );
+
+    let second = store
+        .claim_due(&claim_params("a", 25, rules))
+        .await
+        .unwrap();
+    let claimed: Vec<_> = second
+        .fires
+        .iter()
+        .map(|f| f.occurrence.scheduled_at)
+        .collect();
+    assert_eq!(claimed, &late[3..4]);
+    let after = store.get_routine(routine.id).await.unwrap();
+    assert_eq!((after.runs_left, after.next_run_at), (Some(0), None));
+    assert!(after.is_finished(second.now));
+    let third = store
+        .claim_due(&claim_params("a", 25, rules))
+        .await
+        .unwrap();
+    assert!(third.fires.is_empty());
+    assert_eq!(ledger(&store, routine.id).await.len(), 4);
+
+    // fire-once skips the older misfires; only the one it fires is a run.
+    let (once, _) = outage(&store, &pool, MisfirePolicy::FireOnce).await;
+    sqlx::query("UPDATE routines SET runs_left = 2 WHERE id = $1")
+        .bind(once.id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let tick = store
+        .claim_due(&claim_params("a", 25, rules))
+        .await
+        .unwrap();
+    assert_eq!(tick.fires.len(), 1);
+    assert!(tick.skipped >= 9);
+    let after = store.get_routine(once.id).await.unwrap();
+    assert_eq!(after.runs_left, Some(1));
+    assert!(after.next_run_at.is_some());
+}

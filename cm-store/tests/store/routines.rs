@@ -18,6 +18,7 @@ fn new_routine(name: &str, expr: &str, zone: &str) -> NewRoutine {
         payload: serde_json::json!({ "repo": "cm", "task": name }),
         misfire: MisfirePolicy::CatchUp,
         paused: false,
+        runs_left: None,
     }
 }
 
@@ -72,6 +73,7 @@ async fn a_routine_created_paused_has_no_next_run(pool: PgPool) {
     let created = store
         .create_routine(NewRoutine {
             paused: true,
+            runs_left: None,
             ..new_routine("later", YEARLY, "UTC")
         })
         .await

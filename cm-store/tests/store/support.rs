@@ -63,6 +63,7 @@ pub fn message(name: &str, expr: &str) -> NewRoutine {
         payload: serde_json::json!({ "text": name }),
         misfire: MisfirePolicy::FireOnce,
         paused: false,
+        runs_left: None,
     }
 }
 

@@ -189,10 +189,15 @@ proptest! {
                     prop_assert!(schedule.is_over_after(until));
                 }
             }
-            // Refused only when the window leaves nothing at all: it closes before it opens,
-            // or holds no occurrence that the exclusions leave.
+            // Refused only when the window and the exclusions leave nothing at all.
             Err(e) => {
-                prop_assert!(expected.is_empty() && case.until().is_some(), "{} refused: {}", text, e);
+                // Refused only when nothing is ever owed: the oracle finds nothing in a month.
+                let month = case.start() + Duration::days(30);
+                let owed_in_a_month = bare
+                    .occurrences_after(case.start())
+                    .take_while(|at| *at <= month)
+                    .any(|at| case.owed(at));
+                prop_assert!(!owed_in_a_month, "{} refused: {}", text, e);
                 prop_assert!(e.to_string().contains("never fires") || e.to_string().contains("ends"), "{}", e);
             }
         }

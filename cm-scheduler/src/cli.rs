@@ -411,7 +411,7 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
             count,
         }) => {
             if let Some(expr) = expr {
-                if when.schedule.is_some() || when.every.is_some() || when.at.is_some() {
+                if when.has_rule() {
                     return Err(input(
                         "give the schedule once: as EXPR, or as --schedule, --every or --at",
                     ));

@@ -450,8 +450,7 @@ fn limit_runs(text: &str) -> Result<LimitRuns, String> {
 async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
     // A rule given is checked before the database is touched; a clause alone (--end) is
     // written into the routine's present schedule once it is read.
-    let given_rule =
-        args.when.schedule.is_some() || args.when.every.is_some() || args.when.at.is_some();
+    let given_rule = args.when.has_rule();
     let early_schedule = if given_rule {
         args.when.text(None).map_err(input)?
     } else {

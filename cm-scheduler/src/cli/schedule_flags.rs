@@ -45,6 +45,11 @@ impl ScheduleFlags {
         *self != ScheduleFlags::default()
     }
 
+    /// Whether a rule is given (--schedule, --every or --at), not only clauses.
+    pub fn has_rule(&self) -> bool {
+        self.schedule.is_some() || self.every.is_some() || self.at.is_some()
+    }
+
     /// The schedule's text these flags give, over `current` (an update's present schedule):
     /// the rule given replaces the current rule, and a clause given replaces the current one.
     /// `None` when nothing is given and there is no current schedule to keep; an error when

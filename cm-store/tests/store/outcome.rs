@@ -58,9 +58,10 @@ async fn the_outcome_in_sql_is_the_domain_rule_and_the_listing_filters_by_it(poo
     let runs = std::iter::once(None).chain(RunStateName::ALL.map(Some));
     let mut minute = 0;
     let mut expected = Vec::new();
+    let base = recent(&pool, routine.id, 0).await.scheduled_at;
     for status in statuses {
         for run in runs.clone() {
-            let occurrence = recent(&pool, routine.id, minute).await;
+            let occurrence = Occurrence::new(routine.id, base + chrono::Duration::minutes(minute));
             minute += 1;
             sqlx::query(
                 "INSERT INTO routine_fires
@@ -129,8 +130,9 @@ async fn the_outcome_in_sql_is_the_domain_rule_and_the_listing_filters_by_it(poo
 async fn a_mission_whose_runs_exit_3_is_failing_everywhere_and_paused(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
+    let base = recent(&pool, routine.id, 0).await.scheduled_at;
     for minute in 0..3 {
-        let occurrence = recent(&pool, routine.id, minute).await;
+        let occurrence = Occurrence::new(routine.id, base + chrono::Duration::minutes(minute));
         fired_with_run(&store, &pool, occurrence, RunState::exited(3, "")).await;
     }
 
@@ -198,7 +200,9 @@ async fn runs_not_ended_and_skips_neither_break_nor_make_a_run_of_failures(pool:
     // Failed, lost, skipped, failed, then one still running: the last three known outcomes
     // failed, the skip and the running one say nothing.
     let routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
-    let at = |m| recent(&pool, routine.id, m);
+    // One base for the whole case: a minute that turns between two reads would shift them.
+    let (id, base) = (routine.id, recent(&pool, routine.id, 0).await.scheduled_at);
+    let at = |m| async move { Occurrence::new(id, base + chrono::Duration::minutes(m)) };
     fired_with_run(&store, &pool, at(0).await, RunState::exited(1, "")).await;
     fired_with_run(&store, &pool, at(1).await, lost("no such container")).await;
     let skipped = at(2).await;
@@ -228,7 +232,9 @@ async fn runs_not_ended_and_skips_neither_break_nor_make_a_run_of_failures(pool:
 
     // A routine that succeeded last is not failing.
     let healthy = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
-    let at = |m| recent(&pool, healthy.id, m);
+    // One base for the whole case: a minute that turns between two reads would shift them.
+    let (id, base) = (healthy.id, recent(&pool, healthy.id, 0).await.scheduled_at);
+    let at = |m| async move { Occurrence::new(id, base + chrono::Duration::minutes(m)) };
     fired_with_run(&store, &pool, at(0).await, RunState::exited(1, "")).await;
     fired_with_run(&store, &pool, at(1).await, RunState::exited(1, "")).await;
     fired_with_run(&store, &pool, at(2).await, RunState::Succeeded).await;

@@ -56,6 +56,7 @@ pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 pub mod backfill;
 pub mod claim;
 pub mod config;
+pub mod jitter;
 pub mod misfire;
 pub mod mission;
 pub mod name;
@@ -73,12 +74,14 @@ pub use claim::{
     SettleError, Settlement,
 };
 pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
-pub use misfire::{DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due};
+pub use misfire::{
+    DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due, plan_routine_due,
+};
 pub use mission::{Mission, MissionError, MissionPolicy};
 pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
 pub use occurrence::{FireOrigin, IdempotencyKey, Occurrence, ParseFireOriginError, RoutineId};
 pub use outcome::{FireOutcome, ParseFireOutcomeError};
-pub use rules::{MAX_EVERY_SECONDS, ScheduleText, parse_duration, parse_time};
+pub use rules::{MAX_EVERY_SECONDS, ScheduleText, duration_text, parse_duration, parse_time};
 pub use run::{
     OverlapDecision, OverlapPolicy, ParseOverlapPolicyError, ParseRunStateError, RunHolder,
     RunState, RunStateName, decide_overlap,

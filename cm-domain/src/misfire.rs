@@ -150,7 +150,8 @@ impl DuePlan {
     }
 }
 
-/// Plans a routine whose `next_run_at` is `due`, at `now`, under `policy`.
+/// Plans a routine whose `next_run_at` is `due`, at `now`, under `policy`, for a schedule
+/// without jitter (with one, see [`plan_routine_due`]).
 ///
 /// `due` must be an occurrence of `schedule` (the stored `next_run_at`). If it is later than
 /// `now` the routine owes nothing and keeps its clock.
@@ -161,19 +162,60 @@ pub fn plan_due(
     policy: MisfirePolicy,
     rules: &MisfireRules,
 ) -> DuePlan {
-    if due > now {
+    plan_walk(due, schedule, now, policy, rules, &|o| o)
+}
+
+/// Plans routine `routine`, whose clock (`next_run_at`) is `next_run_at`, at `now`, under
+/// `policy`: [`plan_due`] for any schedule, a `jitter` clause's included.
+///
+/// With jitter the clock is the *planned* instant of the routine's next occurrence
+/// ([`Schedule::planned`]); the occurrence it stands for is
+/// [`Schedule::occurrence_planned_at`]. An occurrence is owed once its planned instant has
+/// passed, lateness is judged from the planned instant, the plan's occurrences are the nominal
+/// ones (each one's key), and its `next_run_at` is the planned instant of the next.
+pub fn plan_routine_due(
+    routine: crate::RoutineId,
+    next_run_at: DateTime<Utc>,
+    schedule: &Schedule,
+    now: DateTime<Utc>,
+    policy: MisfirePolicy,
+    rules: &MisfireRules,
+) -> DuePlan {
+    if schedule.jitter().is_none() {
+        return plan_due(next_run_at, schedule, now, policy, rules);
+    }
+    let due = schedule.occurrence_planned_at(routine, next_run_at);
+    plan_walk(due, schedule, now, policy, rules, &|o| {
+        schedule.planned(routine, o)
+    })
+}
+
+/// The plan of [`plan_routine_due`]: `due` is the routine's next occurrence, `planned` when
+/// each occurrence comes due.
+fn plan_walk(
+    due: DateTime<Utc>,
+    schedule: &Schedule,
+    now: DateTime<Utc>,
+    policy: MisfirePolicy,
+    rules: &MisfireRules,
+    planned: &dyn Fn(DateTime<Utc>) -> DateTime<Utc>,
+) -> DuePlan {
+    let due_at = planned(due);
+    if due_at > now {
         return DuePlan {
             occurrences: Vec::new(),
             skipped: 0,
-            next_run_at: Some(due),
+            // A clock that stood for the occurrence without being its planned instant (written
+            // before the jitter was) moves there, so the routine is not read again until due.
+            next_run_at: Some(due_at),
         };
     }
     let grace = TimeDelta::from_std(rules.grace).unwrap_or(TimeDelta::MAX);
     let on_time_from = now
         .checked_sub_signed(grace)
         .unwrap_or(DateTime::<Utc>::MIN_UTC);
-    if due >= on_time_from {
-        return plan_on_time(due, schedule, now, rules.max_scan);
+    if due_at >= on_time_from {
+        return plan_on_time(due, schedule, now, rules.max_scan, planned);
     }
     let keep = match policy {
         MisfirePolicy::FireOnce => 1,
@@ -191,14 +233,14 @@ pub fn plan_due(
     let mut skipped = 0u64;
     let mut cursor = Some(due);
     let mut scanned = 0usize;
-    while let Some(occurrence) = cursor.filter(|o| *o <= now) {
+    while let Some(occurrence) = cursor.filter(|o| planned(*o) <= now) {
         if scanned == bound {
             // Still inside the backlog: the kept occurrences may yet be pushed out by later
             // ones, so nothing fires; the clock moves to the oldest one still undecided.
             return DuePlan {
                 occurrences: Vec::new(),
                 skipped,
-                next_run_at: kept.front().copied().or(Some(occurrence)),
+                next_run_at: kept.front().copied().or(Some(occurrence)).map(planned),
             };
         }
         scanned += 1;
@@ -212,7 +254,7 @@ pub fn plan_due(
     DuePlan {
         occurrences: kept.into(),
         skipped,
-        next_run_at: cursor,
+        next_run_at: cursor.map(planned),
     }
 }
 
@@ -223,10 +265,11 @@ fn plan_on_time(
     schedule: &Schedule,
     now: DateTime<Utc>,
     max_scan: usize,
+    planned: &dyn Fn(DateTime<Utc>) -> DateTime<Utc>,
 ) -> DuePlan {
     let mut occurrences = Vec::new();
     let mut cursor = Some(due);
-    while let Some(occurrence) = cursor.filter(|o| *o <= now) {
+    while let Some(occurrence) = cursor.filter(|o| planned(*o) <= now) {
         if occurrences.len() == max_scan.max(1) {
             break;
         }
@@ -236,7 +279,7 @@ fn plan_on_time(
     DuePlan {
         occurrences,
         skipped: 0,
-        next_run_at: cursor,
+        next_run_at: cursor.map(planned),
     }
 }
 

@@ -4,7 +4,7 @@
 //! schedule reads the same rules from the same place:
 //!
 //! ```text
-//! schedule  = rule { " except " cron } [ " from " time ] [ " until " time ]
+//! schedule  = rule { " except " cron } [ " jitter " duration ] [ " from " time ] [ " until " time ]
 //! rule      = cron | "@every " duration [ " offset " duration ] | "@at " time
 //! duration  = one or more of <number><unit>, unit s, m, h or d: 90m, 1h30m, 1d
 //! time      = RFC 3339 (2026-12-24T15:30:00+01:00), a wall time (2026-12-24T15:30) or a
@@ -35,6 +35,12 @@
 //!
 //!   A wall time is the occurrence's own, so both passes through a fall-back overlap of an
 //!   excluded minute are dropped, and a gap drops nothing that was not there.
+//! - `jitter J` delays each occurrence by an offset in `[0, J)` drawn from the routine and the
+//!   occurrence ([`crate::jitter`]): the occurrence (its idempotency key, its place in the
+//!   window and the exclusions) stays the nominal instant, and it comes due at its *planned*
+//!   instant, the nominal one plus the offset. `J` is at most the schedule's shortest interval
+//!   (checked over its first [`JITTER_CHECKED_OCCURRENCES`] occurrences), so planned instants
+//!   keep the occurrences' order; for a one-shot, at most a day.
 
 use chrono::{DateTime, LocalResult, NaiveDate, NaiveDateTime, TimeDelta, TimeZone, Timelike, Utc};
 use croner::Cron;
@@ -48,6 +54,12 @@ pub const MAX_EVERY_SECONDS: i64 = 366 * 86_400;
 /// a schedule whose exclusions leave nothing within this many candidates is refused when
 /// parsed, and stops at the first such stretch.
 pub(crate) const MAX_EXCLUDED_IN_A_ROW: usize = 20_000;
+
+/// How many occurrences of a schedule the jitter check measures gaps over.
+pub const JITTER_CHECKED_OCCURRENCES: usize = 500;
+
+/// The longest jitter a one-shot (`@at`) takes: a day.
+pub const MAX_ONE_SHOT_JITTER_SECONDS: i64 = 86_400;
 
 /// What a schedule's rule is: a cron line, an interval, or one instant.
 #[derive(Clone)]
@@ -199,6 +211,8 @@ pub struct ScheduleText {
     pub rule: String,
     /// The `except` expressions.
     pub except: Vec<String>,
+    /// The `jitter` duration as written.
+    pub jitter: Option<String>,
     /// The `from` time as written.
     pub from: Option<String>,
     /// The `until` time as written.
@@ -210,6 +224,9 @@ impl std::fmt::Display for ScheduleText {
         f.write_str(&self.rule)?;
         for x in &self.except {
             write!(f, " except {x}")?;
+        }
+        if let Some(jitter) = &self.jitter {
+            write!(f, " jitter {jitter}")?;
         }
         if let Some(from) = &self.from {
             write!(f, " from {from}")?;
@@ -226,7 +243,7 @@ impl ScheduleText {
     /// names are months and weekdays), so the split is unambiguous.
     pub fn parse(text: &str) -> Result<ScheduleText, ScheduleError> {
         let mut cuts: Vec<(usize, &str)> = Vec::new();
-        for word in [" except ", " from ", " until "] {
+        for word in [" except ", " jitter ", " from ", " until "] {
             let mut search = 0;
             while let Some(at) = text[search..].find(word) {
                 cuts.push((search + at, word.trim()));
@@ -250,6 +267,7 @@ impl ScheduleText {
             }
             match *word {
                 "except" => parts.except.push(value),
+                "jitter" if parts.jitter.is_none() => parts.jitter = Some(value),
                 "from" if parts.from.is_none() => parts.from = Some(value),
                 "until" if parts.until.is_none() => parts.until = Some(value),
                 _ => {
@@ -259,15 +277,16 @@ impl ScheduleText {
                 }
             }
         }
-        // Clauses come in the order the grammar gives: excepts, then from, then until.
+        // Clauses come in the order the grammar gives: excepts, jitter, from, until.
         let rank = |w: &str| match w {
             "except" => 0,
-            "from" => 1,
-            _ => 2,
+            "jitter" => 1,
+            "from" => 2,
+            _ => 3,
         };
         if cuts.windows(2).any(|w| rank(w[0].1) > rank(w[1].1)) {
             return Err(ScheduleError::Rule {
-                reason: "clauses go in the order except, from, until".into(),
+                reason: "clauses go in the order except, jitter, from, until".into(),
             });
         }
         Ok(parts)
@@ -338,6 +357,24 @@ pub(crate) fn parse_every(text: &str) -> Result<Rule, ScheduleError> {
         ));
     }
     Ok(Rule::Every { every, offset })
+}
+
+/// A span written as [`parse_duration`] reads it (`1h30m`, `5m`, `2s`), to the second; a
+/// fraction of a second left over is written in milliseconds (`1m500ms`).
+pub fn duration_text(span: TimeDelta) -> String {
+    let total = span.num_milliseconds().max(0);
+    let (mut seconds, millis) = (total / 1000, total % 1000);
+    let mut text = String::new();
+    for (unit, size) in [("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)] {
+        if seconds >= size {
+            text.push_str(&format!("{}{unit}", seconds / size));
+            seconds %= size;
+        }
+    }
+    if millis > 0 || text.is_empty() {
+        text.push_str(&format!("{millis}ms"));
+    }
+    text
 }
 
 /// Parses a duration such as `90m`, `1h30m` or `1d` into whole seconds, at least one.

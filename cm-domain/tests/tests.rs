@@ -6,6 +6,7 @@
 //! - `repository_hosts`: the repository host check against the system's resolver, over
 //!   generated addresses in every notation and URL form.
 
+mod jitter_properties;
 mod model;
 mod repository_hosts;
 mod rules_properties;

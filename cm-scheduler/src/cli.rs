@@ -216,6 +216,11 @@ enum ScheduleCommand {
         /// How many to print (at least 1).
         #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         count: usize,
+        /// With a jitter: the routine (its id) whose runs to print, each as the instant it
+        /// comes due, then its occurrence. Without one, a jittered schedule's occurrences are
+        /// printed (each routine's runs come up to the jitter later).
+        #[arg(long, value_name = "UUID")]
+        routine_id: Option<uuid::Uuid>,
     },
 }
 
@@ -409,6 +414,7 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
             timezone,
             after,
             count,
+            routine_id,
         }) => {
             if let Some(expr) = expr {
                 if when.has_rule() {
@@ -419,7 +425,7 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
                 when.schedule = Some(expr);
             }
             let expr = when.text(None).map_err(input)?.unwrap_or_default();
-            schedule_next(&expr, &timezone, after.as_deref(), count)
+            schedule_next(&expr, &timezone, after.as_deref(), count, routine_id)
         }
         Command::Migrate { citus } => {
             let store = connect(url, true).await?;
@@ -609,12 +615,35 @@ fn schedule_next(
     timezone: &str,
     after: Option<&str>,
     count: usize,
+    routine: Option<uuid::Uuid>,
 ) -> Result<(), Failure> {
     let schedule = Schedule::parse(expr, timezone).map_err(|e| input(e.to_string()))?;
     let mut at = match after {
         Some(text) => parse_time(text)?,
         None => Utc::now(),
     };
+    if let (Some(routine), Some(_)) = (routine, schedule.jitter()) {
+        // The routine's runs as its clock would be set now: the first occurrence after `at`.
+        for _ in 0..count {
+            let Some((occurrence, planned)) = schedule.next_planned_after(routine, at) else {
+                break;
+            };
+            say!(
+                "{}  occurrence {}",
+                planned.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                occurrence.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            );
+            at = occurrence;
+        }
+        return Ok(());
+    }
+    if let Some(jitter) = schedule.jitter() {
+        eprintln!(
+            "the occurrences; each routine's run comes up to {} after its occurrence \
+             (--routine-id UUID prints one routine's)",
+            cm_domain::duration_text(chrono::TimeDelta::from_std(jitter).unwrap_or_default())
+        );
+    }
     for _ in 0..count {
         match schedule.next_after(at) {
             Some(next) => {

@@ -939,12 +939,11 @@ impl Scheduler {
         }
 
         let mut dispatching = 0usize;
-        let oldest = claim.fires.first().map(|f| f.occurrence.scheduled_at);
+        let oldest = claim.fires.iter().map(|f| f.planned_at).min();
         for fire in claim.fires {
             let outcome = fire.outcome(claim.token);
-            let lateness = (claim.now - fire.occurrence.scheduled_at)
-                .to_std()
-                .unwrap_or_default();
+            // From when the occurrence came due: its instant, or later by its jitter.
+            let lateness = (claim.now - fire.planned_at).to_std().unwrap_or_default();
             // Lateness is judged for scheduled fires only: a backfill of last week is not late.
             let scheduled = fire.origin == FireOrigin::Schedule;
             let action = outcome.action(self.config.max_attempts);

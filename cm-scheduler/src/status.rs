@@ -576,6 +576,10 @@ pub async fn routine(
     let parsed = r.parsed_schedule().ok();
     let zone = parsed.as_ref().map(|s| s.zone().tz());
     let window = parsed.as_ref().map(|s| (s.start(), s.end()));
+    let jitter = parsed
+        .as_ref()
+        .and_then(|s| s.jitter())
+        .and_then(|j| chrono::TimeDelta::from_std(j).ok());
     let recent: Vec<RecentFire> = fires
         .iter()
         .map(|f| RecentFire {
@@ -609,6 +613,7 @@ pub async fn routine(
                 @if let Some((Some(start), _)) = window { dt { "Starts" } dd { (instant_cell(start, zone)) } }
                 @if let Some((_, Some(end))) = window { dt { "Ends" } dd { (instant_cell(end, zone)) } }
                 @if let Some(left) = r.runs_left { dt { "Runs left" } dd { (left) } }
+                @if let Some(jitter) = jitter { dt { "Jitter" } dd { "up to " (cm_domain::duration_text(jitter)) " after each occurrence" } }
                 dt { "Misfire policy" } dd { (r.misfire_policy) }
                 @if r.kind == cm_store::RoutineKind::Mission { dt { "Overlap" } dd { (r.overlap) } }
                 dt { "State" } dd {
@@ -1383,12 +1388,15 @@ fn routine_href(r: &Routine) -> String {
     }
 }
 
-/// The routine's next runs: its stored next run, then the schedule's following instants.
+/// The routine's next runs, when each comes due (a jitter applied): its stored next run, then
+/// the schedule's following occurrences.
 fn next_runs(r: &Routine) -> Vec<DateTime<Utc>> {
     let (Some(first), Ok(schedule)) = (r.next_run_at, r.parsed_schedule()) else {
         return Vec::new();
     };
-    std::iter::successors(Some(first), |at| schedule.next_after(*at))
+    schedule
+        .runs_from_clock(r.id, first)
+        .map(|(_, planned)| planned)
         .take(NEXT_RUNS)
         .collect()
 }

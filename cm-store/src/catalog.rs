@@ -150,12 +150,16 @@ pub(crate) async fn insert_routine(
             "a run limit of 0 would never fire (give at least 1)".into(),
         ));
     }
+    let id = Uuid::now_v7();
+    // The clock is the next occurrence's planned instant (later than it by its jitter, if any).
     let next_run_at = if routine.paused {
         None
     } else {
-        routine.schedule.next_after(now)
+        routine
+            .schedule
+            .next_planned_after(id, now)
+            .map(|(_, planned)| planned)
     };
-    let id = Uuid::now_v7();
     let group = routine_group(conn, id).await?;
     take_name(conn, &routine.name, id, group).await?;
     sqlx::query_as::<_, Routine>(
@@ -221,7 +225,9 @@ async fn apply_update(
         if current.paused || runs_left == Some(0) {
             None
         } else {
-            schedule.next_after(now)
+            schedule
+                .next_planned_after(current.id, now)
+                .map(|(_, planned)| planned)
         }
     } else {
         current.next_run_at

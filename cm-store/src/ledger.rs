@@ -46,7 +46,7 @@ use chrono::{DateTime, Utc};
 use cm_domain::{
     ClaimOutcome, ClaimRow, ClaimToken, DueRoutine as PlannedRoutine, ErrorText, FireCap,
     FireOrigin, FireOutcome, FireStatus, Lease, MisfireRules, Occurrence, Settlement, TickPlan,
-    plan_claim, plan_due,
+    plan_claim, plan_routine_due,
 };
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
@@ -244,6 +244,9 @@ pub struct ClaimedFire {
     /// When the occurrence was first claimed, by the database's clock: a takeover leaves it,
     /// so a retry knows how old its first attempt is.
     pub first_claimed_at: DateTime<Utc>,
+    /// When the occurrence came due: its instant, or later by its schedule's jitter. Lateness
+    /// is measured from it.
+    pub planned_at: DateTime<Utc>,
 }
 
 impl ClaimedFire {
@@ -466,6 +469,8 @@ struct ClaimedRow {
     receipt: Option<String>,
     error: Option<String>,
     first_claimed_at: Option<DateTime<Utc>>,
+    /// When the occurrence came due, where its jitter delayed it.
+    planned_at: Option<DateTime<Utc>>,
     /// How many outbox messages the claim statement wrote (the outbox claim only).
     written: Option<i64>,
 }
@@ -497,6 +502,7 @@ impl TryFrom<ClaimedRow> for ClaimedFire {
             // Only a row written before the column existed has none: its first claim is
             // unknown, and is taken as long ago.
             first_claimed_at: r.first_claimed_at.unwrap_or(DateTime::<Utc>::MIN_UTC),
+            planned_at: r.planned_at.unwrap_or(r.scheduled_at),
             row: ClaimRow {
                 inserted: r.inserted,
                 status,
@@ -826,6 +832,8 @@ struct ClaimInput<'a> {
     now: DateTime<Utc>,
     claims: &'a [(Occurrence, FireOrigin)],
     groups: &'a [GroupId],
+    /// When each occurrence came due, where a jitter delayed it; `None`, the occurrence itself.
+    planned: Vec<Option<DateTime<Utc>>>,
 }
 
 impl ClaimInput<'_> {
@@ -911,7 +919,9 @@ impl PgStore {
             query
         };
         let query = advance.bind(query).bind(claim.now).bind(claim.groups);
-        let query = advance.bind_claimed(bind_group(query, params.group));
+        let query = advance
+            .bind_claimed(bind_group(query, params.group))
+            .bind(&claim.planned);
         let mut rows: Vec<ClaimedRow> = query
             .try_map(|row| ClaimedRow::from_row(&row))
             .fetch_all(&mut **tx)
@@ -995,8 +1005,15 @@ impl FireLedger for PgStore {
             match (schedule, policy) {
                 (Ok(schedule), Ok(policy)) => plans.push(PlannedRoutine {
                     routine_id: routine.id,
-                    plan: plan_due(routine.next_run_at, schedule, now, policy, &params.rules)
-                        .limited_to(routine.runs_left.map(|n| n.max(0).unsigned_abs())),
+                    plan: plan_routine_due(
+                        routine.id,
+                        routine.next_run_at,
+                        schedule,
+                        now,
+                        policy,
+                        &params.rules,
+                    )
+                    .limited_to(routine.runs_left.map(|n| n.max(0).unsigned_abs())),
                     limited: params.mission_room.is_some() && routine.kind == "mission",
                 }),
                 (Err(reason), _) | (_, Err(reason)) => unusable.push(UnusableRoutine {
@@ -1063,11 +1080,32 @@ impl FireLedger for PgStore {
                 .iter()
                 .map(|(o, _)| group_of(o.routine_id, count))
                 .collect();
+            // The planned instants of scheduled occurrences whose schedule has a jitter.
+            let jittered: std::collections::HashMap<Uuid, &cm_domain::Schedule> = due
+                .iter()
+                .filter_map(|r| {
+                    let schedule = parsed
+                        .get(&(r.schedule.as_str(), r.timezone.as_str()))?
+                        .as_ref()
+                        .ok()?;
+                    schedule.jitter().map(|_| (r.id, schedule))
+                })
+                .collect();
+            let planned = claims
+                .iter()
+                .map(|(o, origin)| match (origin, jittered.get(&o.routine_id)) {
+                    (FireOrigin::Schedule, Some(schedule)) => {
+                        Some(schedule.planned(o.routine_id, o.scheduled_at))
+                    }
+                    _ => None,
+                })
+                .collect();
             let claim = ClaimInput {
                 token,
                 now,
                 claims: &claims,
                 groups: &groups,
+                planned,
             };
             self.claim_rows(&mut tx, params, &claim, &advance).await?
         };
@@ -1618,7 +1656,7 @@ macro_rules! claim_upsert {
                                 THEN excluded.lease_expires_at ELSE f.lease_expires_at END
     RETURNING (f.xmax = 0) AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
               f.claim_token, f.attempt, f.lease_expires_at, f.receipt, f.origin, f.error,
-              f.first_claimed_at, f.group_id"
+              f.first_claimed_at, f.group_id, f.planned_at"
         )
     };
 }
@@ -1626,17 +1664,19 @@ macro_rules! claim_upsert {
 /// The claim statement when every occurrence goes to a dispatch (see [`CLAIM_SQL`]); the
 /// argument is the filter that keeps it in one group (`$13`), or nothing.
 macro_rules! claim_sql {
-    ($group:literal, $claimed:literal) => {
+    ($group:literal, $claimed:literal, $planned:literal) => {
         concat!(
             "
 WITH claimed AS (
     INSERT INTO routine_fires AS f
         (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
-         origin, group_id)
+         origin, group_id, planned_at)
     SELECT t.routine_id, t.scheduled_at, $3, $4, 1, $11::timestamptz,
-           $11::timestamptz + make_interval(secs => $5), t.origin, t.group_id
-    FROM UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $12::smallint[])
-         AS t(routine_id, scheduled_at, origin, group_id)",
+           $11::timestamptz + make_interval(secs => $5), t.origin, t.group_id, t.planned_at
+    FROM UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $12::smallint[], ",
+            $planned,
+            "::timestamptz[])
+         AS t(routine_id, scheduled_at, origin, group_id, planned_at)",
             claim_upsert!("$11::timestamptz"),
             "
 ),",
@@ -1644,7 +1684,7 @@ WITH claimed AS (
             "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
        c.lease_expires_at, r.name, r.kind, c.origin, r.payload, NULL::text AS receipt,
-       NULL::bigint AS written, c.error, c.first_claimed_at
+       NULL::bigint AS written, c.error, c.first_claimed_at, c.planned_at
 FROM claimed c JOIN routines r ON r.id = c.routine_id AND r.group_id = c.group_id",
             $group
         )
@@ -1655,16 +1695,17 @@ FROM claimed c JOIN routines r ON r.id = c.routine_id AND r.group_id = c.group_i
 /// as parallel arrays, oldest first, `$3` the claimant, `$4` the claim token, `$5` the lease in
 /// seconds, `$6` each occurrence's origin; `$7` to `$10` move the routines' clocks in the same
 /// statement (`advance_cte!`); `$11` is the claim's clock (read once, in the due statement),
-/// `$12` each occurrence's group.
-const CLAIM_SQL: &str = claim_sql!("", "$13");
+/// `$12` each occurrence's group; the last two, the advance's claimed counts and each
+/// occurrence's planned instant (NULL: the occurrence itself), come after all others.
+const CLAIM_SQL: &str = claim_sql!("", "$13", "$14");
 
 /// `CLAIM_SQL` within the group `$13`.
-pub const CLAIM_GROUP_SQL: &str = claim_sql!(" AND r.group_id = $13", "$14");
+pub const CLAIM_GROUP_SQL: &str = claim_sql!(" AND r.group_id = $13", "$14", "$15");
 
 /// The claim statement with the transactional outbox (see [`CLAIM_WITH_OUTBOX_SQL`]); the
 /// argument is the filter that keeps it in one group (`$16`), or nothing.
 macro_rules! claim_with_outbox_sql {
-    ($group:literal, $claimed:literal) => {
+    ($group:literal, $claimed:literal, $planned:literal) => {
         concat!(
             "
 WITH input AS MATERIALIZED (
@@ -1672,10 +1713,13 @@ WITH input AS MATERIALIZED (
            CASE WHEN (o.kind = 'message' AND $7) OR (o.kind = 'mission' AND $8)
                 THEN nextval('outbox_messages_seq_seq') END AS outbox_seq
     FROM (
-        SELECT t.routine_id, t.scheduled_at, t.origin, t.idempotency_key, t.group_id, r.name,
-               r.kind, r.payload
-        FROM UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $9::text[], $15::smallint[])
-             WITH ORDINALITY AS t(routine_id, scheduled_at, origin, idempotency_key, group_id, n)
+        SELECT t.routine_id, t.scheduled_at, t.origin, t.idempotency_key, t.group_id,
+               t.planned_at, r.name, r.kind, r.payload
+        FROM UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $9::text[], $15::smallint[], ",
+            $planned,
+            "::timestamptz[])
+             WITH ORDINALITY
+             AS t(routine_id, scheduled_at, origin, idempotency_key, group_id, planned_at, n)
         JOIN routines r ON r.id = t.routine_id AND r.group_id = t.group_id",
             $group,
             "
@@ -1685,13 +1729,13 @@ WITH input AS MATERIALIZED (
 claimed AS (
     INSERT INTO routine_fires AS f
         (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
-         status, completed_at, receipt, origin, group_id)
+         status, completed_at, receipt, origin, group_id, planned_at)
     SELECT i.routine_id, i.scheduled_at, $3, $4, 1, $14::timestamptz,
            $14::timestamptz + make_interval(secs => $5),
            CASE WHEN i.outbox_seq IS NULL THEN 'claimed' ELSE 'fired' END,
            CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE $14::timestamptz END,
            CASE WHEN i.outbox_seq IS NULL THEN NULL ELSE 'outbox seq ' || i.outbox_seq END,
-           i.origin, i.group_id
+           i.origin, i.group_id, i.planned_at
     FROM input i",
             claim_upsert!("$14::timestamptz"),
             "
@@ -1712,7 +1756,7 @@ outbox AS (
             "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
        c.lease_expires_at, i.name, i.kind, c.origin, i.payload, c.receipt,
-       (SELECT count(*) FROM outbox) AS written, c.error, c.first_claimed_at
+       (SELECT count(*) FROM outbox) AS written, c.error, c.first_claimed_at, c.planned_at
 FROM claimed c
 JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
         )
@@ -1734,11 +1778,11 @@ JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
 /// (oldest occurrence first), so within one claim a routine's messages are numbered in
 /// `scheduled_at` order. A number is drawn before the insert so the fire row is written once;
 /// numbers drawn for rows that turn out to exist are simply unused.
-const CLAIM_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!("", "$16");
+const CLAIM_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!("", "$16", "$17");
 
 /// `CLAIM_WITH_OUTBOX_SQL` within the group `$16`.
 pub const CLAIM_GROUP_WITH_OUTBOX_SQL: &str =
-    claim_with_outbox_sql!(" AND r.group_id = $16", "$17");
+    claim_with_outbox_sql!(" AND r.group_id = $16", "$17", "$18");
 
 /// The reaper's statement; the arguments keep it in one group, or are empty.
 macro_rules! reap_sql {
@@ -1765,7 +1809,8 @@ WHERE f.routine_id = e.routine_id AND f.scheduled_at = e.scheduled_at
             "
 RETURNING false AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
           f.claim_token, f.attempt, f.lease_expires_at, r.name, r.kind, f.origin, r.payload,
-          NULL::text AS receipt, NULL::bigint AS written, f.error, f.first_claimed_at"
+          NULL::text AS receipt, NULL::bigint AS written, f.error, f.first_claimed_at,
+          f.planned_at"
         )
     };
 }
@@ -1792,24 +1837,24 @@ pub const REAP_GROUP_SQL: &str = reap_sql!(" AND group_id = $5", " AND f.group_i
 /// `$1`/`$2` the occurrences, `$3` the claimant, `$4` the token, `$5` the lease in seconds, `$6`
 /// the origins, `$7` the claim's clock, `$8` each occurrence's outbox number (drawn before, for
 /// every occurrence; used by in-claim kinds only), `$9`/`$10` whether message and mission
-/// routines are settled in the claim, `$11` the group.
+/// routines are settled in the claim, `$11` the group, `$12` each occurrence's planned instant.
 pub const SHARD_CLAIM_SQL: &str = concat!(
     "
 INSERT INTO routine_fires AS f
     (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
-     status, completed_at, receipt, origin, group_id)
+     status, completed_at, receipt, origin, group_id, planned_at)
 SELECT t.routine_id, t.scheduled_at, $3, $4, 1, $7::timestamptz,
        $7::timestamptz + make_interval(secs => $5),
        CASE WHEN t.in_claim THEN 'fired' ELSE 'claimed' END,
        CASE WHEN t.in_claim THEN $7::timestamptz END,
        CASE WHEN t.in_claim THEN 'outbox seq ' || t.seq END,
-       t.origin, t.group_id
+       t.origin, t.group_id, t.planned_at
 FROM (
-    SELECT u.routine_id, u.scheduled_at, u.origin, u.seq, r.group_id,
+    SELECT u.routine_id, u.scheduled_at, u.origin, u.seq, r.group_id, u.planned_at,
            (r.kind = 'message' AND $9) OR (r.kind = 'mission' AND $10) AS in_claim
     FROM routines r
-    JOIN UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $8::bigint[])
-         AS u(routine_id, scheduled_at, origin, seq)
+    JOIN UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $8::bigint[], $12::timestamptz[])
+         AS u(routine_id, scheduled_at, origin, seq, planned_at)
       ON r.id = u.routine_id
     WHERE r.group_id = $11
 ) t",
@@ -1851,6 +1896,7 @@ struct UpsertedRow {
     origin: String,
     error: Option<String>,
     first_claimed_at: Option<DateTime<Utc>>,
+    planned_at: Option<DateTime<Utc>>,
 }
 
 impl PgStore {
@@ -1912,6 +1958,7 @@ impl PgStore {
             .bind(message)
             .bind(mission)
             .bind(group)
+            .bind(&claim.planned)
             .fetch_all(&mut **tx)
             .await?;
         let fresh: Vec<&UpsertedRow> = upserted
@@ -1990,6 +2037,7 @@ impl PgStore {
                     receipt: r.receipt,
                     error: r.error,
                     first_claimed_at: r.first_claimed_at,
+                    planned_at: r.planned_at,
                     written: Some(i64::try_from(written).unwrap_or(i64::MAX)),
                 })
             })

@@ -90,7 +90,7 @@ impl UnplannedRoutines for PgStore {
             let outcome = match check(&routine) {
                 Ok(schedule) => {
                     let next = (!routine.paused)
-                        .then(|| schedule.next_after(now))
+                        .then(|| schedule.next_planned_after(id, now).map(|(_, at)| at))
                         .flatten();
                     sqlx::query(
                         "UPDATE routines SET planned = true, next_run_at = $3, updated_at = now()

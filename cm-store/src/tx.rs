@@ -114,7 +114,10 @@ pub async fn set_routine_paused(
         None
     } else {
         let now = catalog::db_now(&mut tx).await?;
-        routine.parsed_schedule()?.next_after(now)
+        routine
+            .parsed_schedule()?
+            .next_planned_after(id, now)
+            .map(|(_, planned)| planned)
     };
     let row = sqlx::query_as::<_, Routine>(
         "UPDATE routines

@@ -47,6 +47,9 @@ struct JsonLine {
     /// Exclusions: cron expressions, as `routine create --except`.
     #[serde(default)]
     except: Vec<String>,
+    /// As `--jitter`.
+    #[serde(default)]
+    jitter: Option<String>,
     #[serde(default)]
     start: Option<String>,
     #[serde(default)]
@@ -111,6 +114,7 @@ pub(super) fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineE
             offset: parsed.offset,
             at: parsed.at,
             except: parsed.except,
+            jitter: parsed.jitter,
             start: parsed.start,
             end: parsed.end,
         };

@@ -780,6 +780,12 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
     if let Some(left) = routine.runs_left {
         say!("runs left   {left}");
     }
+    if let Some(jitter) = schedule.jitter() {
+        say!(
+            "jitter      up to {} after each occurrence",
+            cm_domain::duration_text(chrono::TimeDelta::from_std(jitter).unwrap_or_default())
+        );
+    }
     if let Some(start) = schedule.start() {
         say!("starts      {}", listing::instant(start));
     }
@@ -817,23 +823,35 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
         }
         None => say!("next runs: none yet (the routine is not planned yet)"),
         Some(first) => {
-            let mut runs = vec![first];
-            while runs.len() < SHOWN_RUNS {
-                match runs.last().and_then(|t| schedule.next_after(*t)) {
-                    Some(next) => runs.push(next),
-                    None => break,
-                }
-            }
-            let mut table = Table::new(&["NEXT RUNS (LOCAL)", "UTC"]);
+            // When each run comes due, a jitter applied; with one, its occurrence (the key
+            // its fire is recorded under) beside it.
+            let runs: Vec<_> = schedule
+                .runs_from_clock(routine.id, first)
+                .take(SHOWN_RUNS)
+                .collect();
+            let jittered = schedule.jitter().is_some();
+            let (mut table, local) = if jittered {
+                (
+                    Table::new(&["NEXT RUNS (LOCAL)", "UTC", "OCCURRENCE (UTC)"]),
+                    "%Y-%m-%d %H:%M:%S%.3f %Z",
+                )
+            } else {
+                (
+                    Table::new(&["NEXT RUNS (LOCAL)", "UTC"]),
+                    "%Y-%m-%d %H:%M:%S %Z",
+                )
+            };
             let rows: Vec<Vec<String>> = runs
                 .iter()
-                .map(|t| {
-                    vec![
-                        t.with_timezone(&zone)
-                            .format("%Y-%m-%d %H:%M:%S %Z")
-                            .to_string(),
-                        listing::instant(*t),
-                    ]
+                .map(|(occurrence, planned)| {
+                    let mut row = vec![
+                        planned.with_timezone(&zone).format(local).to_string(),
+                        planned.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                    ];
+                    if jittered {
+                        row.push(listing::instant(*occurrence));
+                    }
+                    row
                 })
                 .collect();
             table.print_page(&rows);

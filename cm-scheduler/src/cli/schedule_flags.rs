@@ -1,6 +1,6 @@
 //! The flags that say when a routine runs, shared by `routine create`, `routine update`,
 //! `schedule next` and the fields of a JSON Lines import: a rule (`--schedule`, `--every`
-//! with `--offset`, or `--at`) and its clauses (`--except`, `--start`, `--end`). They are
+//! with `--offset`, or `--at`) and its clauses (`--except`, `--jitter`, `--start`, `--end`). They are
 //! written into the schedule's text (`cm_domain::ScheduleText`), which cm-domain checks.
 
 use clap::Args;
@@ -29,6 +29,12 @@ pub(super) struct ScheduleFlags {
     /// it matches, a six-field one the seconds. Repeatable; `none` clears them on update.
     #[arg(long, value_name = "EXPR")]
     pub except: Vec<String>,
+    /// Delay each occurrence by an offset in [0, DURATION) drawn from the routine and the
+    /// occurrence (the same in every scheduler, on every retry), at most the schedule's
+    /// shortest interval: a million routines at 09:00 with --jitter 5m come due spread over
+    /// five minutes. The occurrence keeps its instant as its key. `none` clears it on update.
+    #[arg(long, value_name = "DURATION")]
+    pub jitter: Option<String>,
     /// Nothing is owed before TIME (RFC 3339, a wall time or a date in --timezone); `none`
     /// clears it on update.
     #[arg(long, value_name = "TIME")]
@@ -96,6 +102,9 @@ impl ScheduleFlags {
                 .cloned()
                 .collect();
         }
+        if let Some(jitter) = &self.jitter {
+            parts.jitter = (!cleared(jitter)).then(|| jitter.clone());
+        }
         if let Some(start) = &self.start {
             parts.from = (!cleared(start)).then(|| start.clone());
         }
@@ -116,12 +125,13 @@ mod tests {
             every: Some("90m".into()),
             offset: Some("15m".into()),
             except: vec!["0 0 25 12 *".into()],
+            jitter: Some("5m".into()),
             end: Some("2027-01-01".into()),
             ..ScheduleFlags::default()
         };
         assert_eq!(
             flags.text(None).unwrap().unwrap(),
-            "@every 90m offset 15m except 0 0 25 12 * until 2027-01-01"
+            "@every 90m offset 15m except 0 0 25 12 * jitter 5m until 2027-01-01"
         );
         let end = ScheduleFlags {
             end: Some("2027-02-01".into()),

@@ -74,6 +74,7 @@ fn fire(n: u32, row: Row) -> ClaimedFire {
         payload: json!({ "text": format!("message {n}") }),
         receipt: None,
         first_claimed_at: at(n),
+        planned_at: at(n),
         row: ClaimRow {
             inserted,
             status,

@@ -538,6 +538,7 @@ async fn every_claim_statement_is_one_task_on_citus() {
             .bind(true)
             .bind(false)
             .bind(group)
+            .bind(vec![None::<chrono::DateTime<chrono::Utc>>])
             .fetch_all(&db.pool)
             .await
             .unwrap(),

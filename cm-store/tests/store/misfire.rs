@@ -370,3 +370,68 @@ async fn a_run_limit_is_spent_by_what_claims_claim_and_then_the_clock_stops(pool
     assert_eq!(after.runs_left, Some(1));
     assert!(after.next_run_at.is_some());
 }
+
+/// Jitter (`jitter 40s`): a routine's clock is its next occurrence's planned instant, a claim
+/// owes an occurrence once that instant has passed, the ledger keeps the occurrence as its key
+/// and the planned instant beside it, and the clock moves to the next occurrence's planned
+/// instant. Through the plain claim and the one that writes the outbox in the claim.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_jittered_occurrence_comes_due_at_its_planned_instant_and_keeps_its_key(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let text = "* * * * * jitter 40s";
+    for (name, params) in [
+        ("plain", claim_params("a", 100, rules(3600, 100))),
+        ("outbox", crate::support::outbox_params("a")),
+    ] {
+        let routine = create(&store, text, MisfirePolicy::CatchUp).await;
+        let schedule = cm_domain::Schedule::parse(text, "UTC").unwrap();
+        let planned = |o: DateTime<Utc>| schedule.planned(routine.id, o);
+        // Written with its first occurrence's planned instant.
+        let created = store.get_routine(routine.id).await.unwrap();
+        let first = next_minute(created.created_at);
+        assert_eq!(created.next_run_at, Some(planned(first)), "{name}");
+
+        // Three minutes behind: what is owed is every minute whose planned instant passed.
+        let oldest = minute_floor(db_now(&pool).await) - TimeDelta::minutes(3);
+        set_next_run(&pool, routine.id, planned(oldest)).await;
+        let tick = store.claim_due(&params).await.unwrap();
+        let expected: Vec<_> = minutes(oldest, tick.now + TimeDelta::minutes(1))
+            .into_iter()
+            .filter(|m| planned(*m) <= tick.now)
+            .collect();
+        assert!(expected.len() >= 3, "{name}: {expected:?}");
+        let mine: Vec<_> = tick
+            .fires
+            .iter()
+            .filter(|f| f.occurrence.routine_id == routine.id)
+            .collect();
+        let claimed: Vec<_> = mine.iter().map(|f| f.occurrence.scheduled_at).collect();
+        assert_eq!(claimed, expected, "{name}");
+        for f in &mine {
+            assert_eq!(f.planned_at, planned(f.occurrence.scheduled_at), "{name}");
+        }
+        let stored: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT scheduled_at, planned_at FROM routine_fires
+             WHERE routine_id = $1 ORDER BY scheduled_at",
+        )
+        .bind(routine.id)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let want: Vec<_> = expected.iter().map(|m| (*m, Some(planned(*m)))).collect();
+        assert_eq!(stored, want, "{name}");
+        let next = *expected.last().unwrap() + TimeDelta::minutes(1);
+        let after = store.get_routine(routine.id).await.unwrap();
+        assert_eq!(after.next_run_at, Some(planned(next)), "{name}");
+        // Not due again before that instant.
+        let again = store.claim_due(&params).await.unwrap();
+        assert!(
+            again.now >= planned(next)
+                || again
+                    .fires
+                    .iter()
+                    .all(|f| f.occurrence.routine_id != routine.id),
+            "{name}"
+        );
+    }
+}

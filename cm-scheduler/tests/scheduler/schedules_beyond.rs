@@ -308,3 +308,143 @@ async fn a_run_limit_fires_exactly_that_many_under_two_schedulers_and_kills() {
     let shown = ok(url, &["routine", "show", "five"]);
     assert!(shown.contains("state       finished"), "{shown}");
 }
+
+/// Jitter through the binary: 3,000 one-shots at one instant with `jitter 20s`, imported from
+/// JSON Lines, come due spread over the twenty seconds after it (the busiest second within
+/// 1.5 times the mean, by when each was claimed) and all fire once; each fire keeps the
+/// occurrence as its key and records its planned instant, the one `schedule next --routine-id`
+/// and `routine show` list.
+#[tokio::test]
+async fn jittered_one_shots_come_due_spread_over_their_jitter_and_all_fire() {
+    const N: usize = 3_000;
+    const JITTER: i64 = 20;
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let at = Utc::now().with_nanosecond(0).unwrap() + chrono::Duration::seconds(12);
+    let at_s = rfc(at);
+    let dir = std::env::temp_dir().join(format!("cm-jitter-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("many.jsonl");
+    let lines: String = (0..N)
+        .map(|i| {
+            format!(
+                "{{\"name\": \"j{i}\", \"at\": \"{at_s}\", \"jitter\": \"{JITTER}s\", \"message\": \"x\"}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(&file, lines).unwrap();
+    ok(url, &["routine", "import", file.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    // A jitter longer than a one-shot's day is refused, and writes nothing.
+    check_fails(
+        url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "long",
+            "--message",
+            "x",
+            "--at",
+            &at_s,
+            "--jitter",
+            "2d",
+        ],
+        2,
+        "at most a day",
+    );
+    assert_eq!(db.count("routines").await as usize, N);
+
+    // What the CLI says one routine will do, before it runs.
+    let id = ok(url, &["routine", "show", "j7"])
+        .lines()
+        .find_map(|l| l.strip_prefix("id").map(|v| v.trim().to_owned()))
+        .unwrap();
+    let next = ok(
+        url,
+        &[
+            "schedule",
+            "next",
+            "--at",
+            &at_s,
+            "--jitter",
+            "20s",
+            "--routine-id",
+            &id,
+            "--after",
+            &rfc(at - chrono::Duration::seconds(1)),
+        ],
+    );
+    let (listed_planned, listed_occurrence) = next.trim().split_once("  occurrence ").unwrap();
+    let listed_planned: DateTime<Utc> = listed_planned.parse().unwrap();
+    assert_eq!(listed_occurrence, at_s);
+    let shown = ok(url, &["routine", "show", "j7"]);
+    assert!(
+        shown.contains("jitter      up to 20s after each occurrence"),
+        "{shown}"
+    );
+    assert!(shown.contains("OCCURRENCE (UTC)"), "{shown}");
+
+    let mut scheduler = Command::new(BIN)
+        .args(["--database-url", url, "run", "--tick-interval", "200ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = at + chrono::Duration::seconds(JITTER + 20);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let fired: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE status = 'fired'")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        if fired as usize == N || Utc::now() > deadline {
+            break;
+        }
+    }
+    scheduler.kill().unwrap();
+    let _ = scheduler.wait();
+
+    /// A fire as the check reads it: routine, occurrence, planned instant, claim, status.
+    type Fire = (
+        Uuid,
+        DateTime<Utc>,
+        Option<DateTime<Utc>>,
+        DateTime<Utc>,
+        String,
+    );
+    let rows: Vec<Fire> = sqlx::query_as(
+        "SELECT routine_id, scheduled_at, planned_at, claimed_at, status FROM routine_fires",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), N, "every one-shot fired once");
+    let mut per_second = vec![0usize; JITTER as usize];
+    for (routine, scheduled_at, planned_at, claimed_at, status) in &rows {
+        assert_eq!(status, "fired");
+        assert_eq!(*scheduled_at, at, "the occurrence is the key");
+        let planned = planned_at.expect("a jittered fire records its planned instant");
+        let offset = planned - at;
+        assert!(
+            offset >= chrono::Duration::zero() && offset < chrono::Duration::seconds(JITTER),
+            "{offset}"
+        );
+        assert!(*claimed_at >= planned, "claimed before it was due");
+        if routine.to_string() == id {
+            assert_eq!(
+                planned.timestamp_millis(),
+                listed_planned.timestamp_millis()
+            );
+        }
+        let second = ((*claimed_at - at).num_milliseconds() / 1000).clamp(0, JITTER - 1);
+        per_second[second as usize] += 1;
+    }
+    let mean = N as f64 / JITTER as f64;
+    let busiest = *per_second.iter().max().unwrap() as f64;
+    assert!(
+        busiest <= 1.5 * mean,
+        "claims per second {per_second:?}: the busiest {busiest} against a mean of {mean}"
+    );
+}

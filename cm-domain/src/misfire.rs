@@ -184,7 +184,10 @@ pub fn plan_routine_due(
     if schedule.jitter().is_none() {
         return plan_due(next_run_at, schedule, now, policy, rules);
     }
-    let due = schedule.occurrence_planned_at(routine, next_run_at);
+    let Some(due) = schedule.occurrence_planned_at(routine, next_run_at) else {
+        // No occurrence is left for the clock to stand for: the routine is finished.
+        return DuePlan::default();
+    };
     plan_walk(due, schedule, now, policy, rules, &|o| {
         schedule.planned(routine, o)
     })

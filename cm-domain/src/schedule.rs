@@ -426,29 +426,28 @@ impl Schedule {
     /// occurrence whose planned instant it is. Without jitter, `planned` itself. With jitter,
     /// the occurrence in `(planned - jitter, planned]` planned then; a clock that no occurrence
     /// is planned at (written before the jitter was) stands for the latest occurrence in that
-    /// stretch, or, with none there, the first after it.
+    /// stretch, or, with none there, the first after it. `None` when the schedule has no
+    /// occurrence after `planned - jitter`: nothing is owed.
     pub fn occurrence_planned_at(
         &self,
         routine: crate::RoutineId,
         planned: DateTime<Utc>,
-    ) -> DateTime<Utc> {
+    ) -> Option<DateTime<Utc>> {
         let Some(jitter) = self.jitter else {
-            return planned;
+            return Some(planned);
         };
-        let Some(from) = planned.checked_sub_signed(jitter) else {
-            return planned;
-        };
+        let from = planned.checked_sub_signed(jitter)?;
         let mut latest = None;
         for occurrence in self.occurrences_after(from) {
             if occurrence > planned {
-                return latest.unwrap_or(occurrence);
+                return Some(latest.unwrap_or(occurrence));
             }
             if self.planned(routine, occurrence) == planned {
-                return occurrence;
+                return Some(occurrence);
             }
             latest = Some(occurrence);
         }
-        latest.unwrap_or(planned)
+        latest
     }
 
     /// A routine's runs from its clock (`next_run_at`) on, in order: each one's occurrence and
@@ -460,7 +459,7 @@ impl Schedule {
         clock: DateTime<Utc>,
     ) -> impl Iterator<Item = (DateTime<Utc>, DateTime<Utc>)> + '_ {
         let first = self.occurrence_planned_at(routine, clock);
-        std::iter::successors(Some(first), |at| self.next_after(*at))
+        std::iter::successors(first, |at| self.next_after(*at))
             .map(move |o| (o, self.planned(routine, o)))
     }
 

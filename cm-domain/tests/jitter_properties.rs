@@ -152,9 +152,22 @@ fn a_clock_written_without_the_jitter_stands_for_its_occurrence() {
     let schedule = Schedule::parse("0 9 * * * jitter 5m", "Europe/Berlin").unwrap();
     let routine = Uuid::from_u128(7);
     let nine = Utc.with_ymd_and_hms(2026, 12, 3, 8, 0, 0).unwrap();
-    assert_eq!(schedule.occurrence_planned_at(routine, nine), nine);
+    assert_eq!(schedule.occurrence_planned_at(routine, nine), Some(nine));
     let planned = schedule.planned(routine, nine);
-    assert_eq!(schedule.occurrence_planned_at(routine, planned), nine);
+    assert_eq!(schedule.occurrence_planned_at(routine, planned), Some(nine));
+    // A clock past every occurrence stands for none: nothing is owed, and the routine ends.
+    let once = Schedule::parse("@at 2026-12-03T09:00:00Z jitter 5m", "UTC").unwrap();
+    let late = Utc.with_ymd_and_hms(2026, 12, 3, 9, 5, 1).unwrap();
+    assert_eq!(once.occurrence_planned_at(routine, late), None);
+    let plan = plan_routine_due(
+        routine,
+        late,
+        &once,
+        late,
+        MisfirePolicy::CatchUp,
+        &MisfireRules::default(),
+    );
+    assert!(plan.occurrences.is_empty() && plan.next_run_at.is_none());
     let rules = MisfireRules::default();
     if planned > nine {
         let early = plan_routine_due(

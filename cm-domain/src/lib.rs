@@ -83,8 +83,8 @@ pub use occurrence::{FireOrigin, IdempotencyKey, Occurrence, ParseFireOriginErro
 pub use outcome::{FireOutcome, ParseFireOutcomeError};
 pub use rules::{MAX_EVERY_SECONDS, ScheduleText, duration_text, parse_duration, parse_time};
 pub use run::{
-    OverlapDecision, OverlapPolicy, ParseOverlapPolicyError, ParseRunStateError, RunHolder,
-    RunState, RunStateName, decide_overlap,
+    BufferPlan, OverlapDecision, OverlapPolicy, ParseOverlapPolicyError, ParseRunStateError,
+    RunHolder, RunState, RunStateName, buffer_plan, decide_overlap,
 };
 pub use schedule::{
     Field, MAX_EXPRESSION_CHARS, MAX_SCHEDULE_CHARS, Occurrences, Schedule, ScheduleError, Zone,

@@ -160,6 +160,14 @@ pub enum OverlapPolicy {
     Forbid,
     /// Stop the running one, then launch.
     Replace,
+    /// Wait: while a run lasts the routine's clock stays at its first occurrence due (nothing is
+    /// claimed, so nothing is lost if every scheduler dies), and when the run ends the newest
+    /// owed occurrence launches; the older ones are recorded `skipped`, naming it
+    /// ([`buffer_plan`]). Temporal's `BUFFER_ONE`.
+    BufferOne,
+    /// Wait, then launch every owed occurrence, oldest first, each after the previous run ends
+    /// ([`buffer_plan`]). Temporal's `BUFFER_ALL`.
+    BufferAll,
 }
 
 impl OverlapPolicy {
@@ -169,7 +177,57 @@ impl OverlapPolicy {
             OverlapPolicy::Allow => "allow",
             OverlapPolicy::Forbid => "forbid",
             OverlapPolicy::Replace => "replace",
+            OverlapPolicy::BufferOne => "buffer-one",
+            OverlapPolicy::BufferAll => "buffer-all",
         }
+    }
+
+    /// Whether occurrences wait for the run instead of being decided at launch
+    /// (`buffer-one`, `buffer-all`).
+    pub fn buffers(self) -> bool {
+        matches!(self, OverlapPolicy::BufferOne | OverlapPolicy::BufferAll)
+    }
+}
+
+/// What a buffering routine's claim does with the occurrences its plan owes, once the routine's
+/// run is free (a claim does not plan it while a run lasts): the one to launch now, the ones
+/// recorded `skipped` (they came due while it waited), and where its clock goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferPlan {
+    /// The occurrence launched now, if any.
+    pub launch: Option<chrono::DateTime<chrono::Utc>>,
+    /// Occurrences recorded `skipped`, naming `launch` (`buffer-one` only).
+    pub skipped: Vec<chrono::DateTime<chrono::Utc>>,
+    /// The routine's new clock: under `buffer-all`, the next owed occurrence (claimed after this
+    /// run ends); otherwise the plan's.
+    pub next_run_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// [`BufferPlan`] for `owed` (a plan's occurrences, oldest first) and `next_run_at` (the plan's
+/// clock) under `policy`. `buffer-one` launches the newest and skips the rest; `buffer-all`
+/// launches the oldest and keeps its clock at the next, so one run at a time drains them all in
+/// order. Any other policy launches nothing here (it is decided at launch).
+pub fn buffer_plan(
+    policy: OverlapPolicy,
+    owed: &[chrono::DateTime<chrono::Utc>],
+    next_run_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> BufferPlan {
+    match (policy, owed) {
+        (OverlapPolicy::BufferOne, [older @ .., newest]) => BufferPlan {
+            launch: Some(*newest),
+            skipped: older.to_vec(),
+            next_run_at,
+        },
+        (OverlapPolicy::BufferAll, [oldest, rest @ ..]) => BufferPlan {
+            launch: Some(*oldest),
+            skipped: Vec::new(),
+            next_run_at: rest.first().copied().or(next_run_at),
+        },
+        _ => BufferPlan {
+            launch: None,
+            skipped: Vec::new(),
+            next_run_at,
+        },
     }
 }
 
@@ -181,7 +239,7 @@ impl fmt::Display for OverlapPolicy {
 
 /// An overlap policy text that is none of `allow`, `forbid`, `replace`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown overlap policy {0:?} (expected allow, forbid or replace)")]
+#[error("unknown overlap policy {0:?} (expected allow, forbid, replace, buffer-one or buffer-all)")]
 pub struct ParseOverlapPolicyError(pub String);
 
 impl FromStr for OverlapPolicy {
@@ -192,6 +250,8 @@ impl FromStr for OverlapPolicy {
             "allow" => Ok(OverlapPolicy::Allow),
             "forbid" => Ok(OverlapPolicy::Forbid),
             "replace" => Ok(OverlapPolicy::Replace),
+            "buffer-one" => Ok(OverlapPolicy::BufferOne),
+            "buffer-all" => Ok(OverlapPolicy::BufferAll),
             other => Err(ParseOverlapPolicyError(other.to_owned())),
         }
     }
@@ -225,13 +285,14 @@ pub enum OverlapDecision {
 ///
 /// Under `replace`, an earlier fire still being launched cannot be stopped yet (nothing runs to
 /// stop, and its launch may complete after this one's), so the occurrence is skipped as under
-/// `forbid`: two runs at once are what `replace` promises never to allow.
+/// `forbid`: two runs at once are what `replace` promises never to allow. A buffering policy's
+/// occurrence is claimed only once the run is free; one that finds it held all the same (a
+/// trigger launched beside it) is skipped as under `forbid`, never run beside it.
 pub fn decide_overlap(policy: OverlapPolicy, holder: &RunHolder) -> OverlapDecision {
     match (policy, holder) {
         (OverlapPolicy::Allow, _) | (_, RunHolder::Free) => OverlapDecision::Launch,
-        (OverlapPolicy::Forbid, _) | (OverlapPolicy::Replace, RunHolder::Launching) => {
-            OverlapDecision::Skip
-        }
+        (OverlapPolicy::Forbid | OverlapPolicy::BufferOne | OverlapPolicy::BufferAll, _)
+        | (OverlapPolicy::Replace, RunHolder::Launching) => OverlapDecision::Skip,
         (OverlapPolicy::Replace, RunHolder::Running) => OverlapDecision::ReplaceRunning,
     }
 }
@@ -266,6 +327,8 @@ mod tests {
             OverlapPolicy::Allow,
             OverlapPolicy::Forbid,
             OverlapPolicy::Replace,
+            OverlapPolicy::BufferOne,
+            OverlapPolicy::BufferAll,
         ] {
             assert_eq!(policy.as_str().parse::<OverlapPolicy>(), Ok(policy));
         }
@@ -292,5 +355,47 @@ mod tests {
         check(Replace, RunHolder::Free, Launch);
         check(Replace, RunHolder::Running, ReplaceRunning);
         check(Replace, RunHolder::Launching, Skip);
+        check(BufferOne, RunHolder::Free, Launch);
+        check(BufferOne, RunHolder::Running, Skip);
+        check(BufferAll, RunHolder::Launching, Skip);
+    }
+
+    #[test]
+    fn buffering_launches_the_newest_or_the_oldest() {
+        let t =
+            |m: i64| chrono::DateTime::<chrono::Utc>::UNIX_EPOCH + chrono::TimeDelta::minutes(m);
+        let owed = [t(1), t(2), t(3)];
+        assert_eq!(
+            buffer_plan(OverlapPolicy::BufferOne, &owed, Some(t(4))),
+            BufferPlan {
+                launch: Some(t(3)),
+                skipped: vec![t(1), t(2)],
+                next_run_at: Some(t(4))
+            }
+        );
+        assert_eq!(
+            buffer_plan(OverlapPolicy::BufferAll, &owed, Some(t(4))),
+            BufferPlan {
+                launch: Some(t(1)),
+                skipped: vec![],
+                next_run_at: Some(t(2))
+            }
+        );
+        assert_eq!(
+            buffer_plan(OverlapPolicy::BufferAll, &owed[2..], Some(t(4))),
+            BufferPlan {
+                launch: Some(t(3)),
+                skipped: vec![],
+                next_run_at: Some(t(4))
+            }
+        );
+        assert_eq!(
+            buffer_plan(OverlapPolicy::BufferOne, &[], Some(t(4))),
+            BufferPlan {
+                launch: None,
+                skipped: vec![],
+                next_run_at: Some(t(4))
+            }
+        );
     }
 }

@@ -26,6 +26,9 @@
 //!   `--max-fires-per-tick 2000 --tick-interval 50ms`, one process and two (the per-fire cost
 //!   must not grow with how many are due); last, 1,000 every-second routines fired by two
 //!   processes with defaults for 20 s, their lateness p50/p99/max.
+//! - **Jitter**: 1M message routines whose one occurrence is the same second, with `jitter 5m`,
+//!   fired by two processes with defaults: the claims in each second of the five minutes (the
+//!   busiest against the mean), a histogram, and the lateness from the planned instant.
 //! - **Retention**: with millions of settled rows past the retention, the claim rate of the store's
 //!   claim beside a continuous prune (`prune_settled`, the engine's batch) against the claim rate
 //!   without, and the prune's own rate.
@@ -33,6 +36,7 @@
 //! The report is Markdown on stdout; progress goes to stderr. `--quick` runs the same steps at a
 //! tenth of the sizes (a smoke test).
 
+mod jitter;
 mod load;
 mod measure;
 mod missions;
@@ -65,7 +69,7 @@ const USAGE: &str = "usage: cargo xtask scale [--quick] [--keep] \
 [--only STEP] [--database-url URL]\n\
   --quick             a tenth of the sizes (a smoke test of every step)\n\
   --only STEP         only this step: idle, throughput, due-at-once, every-second, mission-rate,
-                      fires or retention\n\
+                      jitter, fires or retention\n\
   --keep              keep the database cm_scale_<random> afterwards\n\
   --database-url URL  the server to create it on (default postgres://postgres@127.0.0.1:5432/postgres)";
 
@@ -98,6 +102,8 @@ pub(crate) struct Sizes {
     pub missions: u32,
     /// Every-second routines, and for how many seconds, whose lateness is measured at defaults.
     pub every_second: (u32, u64),
+    /// Routines whose one occurrence is the same second, with `jitter 5m`, in the "jitter" step.
+    pub jittered: u32,
 }
 
 /// Occurrences each routine of the "few" throughput run owes: seconds 0 to 49 of two minutes.
@@ -119,6 +125,7 @@ impl Sizes {
             burst_pair: (20_000, 200_000),
             missions: 1_000,
             every_second: (1_000, 20),
+            jittered: 1_000_000,
         }
     }
 
@@ -137,6 +144,7 @@ impl Sizes {
             burst_pair: (2_000, 20_000),
             missions: 100,
             every_second: (1_000, 6),
+            jittered: 100_000,
         }
     }
 }
@@ -153,12 +161,13 @@ pub(crate) struct Options {
 }
 
 /// The steps `--only` names, in the order they run.
-const STEPS: [&str; 7] = [
+const STEPS: [&str; 8] = [
     "idle",
     "throughput",
     "due-at-once",
     "mission-rate",
     "every-second",
+    "jitter",
     "fires",
     "retention",
 ];

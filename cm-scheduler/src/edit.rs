@@ -21,7 +21,8 @@ pub struct Edit<'a> {
     pub misfire: Option<&'a str>,
     /// A new message text (the routine becomes, or stays, a message routine).
     pub message: Option<&'a str>,
-    /// A new overlap policy (`allow`, `forbid`, `replace`), of a mission routine only.
+    /// A new overlap policy (`allow`, `forbid`, `replace`, `buffer-one`, `buffer-all`), of a
+    /// mission routine only.
     pub overlap: Option<&'a str>,
 }
 

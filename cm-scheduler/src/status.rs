@@ -995,7 +995,7 @@ fn edit_form(status: &StatusPage, r: &Routine, back: &str) -> Markup {
                 @if mission {
                     label for="edit-overlap" { "Overlap" }
                     select id="edit-overlap" name="overlap" {
-                        @for policy in ["forbid", "allow", "replace"] {
+                        @for policy in ["forbid", "allow", "replace", "buffer-one", "buffer-all"] {
                             option value=(policy) selected[r.overlap == policy] { (policy) }
                         }
                     }

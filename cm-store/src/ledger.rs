@@ -530,6 +530,7 @@ struct DueRow {
     kind: Option<String>,
     origin: Option<String>,
     runs_left: Option<i32>,
+    overlap: Option<String>,
 }
 
 /// A due routine as the claim reads it.
@@ -542,6 +543,8 @@ struct DueRoutine {
     next_run_at: DateTime<Utc>,
     /// Scheduled occurrences it may still fire; `None` is no limit.
     runs_left: Option<i32>,
+    /// Its overlap policy, as stored.
+    overlap: String,
 }
 
 /// An occurrence asked for by hand, taken by the claim.
@@ -673,6 +676,7 @@ fn split_due_rows(rows: Vec<DueRow>) -> Result<DueSet, StoreError> {
                 kind: row.kind.unwrap_or_default(),
                 next_run_at,
                 runs_left: row.runs_left,
+                overlap: row.overlap.unwrap_or_default(),
             }),
             _ => {}
         }
@@ -728,6 +732,49 @@ async fn mark_unwritten_messages(
             row.receipt = Some("outbox: the message was already written".into());
         }
     }
+    Ok(())
+}
+
+/// Records the occurrences a `buffer-one` routine's run kept waiting that are not launched:
+/// `skipped`, naming the one launched instead. An occurrence already in the ledger (a trigger
+/// of the same instant) keeps its row.
+async fn record_buffer_skips(
+    tx: &mut Transaction<'_, Postgres>,
+    skipped: &[(Uuid, DateTime<Utc>, DateTime<Utc>)],
+    token: ClaimToken,
+    now: DateTime<Utc>,
+    group_count: u16,
+) -> Result<(), StoreError> {
+    let ids: Vec<Uuid> = skipped.iter().map(|(id, _, _)| *id).collect();
+    let instants: Vec<DateTime<Utc>> = skipped.iter().map(|(_, at, _)| *at).collect();
+    let groups: Vec<GroupId> = ids.iter().map(|id| group_of(*id, group_count)).collect();
+    let errors: Vec<String> = skipped
+        .iter()
+        .map(|(_, _, launched)| {
+            format!(
+                "skipped: buffer-one launched the newest occurrence due during the run, {}",
+                launched.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            )
+        })
+        .collect();
+    sqlx::query(
+        "INSERT INTO routine_fires
+             (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at,
+              lease_expires_at, status, completed_at, error, origin, group_id)
+         SELECT t.routine_id, t.scheduled_at, 'buffer-one', $4, 1, $5, $5, 'skipped', $5, t.error,
+                'schedule', t.group_id
+         FROM UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $6::smallint[])
+              AS t(routine_id, scheduled_at, error, group_id)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(&ids)
+    .bind(&instants)
+    .bind(&errors)
+    .bind(token.0)
+    .bind(now)
+    .bind(&groups)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
@@ -983,6 +1030,9 @@ impl FireLedger for PgStore {
 
         let mut plans = Vec::with_capacity(due.len());
         let mut unusable = Vec::new();
+        // Occurrences a `buffer-one` routine's run kept waiting that are not launched: recorded
+        // `skipped`, naming the newest, which is.
+        let mut skipped_by_buffer: Vec<(Uuid, DateTime<Utc>, DateTime<Utc>)> = Vec::new();
         // Parsing an expression costs far more than walking it, and many routines share one
         // (every hour, every minute): each distinct (expression, zone) is parsed once a claim.
         let mut parsed: std::collections::HashMap<
@@ -1002,20 +1052,47 @@ impl FireLedger for PgStore {
                 .misfire_policy
                 .parse::<cm_domain::MisfirePolicy>()
                 .map_err(|e| e.to_string());
+            // A buffering mission (its run is free, or the walk would not have locked it): what
+            // its run kept waiting is the buffer policy's to decide, not the misfire policy's.
+            let buffering = routine
+                .overlap
+                .parse::<cm_domain::OverlapPolicy>()
+                .ok()
+                .filter(|o| o.buffers() && routine.kind == "mission");
             match (schedule, policy) {
-                (Ok(schedule), Ok(policy)) => plans.push(PlannedRoutine {
-                    routine_id: routine.id,
-                    plan: plan_routine_due(
+                (Ok(schedule), Ok(policy)) => {
+                    let policy = match buffering {
+                        Some(_) => cm_domain::MisfirePolicy::CatchUp,
+                        None => policy,
+                    };
+                    let mut plan = plan_routine_due(
                         routine.id,
                         routine.next_run_at,
                         schedule,
                         now,
                         policy,
                         &params.rules,
-                    )
-                    .limited_to(routine.runs_left.map(|n| n.max(0).unsigned_abs())),
-                    limited: params.mission_room.is_some() && routine.kind == "mission",
-                }),
+                    );
+                    if let Some(overlap) = buffering {
+                        let buffered =
+                            cm_domain::buffer_plan(overlap, &plan.occurrences, plan.next_run_at);
+                        plan.occurrences = buffered.launch.into_iter().collect();
+                        plan.next_run_at = buffered.next_run_at;
+                        if let Some(launch) = buffered.launch {
+                            skipped_by_buffer.extend(
+                                buffered
+                                    .skipped
+                                    .into_iter()
+                                    .map(|at| (routine.id, at, launch)),
+                            );
+                        }
+                    }
+                    plans.push(PlannedRoutine {
+                        routine_id: routine.id,
+                        plan: plan.limited_to(routine.runs_left.map(|n| n.max(0).unsigned_abs())),
+                        limited: params.mission_room.is_some() && routine.kind == "mission",
+                    })
+                }
                 (Err(reason), _) | (_, Err(reason)) => unusable.push(UnusableRoutine {
                     routine_id: routine.id,
                     reason,
@@ -1110,6 +1187,16 @@ impl FireLedger for PgStore {
             self.claim_rows(&mut tx, params, &claim, &advance).await?
         };
         fires.sort_by_key(|f| f.occurrence);
+        if !skipped_by_buffer.is_empty() {
+            record_buffer_skips(
+                &mut tx,
+                &skipped_by_buffer,
+                token,
+                now,
+                self.group_count().await?,
+            )
+            .await?;
+        }
 
         if !unusable.is_empty() {
             let ids: Vec<Uuid> = unusable.iter().map(|u| u.routine_id).collect();
@@ -1463,7 +1550,7 @@ pub const TAKE_GROUP_REQUESTS_SQL: &str = take_requests_sql!(
 /// `$1` is the most routines to lock; `$3` is the mission room (NULL: no bound), and with none
 /// left mission routines are not locked at all (their launch budget is spent).
 macro_rules! due_sql {
-    ($walk:literal, $group:literal, $requests:literal, $take:literal) => {
+    ($walk:literal, $group:literal, $requests:literal, $take:literal, $busy:literal) => {
         concat!(
             "
 WITH requested AS (",
@@ -1471,25 +1558,33 @@ WITH requested AS (",
             "
 ),
 due AS (
-    SELECT id, schedule, timezone, misfire_policy, kind, next_run_at, runs_left
+    SELECT id, schedule, timezone, misfire_policy, kind, next_run_at, runs_left, overlap
     FROM routines
     WHERE next_run_at <= now()",
             $walk,
             $group,
             "
       AND ($3::bigint IS NULL OR $3::bigint > 0 OR kind <> 'mission')
+      AND (overlap NOT IN ('buffer-one', 'buffer-all') OR NOT EXISTS (
+              SELECT 1 FROM routine_fires b
+              WHERE b.routine_id = routines.id AND b.group_id = routines.group_id",
+            $busy,
+            "
+                AND (b.status = 'claimed' OR b.run_state = 'running')))
     ORDER BY next_run_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
 SELECT 'clock' AS source, now() AS now, NULL::uuid AS id, NULL::timestamptz AS at,
        NULL::text AS schedule, NULL::text AS timezone, NULL::text AS misfire_policy,
-       NULL::text AS kind, NULL::text AS origin, NULL::integer AS runs_left
+       NULL::text AS kind, NULL::text AS origin, NULL::integer AS runs_left,
+       NULL::text AS overlap
 UNION ALL
-SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, kind, origin, NULL
+SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, kind, origin, NULL, NULL
 FROM requested
 UNION ALL
-SELECT 'due', now(), id, next_run_at, schedule, timezone, misfire_policy, kind, NULL, runs_left
+SELECT 'due', now(), id, next_run_at, schedule, timezone, misfire_policy, kind, NULL, runs_left,
+       overlap
 FROM due"
         )
     };
@@ -1498,7 +1593,7 @@ FROM due"
 /// The claim's first statement over the whole due walk (see `due_sql!`). It reads
 /// `routines_due_idx` `(next_run_at, id)` in order and stops after `$1` rows, however many
 /// routines share the oldest instant.
-pub const DUE_SQL: &str = due_sql!("", "", "", "");
+pub const DUE_SQL: &str = due_sql!("", "", "", "", "");
 
 /// [`DUE_SQL`] within the group `$4`: every table it reads is filtered on `group_id`, so on
 /// Citus it runs on one shard. There it reads `routines_group_due_idx` `(group_id, next_run_at,
@@ -1507,7 +1602,8 @@ pub const DUE_GROUP_SQL: &str = due_sql!(
     "",
     "\n      AND group_id = $4",
     "\n              AND q.group_id = $4 AND r.group_id = $4",
-    " AND d.group_id = $4"
+    " AND d.group_id = $4",
+    " AND b.group_id = $4"
 );
 
 /// The claim's first statement resumed after `($4, $5)`, the `(next_run_at, id)` of the last
@@ -1516,6 +1612,7 @@ pub const DUE_GROUP_SQL: &str = due_sql!(
 pub const DUE_AFTER_SQL: &str = due_sql!(
     "
       AND (next_run_at, id) > ($4::timestamptz, $5::uuid)",
+    "",
     "",
     "",
     ""
@@ -1527,7 +1624,8 @@ pub const DUE_GROUP_AFTER_SQL: &str = due_sql!(
       AND (next_run_at, id) > ($4::timestamptz, $5::uuid)",
     "\n      AND group_id = $6",
     "\n              AND q.group_id = $6 AND r.group_id = $6",
-    " AND d.group_id = $6"
+    " AND d.group_id = $6",
+    " AND b.group_id = $6"
 );
 
 /// Moves routines' clocks, the last four parameters of the claim statements: `$1` the routines,

@@ -47,6 +47,10 @@ mod outcome;
 #[path = "store/misfire.rs"]
 mod misfire;
 
+// Overlap that waits: buffer-one and buffer-all missions while their run lasts and after.
+#[path = "store/buffered.rs"]
+mod buffered;
+
 // The per-tick cap and `max_routines` across several routines: oldest first, nothing lost.
 #[path = "store/cap.rs"]
 mod cap;

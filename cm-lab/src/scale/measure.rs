@@ -75,6 +75,9 @@ pub(super) async fn all(
     if options.runs("every-second") {
         rows.extend(every_second_row(options, store.pool(), binary, url, dir).await?);
     }
+    if options.runs("jitter") {
+        rows.extend(super::jitter::jitter(options, store.pool(), binary, url, dir).await?);
+    }
     if options.runs("mission-rate") {
         rows.extend(super::missions::mission_rate(options, store.pool(), binary, url, dir).await?);
     }

@@ -22,7 +22,7 @@ pub(super) struct RoutineFields {
     pub misfire: String,
     pub message: Option<String>,
     pub mission: Option<PathBuf>,
-    /// A mission routine's overlap policy as written (`allow`, `forbid`, `replace`); `forbid`
+    /// A mission routine's overlap policy as written (`allow`, `forbid`, `replace`, `buffer-one`, `buffer-all`); `forbid`
     /// when absent.
     pub overlap: Option<String>,
     pub paused: bool,

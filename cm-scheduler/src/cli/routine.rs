@@ -114,8 +114,10 @@ pub(super) struct CreateArgs {
     #[arg(long)]
     mission: Option<PathBuf>,
     /// What a mission's occurrence does while an earlier run is still running: allow (launch
-    /// anyway), forbid (settle it skipped; the default) or replace (stop the running one).
-    #[arg(long, value_parser = ["allow", "forbid", "replace"])]
+    /// anyway), forbid (settle it skipped; the default), replace (stop the running one),
+    /// buffer-one (wait; when the run ends launch the newest, the older ones skipped) or
+    /// buffer-all (wait; launch each in turn, one run at a time).
+    #[arg(long, value_parser = ["allow", "forbid", "replace", "buffer-one", "buffer-all"])]
     overlap: Option<String>,
     /// Create it paused.
     #[arg(long)]
@@ -162,8 +164,8 @@ pub(super) struct UpdateArgs {
     /// Make it a mission routine described by this JSON file.
     #[arg(long)]
     mission: Option<PathBuf>,
-    /// A new overlap policy (allow, forbid, replace) of a mission routine.
-    #[arg(long, value_parser = ["allow", "forbid", "replace"])]
+    /// A new overlap policy (allow, forbid, replace, buffer-one, buffer-all) of a mission routine.
+    #[arg(long, value_parser = ["allow", "forbid", "replace", "buffer-one", "buffer-all"])]
     overlap: Option<String>,
     /// Let it fire N more scheduled occurrences from now (reviving one whose limit was spent);
     /// `none` removes the limit.

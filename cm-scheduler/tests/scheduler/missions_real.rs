@@ -794,3 +794,119 @@ async fn a_mission_that_exits_3_every_run_is_failing_everywhere_and_paused() {
     }
     drop(run);
 }
+
+/// Overlap that waits, on the real engine: every 5 s, each mission sleeping 8 s. `buffer-one`
+/// never runs two containers at once, and when a run ends launches the newest occurrence that
+/// came due during it, the older ones recorded `skipped` naming it; the scheduler is SIGKILLed
+/// while a run lasts and an occurrence waits, and the one started after it launches that
+/// waiting occurrence (nothing owed was claimed, so nothing was lost). `buffer-all` launches
+/// every occurrence in order, one container at a time, skipping none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine: start one with .ci/dockerd and set CM_TEST_DOCKER_HOST to what it prints"]
+async fn buffered_overlap_on_the_real_engine_never_overlaps_and_loses_nothing_across_a_sigkill() {
+    let host = engine();
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let every5 = "*/5 * * * * *";
+    let one = routine(&db, &files, "one", every5, 8, 0, "buffer-one");
+    let all = routine(&db, &files, "all", every5, 8, 0, "buffer-all");
+    let _cleanup = Cleanup {
+        host: host.clone(),
+        routines: vec![one, all],
+    };
+    let flags = ["--lease", "30s", "--dispatch-timeout", "10s"];
+    let first = Run::start(&db, &host, &files, &flags);
+    // The first container of `one` runs, and an occurrence has come due during it.
+    let waiting = eventually_within(Duration::from_secs(40), async || {
+        let running = containers(&host, one);
+        let c = running.first().filter(|c| c.finished.is_none())?;
+        (Utc::now() - c.started > chrono::TimeDelta::seconds(6)).then_some(c.clone())
+    })
+    .await
+    .unwrap_or_else(|| panic!("no run of one: {:?}\n{}", fires(&db, one), first.log()));
+    let first_log = first.log();
+    drop(first); // SIGKILL
+    let killed_at = Utc::now();
+    let second = Run::start(&db, &host, &files, &flags);
+    let enough = eventually_within(Duration::from_secs(90), async || {
+        (containers(&host, one).len() >= 4 && containers(&host, all).len() >= 4).then_some(())
+    })
+    .await;
+    for id in [one, all] {
+        ok(&db.url, &["routine", "pause", &id.to_string()]);
+    }
+    assert!(
+        enough.is_some(),
+        "one {:?}\nall {:?}\n{first_log}\n{}",
+        fires(&db, one),
+        fires(&db, all),
+        second.log()
+    );
+    let quiet = eventually_within(Duration::from_secs(30), async || {
+        [one, all]
+            .iter()
+            .all(|&id| fires(&db, id).iter().all(|f| f["status"] != "claimed"))
+            .then_some(())
+    })
+    .await;
+    assert!(quiet.is_some(), "rows left claimed\n{}", second.log());
+
+    for id in [one, all] {
+        let on_engine = containers(&host, id);
+        for pair in on_engine.windows(2) {
+            assert!(
+                pair[0].finished.is_some_and(|end| end <= pair[1].started),
+                "two containers of one routine ran at once: {pair:?}"
+            );
+        }
+        let list = fires(&db, id);
+        let launched: Vec<_> = list.iter().filter(|f| f["status"] == "fired").collect();
+        let mut names: Vec<String> = on_engine.iter().map(|c| c.name.clone()).collect();
+        names.sort();
+        let mut keys: Vec<String> = launched.iter().map(|f| key(id, f)).collect();
+        keys.sort();
+        assert_eq!(
+            names, keys,
+            "one container per launched occurrence: {list:?}"
+        );
+        // Every occurrence from the first to the last in the ledger is there, fired or
+        // skipped: none lost.
+        for pair in list.windows(2) {
+            assert_eq!((at(&pair[1]) - at(&pair[0])).num_seconds(), 5, "{list:?}");
+        }
+    }
+
+    // buffer-one: the occurrence waiting at the kill was launched by the second scheduler,
+    // after the first run ended; the ones before it in its wait are skipped, naming it.
+    let list = fires(&db, one);
+    let first_launch = at(list.iter().find(|f| f["status"] == "fired").unwrap());
+    let after_kill = containers(&host, one)
+        .into_iter()
+        .find(|c| c.started > waiting.started)
+        .unwrap_or_else(|| panic!("nothing launched after the first run: {list:?}"));
+    let launched = list
+        .iter()
+        .find(|f| key(one, f) == after_kill.name)
+        .unwrap();
+    assert!(after_kill.started >= killed_at);
+    assert!(
+        at(launched) > first_launch && at(launched) < waiting.finished.unwrap_or(Utc::now()),
+        "the launch after the kill is an occurrence that came due during the first run: \
+         {launched:?} {waiting:?}"
+    );
+    for fire in list.iter().filter(|f| f["status"] == "skipped") {
+        let reason = fire["error"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains("buffer-one launched the newest"),
+            "{fire:?}"
+        );
+    }
+    assert!(
+        list.iter().any(|f| f["status"] == "skipped"),
+        "a run of 8 s every 5 s leaves a skip now and then: {list:?}"
+    );
+
+    // buffer-all: nothing skipped, every occurrence launched in its turn.
+    let list = fires(&db, all);
+    assert!(list.iter().all(|f| f["status"] == "fired"), "{list:?}");
+}

@@ -11,23 +11,7 @@ use cm_domain::{MisfirePolicy, MisfireRules, Schedule, plan_routine_due};
 use proptest::prelude::*;
 use uuid::Uuid;
 
-const ZONES: &[&str] = &[
-    "UTC",
-    "Europe/Berlin",
-    "America/New_York",
-    "Australia/Lord_Howe",
-];
-
-/// Days around daylight-saving changes of the zones above (and one without any).
-const DAYS: &[(i32, u32, u32)] = &[
-    (2026, 3, 8),
-    (2026, 3, 28),
-    (2026, 4, 4),
-    (2026, 10, 3),
-    (2026, 10, 24),
-    (2026, 10, 31),
-    (2026, 7, 1),
-];
+use crate::rules_properties::{DAYS, ZONES};
 
 /// Rules with their shortest interval in seconds, as far as the property's days go.
 fn rule() -> impl Strategy<Value = (String, i64)> {

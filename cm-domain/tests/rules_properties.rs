@@ -8,7 +8,7 @@ use chrono::{DateTime, Datelike, Duration, TimeZone, Timelike, Utc};
 use cm_domain::Schedule;
 use proptest::prelude::*;
 
-const ZONES: &[&str] = &[
+pub(crate) const ZONES: &[&str] = &[
     "UTC",
     "Europe/Berlin",
     "America/New_York",
@@ -17,7 +17,7 @@ const ZONES: &[&str] = &[
 ];
 
 /// Days around daylight-saving changes of the zones above (and one without any).
-const DAYS: &[(i32, u32, u32)] = &[
+pub(crate) const DAYS: &[(i32, u32, u32)] = &[
     (2026, 3, 8),
     (2026, 3, 28),
     (2026, 4, 4),

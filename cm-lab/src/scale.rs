@@ -28,7 +28,8 @@
 //!   processes with defaults for 20 s, their lateness p50/p99/max.
 //! - **Jitter**: 1M message routines whose one occurrence is the same second, with `jitter 5m`,
 //!   fired by two processes with defaults: the claims in each second of the five minutes (the
-//!   busiest against the mean), a histogram, and the lateness from the planned instant.
+//!   busiest against the mean), a histogram, and the lateness from the planned instant
+//!   (`CM_SCALE_JITTER_FLAGS` gives the processes other flags than the defaults).
 //! - **Retention**: with millions of settled rows past the retention, the claim rate of the store's
 //!   claim beside a continuous prune (`prune_settled`, the engine's batch) against the claim rate
 //!   without, and the prune's own rate.

@@ -28,6 +28,18 @@ pub(super) async fn jitter(
     dir: &Path,
 ) -> anyhow::Result<Vec<Row>> {
     let routines = options.sizes.jittered;
+    // `CM_SCALE_JITTER_FLAGS` (space-separated) runs the schedulers with other flags than the
+    // defaults, say `--tick-interval 200ms`.
+    let flags: Vec<String> = std::env::var("CM_SCALE_JITTER_FLAGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    let shown_flags = if flags.is_empty() {
+        "defaults".to_owned()
+    } else {
+        flags.join(" ")
+    };
     load::reset(pool).await?;
     // Loaded parked first (nothing due), then given their one occurrence and its planned
     // instant, as `routine create --at T --jitter 5m` writes them.
@@ -70,7 +82,8 @@ pub(super) async fn jitter(
     );
     progress!("jitter: {routines} routines at {at} with jitter {JITTER_SECONDS}s, written");
 
-    let mut fleet = Fleet::start_named(binary, url, &[], dir, "jitter", &["scale-a", "scale-b"])?;
+    let mut fleet =
+        Fleet::start_named(binary, url, &flags, dir, "jitter", &["scale-a", "scale-b"])?;
     tokio::task::block_in_place(|| fleet.wait_ready())?;
     let limit = Instant::now() + Duration::from_secs(900) + margin.to_std()?;
     loop {
@@ -141,7 +154,7 @@ pub(super) async fn jitter(
     );
     let mut rows = vec![
         Row::new(
-            format!("Jitter {JITTER_SECONDS}s: busiest second / mean, 2 processes, defaults"),
+            format!("Jitter {JITTER_SECONDS}s: busiest second / mean, 2 processes, {shown_flags}"),
             count(routines.into()),
             format!("{:.2}", busiest as f64 / mean),
             format!(

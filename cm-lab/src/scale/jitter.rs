@@ -88,16 +88,8 @@ pub(super) async fn jitter(
     let limit = Instant::now() + Duration::from_secs(900) + margin.to_std()?;
     loop {
         fleet.alive()?;
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
-        if now > at + TimeDelta::seconds(JITTER_SECONDS) {
-            let owed: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM (SELECT 1 FROM routines WHERE next_run_at <= now() LIMIT 1) d",
-            )
-            .fetch_one(pool)
-            .await?;
-            if owed == 0 {
-                break;
-            }
+        if super::measure::drained_after(pool, at + TimeDelta::seconds(JITTER_SECONDS)).await? {
+            break;
         }
         if Instant::now() > limit {
             bail!("jitter: routines still due 900 s after the jitter's end");

@@ -552,16 +552,8 @@ async fn burst(
         for (peak, pid) in peak_kib.iter_mut().zip(fleet.pids()) {
             *peak = vm_hwm_kib(pid)?;
         }
-        let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
-        if now > at {
-            let owed: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM (SELECT 1 FROM routines WHERE next_run_at <= now() LIMIT 1) d",
-            )
-            .fetch_one(pool)
-            .await?;
-            if owed == 0 {
-                break;
-            }
+        if drained_after(pool, at).await? {
+            break;
         }
         if Instant::now() > limit {
             bail!("{label}: routines still due after 900 s");
@@ -598,6 +590,21 @@ async fn burst(
         peak_kib,
         cpu_seconds,
     })
+}
+
+/// Whether the database's clock is past `at` and no routine is due: a burst owed at `at` or
+/// before is all claimed.
+pub(super) async fn drained_after(pool: &PgPool, at: DateTime<Utc>) -> anyhow::Result<bool> {
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    if now <= at {
+        return Ok(false);
+    }
+    let owed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM routines WHERE next_run_at <= now() LIMIT 1) d",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(owed == 0)
 }
 
 /// The "due at once" step: defaults against the bench's tuned flags at each size, then the

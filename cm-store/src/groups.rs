@@ -39,7 +39,9 @@ pub(crate) async fn stored_group_count(conn: &mut PgConnection) -> Result<u16, S
 }
 
 /// The groups with work due now: a due routine or a due request. One read across the groups;
-/// on Citus it runs on every shard in parallel and returns a row per group.
+/// on Citus it runs on every shard in parallel and returns a row per group, and fails when any
+/// worker is down, so the engine does not use it there (it claims in each group it may claim
+/// in, one shard per statement).
 const DUE_GROUPS_SQL: &str = "
 SELECT group_id FROM routines WHERE next_run_at <= now() GROUP BY group_id
 UNION
@@ -60,10 +62,12 @@ pub trait GroupDirectory: Send + Sync {
     /// The schema's group count.
     async fn group_count(&self) -> Result<u16, StoreError>;
 
-    /// The groups with a routine or a request due now, in group order.
+    /// The groups with a routine or a request due now, in group order. One statement across
+    /// every group: on Citus it reads every shard, and fails while any worker is down.
     async fn due_groups(&self) -> Result<Vec<GroupId>, StoreError>;
 
-    /// The groups with a claim whose lease ran out, in group order.
+    /// The groups with a claim whose lease ran out, in group order (across every group, as
+    /// [`GroupDirectory::due_groups`]).
     async fn expired_groups(&self) -> Result<Vec<GroupId>, StoreError>;
 
     /// Renews `holder`'s group leases and takes those of `wanted` nobody holds live, for
@@ -78,8 +82,14 @@ pub trait GroupDirectory: Send + Sync {
     /// Gives up `holder`'s leases on `groups`.
     async fn release_groups(&self, holder: &str, groups: &[GroupId]) -> Result<(), StoreError>;
 
-    /// Every live group lease: `(group, holder)`, in group order.
-    async fn live_group_leases(&self) -> Result<Vec<(GroupId, String)>, StoreError>;
+    /// Every live group lease, in group order, with how long it has left by the database's
+    /// clock.
+    async fn live_group_leases(&self) -> Result<Vec<LiveLease>, StoreError>;
+
+    /// Where `group`'s rows live: on Citus the `host:port` of the worker holding its shard
+    /// (from the coordinator's metadata, which answers while that worker is down); `None` on
+    /// plain PostgreSQL.
+    async fn group_node(&self, group: GroupId) -> Result<Option<String>, StoreError>;
 
     /// The schedulers whose presence is live (renewed with their leases), holding groups or
     /// not.
@@ -113,15 +123,48 @@ taken AS (
 )
 SELECT group_id FROM renewed UNION SELECT group_id FROM taken ORDER BY 1";
 
-/// Who holds which group, live at `$1`.
-const LIVE_LEASES_SQL: &str =
-    "SELECT group_id, holder FROM group_leases WHERE expires_at > $1 ORDER BY group_id";
+/// Who holds which group, live now, and for how long yet (in seconds).
+const LIVE_LEASES_SQL: &str = "
+SELECT group_id, holder, extract(epoch FROM expires_at - now())::float8
+FROM group_leases WHERE expires_at > now() ORDER BY group_id";
+
+/// The node holding the shard of group `$1` (the shards of every per-routine table are
+/// co-located with `routines`'), from the coordinator's metadata.
+const GROUP_NODE_SQL: &str = "
+SELECT n.nodename || ':' || n.nodeport
+FROM pg_dist_placement p JOIN pg_dist_node n ON n.groupid = p.groupid
+WHERE p.shardid = get_shard_id_for_distribution_column('routines', $1::smallint)
+ORDER BY n.nodeid LIMIT 1";
+
+/// A live group lease ([`GroupDirectory::live_group_leases`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveLease {
+    /// The group.
+    pub group: GroupId,
+    /// Who holds it (a scheduler's instance id).
+    pub holder: String,
+    /// How long it has left when it was read, by the database's clock.
+    pub remaining: std::time::Duration,
+}
+
+/// Where `migrate --citus` puts a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    /// Distributed by this column.
+    Distributed(&'static str),
+    /// A reference table: a copy on every node, for what every shard's statements read.
+    Reference,
+    /// A plain table on the coordinator alone: the group leases and the schedulers' presence,
+    /// which no statement on a worker reads, and which must stay writable while a worker is down
+    /// (a reference table's writes go to every node, and fail while any is down).
+    Coordinator,
+}
 
 /// A table `migrate --citus` distributes.
 struct CitusTable {
     table: &'static str,
-    /// The distribution column; `None` makes a reference table (a copy on every node).
-    column: Option<&'static str>,
+    /// Where it lives.
+    placement: Placement,
     /// The table it is co-located with.
     colocate_with: Option<&'static str>,
     /// Drops the trigger that fills a missing group on plain PostgreSQL: Citus routes a row by
@@ -134,43 +177,43 @@ struct CitusTable {
 const CITUS_TABLES: &[CitusTable] = &[
     CitusTable {
         table: "cm_settings",
-        column: None,
+        placement: Placement::Reference,
         colocate_with: None,
         drop_trigger: None,
     },
     CitusTable {
         table: "group_leases",
-        column: None,
+        placement: Placement::Coordinator,
         colocate_with: None,
         drop_trigger: None,
     },
     CitusTable {
         table: "group_holders",
-        column: None,
+        placement: Placement::Coordinator,
         colocate_with: None,
         drop_trigger: None,
     },
     CitusTable {
         table: "routine_names",
-        column: Some("name"),
+        placement: Placement::Distributed("name"),
         colocate_with: None,
         drop_trigger: None,
     },
     CitusTable {
         table: "routines",
-        column: Some("group_id"),
+        placement: Placement::Distributed("group_id"),
         colocate_with: None,
         drop_trigger: Some("DROP TRIGGER IF EXISTS routines_fill_group_id ON routines"),
     },
     CitusTable {
         table: "routine_fires",
-        column: Some("group_id"),
+        placement: Placement::Distributed("group_id"),
         colocate_with: Some("routines"),
         drop_trigger: Some("DROP TRIGGER IF EXISTS routine_fires_fill_group_id ON routine_fires"),
     },
     CitusTable {
         table: "routine_requests",
-        column: Some("group_id"),
+        placement: Placement::Distributed("group_id"),
         colocate_with: Some("routines"),
         drop_trigger: Some(
             "DROP TRIGGER IF EXISTS routine_requests_fill_group_id ON routine_requests",
@@ -178,7 +221,7 @@ const CITUS_TABLES: &[CitusTable] = &[
     },
     CitusTable {
         table: "outbox_messages",
-        column: Some("group_id"),
+        placement: Placement::Distributed("group_id"),
         colocate_with: Some("routines"),
         drop_trigger: Some(
             "DROP TRIGGER IF EXISTS outbox_messages_fill_group_id ON outbox_messages",
@@ -201,7 +244,9 @@ const CITUS_INDEXES: [&str; 3] = [
 impl PgStore {
     /// Distributes the migrated schema on Citus: the per-routine tables by `group_id`,
     /// co-located with `routines` (so a claim naming a group is one shard on one worker),
-    /// `routine_names` by name, and the settings and group leases as reference tables. Tables
+    /// `routine_names` by name, and the settings as a reference table. The group leases and the
+    /// schedulers' presence stay plain tables on the coordinator, so a worker that is down never
+    /// blocks a lease (a schema an earlier cm distributed has them brought back there). Tables
     /// already distributed are left as they are, so running it again changes nothing. Returns
     /// how many tables it distributed.
     pub async fn distribute_on_citus(&self) -> Result<usize, StoreError> {
@@ -230,18 +275,34 @@ impl PgStore {
             .bind(spec.table)
             .fetch_one(&mut *conn)
             .await?;
+            if spec.placement == Placement::Coordinator {
+                // A schema distributed by an earlier cm made these reference tables: brought
+                // back to the coordinator, rows and all.
+                if done {
+                    sqlx::query("SELECT undistribute_table($1)")
+                        .bind(spec.table)
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                continue;
+            }
             if done {
                 continue;
             }
             if let Some(drop) = spec.drop_trigger {
                 sqlx::query(drop).execute(&mut *conn).await?;
             }
-            let query = match (spec.column, spec.colocate_with) {
-                (None, _) => sqlx::query("SELECT create_reference_table($1)").bind(spec.table),
-                (Some(column), None) => sqlx::query("SELECT create_distributed_table($1, $2)")
-                    .bind(spec.table)
-                    .bind(column),
-                (Some(column), Some(with)) => {
+            let query = match (spec.placement, spec.colocate_with) {
+                (Placement::Coordinator, _) => continue,
+                (Placement::Reference, _) => {
+                    sqlx::query("SELECT create_reference_table($1)").bind(spec.table)
+                }
+                (Placement::Distributed(column), None) => {
+                    sqlx::query("SELECT create_distributed_table($1, $2)")
+                        .bind(spec.table)
+                        .bind(column)
+                }
+                (Placement::Distributed(column), Some(with)) => {
                     sqlx::query("SELECT create_distributed_table($1, $2, colocate_with => $3)")
                         .bind(spec.table)
                         .bind(column)
@@ -328,11 +389,27 @@ impl GroupDirectory for PgStore {
         )
     }
 
-    async fn live_group_leases(&self) -> Result<Vec<(GroupId, String)>, StoreError> {
-        let now = self.ping().await?;
-        Ok(sqlx::query_as(LIVE_LEASES_SQL)
-            .bind(now)
+    async fn live_group_leases(&self) -> Result<Vec<LiveLease>, StoreError> {
+        let rows: Vec<(GroupId, String, f64)> = sqlx::query_as(LIVE_LEASES_SQL)
             .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(group, holder, seconds)| LiveLease {
+                group,
+                holder,
+                remaining: std::time::Duration::try_from_secs_f64(seconds).unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    async fn group_node(&self, group: GroupId) -> Result<Option<String>, StoreError> {
+        if !self.is_citus().await? {
+            return Ok(None);
+        }
+        Ok(sqlx::query_scalar(GROUP_NODE_SQL)
+            .bind(group)
+            .fetch_optional(&self.pool)
             .await?)
     }
 }

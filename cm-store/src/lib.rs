@@ -94,7 +94,7 @@ pub use consumer::{
 };
 pub use cursor::{FireCursor, ParseFireCursorError};
 pub use error::StoreError;
-pub use groups::{GroupDirectory, GroupId, group_of};
+pub use groups::{GroupDirectory, GroupId, LiveLease, group_of};
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;
 pub use ledger::{

@@ -14,7 +14,7 @@ use cm_domain::{
 use sqlx::Connection as _;
 use uuid::Uuid;
 
-use crate::{PgStore, StoreError};
+use crate::{GroupId, PgStore, StoreError};
 
 /// A mission fire whose run is not known to have finished.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +113,14 @@ pub trait MissionRuns: Send + Sync {
     /// Up to `limit` runs still `running`, least recently checked first.
     async fn unfinished_runs(&self, limit: u32) -> Result<Vec<UnfinishedRun>, StoreError>;
 
+    /// As [`MissionRuns::unfinished_runs`], in `group` only: one shard on Citus, so a worker
+    /// that is down fails only the groups it holds.
+    async fn unfinished_runs_in(
+        &self,
+        group: GroupId,
+        limit: u32,
+    ) -> Result<Vec<UnfinishedRun>, StoreError>;
+
     /// Writes what the watch pass learned. Only runs still `running` change, so two passes
     /// of two schedulers at once write the same states. Returns the runs this call ended, each
     /// once whichever pass wrote it: what run counters count.
@@ -174,26 +182,24 @@ impl MissionRuns for PgStore {
     }
 
     async fn unfinished_runs(&self, limit: u32) -> Result<Vec<UnfinishedRun>, StoreError> {
-        let rows: Vec<(Uuid, DateTime<Utc>, String)> = sqlx::query_as(UNFINISHED_RUNS_SQL)
+        let rows = sqlx::query_as(UNFINISHED_RUNS_SQL)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
-        rows.into_iter()
-            .map(|(routine_id, scheduled_at, status)| {
-                let status = status
-                    .parse()
-                    .map_err(
-                        |e: cm_domain::ParseFireStatusError| StoreError::CorruptRoutine {
-                            routine_id,
-                            reason: e.to_string(),
-                        },
-                    )?;
-                Ok(UnfinishedRun {
-                    occurrence: Occurrence::new(routine_id, scheduled_at),
-                    status,
-                })
-            })
-            .collect()
+        unfinished(rows)
+    }
+
+    async fn unfinished_runs_in(
+        &self,
+        group: GroupId,
+        limit: u32,
+    ) -> Result<Vec<UnfinishedRun>, StoreError> {
+        let rows = sqlx::query_as(UNFINISHED_RUNS_IN_SQL)
+            .bind(i64::from(limit))
+            .bind(group)
+            .fetch_all(&self.pool)
+            .await?;
+        unfinished(rows)
     }
 
     async fn record_runs(
@@ -203,62 +209,25 @@ impl MissionRuns for PgStore {
         if updates.is_empty() {
             return Ok(Vec::new());
         }
-        let n = updates.len();
-        let (mut ids, mut instants) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut states, mut codes, mut reasons) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for (occurrence, update) in updates {
-            ids.push(occurrence.routine_id);
-            instants.push(occurrence.scheduled_at);
-            let (state, code, reason) = match update {
-                RunUpdate::Observed(state) => (
-                    Some(state.name().as_str()),
-                    state.exit_code(),
-                    state.reason().map(str::to_owned),
-                ),
-                RunUpdate::NotLaunched => (None, None, None),
-                RunUpdate::Launching => (Some("running"), None, None),
-            };
-            states.push(state);
-            codes.push(code);
-            reasons.push(reason);
+        // On Citus, one statement per group, each on one shard: a worker that is down fails
+        // only its own groups' updates (the engine's watch passes give one group at a time).
+        if self.is_citus().await? {
+            let count = self.group_count().await?;
+            let mut by_group: std::collections::BTreeMap<GroupId, Vec<(Occurrence, RunUpdate)>> =
+                std::collections::BTreeMap::new();
+            for (occurrence, update) in updates {
+                by_group
+                    .entry(crate::group_of(occurrence.routine_id, count))
+                    .or_default()
+                    .push((*occurrence, update.clone()));
+            }
+            let mut ended = Vec::new();
+            for (group, updates) in by_group {
+                ended.extend(self.record_runs_of(Some(group), &updates).await?);
+            }
+            return Ok(ended);
         }
-        // The row update is what ends a run, once: a second pass (another scheduler's) that
-        // read the run as `running` waits for the first's row lock, then finds it ended and
-        // updates nothing, so only the pass that ended a run returns it.
-        let ended: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
-            "UPDATE routine_fires AS f
-             SET run_state = t.state, run_exit_code = t.exit_code, run_reason = t.reason,
-                 run_checked_at = now()
-             FROM UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $4::int[], $5::text[])
-                  AS t(routine_id, scheduled_at, state, exit_code, reason)
-             WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
-               AND f.run_state = 'running'
-             RETURNING f.routine_id, f.scheduled_at",
-        )
-        .bind(&ids)
-        .bind(&instants)
-        .bind(&states)
-        .bind(&codes)
-        .bind(&reasons)
-        .fetch_all(&self.pool)
-        .await?;
-        let ended: std::collections::HashSet<Occurrence> = ended
-            .into_iter()
-            .map(|(routine_id, at)| Occurrence::new(routine_id, at))
-            .collect();
-        Ok(updates
-            .iter()
-            .filter_map(|(occurrence, update)| match update {
-                RunUpdate::Observed(state) if state.is_finished() && ended.contains(occurrence) => {
-                    Some((*occurrence, state.clone()))
-                }
-                _ => None,
-            })
-            .collect())
+        self.record_runs_of(None, updates).await
     }
 
     async fn keep_run_record(
@@ -413,6 +382,89 @@ UPDATE routine_fires SET run_state = 'running', run_exit_code = NULL, run_reason
     run_checked_at = now()
 WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3 AND status = 'claimed'";
 
+/// [`MissionRuns::record_runs`]'s statement, with `$tail` added to its conditions.
+macro_rules! record_runs_sql {
+    ($tail:literal) => {
+        concat!(
+            "UPDATE routine_fires AS f
+             SET run_state = t.state, run_exit_code = t.exit_code, run_reason = t.reason,
+                 run_checked_at = now()
+             FROM UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $4::int[], $5::text[])
+                  AS t(routine_id, scheduled_at, state, exit_code, reason)
+             WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
+               AND f.run_state = 'running'",
+            $tail,
+            " RETURNING f.routine_id, f.scheduled_at"
+        )
+    };
+}
+
+impl PgStore {
+    /// [`MissionRuns::record_runs`]'s statement, for the runs of `group` (on Citus, naming the
+    /// group keeps it on one shard) or of any group.
+    async fn record_runs_of(
+        &self,
+        group: Option<GroupId>,
+        updates: &[(Occurrence, RunUpdate)],
+    ) -> Result<Vec<(Occurrence, RunState)>, StoreError> {
+        let n = updates.len();
+        let (mut ids, mut instants) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut states, mut codes, mut reasons) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        for (occurrence, update) in updates {
+            ids.push(occurrence.routine_id);
+            instants.push(occurrence.scheduled_at);
+            let (state, code, reason) = match update {
+                RunUpdate::Observed(state) => (
+                    Some(state.name().as_str()),
+                    state.exit_code(),
+                    state.reason().map(str::to_owned),
+                ),
+                RunUpdate::NotLaunched => (None, None, None),
+                RunUpdate::Launching => (Some("running"), None, None),
+            };
+            states.push(state);
+            codes.push(code);
+            reasons.push(reason);
+        }
+        // The row update is what ends a run, once: a second pass (another scheduler's) that
+        // read the run as `running` waits for the first's row lock, then finds it ended and
+        // updates nothing, so only the pass that ended a run returns it.
+        // With a group, the statement names it as a constant (not `$6 IS NULL OR ...`), so
+        // Citus plans it on that group's shard alone.
+        let query = sqlx::query_as(match group {
+            None => record_runs_sql!(""),
+            Some(_) => record_runs_sql!(" AND f.group_id = $6"),
+        })
+        .bind(&ids)
+        .bind(&instants)
+        .bind(&states)
+        .bind(&codes)
+        .bind(&reasons);
+        let query = match group {
+            None => query,
+            Some(group) => query.bind(group),
+        };
+        let ended: Vec<(Uuid, DateTime<Utc>)> = query.fetch_all(&self.pool).await?;
+        let ended: std::collections::HashSet<Occurrence> = ended
+            .into_iter()
+            .map(|(routine_id, at)| Occurrence::new(routine_id, at))
+            .collect();
+        Ok(updates
+            .iter()
+            .filter_map(|(occurrence, update)| match update {
+                RunUpdate::Observed(state) if state.is_finished() && ended.contains(occurrence) => {
+                    Some((*occurrence, state.clone()))
+                }
+                _ => None,
+            })
+            .collect())
+    }
+}
+
 /// The watch pass's read. `$1` is the most runs to return. It reads `routine_fires_running_idx`
 /// in its order and stops after `$1` rows: the runs still running, never the finished ledger.
 pub const UNFINISHED_RUNS_SQL: &str = "
@@ -421,3 +473,31 @@ FROM routine_fires
 WHERE run_state = 'running'
 ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
 LIMIT $1";
+
+/// The same in the group `$2`.
+const UNFINISHED_RUNS_IN_SQL: &str = "
+SELECT routine_id, scheduled_at, status
+FROM routine_fires
+WHERE run_state = 'running' AND group_id = $2
+ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
+LIMIT $1";
+
+/// The runs an unfinished-runs read returned.
+fn unfinished(rows: Vec<(Uuid, DateTime<Utc>, String)>) -> Result<Vec<UnfinishedRun>, StoreError> {
+    rows.into_iter()
+        .map(|(routine_id, scheduled_at, status)| {
+            let status = status
+                .parse()
+                .map_err(
+                    |e: cm_domain::ParseFireStatusError| StoreError::CorruptRoutine {
+                        routine_id,
+                        reason: e.to_string(),
+                    },
+                )?;
+            Ok(UnfinishedRun {
+                occurrence: Occurrence::new(routine_id, scheduled_at),
+                status,
+            })
+        })
+        .collect()
+}

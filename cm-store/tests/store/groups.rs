@@ -236,7 +236,16 @@ async fn schedulers_lease_groups_and_give_them_back(pool: PgPool) {
         [0, 1, 2, 3]
     );
     let live = store.live_group_leases().await.unwrap();
-    assert!(live.iter().all(|(_, h)| h == "b"), "{live:?}");
+    assert!(live.iter().all(|l| l.holder == "b"), "{live:?}");
+    // Off Citus, no group has a node of its own.
+    assert_eq!(store.group_node(0).await.unwrap(), None);
+    // Each with what is left of it by the database's clock: at most the lease, nearly all of it.
+    assert!(
+        live.iter().all(
+            |l| l.remaining <= lease && l.remaining > lease - std::time::Duration::from_secs(5)
+        ),
+        "{live:?}"
+    );
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]

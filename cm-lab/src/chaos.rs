@@ -412,6 +412,18 @@ fn exercise(
             options.dockerd_restarts,
         )));
     }
+    if let Some(length) = options.worker_outage {
+        let first = citus::workers(&options.citus_workers)?
+            .into_iter()
+            .next()
+            .context("--worker-outage needs --citus-workers")?;
+        faults.push(Box::new(fault::worker::WorkerOutage::new(
+            first,
+            start,
+            options.duration,
+            length,
+        )));
+    }
     if let (Backend::Webhook(webhook), Some(length)) = (&backend, options.receiver_outage) {
         faults.push(Box::new(fault::outage::ReceiverOutage::new(
             webhook.outage_switch(),

@@ -5,10 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cm_store::{FailingRoutines, GroupId};
+use cm_store::{FailingRoutines, GroupId, StoreError};
 use tracing::error;
-
-use crate::stats::Stats;
 
 /// How far back a pass looks for routines with a fresh failure. A pass runs every few
 /// seconds to a minute, so each failure is seen by many passes.
@@ -21,35 +19,26 @@ pub(crate) struct AutoPause {
 }
 
 impl AutoPause {
-    /// One pass. Returns whether it succeeded; a failure is logged and kept for health like a
-    /// failed tick, and the next pass tries again.
-    pub(crate) async fn pass(&self, stats: &Stats, group: Option<GroupId>) -> bool {
+    /// One pass in `group` (every group: `None`): pauses the routines whose last fires all
+    /// failed, and logs each. Returns how many it paused; the caller logs a failure.
+    pub(crate) async fn pass(&self, group: Option<GroupId>) -> Result<usize, StoreError> {
         let paused = match group {
             None => {
                 self.store
                     .pause_failing_routines(self.after_failures, WINDOW)
-                    .await
+                    .await?
             }
             Some(group) => {
                 self.store
                     .pause_failing_routines_in(group, self.after_failures, WINDOW)
-                    .await
+                    .await?
             }
         };
-        match paused {
-            Ok(paused) => {
-                for routine in paused {
-                    error!(routine = %routine.name, routine_id = %routine.id, reason = %routine.reason,
-                        "routine paused: its last {} fires failed; resume it once it is fixed",
-                        self.after_failures);
-                }
-                true
-            }
-            Err(e) => {
-                error!(error = %e, "pausing failing routines failed");
-                stats.tick_failed(format!("pausing failing routines failed: {e}"));
-                false
-            }
+        for routine in &paused {
+            error!(routine = %routine.name, routine_id = %routine.id, reason = %routine.reason,
+                "routine paused: its last {} fires failed; resume it once it is fixed",
+                self.after_failures);
         }
+        Ok(paused.len())
     }
 }

@@ -180,6 +180,12 @@ struct RunArgs {
     /// PostgreSQL a claim across every group is cheaper per occurrence (docs/BENCHMARKS.md).
     #[arg(long)]
     claim_per_group: bool,
+    /// How long this scheduler's lease on a routine group lasts, renewed every third of it
+    /// (at least three tick intervals). A scheduler that stops renewing (killed, or cut off
+    /// from the database) has its groups claimed in by the others as soon as its leases run
+    /// out; one that stops cleanly gives them up at once.
+    #[arg(long, default_value = "15s", value_parser = duration)]
+    group_lease: Duration,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
@@ -849,6 +855,14 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     let lease = Lease::new(args.lease).ok_or_else(|| input("--lease must be greater than zero"))?;
     let cap = FireCap::new(args.max_fires_per_tick)
         .ok_or_else(|| input("--max-fires-per-tick must be at least 1"))?;
+    if args.group_lease < args.tick_interval * 3 {
+        return Err(input(format!(
+            "--group-lease {} must be at least three tick intervals ({}): it is renewed every \
+             third of it, and at most once a tick",
+            humantime::format_duration(args.group_lease),
+            humantime::format_duration(args.tick_interval * 3)
+        )));
+    }
     let config = SchedulerConfig {
         tick_interval: args.tick_interval,
         max_fires_per_tick: cap,
@@ -929,7 +943,11 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     .with_auto_pause(Arc::new(store.clone()), args.pause_after_failures)
     .with_outbox_pruning(Arc::new(store.clone()))
     .with_planning(Arc::new(store.clone()))
-    .with_groups(Arc::new(store.clone()), args.claim_per_group);
+    .with_groups(
+        Arc::new(store.clone()),
+        args.claim_per_group,
+        args.group_lease,
+    );
     if let Some(runtime) = &runtime {
         scheduler = scheduler
             .with_secrets(secrets::registered())

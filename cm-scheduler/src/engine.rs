@@ -48,6 +48,7 @@ use tracing::{debug, error, info, warn};
 use crate::autopause::AutoPause;
 use crate::completer::{BatchCompleter, BatchOptions, Completed, Completer};
 use crate::groups::GroupLeases;
+use crate::outages::{GroupOutages, each_group};
 use crate::runs::{BeforeLaunch, RunWatch};
 use crate::stats::{Stats, add};
 
@@ -84,6 +85,12 @@ pub const DRAIN_BATCH_GROWTH: usize = 4;
 /// ledger without its foreign key"). A claim is still bounded by [`DRAIN_BATCH_LIMIT`].
 const FIRST_BATCH_HEADROOM: usize = 2;
 
+/// How many routine groups a scheduler claims, takes expired claims over or maintains in at
+/// once, claiming per group: a claim that waits on a slow or moving shard delays only its own
+/// group. Four is under half the claims' pool of ten connections, leaving the rest to settles
+/// and the passes beside the ticks.
+pub const GROUP_WIDTH: usize = 4;
+
 /// Why a tick or reaper pass failed. The loop logs it, counts it and keeps it for health; the
 /// next tick tries again.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +99,14 @@ pub enum TickError {
     /// The claim (or reaper) transaction failed; nothing was claimed.
     #[error("claim failed: {0}")]
     Claim(#[source] StoreError),
+}
+
+impl TickError {
+    fn into_store(self) -> StoreError {
+        match self {
+            TickError::Claim(e) => e,
+        }
+    }
 }
 
 /// What one tick (or reaper pass) did.
@@ -195,6 +210,8 @@ pub struct Scheduler {
     /// Claims per routine group, in the groups this scheduler leases (`groups.rs`); `None`
     /// claims across every group at once.
     groups: Option<Arc<GroupLeases>>,
+    /// The groups whose passes fail now, claiming per group (`outages.rs`).
+    outages: GroupOutages,
     /// How many occurrences each routine of the last claim that fired gave, on average (at
     /// least one): how many routines the next claim locks to fill its batch.
     owed_per_routine: AtomicUsize,
@@ -426,6 +443,7 @@ impl Scheduler {
             runs: None,
             secrets: Vec::new(),
             groups: None,
+            outages: GroupOutages::default(),
             owed_per_routine: AtomicUsize::new(1),
             first_batch: AtomicUsize::new(0),
         })
@@ -489,31 +507,38 @@ impl Scheduler {
     }
 
     /// The same scheduler claiming one routine group at a time: each tick claims in the groups
-    /// with due work that it leases or nobody leases, and the reaper in each group with expired
-    /// claims; the leases are renewed and rebalanced beside the ticks (`groups.rs`). Every claim
-    /// statement then names its group, which on Citus is one shard.
+    /// it leases or nobody leases, [`GROUP_WIDTH`] side by side (a claim in a group with
+    /// nothing due returns at once), and so do the reaper and the maintenance passes; the
+    /// leases, each lasting `lease`, are renewed and rebalanced every third of it beside the
+    /// ticks (`groups.rs`). Every statement then names its group, which on Citus is one shard:
+    /// a worker that is down fails only its own groups, logged once per outage (`outages.rs`).
     ///
     /// It does so where the schema is distributed (Citus), or always with `always`; on plain
     /// PostgreSQL a claim across every group is cheaper per occurrence, and the leases are
     /// still kept.
-    pub fn with_groups(mut self, directory: Arc<dyn GroupDirectory>, always: bool) -> Self {
+    pub fn with_groups(
+        mut self,
+        directory: Arc<dyn GroupDirectory>,
+        always: bool,
+        lease: Duration,
+    ) -> Self {
+        self.outages = GroupOutages::new(directory.clone());
         self.groups = Some(Arc::new(GroupLeases::new(
             directory,
             self.instance_id.clone(),
-            self.config.lease.duration(),
+            lease,
             always,
         )));
         self
     }
 
-    /// The groups to claim in, one claim walk each: the due groups this scheduler may claim in
-    /// when it claims per group, else one walk across every group (`None`).
-    async fn claim_groups(&self) -> Result<Vec<Option<GroupId>>, StoreError> {
+    /// The groups to claim in and take expired claims over in, when this scheduler claims per
+    /// group: those it leases and those nobody leases ([`GroupLeases::claimable`]); `None`
+    /// when it claims across every group at once.
+    async fn claim_groups(&self) -> Result<Option<Vec<GroupId>>, StoreError> {
         match &self.groups {
-            Some(leases) if leases.per_group().await? => {
-                Ok(leases.claimable().await?.into_iter().map(Some).collect())
-            }
-            _ => Ok(vec![None]),
+            Some(leases) if leases.per_group().await? => Ok(Some(leases.claimable().await?)),
+            _ => Ok(None),
         }
     }
 
@@ -565,33 +590,64 @@ impl Scheduler {
         let Some(store) = &self.planning else {
             return true;
         };
-        for group in self.maintained_groups().await {
-            match store.plan_routines(group, cm_store::PLAN_BATCH).await {
-                Ok(planned) => {
-                    for routine in planned {
-                        match &routine.refused {
-                            None => {
-                                add(&self.stats.planned, 1);
-                                info!(routine = %routine.name, routine_id = %routine.id,
-                                    next_run_at = ?routine.next_run_at, "planned a routine written through SQL");
-                            }
-                            Some(reason) => {
-                                add(&self.stats.refused_at_planning, 1);
-                                error!(routine = %routine.name, routine_id = %routine.id, %reason,
-                                    "paused a routine written through SQL: it cannot be planned");
-                            }
-                        }
-                    }
+        self.maintain("planning routines written through SQL", |group| {
+            self.plan_in(store.as_ref(), group)
+        })
+        .await
+    }
+
+    /// Plans the routines written through SQL in `group` (every group: `None`).
+    async fn plan_in(
+        &self,
+        store: &dyn cm_store::UnplannedRoutines,
+        group: Option<GroupId>,
+    ) -> Result<(), StoreError> {
+        for routine in store.plan_routines(group, cm_store::PLAN_BATCH).await? {
+            match &routine.refused {
+                None => {
+                    add(&self.stats.planned, 1);
+                    info!(routine = %routine.name, routine_id = %routine.id,
+                        next_run_at = ?routine.next_run_at, "planned a routine written through SQL");
                 }
-                Err(e) => {
-                    error!(error = %e, "planning routines written through SQL failed");
-                    self.stats
-                        .tick_failed(format!("planning routines written through SQL failed: {e}"));
-                    return false;
+                Some(reason) => {
+                    add(&self.stats.refused_at_planning, 1);
+                    error!(routine = %routine.name, routine_id = %routine.id, %reason,
+                        "paused a routine written through SQL: it cannot be planned");
                 }
             }
         }
-        true
+        Ok(())
+    }
+
+    /// Runs the maintenance pass `run` across every group at once (`None`), its failure logged
+    /// and kept for health, or, claiming per group, in each group this scheduler leases,
+    /// [`GROUP_WIDTH`] side by side, each group's failure on its own (`outages.rs`). Returns
+    /// whether it succeeded everywhere.
+    async fn maintain<F, Fut>(&self, pass: &'static str, run: F) -> bool
+    where
+        F: Fn(Option<GroupId>) -> Fut,
+        Fut: Future<Output = Result<(), StoreError>>,
+    {
+        match self.maintained_groups().await {
+            None => match run(None).await {
+                Ok(()) => true,
+                Err(e) => {
+                    error!(error = %e, "{pass} failed");
+                    self.stats.tick_failed(format!("{pass} failed: {e}"));
+                    false
+                }
+            },
+            Some(groups) => each_group(
+                &self.outages,
+                &self.stats,
+                pass,
+                &groups,
+                GROUP_WIDTH,
+                |group| run(Some(group)),
+            )
+            .await
+            .is_ok_and(|done| done.len() == groups.len()),
+        }
     }
 
     /// Plans the routines written through SQL every tick interval, beside the ticks (nothing
@@ -641,24 +697,43 @@ impl Scheduler {
     async fn claim_and_start(
         &self,
         completer: &Arc<dyn Completer>,
-        mut wait: Option<&mut JoinSet<FireResult>>,
+        wait: Option<&mut JoinSet<FireResult>>,
         stopped: Option<&watch::Receiver<bool>>,
     ) -> Result<TickReport, TickError> {
         let started = Instant::now();
         add(&self.stats.ticks, 1);
-        let groups = self.claim_groups().await.map_err(TickError::Claim)?;
-        let mut total = TickReport::default();
-        let mut last_deferred = 0;
-        for group in groups {
-            let (report, deferred) = self
-                .drain(completer, wait.as_deref_mut(), stopped, group)
-                .await?;
-            total.add(&report);
-            last_deferred = deferred;
-            if stopped.is_some_and(|s| *s.borrow()) {
-                break;
+        let (total, last_deferred) = match self.claim_groups().await.map_err(TickError::Claim)? {
+            None => self.drain(completer, wait, stopped, None).await?,
+            Some(groups) => {
+                // Side by side, each with dispatches of its own, joined there when waiting.
+                let waiting = wait.is_some();
+                let drained = each_group(
+                    &self.outages,
+                    &self.stats,
+                    "claim",
+                    &groups,
+                    GROUP_WIDTH,
+                    |group| async move {
+                        let mut own = JoinSet::new();
+                        let (mut report, deferred) = self
+                            .drain(completer, waiting.then_some(&mut own), stopped, Some(group))
+                            .await
+                            .map_err(TickError::into_store)?;
+                        collect(&mut own, &mut report).await;
+                        Ok((report, deferred))
+                    },
+                )
+                .await
+                .map_err(TickError::Claim)?;
+                let mut total = TickReport::default();
+                let mut deferred = 0;
+                for (report, left) in &drained {
+                    total.add(report);
+                    deferred += left;
+                }
+                (total, deferred)
             }
-        }
+        };
         if last_deferred > 0 {
             warn!(
                 deferred = last_deferred,
@@ -844,18 +919,36 @@ impl Scheduler {
     async fn reap_and_start(
         &self,
         completer: &Arc<dyn Completer>,
-        mut wait: Option<&mut JoinSet<FireResult>>,
+        wait: Option<&mut JoinSet<FireResult>>,
     ) -> Result<TickReport, TickError> {
-        let leases = match &self.groups {
-            Some(leases) if leases.per_group().await.map_err(TickError::Claim)? => leases,
-            _ => return self.reap_group(completer, wait, None).await,
+        let Some(groups) = self.claim_groups().await.map_err(TickError::Claim)? else {
+            return self.reap_group(completer, wait, None).await;
         };
+        // In the groups a tick claims in, side by side: a crashed scheduler's claims are taken
+        // over in the groups it held once its group leases run out (they are shorter than a
+        // claim's lease by default).
+        let waiting = wait.is_some();
+        let reaped = each_group(
+            &self.outages,
+            &self.stats,
+            "reaper pass",
+            &groups,
+            GROUP_WIDTH,
+            |group| async move {
+                let mut own = JoinSet::new();
+                let mut report = self
+                    .reap_group(completer, waiting.then_some(&mut own), Some(group))
+                    .await
+                    .map_err(TickError::into_store)?;
+                collect(&mut own, &mut report).await;
+                Ok(report)
+            },
+        )
+        .await
+        .map_err(TickError::Claim)?;
         let mut total = TickReport::default();
-        for group in leases.expired().await.map_err(TickError::Claim)? {
-            let report = self
-                .reap_group(completer, wait.as_deref_mut(), Some(group))
-                .await?;
-            total.add(&report);
+        for report in &reaped {
+            total.add(report);
         }
         Ok(total)
     }
@@ -1093,86 +1186,71 @@ impl Scheduler {
     /// Deletes acknowledged outbox messages and settled fires older than the retention, in
     /// batches of [`PRUNE_BATCH`] repeated while they come back full, so what is deleted keeps up
     /// with what is written however fast the engine fires. A pass stops after a quarter of the
-    /// lease (the outbox's share at most half of that), so it never holds the maintenance loop
-    /// for long. Returns whether the pass succeeded.
+    /// lease (the outbox's share at most half of that; per group, each group's share of it), so
+    /// it never holds the maintenance loop for long. Returns whether the pass succeeded.
     async fn prune(&self) -> bool {
-        let started = Instant::now();
         let budget = self.config.lease.duration() / 4;
-        let retention = self.config.retention;
-        let groups = self.maintained_groups().await;
-        if let Some(outbox) = &self.outbox {
-            match prune_in_batches(budget / 2, || async {
-                let mut pruned = 0;
-                for group in &groups {
-                    pruned += match group {
-                        None => outbox.outbox_prune_acked(retention, PRUNE_BATCH).await?,
-                        Some(g) => {
-                            outbox
-                                .outbox_prune_acked_in(*g, retention, PRUNE_BATCH)
-                                .await?
-                        }
-                    };
-                }
-                Ok(pruned)
-            })
+        let held = self.groups.as_ref().map_or(1, |leases| leases.held().len());
+        let rounds = u32::try_from(held.div_ceil(GROUP_WIDTH).max(1)).unwrap_or(u32::MAX);
+        let share = match self.maintained_groups().await {
+            None => budget,
+            Some(_) => budget / rounds,
+        };
+        self.maintain("pruning", |group| self.prune_in(group, share))
             .await
-            {
-                Ok(total) if total > 0 => {
-                    debug!(
-                        pruned = total,
-                        "pruned acknowledged outbox messages past their retention"
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    error!(error = %e, "pruning acknowledged outbox messages failed");
-                    self.stats
-                        .tick_failed(format!("pruning the outbox failed: {e}"));
-                    return false;
-                }
-            }
-        }
-        let stats = &self.stats;
-        let left = budget.saturating_sub(started.elapsed());
-        let pruned = prune_in_batches(left, || async {
-            let mut pruned = 0;
-            for group in &groups {
-                pruned += match group {
-                    None => self.ledger.prune_settled(retention, PRUNE_BATCH).await?,
-                    Some(g) => {
-                        self.ledger
-                            .prune_settled_in(*g, retention, PRUNE_BATCH)
-                            .await?
-                    }
-                };
-            }
-            add(&stats.pruned, pruned);
-            Ok(pruned)
-        })
-        .await;
-        match pruned {
-            Ok(total) => {
-                if total > 0 {
-                    debug!(pruned = total, "pruned settled fires past their retention");
-                }
-                true
-            }
-            Err(e) => {
-                error!(error = %e, "pruning settled fires failed");
-                self.stats.tick_failed(format!("pruning failed: {e}"));
-                false
-            }
-        }
     }
 
-    /// The groups this scheduler's maintenance (prunes, the automatic pause) covers: those it
-    /// leases, each on its own; or every group at once (`None`) without group claims.
-    async fn maintained_groups(&self) -> Vec<Option<GroupId>> {
-        match &self.groups {
-            Some(leases) if leases.per_group().await.unwrap_or(true) => {
-                leases.held().into_iter().map(Some).collect()
+    /// One prune pass in `group` (every group: `None`) within `budget`.
+    async fn prune_in(&self, group: Option<GroupId>, budget: Duration) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let retention = self.config.retention;
+        if let Some(outbox) = &self.outbox {
+            let pruned = prune_in_batches(budget / 2, || async {
+                match group {
+                    None => outbox.outbox_prune_acked(retention, PRUNE_BATCH).await,
+                    Some(g) => {
+                        outbox
+                            .outbox_prune_acked_in(g, retention, PRUNE_BATCH)
+                            .await
+                    }
+                }
+            })
+            .await?;
+            if pruned > 0 {
+                debug!(
+                    pruned,
+                    ?group,
+                    "pruned acknowledged outbox messages past their retention"
+                );
             }
-            _ => vec![None],
+        }
+        let left = budget.saturating_sub(started.elapsed());
+        let pruned = prune_in_batches(left, || async {
+            let pruned = match group {
+                None => self.ledger.prune_settled(retention, PRUNE_BATCH).await?,
+                Some(g) => {
+                    self.ledger
+                        .prune_settled_in(g, retention, PRUNE_BATCH)
+                        .await?
+                }
+            };
+            add(&self.stats.pruned, pruned);
+            Ok(pruned)
+        })
+        .await?;
+        if pruned > 0 {
+            debug!(pruned, ?group, "pruned settled fires past their retention");
+        }
+        Ok(())
+    }
+
+    /// The groups this scheduler's maintenance (prunes, the automatic pause, planning, the
+    /// run watch) covers: those it leases, each on its own; or every group at once (`None`)
+    /// without group claims.
+    async fn maintained_groups(&self) -> Option<Vec<GroupId>> {
+        match &self.groups {
+            Some(leases) if leases.per_group().await.unwrap_or(true) => Some(leases.held()),
+            _ => None,
         }
     }
 
@@ -1296,9 +1374,10 @@ impl Scheduler {
             self.record(result, "reaper pass");
             self.prune().await;
             if let Some(auto_pause) = &self.auto_pause {
-                for group in self.maintained_groups().await {
-                    auto_pause.pass(&self.stats, group).await;
-                }
+                self.maintain("pausing failing routines", |group| async move {
+                    auto_pause.pass(group).await.map(|_| ())
+                })
+                .await;
             }
         }
     }
@@ -1328,11 +1407,10 @@ impl Scheduler {
         let every = self.config.tick_interval.max(Duration::from_secs(1));
         let mut beat = beat(every);
         while next_beat(&mut beat, &mut stopped).await {
-            if let Err(e) = runs.pass(&self.stats).await {
-                error!(error = %e, "watching mission runs failed");
-                self.stats
-                    .tick_failed(format!("watching mission runs failed: {e}"));
-            }
+            self.maintain("watching mission runs", |group| async move {
+                runs.pass_in(&self.stats, group).await.map(|_| ())
+            })
+            .await;
         }
     }
 

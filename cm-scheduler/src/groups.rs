@@ -5,15 +5,20 @@
 //! holding live leases (itself included) its share is `ceil(groups / n)`; it takes free groups
 //! (never leased, released, or whose holder's lease ran out) up to its share and releases those
 //! over it, so a scheduler that joins gets its share from the others within a third of a lease,
-//! and the groups of one that died are taken once its leases run out.
+//! and the groups of one that died are claimed in as soon as its leases run out.
 //!
-//! The leases are for efficiency only: a tick claims in the due groups it holds and in the due
-//! groups nobody holds, and `SKIP LOCKED` inside a group keeps two schedulers that meet in one
-//! (a lease that changed hands between a read and a claim) correct.
+//! The leases are for efficiency only: a tick claims in the groups it holds and in the groups
+//! nobody holds (a claim in a group with nothing due returns at once, and reads that group's
+//! shard alone), and `SKIP LOCKED` inside a group keeps two schedulers that meet in one (a
+//! lease that changed hands between a read and a claim) correct. Each scheduler keeps when the
+//! others' leases run out, by its own clock from what the database said was left: a scheduler
+//! that stopped renewing (killed, or cut off) has its groups claimed in by the others from the
+//! moment its leases end, without waiting for a rebalance. A scheduler that stops cleanly
+//! releases its leases, and the others claim in its groups at their next rebalance.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cm_store::{GroupDirectory, GroupId, StoreError};
 use tracing::info;
@@ -21,8 +26,22 @@ use tracing::info;
 /// The groups a scheduler holds, and those others hold, as of the last rebalance.
 #[derive(Debug, Default, Clone)]
 struct View {
+    /// The schema's group count (0 before the first rebalance).
+    count: usize,
     mine: BTreeSet<GroupId>,
-    others: BTreeSet<GroupId>,
+    /// The groups others hold, with when each lease runs out on this process's clock.
+    others: BTreeMap<GroupId, Instant>,
+}
+
+impl View {
+    /// The groups to claim in at `now`: those held, then those nobody holds live.
+    fn claimable(&self, now: Instant) -> Vec<GroupId> {
+        let free = (0..self.count)
+            .filter_map(|g| GroupId::try_from(g).ok())
+            .filter(|g| !self.mine.contains(g))
+            .filter(|g| self.others.get(g).is_none_or(|until| *until <= now));
+        self.mine.iter().copied().chain(free).collect()
+    }
 }
 
 /// One scheduler's leases on groups.
@@ -78,17 +97,21 @@ impl GroupLeases {
         self.lease / 3
     }
 
-    /// The groups to claim in now: the due ones this scheduler holds, then the due ones nobody
-    /// holds, in group order within each.
+    /// The lease's length.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The groups to claim in now, and to take expired claims over in: those this scheduler
+    /// holds, then those nobody holds live (never leased, released, or whose holder's lease
+    /// ran out), in group order within each. No statement reads every shard: before the first
+    /// rebalance it asks for the group count alone.
     pub async fn claimable(&self) -> Result<Vec<GroupId>, StoreError> {
-        let due = self.directory.due_groups().await?;
-        let view = self.view.lock().map(|v| v.clone()).unwrap_or_default();
-        let (mut mine, mut free): (Vec<GroupId>, Vec<GroupId>) = due
-            .into_iter()
-            .filter(|g| !view.others.contains(g))
-            .partition(|g| view.mine.contains(g));
-        mine.append(&mut free);
-        Ok(mine)
+        let mut view = self.view.lock().map(|v| v.clone()).unwrap_or_default();
+        if view.count == 0 {
+            view.count = usize::from(self.directory.group_count().await?);
+        }
+        Ok(view.claimable(Instant::now()))
     }
 
     /// The groups this scheduler held at its last rebalance, in group order.
@@ -99,28 +122,23 @@ impl GroupLeases {
             .unwrap_or_default()
     }
 
-    /// The groups with a claim whose lease ran out, for the reaper (whoever leases them: a
-    /// crashed scheduler's claims are taken over before its group leases run out).
-    pub async fn expired(&self) -> Result<Vec<GroupId>, StoreError> {
-        self.directory.expired_groups().await
-    }
-
     /// Renews this scheduler's leases, takes free groups up to its share and releases those over
     /// it. Returns the groups it holds afterwards.
     pub async fn rebalance(&self) -> Result<BTreeSet<GroupId>, StoreError> {
         let count = usize::from(self.directory.group_count().await?);
+        let read = Instant::now();
         let live = self.directory.live_group_leases().await?;
         let present = self.directory.live_holders().await?;
-        let mut holders: BTreeSet<&str> = live.iter().map(|(_, h)| h.as_str()).collect();
+        let mut holders: BTreeSet<&str> = live.iter().map(|l| l.holder.as_str()).collect();
         holders.extend(present.iter().map(String::as_str));
         holders.insert(&self.holder);
         let share = share(count, holders.len());
         let held: BTreeSet<GroupId> = live
             .iter()
-            .filter(|(_, h)| *h == self.holder)
-            .map(|(g, _)| *g)
+            .filter(|l| l.holder == self.holder)
+            .map(|l| l.group)
             .collect();
-        let taken: BTreeSet<GroupId> = live.iter().map(|(g, _)| *g).collect();
+        let taken: BTreeSet<GroupId> = live.iter().map(|l| l.group).collect();
         let mut release: Vec<GroupId> = Vec::new();
         let mut wanted: Vec<GroupId> = Vec::new();
         if held.len() > share {
@@ -149,10 +167,11 @@ impl GroupLeases {
             .await?
             .into_iter()
             .collect();
-        let others: BTreeSet<GroupId> = live
+        // Counted from before the read: a lease is taken to end no later than it does.
+        let others: BTreeMap<GroupId, Instant> = live
             .iter()
-            .filter(|(g, h)| *h != self.holder && !mine.contains(g))
-            .map(|(g, _)| *g)
+            .filter(|l| l.holder != self.holder && !mine.contains(&l.group))
+            .map(|l| (l.group, read + l.remaining))
             .collect();
         if !release.is_empty() || mine != held {
             info!(holder = %self.holder, held = mine.len(), share, released = release.len(),
@@ -160,6 +179,7 @@ impl GroupLeases {
         }
         if let Ok(mut view) = self.view.lock() {
             *view = View {
+                count,
                 mine: mine.clone(),
                 others,
             };

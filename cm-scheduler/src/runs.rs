@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use cm_dispatch::{MissionRuntime, RunRef};
 use cm_domain::{ErrorText, FireOutcome, FireStatus, Occurrence, RunHolder, Settlement};
-use cm_store::{MissionRuns, RunRecord, RunTake, RunUpdate, StoreError, UnfinishedRun};
+use cm_store::{GroupId, MissionRuns, RunRecord, RunTake, RunUpdate, StoreError, UnfinishedRun};
 use tracing::{debug, info, warn};
 
 use crate::stats::Stats;
@@ -115,7 +115,20 @@ impl RunWatch {
     /// One pass: reads the unfinished runs, asks the runtime, writes what changed. Returns how
     /// many runs ended in this pass, or the store's error.
     pub async fn pass(&self, stats: &Stats) -> Result<usize, StoreError> {
-        let runs = self.store.unfinished_runs(WATCH_BATCH).await?;
+        self.pass_in(stats, None).await
+    }
+
+    /// [`RunWatch::pass`] over the runs of `group` alone (every group: `None`): on Citus one
+    /// shard's, so a worker that is down fails only the passes of its groups.
+    pub async fn pass_in(
+        &self,
+        stats: &Stats,
+        group: Option<GroupId>,
+    ) -> Result<usize, StoreError> {
+        let runs = match group {
+            None => self.store.unfinished_runs(WATCH_BATCH).await?,
+            Some(group) => self.store.unfinished_runs_in(group, WATCH_BATCH).await?,
+        };
         if runs.is_empty() {
             return Ok(0);
         }

@@ -143,6 +143,7 @@ const PLANNED: &str = "cm_routines_planned_total";
 const REAPED: &str = "cm_reaped_total";
 const SATURATED: &str = "cm_ticks_saturated_total";
 const OVERRUNS: &str = "cm_tick_overruns_total";
+const GROUP_ERRORS: &str = "cm_group_pass_errors_total";
 const DISPATCHING: &str = "cm_dispatches_in_flight";
 const TICK_DURATION: &str = "cm_tick_duration_seconds";
 const LATENESS: &str = "cm_fire_lateness_seconds";
@@ -187,6 +188,11 @@ pub fn describe() {
         "Ticks that claimed nothing because the in-flight set was full."
     );
     describe_counter!(OVERRUNS, "Ticks that took longer than the tick interval.");
+    describe_counter!(
+        GROUP_ERRORS,
+        "Passes (claims, reaper, prune, automatic pause, planning, run watch) that failed in one \
+         routine group, the other groups going on."
+    );
     describe_counter!(
         MISSION_RUNS,
         "Mission runs by the state they reached: running (launched), succeeded, failed, lost."
@@ -254,6 +260,9 @@ pub struct Stats {
     /// Ticks that took longer than the tick interval (the next tick waited for the next
     /// boundary).
     pub tick_overruns: Counter,
+    /// Passes that failed in one routine group while the others went on (claiming per group:
+    /// on Citus, a worker that is down fails only its groups).
+    pub group_errors: Counter,
     /// Mission runs that reached each state, in the order of [`cm_domain::RunStateName::ALL`]:
     /// begun (`running`), `succeeded`, `failed`, `lost`.
     pub mission_runs: [Counter; 4],
@@ -294,6 +303,7 @@ impl Default for Stats {
             left_for_retry: outcome("left_for_retry"),
             saturated_ticks: Counter::new(SATURATED, None),
             tick_overruns: Counter::new(OVERRUNS, None),
+            group_errors: Counter::new(GROUP_ERRORS, None),
             mission_runs: cm_domain::RunStateName::ALL
                 .map(|state| Counter::labelled(MISSION_RUNS, "state", state.as_str())),
             dispatching: Gauge::new(DISPATCHING),

@@ -27,6 +27,7 @@ pub(super) mod pin;
 pub(super) mod restart;
 pub(super) mod starve;
 pub(super) mod terminate;
+pub(super) mod worker;
 
 /// One kind of fault.
 pub(super) trait Fault {

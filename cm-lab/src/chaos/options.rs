@@ -16,7 +16,7 @@ pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-u
                           [--pin-xmin SECONDS [--pin-baseline]] [--starve-pool SECONDS]
                           [--receiver-outage SECONDS]
                           [--mission-backend docker [--dockerd-restarts N] [--refuse-stops]]
-                          [--citus-workers VERSION/NAME,VERSION/NAME...]";
+                          [--citus-workers VERSION/NAME,VERSION/NAME... [--worker-outage SECONDS]]";
 
 /// The routines of a `--mission-backend docker` run when `--routines` is not given: each fires
 /// a container every second on the run's one engine.
@@ -97,6 +97,9 @@ pub(super) struct Options {
     /// made a Citus database on every node and distributed (`migrate --citus`), and
     /// `--db-restarts` take down the first worker rather than the coordinator.
     pub citus_workers: Vec<String>,
+    /// How long the first Citus worker is stopped, once (`--citus-workers` only); the other
+    /// workers' groups must keep firing.
+    pub worker_outage: Option<Duration>,
 }
 
 impl Options {
@@ -124,6 +127,7 @@ impl Options {
             dockerd_restarts: 0,
             refuse_stops: false,
             citus_workers: Vec::new(),
+            worker_outage: None,
         }
     }
 
@@ -197,6 +201,9 @@ impl Options {
         }
         if !self.citus_workers.is_empty() {
             c += &format!(" --citus-workers {}", self.citus_workers.join(","));
+        }
+        if let Some(d) = self.worker_outage {
+            c += &format!(" --worker-outage {}", secs(d));
         }
         c
     }
@@ -277,6 +284,9 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
                     .map(str::to_string)
                     .collect();
             }
+            "--worker-outage" => {
+                options.worker_outage = Some(seconds(flag, value(&mut it, flag)?)?);
+            }
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?} (see --help)"),
         }
@@ -331,6 +341,22 @@ fn check(o: &Options) -> anyhow::Result<()> {
         if o.failover.is_some() || o.pg_cluster.is_some() {
             bail!(
                 "--citus-workers restarts the first worker: leave out --failover and --pg-cluster"
+            );
+        }
+    }
+    if let Some(length) = o.worker_outage {
+        if o.citus_workers.len() < 2 {
+            bail!("--worker-outage stops the first of two or more --citus-workers");
+        }
+        // The kills stop a third of the way in, the worker a group lease later; it must be back
+        // with ten seconds to spare.
+        let needed =
+            (length + super::fault::worker::QUIET_BEFORE + Duration::from_secs(10)) * 3 / 2;
+        if o.duration < needed {
+            bail!(
+                "--worker-outage {} needs --duration of at least {} s",
+                length.as_secs(),
+                needed.as_secs()
             );
         }
     }
@@ -444,6 +470,7 @@ mod tests {
                 dockerd_restarts: 0,
                 refuse_stops: false,
                 citus_workers: Vec::new(),
+                worker_outage: None,
             }
         );
         assert!(options.forwarded());
@@ -544,6 +571,35 @@ mod tests {
                 .command()
                 .ends_with(" --citus-workers 15/citus_w1,15/citus_w2")
         );
+        let outage = parse_args(
+            &args(&[
+                "--short",
+                "--citus-workers",
+                "15/citus_w1,15/citus_w2",
+                "--worker-outage",
+                "20",
+                "--duration",
+                "72",
+            ]),
+            5,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(outage.worker_outage, Some(Duration::from_secs(20)));
+        assert!(outage.command().ends_with(" --worker-outage 20"));
+        // Too short a run for the quiet time, the outage and the recovery; no Citus at all.
+        for bad in [
+            &[
+                "--short",
+                "--citus-workers",
+                "15/a,15/b",
+                "--worker-outage",
+                "20",
+            ][..],
+            &["--short", "--worker-outage", "20", "--duration", "90"],
+        ] {
+            assert!(parse_args(&args(bad), 5).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

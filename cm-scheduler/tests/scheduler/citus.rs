@@ -199,3 +199,146 @@ async fn two_schedulers_claim_per_group_on_plain_postgresql() {
     let db = TestDb::new().await;
     two_schedulers_share_the_groups(&db, &["--claim-per-group"]).await;
 }
+
+/// The groups with routines that `holder` leases live now.
+async fn leased_by(db: &TestDb, holder: &str) -> Vec<i16> {
+    sqlx::query_scalar(
+        "SELECT l.group_id FROM group_leases l
+         WHERE l.holder = $1 AND l.expires_at > now()
+           AND l.group_id IN (SELECT DISTINCT group_id FROM routines)
+         ORDER BY 1",
+    )
+    .bind(holder)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// How long after `since` (the database's clock) `claimant` fired in every one of `groups`,
+/// waiting at most 40 s: the latest of each group's first fire.
+async fn fired_in_all(db: &TestDb, claimant: &str, groups: &[i16], since: DateTime) -> Duration {
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let firsts: Vec<(i16, DateTime)> = sqlx::query_as(
+            "SELECT group_id, min(claimed_at) FROM routine_fires
+             WHERE claimant = $1 AND claimed_at > $2 AND group_id = ANY($3)
+             GROUP BY group_id",
+        )
+        .bind(claimant)
+        .bind(since)
+        .bind(groups)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        if firsts.len() == groups.len() {
+            let last = firsts.iter().map(|(_, at)| *at).max().unwrap();
+            return (last - since).to_std().unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{claimant} fired in {} of the groups {groups:?} within 40 s: {firsts:?}",
+            firsts.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+type DateTime = chrono::DateTime<chrono::Utc>;
+
+async fn db_now(db: &TestDb) -> DateTime {
+    sqlx::query_scalar("SELECT now()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// Waits until `holder` leases some groups with routines, and returns them.
+async fn holds_groups(db: &TestDb, holder: &str, log: impl Fn() -> String) -> Vec<i16> {
+    crate::crash::eventually(async || {
+        let groups = leased_by(db, holder).await;
+        (!groups.is_empty()).then_some(groups)
+    })
+    .await
+    .unwrap_or_else(|| panic!("{holder} never leased a group; its log:\n{}", log()))
+}
+
+/// Takeover, with the default `--group-lease` of 15 s: the groups of a scheduler stopped with
+/// SIGTERM are claimed in by the other within a rebalance (a third of the lease) and a tick;
+/// those of one killed with SIGKILL, once its leases run out: within the lease, a tick and one
+/// pass of claims through the groups, under 20 s, well inside the default misfire grace of
+/// 60 s.
+async fn a_stopped_schedulers_groups_are_taken_over(db: &TestDb, args: &[&str]) {
+    for n in 0..40 {
+        cli(
+            &db.url,
+            &[
+                "routine",
+                "create",
+                "--name",
+                &format!("every second {n}"),
+                "--schedule",
+                "* * * * * *",
+                "--message",
+                "hello",
+            ],
+        );
+    }
+    let mut a = SchedulerProcess::start_with(db, "takeover-a", args, &[]);
+    let b = SchedulerProcess::start_with(db, "takeover-b", args, &[]);
+    // Both hold a share once they have seen each other (a rebalance every 5 s).
+    let a_groups = holds_groups(db, "takeover-a", || a.log()).await;
+    holds_groups(db, "takeover-b", || b.log()).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let a_groups = {
+        let now = leased_by(db, "takeover-a").await;
+        if now.is_empty() { a_groups } else { now }
+    };
+
+    // SIGTERM: a gives its leases up as it stops.
+    let stopped = db_now(db).await;
+    a.shut_down_gracefully().await;
+    let after_stop = fired_in_all(db, "takeover-b", &a_groups, stopped).await;
+    eprintln!(
+        "after SIGTERM: b fired in all of a's {} groups within {after_stop:?}",
+        a_groups.len()
+    );
+    assert!(
+        after_stop < Duration::from_secs(7),
+        "b took {after_stop:?} to fire in the groups of a stopped scheduler; its log:\n{}",
+        b.log()
+    );
+
+    // SIGKILL: c's leases run out by themselves.
+    let mut c = SchedulerProcess::start_with(db, "takeover-c", args, &[]);
+    holds_groups(db, "takeover-c", || c.log()).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let c_groups = holds_groups(db, "takeover-c", || c.log()).await;
+    let killed = db_now(db).await;
+    c.kill();
+    let after_kill = fired_in_all(db, "takeover-b", &c_groups, killed).await;
+    eprintln!(
+        "after SIGKILL: b fired in all of c's {} groups within {after_kill:?}",
+        c_groups.len()
+    );
+    assert!(
+        after_kill < Duration::from_secs(20),
+        "b took {after_kill:?} to fire in the groups of a killed scheduler; its log:\n{}",
+        b.log()
+    );
+    // Not before its leases could have run out: they were live at the kill.
+    assert!(after_kill > Duration::from_secs(1), "{after_kill:?}");
+}
+
+#[tokio::test]
+#[ignore = "needs Citus: start it with .ci/citus and set CM_TEST_CITUS_URL to what it prints"]
+async fn a_stopped_schedulers_groups_are_taken_over_on_citus() {
+    let db = citus_test_db().await;
+    a_stopped_schedulers_groups_are_taken_over(&db, &[]).await;
+    drop_citus(db).await;
+}
+
+#[tokio::test]
+async fn a_stopped_schedulers_groups_are_taken_over_on_plain_postgresql() {
+    let db = TestDb::new().await;
+    a_stopped_schedulers_groups_are_taken_over(&db, &["--claim-per-group"]).await;
+}

@@ -57,6 +57,11 @@ impl From<SettleOutcome> for Completed {
             SettleOutcome::Settled => Completed::Settled,
             SettleOutcome::TakenOver => Completed::NotHeld,
             SettleOutcome::Gone => Completed::RoutineDeleted,
+            SettleOutcome::Unwritten => Completed::Unwritten(
+                "its group's settle failed (on Citus: the worker holding its shard), others \
+                 in the batch were written"
+                    .into(),
+            ),
         }
     }
 }

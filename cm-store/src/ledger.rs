@@ -291,6 +291,24 @@ pub struct FireSettle {
 /// The largest receipt kept on a row, in bytes; longer ones are cut on a character boundary.
 pub const MAX_RECEIPT_BYTES: usize = 1024;
 
+/// [`FireLedger::settle_fires`]'s fenced update, with `$tail` added to its conditions.
+macro_rules! settle_fires_sql {
+    ($tail:literal) => {
+        concat!(
+            "UPDATE routine_fires AS f
+             SET status = t.status, error = t.error, receipt = t.receipt, completed_at = now()
+             FROM UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
+                         $6::text[], $7::text[])
+                  AS t(routine_id, scheduled_at, claim_token, attempt, status, error, receipt)
+             WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
+               AND f.claim_token = t.claim_token AND f.attempt = t.attempt
+               AND f.status = 'claimed'",
+            $tail,
+            " RETURNING f.routine_id, f.scheduled_at"
+        )
+    };
+}
+
 /// What a settle found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
@@ -303,6 +321,10 @@ pub enum SettleOutcome {
     /// The row is gone: its routine was deleted while the dispatch ran (a claimed row is never
     /// pruned). Nothing changed, and there is nothing left to settle.
     Gone,
+    /// Not written: on Citus a batch's settles are written group by group, and the statement
+    /// of this row's group failed (its worker is down, say) while others were written. The row
+    /// stays claimed, for the reaper after its lease.
+    Unwritten,
 }
 
 /// Which fires to list.
@@ -1234,81 +1256,38 @@ impl FireLedger for PgStore {
         if settles.is_empty() {
             return Ok(Vec::new());
         }
-        let n = settles.len();
-        let mut ids = Vec::with_capacity(n);
-        let mut instants = Vec::with_capacity(n);
-        let mut tokens = Vec::with_capacity(n);
-        let mut attempts = Vec::with_capacity(n);
-        let mut statuses = Vec::with_capacity(n);
-        let mut errors = Vec::with_capacity(n);
-        let mut receipts = Vec::with_capacity(n);
-        for s in settles {
-            ids.push(s.fire.occurrence.routine_id);
-            instants.push(s.fire.occurrence.scheduled_at);
-            tokens.push(s.fire.token.0);
-            attempts.push(i32::try_from(s.fire.attempt).unwrap_or(i32::MAX));
-            statuses.push(s.settlement.status().as_str());
-            errors.push(s.settlement.error());
-            receipts.push(s.receipt.as_deref().map(bounded_receipt));
+        if !self.is_citus().await? {
+            return self.settle_fires_of(None, settles).await;
         }
-        // One fenced UPDATE for the batch; the rows it did not settle are then told apart
-        // (taken over, or gone with a deleted routine) by a read of the same keys.
-        let settled: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
-            "UPDATE routine_fires AS f
-             SET status = t.status, error = t.error, receipt = t.receipt, completed_at = now()
-             FROM UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
-                         $6::text[], $7::text[])
-                  AS t(routine_id, scheduled_at, claim_token, attempt, status, error, receipt)
-             WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
-               AND f.claim_token = t.claim_token AND f.attempt = t.attempt
-               AND f.status = 'claimed'
-             RETURNING f.routine_id, f.scheduled_at",
-        )
-        .bind(&ids)
-        .bind(&instants)
-        .bind(&tokens)
-        .bind(&attempts)
-        .bind(&statuses)
-        .bind(&errors)
-        .bind(&receipts)
-        .fetch_all(&self.pool)
-        .await?;
-        let settled: std::collections::HashSet<(Uuid, DateTime<Utc>)> =
-            settled.into_iter().collect();
-        if settled.len() == n {
-            return Ok(vec![SettleOutcome::Settled; n]);
+        // On Citus, one statement per group, each on one shard: a worker that is down fails the
+        // settles of its own groups alone, and the others are written.
+        let count = self.group_count().await?;
+        let mut by_group: std::collections::BTreeMap<GroupId, Vec<usize>> =
+            std::collections::BTreeMap::new();
+        for (i, settle) in settles.iter().enumerate() {
+            by_group
+                .entry(crate::group_of(settle.fire.occurrence.routine_id, count))
+                .or_default()
+                .push(i);
         }
-        let (missed_ids, missed_instants): (Vec<Uuid>, Vec<DateTime<Utc>>) = ids
-            .iter()
-            .zip(&instants)
-            .filter(|key| !settled.contains(&(*key.0, *key.1)))
-            .map(|(id, at)| (*id, *at))
-            .unzip();
-        let present: std::collections::HashSet<(Uuid, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT f.routine_id, f.scheduled_at
-             FROM routine_fires f
-             JOIN UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)
-               ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at",
-        )
-        .bind(&missed_ids)
-        .bind(&missed_instants)
-        .fetch_all(&self.pool)
-        .await?
-        .into_iter()
-        .collect();
-        Ok(ids
-            .iter()
-            .zip(&instants)
-            .map(|(id, at)| {
-                if settled.contains(&(*id, *at)) {
-                    SettleOutcome::Settled
-                } else if present.contains(&(*id, *at)) {
-                    SettleOutcome::TakenOver
-                } else {
-                    SettleOutcome::Gone
+        let mut outcomes = vec![SettleOutcome::Unwritten; settles.len()];
+        let (mut written, mut failed) = (false, None);
+        for (group, rows) in by_group {
+            let part: Vec<FireSettle> = rows.iter().map(|i| settles[*i].clone()).collect();
+            match self.settle_fires_of(Some(group), &part).await {
+                Ok(done) => {
+                    written = true;
+                    for (i, outcome) in rows.into_iter().zip(done) {
+                        outcomes[i] = outcome;
+                    }
                 }
-            })
-            .collect())
+                Err(e) => failed = Some(e),
+            }
+        }
+        match failed {
+            Some(e) if !written => Err(e),
+            _ => Ok(outcomes),
+        }
     }
 
     async fn settle_fire(
@@ -1995,6 +1974,99 @@ struct UpsertedRow {
     error: Option<String>,
     first_claimed_at: Option<DateTime<Utc>>,
     planned_at: Option<DateTime<Utc>>,
+}
+
+impl PgStore {
+    /// [`FireLedger::settle_fires`]'s statements, for the rows of `group` (on Citus, naming it
+    /// keeps them on its shard) or of any group.
+    async fn settle_fires_of(
+        &self,
+        group: Option<GroupId>,
+        settles: &[FireSettle],
+    ) -> Result<Vec<SettleOutcome>, StoreError> {
+        let n = settles.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut instants = Vec::with_capacity(n);
+        let mut tokens = Vec::with_capacity(n);
+        let mut attempts = Vec::with_capacity(n);
+        let mut statuses = Vec::with_capacity(n);
+        let mut errors = Vec::with_capacity(n);
+        let mut receipts = Vec::with_capacity(n);
+        for s in settles {
+            ids.push(s.fire.occurrence.routine_id);
+            instants.push(s.fire.occurrence.scheduled_at);
+            tokens.push(s.fire.token.0);
+            attempts.push(i32::try_from(s.fire.attempt).unwrap_or(i32::MAX));
+            statuses.push(s.settlement.status().as_str());
+            errors.push(s.settlement.error());
+            receipts.push(s.receipt.as_deref().map(bounded_receipt));
+        }
+        // One fenced UPDATE for the batch; the rows it did not settle are then told apart
+        // (taken over, or gone with a deleted routine) by a read of the same keys.
+        let query = sqlx::query_as(match group {
+            None => settle_fires_sql!(""),
+            Some(_) => settle_fires_sql!(" AND f.group_id = $8"),
+        })
+        .bind(&ids)
+        .bind(&instants)
+        .bind(&tokens)
+        .bind(&attempts)
+        .bind(&statuses)
+        .bind(&errors)
+        .bind(&receipts);
+        let query = match group {
+            None => query,
+            Some(group) => query.bind(group),
+        };
+        let settled: Vec<(Uuid, DateTime<Utc>)> = query.fetch_all(&self.pool).await?;
+        let settled: std::collections::HashSet<(Uuid, DateTime<Utc>)> =
+            settled.into_iter().collect();
+        if settled.len() == n {
+            return Ok(vec![SettleOutcome::Settled; n]);
+        }
+        let (missed_ids, missed_instants): (Vec<Uuid>, Vec<DateTime<Utc>>) = ids
+            .iter()
+            .zip(&instants)
+            .filter(|key| !settled.contains(&(*key.0, *key.1)))
+            .map(|(id, at)| (*id, *at))
+            .unzip();
+        let query = sqlx::query_as(match group {
+            None => {
+                "SELECT f.routine_id, f.scheduled_at
+                 FROM routine_fires f
+                 JOIN UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)
+                   ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at"
+            }
+            Some(_) => {
+                "SELECT f.routine_id, f.scheduled_at
+                 FROM routine_fires f
+                 JOIN UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)
+                   ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
+                 WHERE f.group_id = $3"
+            }
+        })
+        .bind(&missed_ids)
+        .bind(&missed_instants);
+        let query = match group {
+            None => query,
+            Some(group) => query.bind(group),
+        };
+        let present: std::collections::HashSet<(Uuid, DateTime<Utc>)> =
+            query.fetch_all(&self.pool).await?.into_iter().collect();
+        Ok(ids
+            .iter()
+            .zip(&instants)
+            .map(|(id, at)| {
+                if settled.contains(&(*id, *at)) {
+                    SettleOutcome::Settled
+                } else if present.contains(&(*id, *at)) {
+                    SettleOutcome::TakenOver
+                } else {
+                    SettleOutcome::Gone
+                }
+            })
+            .collect())
+    }
 }
 
 impl PgStore {

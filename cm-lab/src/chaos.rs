@@ -412,6 +412,19 @@ fn exercise(
             options.dockerd_restarts,
         )));
     }
+    if options.shard_moves > 0 {
+        let mut workers = citus::workers(&options.citus_workers)?.into_iter();
+        let (Some(from), Some(to)) = (workers.next(), workers.next()) else {
+            bail!("--shard-moves needs two --citus-workers");
+        };
+        faults.push(Box::new(fault::moves::ShardMoves::new(
+            from,
+            to,
+            options.shard_moves,
+            start,
+            options.duration,
+        )));
+    }
     if let Some(length) = options.worker_outage {
         let first = citus::workers(&options.citus_workers)?
             .into_iter()

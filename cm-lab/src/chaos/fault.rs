@@ -22,6 +22,7 @@ pub(super) mod dockerd;
 pub(super) mod failover;
 pub(super) mod hang;
 pub(super) mod kill;
+pub(super) mod moves;
 pub(super) mod outage;
 pub(super) mod pin;
 pub(super) mod restart;

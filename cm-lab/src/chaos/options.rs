@@ -16,7 +16,7 @@ pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-u
                           [--pin-xmin SECONDS [--pin-baseline]] [--starve-pool SECONDS]
                           [--receiver-outage SECONDS]
                           [--mission-backend docker [--dockerd-restarts N] [--refuse-stops]]
-                          [--citus-workers VERSION/NAME,VERSION/NAME... [--worker-outage SECONDS]]";
+                          [--citus-workers VERSION/NAME,VERSION/NAME... [--worker-outage SECONDS] [--shard-moves N]]";
 
 /// The routines of a `--mission-backend docker` run when `--routines` is not given: each fires
 /// a container every second on the run's one engine.
@@ -100,6 +100,9 @@ pub(super) struct Options {
     /// How long the first Citus worker is stopped, once (`--citus-workers` only); the other
     /// workers' groups must keep firing.
     pub worker_outage: Option<Duration>,
+    /// How many shards of the first Citus worker are moved to the second with `block_writes`
+    /// (`--citus-workers` only); the groups left in place must stay on time.
+    pub shard_moves: u32,
 }
 
 impl Options {
@@ -128,6 +131,7 @@ impl Options {
             refuse_stops: false,
             citus_workers: Vec::new(),
             worker_outage: None,
+            shard_moves: 0,
         }
     }
 
@@ -204,6 +208,9 @@ impl Options {
         }
         if let Some(d) = self.worker_outage {
             c += &format!(" --worker-outage {}", secs(d));
+        }
+        if self.shard_moves > 0 {
+            c += &format!(" --shard-moves {}", self.shard_moves);
         }
         c
     }
@@ -284,6 +291,7 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
                     .map(str::to_string)
                     .collect();
             }
+            "--shard-moves" => options.shard_moves = number(flag, value(&mut it, flag)?)?,
             "--worker-outage" => {
                 options.worker_outage = Some(seconds(flag, value(&mut it, flag)?)?);
             }
@@ -341,6 +349,25 @@ fn check(o: &Options) -> anyhow::Result<()> {
         if o.failover.is_some() || o.pg_cluster.is_some() {
             bail!(
                 "--citus-workers restarts the first worker: leave out --failover and --pg-cluster"
+            );
+        }
+    }
+    if o.shard_moves > 0 {
+        if o.citus_workers.len() < 2 {
+            bail!("--shard-moves moves shards of the first of two or more --citus-workers");
+        }
+        if o.worker_outage.is_some() {
+            bail!("--shard-moves and --worker-outage each need the run to themselves");
+        }
+        let needed = (super::fault::worker::QUIET_BEFORE
+            + Duration::from_secs(10 + 2 * u64::from(o.shard_moves)))
+            * 3
+            / 2;
+        if o.duration < needed {
+            bail!(
+                "--shard-moves {} needs --duration of at least {} s",
+                o.shard_moves,
+                needed.as_secs()
             );
         }
     }
@@ -471,6 +498,7 @@ mod tests {
                 refuse_stops: false,
                 citus_workers: Vec::new(),
                 worker_outage: None,
+                shard_moves: 0,
             }
         );
         assert!(options.forwarded());

@@ -78,7 +78,10 @@ impl WorkerOutage {
 
 /// The groups whose shards are on the worker listening on `port`, from the coordinator's
 /// metadata (which answers while the worker is down).
-async fn groups_on(pool: &sqlx::PgPool, port: u16) -> anyhow::Result<BTreeSet<i16>> {
+pub(in crate::chaos) async fn groups_on(
+    pool: &sqlx::PgPool,
+    port: u16,
+) -> anyhow::Result<BTreeSet<i16>> {
     let groups: Vec<i16> = sqlx::query_scalar(
         "SELECT g::smallint FROM cm_settings, generate_series(0, group_count - 1) AS g
          WHERE EXISTS (

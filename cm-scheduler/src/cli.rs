@@ -13,6 +13,7 @@ macro_rules! say {
 
 mod completions;
 mod database;
+mod health;
 mod import;
 mod listing;
 mod out;
@@ -112,6 +113,9 @@ enum Command {
     },
     /// Shows the message outbox: what consumers have not acknowledged yet.
     Outbox(outbox::OutboxArgs),
+    /// Asks a running scheduler's /readyz (for a container's HEALTHCHECK): exits 0 when it is
+    /// ready, 1 with the reason otherwise.
+    Health(health::HealthArgs),
     /// The names of routines starting with a prefix, one a line, for the completion scripts.
     #[command(name = "__complete-routine", hide = true)]
     CompleteRoutine {
@@ -159,7 +163,7 @@ struct RunArgs {
     #[arg(long, default_value_t = SchedulerConfig::DEFAULT_MISSION_LAUNCHES_PER_SECOND)]
     max_mission_launches_per_second: u32,
     /// Serve the status page, /metrics, /livez and /readyz on this address.
-    #[arg(long)]
+    #[arg(long, env = "CM_LISTEN")]
     listen: Option<std::net::SocketAddr>,
     /// A name (or address) the status page is served at, as `NAME` (any port) or `NAME:PORT`;
     /// repeatable. The page and its actions answer only requests sent to the listen address,
@@ -473,6 +477,9 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
             };
             fires(url, page).await
         }
+        Command::Health(args) => health::check(args)
+            .await
+            .map_err(|reason| Failure::Other(anyhow::anyhow!(reason))),
         Command::Completions { shell } => {
             out::bytes(&completions::script(shell, &mut command()));
             Ok(())

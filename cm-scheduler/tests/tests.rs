@@ -8,6 +8,8 @@
 //! - `http`: the endpoints and the status page through the router, against a real database.
 //! - `operate`: a running scheduler's health while its database comes and goes, and the
 //!   status page in headless Chromium (its actions clicked, a cross-site form refused).
+//! - `health_probe`: `cm-scheduler health` (the image's HEALTHCHECK) against ready and unready
+//!   schedulers and an address nothing listens on.
 //! - `autopause`: a failing routine pauses itself through the real loop.
 //! - `abandon`: an occurrence abandoned after unsettled attempts keeps the last one's error.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
@@ -73,6 +75,8 @@ mod database_file;
 mod drain;
 #[path = "scheduler/exactly_once.rs"]
 mod exactly_once;
+#[path = "scheduler/health_probe.rs"]
+mod health_probe;
 #[path = "scheduler/http.rs"]
 mod http;
 #[path = "scheduler/inputs.rs"]

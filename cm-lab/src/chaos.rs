@@ -437,6 +437,14 @@ fn exercise(
             length,
         )));
     }
+    if let Backend::Webhook(webhook) = &backend {
+        faults.push(Box::new(fault::held::HeldKill::new(
+            webhook.held_answers(),
+            webhook.port(),
+            start,
+            options.duration,
+        )));
+    }
     if let (Backend::Webhook(webhook), Some(length)) = (&backend, options.receiver_outage) {
         faults.push(Box::new(fault::outage::ReceiverOutage::new(
             webhook.outage_switch(),

@@ -21,6 +21,7 @@ pub(super) mod broker;
 pub(super) mod dockerd;
 pub(super) mod failover;
 pub(super) mod hang;
+pub(super) mod held;
 pub(super) mod kill;
 pub(super) mod moves;
 pub(super) mod outage;

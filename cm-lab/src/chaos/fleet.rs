@@ -140,6 +140,19 @@ impl Fleet {
         })
     }
 
+    /// The slot whose process holds the socket `inode` (as `/proc/PID/fd` names it), if any.
+    pub fn slot_holding_socket(&self, inode: u64) -> Option<usize> {
+        let target = format!("socket:[{inode}]");
+        self.slots.iter().position(|s| {
+            let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", s.child.id())) else {
+                return false;
+            };
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target.as_str())
+            })
+        })
+    }
+
     /// Kills slot `slot` with SIGKILL and starts it again; returns the old and new instance ids.
     pub fn kill_and_restart(
         &mut self,

@@ -30,12 +30,12 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -297,6 +297,26 @@ struct Shared {
     log: Mutex<Log>,
     /// While set, every request is answered 503.
     outage: AtomicBool,
+    /// The answers being held back now: the sender's port on 127.0.0.1 and when the answer
+    /// goes out.
+    held: Mutex<Vec<(u16, Instant)>>,
+}
+
+/// Tells which sender the receiver is holding an answer back from, so a fault can kill the
+/// scheduler whose delivery is in flight ([`crate::chaos::fault::held`]).
+#[derive(Clone)]
+pub(in crate::chaos) struct HeldAnswers(Arc<Shared>);
+
+impl HeldAnswers {
+    /// The local port (on 127.0.0.1) of a sender whose answer is held for at least `left`
+    /// more, if any is.
+    pub fn sender_port(&self, left: Duration) -> Option<u16> {
+        let now = Instant::now();
+        let held = self.0.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.iter()
+            .find(|(_, until)| until.saturating_duration_since(now) >= left)
+            .map(|(port, _)| *port)
+    }
 }
 
 /// Turns the receiver's outage on and off.
@@ -312,6 +332,7 @@ impl OutageSwitch {
 /// The receiver, serving on a runtime of its own until dropped.
 pub(super) struct Receiver {
     url: String,
+    addr: SocketAddr,
     shared: Arc<Shared>,
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -330,6 +351,7 @@ impl Receiver {
             seed,
             log: Mutex::new(Log::default()),
             outage: AtomicBool::new(false),
+            held: Mutex::new(Vec::new()),
         });
         let listener =
             std::net::TcpListener::bind("127.0.0.1:0").context("binding the webhook receiver")?;
@@ -339,6 +361,7 @@ impl Receiver {
         runtime.spawn(async move {
             match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => {
+                    let app = app.into_make_service_with_connect_info::<SocketAddr>();
                     if let Err(e) = axum::serve(listener, app).await {
                         eprintln!("chaos: the webhook receiver stopped: {e}");
                     }
@@ -348,6 +371,7 @@ impl Receiver {
         });
         Ok(Receiver {
             url: format!("http://{addr}/chaos"),
+            addr,
             shared,
             runtime: Some(runtime),
         })
@@ -361,6 +385,16 @@ impl Receiver {
     /// The switch of its outage.
     pub fn outage_switch(&self) -> OutageSwitch {
         OutageSwitch(self.shared.clone())
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Who it is holding answers back from.
+    pub fn held_answers(&self) -> HeldAnswers {
+        HeldAnswers(self.shared.clone())
     }
 
     /// Every request so far, in the order the receiver took them.
@@ -387,7 +421,12 @@ fn lock(log: &Mutex<Log>) -> std::sync::MutexGuard<'_, Log> {
     log.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn receive(
+    State(shared): State<Arc<Shared>>,
+    ConnectInfo(sender): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let received_at = Utc::now();
     let header = |name: &str| {
         headers
@@ -452,6 +491,12 @@ async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: By
         decided
     };
     if !delay.is_zero() {
+        let until = Instant::now() + delay;
+        {
+            let mut held = shared.held.lock().unwrap_or_else(|e| e.into_inner());
+            held.retain(|(_, u)| *u > Instant::now());
+            held.push((sender.port(), until));
+        }
         tokio::time::sleep(delay).await;
     }
     (answer.status(), format!("{answer:?}")).into_response()
@@ -831,6 +876,15 @@ impl WebhookBackend {
 
     pub fn outage_switch(&self) -> OutageSwitch {
         self.receiver.outage_switch()
+    }
+
+    pub fn held_answers(&self) -> HeldAnswers {
+        self.receiver.held_answers()
+    }
+
+    /// The receiver's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.receiver.port()
     }
 
     /// Writes the receiver's record to `dir/webhook/deliveries.tsv` and checks it.

@@ -263,7 +263,8 @@ async fn holds_groups(db: &TestDb, holder: &str, log: impl Fn() -> String) -> Ve
 }
 
 /// Takeover, with the default `--group-lease` of 15 s: the groups of a scheduler stopped with
-/// SIGTERM are claimed in by the other within a rebalance (a third of the lease) and a tick;
+/// SIGTERM are claimed in by the other within a rebalance (a third of the lease, 5 s) and a tick,
+/// allowed 10 s on a loaded machine;
 /// those of one killed with SIGKILL, once its leases run out: within the lease, a tick and one
 /// pass of claims through the groups, under 20 s, well inside the default misfire grace of
 /// 60 s.
@@ -303,7 +304,7 @@ async fn a_stopped_schedulers_groups_are_taken_over(db: &TestDb, args: &[&str]) 
         a_groups.len()
     );
     assert!(
-        after_stop < Duration::from_secs(7),
+        after_stop < Duration::from_secs(10),
         "b took {after_stop:?} to fire in the groups of a stopped scheduler; its log:\n{}",
         b.log()
     );

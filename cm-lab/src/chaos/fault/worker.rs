@@ -149,6 +149,9 @@ impl Fault for WorkerOutage {
                 self.cluster.ctl("stop", &[])?;
                 self.stopped = Some((now, groups));
                 self.at = Instant::now() + self.length;
+                // Stopping a worker can take seconds on a busy machine: the kills stay off
+                // until it is back, whenever that is.
+                chaos.quiet_until = chaos.quiet_until.max(self.at + Duration::from_secs(2));
                 self.phase = Phase::Start;
             }
             Phase::Start => {

@@ -11,26 +11,26 @@ use crate::cli::{BIN, NOWHERE, ok};
 use crate::support::TestDb;
 
 /// A socket the test listens on, in a directory of its own, removed at the end.
-struct Supervisor {
-    dir: PathBuf,
+pub(crate) struct Supervisor {
+    pub(crate) dir: PathBuf,
     socket: UnixDatagram,
 }
 
 /// One datagram, and when it came.
 #[derive(Debug, Clone)]
-struct Heard {
-    at: Instant,
-    text: String,
+pub(crate) struct Heard {
+    pub(crate) at: Instant,
+    pub(crate) text: String,
 }
 
 impl Heard {
-    fn says(&self, assignment: &str) -> bool {
+    pub(crate) fn says(&self, assignment: &str) -> bool {
         self.text.lines().any(|line| line == assignment)
     }
 }
 
 impl Supervisor {
-    fn new() -> Supervisor {
+    pub(crate) fn new() -> Supervisor {
         let dir = std::env::temp_dir().join(format!("cm-notify-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         let socket = UnixDatagram::bind(dir.join("notify")).unwrap();
@@ -57,12 +57,12 @@ impl Supervisor {
             .expect("starting cm-scheduler run")
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
     }
 
     /// Every datagram that arrives within `within`, until one `until` accepts (included).
-    fn listen(&self, within: Duration, until: impl Fn(&Heard) -> bool) -> Vec<Heard> {
+    pub(crate) fn listen(&self, within: Duration, until: impl Fn(&Heard) -> bool) -> Vec<Heard> {
         let deadline = Instant::now() + within;
         let mut heard = Vec::new();
         let mut buf = [0u8; 4096];
@@ -89,7 +89,7 @@ impl Drop for Supervisor {
     }
 }
 
-fn terminate(child: &Child) {
+pub(crate) fn terminate(child: &Child) {
     let sent = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -98,7 +98,7 @@ fn terminate(child: &Child) {
 }
 
 /// The exit status, waiting at most `patience`.
-fn wait_exit(child: &mut Child, patience: Duration) -> Option<std::process::ExitStatus> {
+pub(crate) fn wait_exit(child: &mut Child, patience: Duration) -> Option<std::process::ExitStatus> {
     let deadline = Instant::now() + patience;
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait().unwrap() {

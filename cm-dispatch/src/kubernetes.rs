@@ -60,7 +60,8 @@ pub const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
 /// Every permission the backend uses in its namespace, as (verb, API group, resource,
 /// subresource): Jobs created, read and deleted (a launch, the watch, overlap `replace`), and the
 /// Job's pods listed and their logs read (what a run printed). The start-up check asks the API
-/// server about each (SelfSubjectAccessReview); `deploy/` and the README list the same.
+/// server about each (SelfSubjectAccessReview). `deploy/kubernetes/role.yaml` grants exactly
+/// these, which a test checks against this list and against the calls the backend makes.
 pub const REQUIRED_PERMISSIONS: &[(&str, &str, &str, Option<&str>)] = &[
     ("create", "batch", "jobs", None),
     ("get", "batch", "jobs", None),

@@ -955,6 +955,25 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         args.claim_per_group,
         args.group_lease,
     );
+    // A supervisor listening on NOTIFY_SOCKET (systemd, Type=notify) hears READY=1 after the
+    // first good tick, WATCHDOG=1 from the tick loop, and STOPPING=1.
+    let notifier = match cm_scheduler::notify::Notifier::from_env() {
+        Ok(notifier) => notifier,
+        Err(e) => {
+            tracing::warn!(error = %e, "not notifying the supervisor");
+            None
+        }
+    };
+    if let Some(notifier) = &notifier {
+        tracing::info!(watchdog = ?notifier.watchdog(), "notifying the supervisor (NOTIFY_SOCKET)");
+        notifier.status("waiting for the database");
+        scheduler = scheduler.with_notifier(notifier.clone());
+    }
+    let stopping_early = || {
+        if let Some(notifier) = &notifier {
+            notifier.stopping();
+        }
+    };
     if let Some(runtime) = &runtime {
         scheduler = scheduler
             .with_secrets(secrets::registered())
@@ -1026,14 +1045,19 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         prepared = prepare_database(url, &setup, !args.no_migrate, &waiting) => prepared?,
         () = shutdown(stopped.clone()) => {
             tracing::info!("stopped before the database answered");
+            stopping_early();
             return Ok(());
         }
     }
     if let Some(runtime) = &runtime {
+        if let Some(notifier) = &notifier {
+            notifier.status("waiting for the mission runtime");
+        }
         tokio::select! {
             () = wait_for_runtime(runtime.as_ref(), &waiting) => {}
             () = shutdown(stopped.clone()) => {
                 tracing::info!("stopped before the mission runtime answered");
+            stopping_early();
                 return Ok(());
             }
         }

@@ -218,6 +218,8 @@ pub struct Scheduler {
     /// What the last tick claimed: when that is more than the cap, the next tick's first claim
     /// takes twice as many, up to [`DRAIN_BATCH_LIMIT`] (see [`Scheduler::drain`]).
     first_batch: AtomicUsize,
+    /// The supervisor told of readiness, the loop's liveness and the shutdown, if one listens.
+    notifier: Option<crate::notify::Notifier>,
 }
 
 /// The launch rate's gate. A launch counts from when it passes the gate until a second after its
@@ -446,7 +448,16 @@ impl Scheduler {
             outages: GroupOutages::default(),
             owed_per_routine: AtomicUsize::new(1),
             first_batch: AtomicUsize::new(0),
+            notifier: None,
         })
+    }
+
+    /// The same scheduler telling a supervisor (systemd's notify socket) that it is ready after
+    /// its first good tick, that its tick loop still turns, and that it is stopping; see
+    /// [`crate::notify`].
+    pub fn with_notifier(mut self, notifier: crate::notify::Notifier) -> Self {
+        self.notifier = Some(notifier);
+        self
     }
 
     /// The same scheduler writing settles the given way (batched by default).
@@ -1282,6 +1293,9 @@ impl Scheduler {
             "scheduler running");
         let signal = async {
             shutdown.await;
+            if let Some(notifier) = &self.notifier {
+                notifier.stopping();
+            }
             let _ = stop.send(true);
         };
         tokio::join!(
@@ -1327,10 +1341,20 @@ impl Scheduler {
         // Missions held back by the launch rate are claimed as soon as it has room again, not a
         // whole interval later.
         let mut wake: Option<Instant> = None;
+        // The supervisor's watchdog is pinged from this loop only, between ticks: a tick that
+        // never ends stops the pings, and the supervisor restarts the process.
+        let notifier = self.notifier.as_ref();
+        let ping_every = notifier.and_then(crate::notify::Notifier::ping_every);
         loop {
             let early = async {
                 match wake {
                     Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let idle_ping = async {
+                match ping_every {
+                    Some(every) => tokio::time::sleep(every).await,
                     None => std::future::pending().await,
                 }
             };
@@ -1339,6 +1363,12 @@ impl Scheduler {
                 _ = stopped.wait_for(|stop| *stop) => break,
                 _ = interval.tick() => {}
                 _ = early => {}
+                _ = idle_ping => {
+                    if let Some(notifier) = notifier {
+                        notifier.ping();
+                    }
+                    continue;
+                }
             }
             // A claim is not cancelled by shutdown: it is one short transaction, and what it
             // claims is dispatched and settled before the run returns; a drain stops between
@@ -1353,8 +1383,12 @@ impl Scheduler {
                 }
                 _ => None,
             };
-            if self.record(result, "tick") {
+            let succeeded = self.record(result, "tick");
+            if succeeded {
                 self.stats.tick_succeeded();
+            }
+            if let Some(notifier) = notifier {
+                notifier.tick_ended(succeeded);
             }
             let took = began.elapsed();
             if took > self.config.tick_interval {

@@ -32,6 +32,7 @@ pub mod groups;
 pub mod health;
 pub mod hosts;
 pub mod http;
+pub mod notify;
 mod outages;
 pub mod runs;
 pub mod state;

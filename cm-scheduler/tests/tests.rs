@@ -40,6 +40,12 @@
 //! - `operator_files`: an import's mission paths kept inside its root, only regular files read
 //!   (a FIFO refused at once), and `--overlap` refused on a message routine by every command.
 //! - `page_host`: the status page answers only its own names (a DNS-rebound request refused).
+//! - `notify`: the systemd notify protocol, the test listening on the socket: `READY=1` after
+//!   the first good tick, `WATCHDOG=1` from the tick loop, `STOPPING=1` on SIGTERM; never ready
+//!   without a database.
+//! - `deploy`: `deploy/`'s files run as written: the systemd unit's command line notifying the
+//!   test's socket, the Deployment's container against the fake API server granting only the
+//!   Role, probed as the kubelet probes; the unit through `systemd-analyze verify`.
 //! - `shells`: the completion scripts in real bash, zsh and fish, TAB pressed in a tmux pane.
 //! - `support`: the database server and clean-up the whole-process tests share.
 //! - `browser`: headless Chromium driven over the DevTools protocol (open, evaluate, click).
@@ -70,6 +76,8 @@ mod completer;
 mod crash;
 #[path = "scheduler/database_file.rs"]
 mod database_file;
+#[path = "scheduler/deploy.rs"]
+mod deploy;
 // A full claim is followed at once; missions launched at no more than the launch rate.
 #[path = "scheduler/drain.rs"]
 mod drain;
@@ -89,6 +97,8 @@ mod missions_operate;
 mod missions_real;
 #[path = "scheduler/mock_loop.rs"]
 mod mock_loop;
+#[path = "scheduler/notify.rs"]
+mod notify;
 #[path = "scheduler/operate.rs"]
 mod operate;
 #[path = "scheduler/operator.rs"]

@@ -42,6 +42,10 @@ pub(crate) const SERVICES: &[Service] = &[
         present: || set("CM_TEST_KUBERNETES_VALIDATE") || on_path("kubernetes-validate"),
     },
     Service {
+        needs: "needs systemd-analyze",
+        present: || on_path("systemd-analyze"),
+    },
+    Service {
         needs: "needs tmux",
         present: || on_path("tmux"),
     },

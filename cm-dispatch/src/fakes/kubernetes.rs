@@ -26,8 +26,12 @@
 //! [`FakeKubernetes::fault_next_create`], end a Job with [`FakeKubernetes::set_job_status`],
 //! and read what happened with [`FakeKubernetes::calls`] and [`FakeKubernetes::jobs`].
 //!
+//! `GET /apis/batch/v1/namespaces/{ns}/jobs` lists the Jobs' metadata (the readiness check's
+//! call). [`FakeKubernetes::permissions_asked`] says which permission (`verb resource`) each
+//! request needed, so a test can hold a Role to what the backend calls.
+//!
 //! What it does not do: run the Jobs (no controller makes pods, `status` stays what the test
-//! sets), watch, list or patch Jobs, or expire them after `ttlSecondsAfterFinished`.
+//! sets), watch or patch Jobs, or expire them after `ttlSecondsAfterFinished`.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -109,6 +113,8 @@ struct State {
     resource_version: u64,
     /// What the token may do, as `verb resource` (`delete jobs`, `get pods/log`); `None`: all.
     granted: Option<BTreeSet<String>>,
+    /// The permission each authenticated request needed, as `verb resource`, granted or not.
+    asked: BTreeSet<String>,
 }
 
 /// The fake API server; it stops when dropped.
@@ -265,6 +271,13 @@ impl FakeKubernetes {
         name
     }
 
+    /// The permission every authenticated request so far needed, as `verb resource` (`create
+    /// jobs`, `get pods/log`, `create selfsubjectaccessreviews`), whether it was granted or not:
+    /// what a Role for the backend must consider.
+    pub fn permissions_asked(&self) -> BTreeSet<String> {
+        lock(&self.state).asked.clone()
+    }
+
     /// Every call received, in order.
     pub fn calls(&self) -> Vec<Call> {
         lock(&self.state).calls.clone()
@@ -343,7 +356,26 @@ impl Handler for ApiServer {
 
 fn route(state: &mut State, request: &FakeRequest) -> Option<Answer> {
     let segments: Vec<&str> = request.path.trim_matches('/').split('/').collect();
-    if let Some((verb, resource, ns)) = permission_of(request.method.as_str(), &segments)
+    if let (
+        "POST",
+        [
+            "apis",
+            "authorization.k8s.io",
+            "v1",
+            "selfsubjectaccessreviews",
+        ],
+    ) = (request.method.as_str(), segments.as_slice())
+    {
+        // Every authenticated identity may review itself (the built-in system:basic-user).
+        state
+            .asked
+            .insert("create selfsubjectaccessreviews".to_owned());
+    }
+    let permission = permission_of(request.method.as_str(), &segments);
+    if let Some((verb, resource, _)) = &permission {
+        state.asked.insert(format!("{verb} {resource}"));
+    }
+    if let Some((verb, resource, ns)) = permission
         && !allowed(state, verb, &resource)
     {
         return status(
@@ -387,6 +419,7 @@ fn route(state: &mut State, request: &FakeRequest) -> Option<Answer> {
             }
         }
         ("POST", ["apis", "batch", "v1", "namespaces", ns, "jobs"]) => create(state, ns, request),
+        ("GET", ["apis", "batch", "v1", "namespaces", ns, "jobs"]) => list_jobs(state, ns),
         ("GET", ["api", "v1", "namespaces", ns, "pods"]) => list_pods(state, ns, request),
         ("GET", ["api", "v1", "namespaces", ns, "pods", pod, "log"]) => {
             pod_log(state, ns, pod, request)
@@ -422,13 +455,41 @@ fn permission_of<'a>(
 ) -> Option<(&'static str, String, &'a str)> {
     let (verb, resource, ns) = match (method, segments) {
         ("POST", ["apis", "batch", "v1", "namespaces", ns, "jobs"]) => ("create", "jobs", *ns),
-        ("GET", ["apis", "batch", "v1", "namespaces", ns, "jobs", ..]) => ("get", "jobs", *ns),
+        ("GET", ["apis", "batch", "v1", "namespaces", ns, "jobs"]) => ("list", "jobs", *ns),
+        ("GET", ["apis", "batch", "v1", "namespaces", ns, "jobs", _]) => ("get", "jobs", *ns),
         ("DELETE", ["apis", "batch", "v1", "namespaces", ns, "jobs", _]) => ("delete", "jobs", *ns),
         ("GET", ["api", "v1", "namespaces", ns, "pods"]) => ("list", "pods", *ns),
         ("GET", ["api", "v1", "namespaces", ns, "pods", _, "log"]) => ("get", "pods/log", *ns),
         _ => return None,
     };
     Some((verb, resource.to_owned(), ns))
+}
+
+/// The Jobs of `namespace` as a `PartialObjectMetadataList`: the metadata-only list the
+/// backend's readiness check asks for (it reads no more than that an answer came).
+fn list_jobs(state: &State, namespace: &str) -> Option<Answer> {
+    let items: Vec<Value> = state
+        .jobs
+        .iter()
+        .filter(|j| j.namespace == namespace)
+        .map(|j| {
+            json!({
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "PartialObjectMetadata",
+                "metadata": j.object["metadata"],
+            })
+        })
+        .collect();
+    Some((
+        200,
+        json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadataList",
+            "metadata": { "resourceVersion": state.resource_version.to_string() },
+            "items": items,
+        })
+        .to_string(),
+    ))
 }
 
 /// Whether the token may `verb` the `resource`.

@@ -695,3 +695,209 @@ async fn the_job_passes_the_official_batch_v1_schema() {
     let _ = std::fs::remove_file(&file);
     assert!(!out.status.success(), "a misspelt field passed the schema");
 }
+
+/// The repository's `deploy/kubernetes/`, the manifests an operator applies.
+fn deploy_dir() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace")
+        .join("deploy/kubernetes")
+}
+
+/// The object in `deploy/kubernetes/NAME`.
+fn manifest(name: &str) -> Value {
+    let path = deploy_dir().join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+}
+
+/// A permission as the fake and `grant_only` name it: `verb resource[/subresource]`.
+fn permission(verb: &str, resource: &str, subresource: Option<&str>) -> String {
+    match subresource {
+        Some(sub) => format!("{verb} {resource}/{sub}"),
+        None => format!("{verb} {resource}"),
+    }
+}
+
+#[tokio::test]
+async fn the_role_grants_exactly_what_the_backend_calls() {
+    use std::collections::BTreeSet;
+
+    use cm_dispatch::kubernetes::REQUIRED_PERMISSIONS;
+
+    // deploy/kubernetes/role.yaml, rule by rule, against the backend's own list.
+    let role = manifest("role.yaml");
+    assert_eq!(role["kind"], "Role");
+    let mut granted = BTreeSet::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        let names = |key: &str| -> Vec<String> {
+            rule[key]
+                .as_array()
+                .unwrap_or_else(|| panic!("{key} in {rule}"))
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect()
+        };
+        for group in names("apiGroups") {
+            for resource in names("resources") {
+                for verb in names("verbs") {
+                    let (resource, sub) = match resource.split_once('/') {
+                        Some((r, s)) => (r.to_owned(), Some(s.to_owned())),
+                        None => (resource.clone(), None),
+                    };
+                    granted.insert((verb, group.clone(), resource, sub));
+                }
+            }
+        }
+    }
+    let required: BTreeSet<(String, String, String, Option<String>)> = REQUIRED_PERMISSIONS
+        .iter()
+        .map(|(verb, group, resource, sub)| {
+            (
+                (*verb).to_owned(),
+                (*group).to_owned(),
+                (*resource).to_owned(),
+                sub.map(str::to_owned),
+            )
+        })
+        .collect();
+    assert_eq!(granted, required, "role.yaml and REQUIRED_PERMISSIONS");
+    let role_grants: Vec<String> = REQUIRED_PERMISSIONS
+        .iter()
+        .map(|(verb, _, resource, sub)| permission(verb, resource, *sub))
+        .collect();
+    let role_grants: Vec<&str> = role_grants.iter().map(String::as_str).collect();
+
+    // The backend with the mission config of deploy/kubernetes/configmap.yaml, against a fake
+    // API server that grants the token the Role's rules and nothing else, through everything
+    // it does: the readiness check, the start-up permission check, a launch, a retry of it, the
+    // watch, the report of an ended run (its pod's log) and a stop.
+    let configmap = manifest("configmap.yaml");
+    let config = MissionConfig::from_json(configmap["data"]["missions.json"].as_str().unwrap())
+        .expect("the ConfigMap's mission config");
+    let namespace = config.kubernetes.namespace.clone();
+    assert_eq!(role["metadata"]["namespace"], namespace.as_str());
+    let fake = FakeKubernetes::start(&[&namespace], TOKEN);
+    fake.grant_only(Some(&role_grants));
+    let kube = backend(&fake, config).await;
+    kube.ready().await.expect("ready");
+    assert_eq!(
+        kube.missing_permissions().await.unwrap(),
+        Vec::<String>::new()
+    );
+    let d = dispatch(mission(), 1, Duration::from_secs(10));
+    assert!(!kube.dispatch(&d).await.unwrap().duplicate);
+    assert!(kube.dispatch(&d).await.unwrap().duplicate);
+    let job = d.idempotency_key.to_string();
+    let run = RunRef { name: job.clone() };
+    let deadline = || Instant::now() + Duration::from_secs(5);
+    assert_eq!(
+        kube.observe(&run, deadline()).await.unwrap(),
+        cm_domain::RunState::Running
+    );
+    fake.add_pod(&namespace, &job, "done\n");
+    assert!(fake.set_job_status(
+        &namespace,
+        &job,
+        json!({ "startTime": "2026-03-29T01:00:01Z", "completionTime": "2026-03-29T01:00:09Z",
+                "succeeded": 1, "conditions": [{ "type": "Complete", "status": "True" }] }),
+    ));
+    assert_eq!(
+        kube.observe(&run, deadline()).await.unwrap(),
+        cm_domain::RunState::Succeeded
+    );
+    let report = kube.report(&run, deadline()).await.unwrap();
+    assert_eq!(report.output.as_deref(), Some("done\n"));
+    kube.stop(&run, deadline()).await.unwrap();
+    assert_eq!(fake.job(&namespace, &job), None, "stopped");
+
+    // What it asked for is the Role, and two calls no Role grants: the reviews (every identity
+    // may review itself) and the readiness check's list of Jobs, refused here and still read
+    // as "the API server answers".
+    let asked = fake.permissions_asked();
+    let beyond: BTreeSet<&str> = asked
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !role_grants.contains(p))
+        .collect();
+    assert_eq!(
+        beyond,
+        BTreeSet::from(["create selfsubjectaccessreviews", "list jobs"]),
+        "{asked:?}"
+    );
+    assert_eq!(
+        asked.len(),
+        role_grants.len() + beyond.len(),
+        "every rule of the Role was used: {asked:?}"
+    );
+    let listed: Vec<u16> = fake
+        .calls()
+        .iter()
+        .filter(|c| c.method == "GET" && c.path.ends_with("/jobs"))
+        .map(|c| c.status)
+        .collect();
+    assert_eq!(listed, [403], "the readiness check's list");
+
+    // And nothing in it is spare: without any one rule, `run` would refuse to start, naming it.
+    for left_out in &role_grants {
+        let others: Vec<&str> = role_grants
+            .iter()
+            .copied()
+            .filter(|p| p != left_out)
+            .collect();
+        fake.grant_only(Some(&others));
+        assert_eq!(
+            kube.missing_permissions().await.unwrap(),
+            [*left_out],
+            "without {left_out}"
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs kubernetes-validate: pip install kubernetes-validate (in a virtualenv), and set CM_TEST_KUBERNETES_VALIDATE to it"]
+async fn the_deploy_manifests_pass_the_official_schemas() {
+    let validator = kubernetes_validate();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 6, "{files:?}");
+    // From the oldest Kubernetes still common to the newest the validator knows.
+    for version in ["1.25.0", "1.33.0", "1.37.0"] {
+        let out = std::process::Command::new(&validator)
+            .args(["--strict", "-k", version])
+            .args(&files)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{version}: {said}");
+        for file in &files {
+            let name = file.file_name().unwrap().to_string_lossy();
+            assert!(
+                said.lines()
+                    .any(|l| l.contains(&*name) && l.contains("passed")),
+                "{version}: {name} not said to pass: {said}"
+            );
+        }
+    }
+    // The strict schema is no rubber stamp: a misspelt field of the Deployment fails it.
+    let text = std::fs::read_to_string(deploy_dir().join("deployment.yaml")).unwrap();
+    let misspelt = text.replace("readOnlyRootFilesystem", "readOnlyRootFileSystem");
+    assert_ne!(misspelt, text);
+    let file = std::env::temp_dir().join(format!("cm-deployment-{}.yaml", Uuid::new_v4().simple()));
+    std::fs::write(&file, misspelt).unwrap();
+    let out = std::process::Command::new(&validator)
+        .args(["--strict", "-k", "1.33.0"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(!out.status.success(), "a misspelt field passed the schema");
+}

@@ -1,8 +1,8 @@
 //! Multi-host URLs against the test server: a host that refuses connections is skipped, a
 //! read-only one is refused with its reason, and a host that turns read-only under a running
 //! store is reported (with statements failing) until it is writable again. The move to another
-//! server is tested on a real pg_auto_failover formation by `cargo xtask chaos
-//! --auto-failover` (see `.ci/run`).
+//! server is tested on a real pg_auto_failover formation (`.ci/pg-auto-failover`): here on one
+//! store, and under schedulers by `cargo xtask chaos --auto-failover` (see `.ci/run`).
 
 use std::time::{Duration, Instant};
 
@@ -145,4 +145,78 @@ async fn a_plain_url_has_no_follower(pool: PgPool) {
     let store = PgStore::connect(&url).await.unwrap();
     assert_eq!(store.failover_problem(), None);
     assert!(format!("{store:?}").contains("follow: None"));
+}
+
+/// `pg_autoctl perform failover` on the formation whose monitor is `monitor`, as the user
+/// postgres when run as root (pg_autoctl refuses root); returns once the failover is done.
+fn perform_failover(monitor: &str) {
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .is_some_and(|l| l.split_whitespace().nth(1) == Some("0"))
+    });
+    let mut c = if root {
+        let mut c = std::process::Command::new("runuser");
+        c.args([
+            "-u",
+            "postgres",
+            "--",
+            "env",
+            "HOME=/var/lib/postgresql",
+            "pg_autoctl",
+        ]);
+        c
+    } else {
+        std::process::Command::new("pg_autoctl")
+    };
+    let out = c
+        .args(["perform", "failover", "--monitor", monitor, "--wait", "60"])
+        .output()
+        .expect("running pg_autoctl");
+    assert!(
+        out.status.success(),
+        "pg_autoctl perform failover: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs pg_auto_failover: export CM_TEST_AUTO_FAILOVER_URL=\"$(.ci/pg-auto-failover)\" CM_TEST_AUTO_FAILOVER_MONITOR=\"$(.ci/pg-auto-failover --monitor)\""]
+async fn a_store_follows_the_primary_pg_auto_failover_moves() {
+    let url = std::env::var("CM_TEST_AUTO_FAILOVER_URL").unwrap();
+    let monitor = std::env::var("CM_TEST_AUTO_FAILOVER_MONITOR").unwrap();
+    let store = PgStore::connect(&url).await.unwrap();
+    let port = |store: PgStore| async move {
+        // A write: only a primary takes it.
+        sqlx::query_scalar::<_, i32>("SELECT inet_server_port() FROM (SELECT txid_current()) t")
+            .fetch_one(store.pool())
+            .await
+    };
+    let before = port(store.clone()).await.unwrap();
+
+    let failover = tokio::task::spawn_blocking(move || perform_failover(&monitor));
+    let started = Instant::now();
+    let mut reported = None;
+    let after = loop {
+        if let Some(reason) = store.failover_problem() {
+            reported.get_or_insert(reason);
+        }
+        if let Ok(Ok(now)) =
+            tokio::time::timeout(Duration::from_millis(500), port(store.clone())).await
+            && now != before
+        {
+            break now;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the store never wrote to another primary"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    failover.await.unwrap();
+    assert_ne!(after, before);
+    // Between the demotion and the promotion no host qualified, and the store said why.
+    let reason = reported.expect("no failover problem was reported during the switch");
+    assert!(reason.contains("no host is usable"), "{reason}");
+    assert_eq!(store.failover_problem(), None);
 }

@@ -58,6 +58,15 @@ use postgres::Cluster;
 use report::{DRAIN_TIMEOUT, Report};
 use rng::Rng;
 
+/// Removes a file when dropped.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// What puts the machine back after a run (a failover's clusters), run whatever happened.
 type Restore = Box<dyn FnOnce() -> anyhow::Result<()>>;
 
@@ -67,7 +76,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos() as u64;
-    let options = match parse_args(args, default_seed) {
+    let mut options = match parse_args(args, default_seed) {
         Ok(Some(options)) => options,
         Ok(None) => {
             println!("{USAGE}");
@@ -82,6 +91,14 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let command = options.command();
+    // On a pg_auto_failover formation the run's own connections go to the primary of the
+    // moment; the schedulers get the formation's multi-host URL.
+    if options.auto_failover.is_some() {
+        let nodes = fault::autofailover::node_urls(&options.server_url)?;
+        let primary = fault::autofailover::current_primary(&rt, &nodes)?;
+        options.formation_url = Some(std::mem::replace(&mut options.server_url, primary));
+    }
     let workers = citus::workers(&options.citus_workers)?;
     let cluster = if let (Some(first), true) = (workers.first(), options.db_restarts > 0) {
         // On Citus a restart takes down a worker: the coordinator stays up.
@@ -116,7 +133,13 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         c.args(["build", "--quiet", "--package", "cm-scheduler"]);
         c
     })?;
-    let binary = crate::target_dir().join("debug/cm-scheduler");
+    // A copy of its own, so every scheduler of the run (restarts included) is the build just
+    // made, even when another checkout builds into the same target directory meanwhile.
+    let built = crate::target_dir().join("debug/cm-scheduler");
+    let binary = std::env::temp_dir().join(format!("cm-chaos-scheduler-{}", std::process::id()));
+    std::fs::copy(&built, &binary)
+        .with_context(|| format!("copying {} to {}", built.display(), binary.display()))?;
+    let _remove_binary = RemoveOnDrop(binary.clone());
 
     // The name is random on its own rather than derived from the seed, so two runs with one
     // seed (one of them kept) never meet in one database.
@@ -178,7 +201,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 
     let head = [
         ("seed".to_string(), options.seed.to_string()),
-        ("command".to_string(), options.command()),
+        ("command".to_string(), command),
         (
             "database".to_string(),
             format!("{db_name} ({})", if keep { "kept" } else { "dropped" }),
@@ -324,9 +347,10 @@ fn exercise(
     } else {
         None
     };
-    let scheduler_url = match &forwarder {
-        Some(f) => f.url(&url)?,
-        None => url.clone(),
+    let scheduler_url = match (&forwarder, &options.formation_url) {
+        (Some(f), _) => f.url(&url)?,
+        (None, Some(multi)) => fault::autofailover::with_database(multi, db_name)?,
+        (None, None) => url.clone(),
     };
     let fleet = Fleet::start(
         binary,
@@ -390,6 +414,15 @@ fn exercise(
             mode,
             start,
             options.duration,
+        )));
+    }
+    if let (Some(monitor), Some(multi)) = (&options.auto_failover, &options.formation_url) {
+        faults.push(Box::new(fault::autofailover::AutoFailover::new(
+            monitor.clone(),
+            fault::autofailover::node_urls(multi)?,
+            start,
+            options.duration,
+            2,
         )));
     }
     if let Backend::Nats(nats) = &backend

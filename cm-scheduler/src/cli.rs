@@ -722,9 +722,13 @@ fn mission_policy(
 /// `/readyz`'s view of the database: waiting while the start-up has not reached it, then
 /// whether it answers a ping. It pings on a pool of its own (one connection), so health checks
 /// never take a connection from the claims; [`Health`] runs it once per interval and caches the
-/// answer.
+/// answer. On a multi-host URL it is also not ready while the claims' pool has no host that
+/// qualifies for the URL's `target_session_attrs` (between a primary's demotion and the
+/// promotion of another), with each host and why it was refused as the reason.
 struct DatabaseReadiness {
     store: PgStore,
+    /// The claims' store, whose host is the one that matters.
+    claims: PgStore,
     waiting: Arc<std::sync::Mutex<Option<String>>>,
 }
 
@@ -736,6 +740,13 @@ impl Readiness for DatabaseReadiness {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+        {
+            return Err(reason);
+        }
+        if let Some(reason) = self
+            .claims
+            .failover_problem()
+            .or_else(|| self.store.failover_problem())
         {
             return Err(reason);
         }
@@ -991,6 +1002,7 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
                 // The pool waits longer than the check's deadline, so a hung network reads
                 // as "did not answer within 2s", not as the pool's own timeout.
                 store: http_pool(url, 1, Duration::from_secs(3)).map_err(invalid)?,
+                claims: store.clone(),
                 waiting: waiting.clone(),
             }),
             Duration::from_secs(1),

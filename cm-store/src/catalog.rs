@@ -670,7 +670,18 @@ impl PgStore {
     /// Makes one connection to `url` and closes it, with no retry: a refused connection, an
     /// unknown database or a rejected password is reported at once, where a pool would retry
     /// until its acquire timeout and report only that it timed out.
+    ///
+    /// On a multi-host URL, succeeds when one host qualifies for its `target_session_attrs`,
+    /// and otherwise fails naming each host and why it was refused.
     pub async fn check_connection(url: &str) -> Result<(), StoreError> {
+        let parsed = crate::DatabaseUrl::parse(url)?;
+        if !parsed.is_plain() {
+            let (_, conn) = crate::failover::resolve(&parsed.hosts, parsed.target)
+                .await
+                .map_err(StoreError::NoUsableHost)?;
+            conn.close().await?;
+            return Ok(());
+        }
         let conn = PgConnection::connect(url).await?;
         conn.close().await?;
         Ok(())

@@ -40,6 +40,14 @@ pub enum StoreError {
         /// The newest migration this build embeds.
         expected: i64,
     },
+    /// The database URL cannot be read (a multi-host list or `target_session_attrs` libpq would
+    /// refuse, or one cm does not support).
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(String),
+    /// No host of a multi-host URL qualifies for its `target_session_attrs`: each host and why
+    /// it was refused.
+    #[error("{0}")]
+    NoUsableHost(String),
     /// A stored row holds a value the domain refuses (written by hand, or by an older version).
     #[error("stored routine {routine_id} is unusable: {reason}")]
     CorruptRoutine {
@@ -84,13 +92,14 @@ impl StoreError {
 
 /// SQLSTATEs of failures that say nothing about the statement itself: connection exceptions
 /// (class 08), serialization failures and deadlocks (40001, 40P01), too many connections (53300),
-/// a statement or lock timeout (57014, 55P03), and the server shutting down or restarting (57P01
-/// to 57P03).
+/// a statement or lock timeout (57014, 55P03), the server shutting down or restarting (57P01
+/// to 57P03), and a write on a server that became read-only (25006: a primary demoted while the
+/// store follows a multi-host URL to the new one).
 fn is_transient_sqlstate(code: &str) -> bool {
     code.starts_with("08")
         || matches!(
             code,
-            "40001" | "40P01" | "53300" | "57014" | "55P03" | "57P01" | "57P02" | "57P03"
+            "40001" | "40P01" | "53300" | "57014" | "55P03" | "57P01" | "57P02" | "57P03" | "25006"
         )
 }
 

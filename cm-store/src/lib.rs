@@ -65,6 +65,7 @@ pub mod catalog;
 pub mod consumer;
 mod cursor;
 mod error;
+pub mod failover;
 pub mod groups;
 pub mod ledger;
 mod model;
@@ -94,6 +95,7 @@ pub use consumer::{
 };
 pub use cursor::{FireCursor, ParseFireCursorError};
 pub use error::StoreError;
+pub use failover::{DatabaseUrl, TargetSessionAttrs};
 pub use groups::{GroupDirectory, GroupId, LiveLease, group_of};
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;
@@ -130,6 +132,8 @@ pub struct PgStore {
     group_count: std::sync::Arc<std::sync::OnceLock<u16>>,
     /// Whether the schema is distributed on Citus, read once.
     citus: std::sync::Arc<std::sync::OnceLock<bool>>,
+    /// On a multi-host URL (or one with `target_session_attrs`): what follows the primary.
+    follow: Option<std::sync::Arc<failover::FollowGuard>>,
 }
 
 impl PgStore {
@@ -141,7 +145,55 @@ impl PgStore {
             pool,
             group_count: std::sync::Arc::default(),
             citus: std::sync::Arc::default(),
+            follow: None,
         }
+    }
+
+    /// A pool on `url`'s hosts that follows the primary (see [`failover`]): every new
+    /// connection is checked for the URL's `target_session_attrs`, and idle ones opened before
+    /// the pool last changed hosts are closed. `start` is the host to begin with.
+    fn followed(url: DatabaseUrl, options: &StoreOptions, start: usize) -> (PgPool, PgStore) {
+        let hosts: Vec<PgConnectOptions> =
+            url.hosts.into_iter().map(|h| options.apply(h)).collect();
+        let follower = std::sync::Arc::new(failover::Follower::new(hosts, url.target, start));
+        let on_connect = std::sync::Arc::clone(&follower);
+        let on_acquire = std::sync::Arc::clone(&follower);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .after_connect(move |conn, _meta| {
+                let follower = std::sync::Arc::clone(&on_connect);
+                Box::pin(async move {
+                    follower.start();
+                    match failover::qualifies(conn, follower.target()).await? {
+                        Ok(()) => Ok(()),
+                        Err(why) => {
+                            follower.wake();
+                            Err(sqlx::Error::Configuration(
+                                format!("the database host {why}").into(),
+                            ))
+                        }
+                    }
+                })
+            })
+            .before_acquire(move |_conn, meta| {
+                let stale = on_acquire.is_stale(meta.age);
+                Box::pin(async move { Ok(!stale) })
+            })
+            .connect_lazy_with(follower.current_options());
+        follower.attach(pool.clone());
+        let store = PgStore {
+            follow: Some(std::sync::Arc::new(failover::FollowGuard(follower))),
+            ..PgStore::new(pool.clone())
+        };
+        (pool, store)
+    }
+
+    /// Why no host of a multi-host URL is usable now (each host and why it was refused), while
+    /// none is; `None` when the host in use qualifies, or the URL names one host and asks
+    /// nothing of it.
+    pub fn failover_problem(&self) -> Option<String> {
+        self.follow.as_ref().and_then(|f| f.0.problem())
     }
 
     /// Connects a pool of up to ten connections to `url`. A statement waits at most five
@@ -153,9 +205,29 @@ impl PgStore {
 
     /// Connects a pool to `url` with `options`: its size, and the statement, lock and
     /// idle-in-transaction timeouts of every connection (see [`StoreOptions::for_lease`]).
+    ///
+    /// `url` may name several hosts and a `target_session_attrs` as libpq reads them
+    /// (`postgres://h1:5432,h2:5433/cm?target_session_attrs=read-write`): the store connects to
+    /// the first host that qualifies, fails naming each host and why it was refused when none
+    /// does, and follows the primary when it moves (see [`failover`]).
     pub async fn connect_with(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
-        let connect: PgConnectOptions = url.parse()?;
-        Self::connect_with_options(connect, options).await
+        let url = DatabaseUrl::parse(url)?;
+        if url.is_plain() {
+            let connect = url.hosts.into_iter().next().expect("one host");
+            return Self::connect_with_options(connect, options).await;
+        }
+        let applied: Vec<PgConnectOptions> =
+            url.hosts.iter().map(|h| options.apply(h.clone())).collect();
+        let (start, conn) = failover::resolve(&applied, url.target)
+            .await
+            .map_err(StoreError::NoUsableHost)?;
+        {
+            use sqlx::Connection;
+            let _ = conn.close().await;
+        }
+        let (pool, store) = Self::followed(url, options, start);
+        pool.acquire().await?;
+        Ok(store)
     }
 
     /// [`PgStore::connect_with`] from parsed connection options.
@@ -180,8 +252,16 @@ impl PgStore {
 
     /// [`PgStore::connect_lazy`] with [`StoreOptions`]: the pool connects on first use, and
     /// every connection it opens gets the options' timeouts.
+    ///
+    /// On a multi-host URL (see [`PgStore::connect_with`]) the pool starts on the first host
+    /// and, within [`failover::FOLLOW_INTERVAL`] of its first use in a Tokio runtime, moves to
+    /// the first that qualifies.
     pub fn connect_lazy_with(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
-        let connect: PgConnectOptions = url.parse()?;
+        let url = DatabaseUrl::parse(url)?;
+        if !url.is_plain() {
+            return Ok(Self::followed(url, options, 0).1);
+        }
+        let connect = url.hosts.into_iter().next().expect("one host");
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -191,8 +271,31 @@ impl PgStore {
 
     /// Creates the database `url` names if it does not exist yet (connecting to the server's
     /// maintenance database to do so). Returns whether it created it.
+    /// On a multi-host URL, the database is created on the first host that qualifies.
     pub async fn create_database_if_missing(url: &str) -> Result<bool, StoreError> {
         use sqlx::migrate::MigrateDatabase;
+        let parsed = DatabaseUrl::parse(url)?;
+        let single;
+        let url = if parsed.is_plain() {
+            url
+        } else {
+            let (index, conn) = failover::resolve(
+                &parsed
+                    .hosts
+                    .iter()
+                    .map(|h| h.clone().database("postgres"))
+                    .collect::<Vec<_>>(),
+                parsed.target,
+            )
+            .await
+            .map_err(StoreError::NoUsableHost)?;
+            {
+                use sqlx::Connection;
+                let _ = conn.close().await;
+            }
+            single = sqlx::ConnectOptions::to_url_lossy(&parsed.hosts[index]).to_string();
+            &single
+        };
         if sqlx::Postgres::database_exists(url).await? {
             return Ok(false);
         }

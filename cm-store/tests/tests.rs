@@ -116,3 +116,8 @@ mod citus;
 // with the planning pass that reads what SQL could not.
 #[path = "store/writes.rs"]
 mod writes;
+
+// Multi-host URLs: the first host that qualifies for target_session_attrs, each refused host
+// named, and a host that stops qualifying reported until it does again.
+#[path = "store/failover.rs"]
+mod failover;

@@ -30,6 +30,10 @@ pub(crate) const SERVICES: &[Service] = &[
         present: || set("CM_TEST_CITUS_URL"),
     },
     Service {
+        needs: "needs pg_auto_failover",
+        present: || set("CM_TEST_AUTO_FAILOVER_URL") && set("CM_TEST_AUTO_FAILOVER_MONITOR"),
+    },
+    Service {
         needs: "needs a Docker engine",
         present: || set("CM_TEST_DOCKER_HOST"),
     },

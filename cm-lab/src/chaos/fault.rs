@@ -17,6 +17,7 @@ use super::forwarder::Forwarder;
 use super::report::Findings;
 use super::rng::Rng;
 
+pub(super) mod autofailover;
 pub(super) mod broker;
 pub(super) mod dockerd;
 pub(super) mod failover;

@@ -13,6 +13,7 @@ pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-u
                           [--db-restarts N] [--terminate-backends N]
                           [--message-backend outbox|webhook|nats] [--broker-restarts N]
                           [--network-hang SECONDS] [--failover sync|async --standby-cluster VERSION/NAME]
+                          [--auto-failover MONITOR_URL] (with --database-url h1:p1,h2:p2 and --db-restarts 0)
                           [--pin-xmin SECONDS [--pin-baseline]] [--starve-pool SECONDS]
                           [--receiver-outage SECONDS]
                           [--mission-backend docker [--dockerd-restarts N] [--refuse-stops]]
@@ -76,6 +77,13 @@ pub(super) struct Options {
     /// A failover to a standby, and how it is fed.
     pub failover: Option<Replication>,
     pub standby_cluster: Option<String>,
+    /// The monitor of a pg_auto_failover formation whose nodes `server_url` names (several
+    /// hosts): the schedulers get that multi-host URL, and `pg_autoctl perform failover` moves
+    /// the primary twice during the run.
+    pub auto_failover: Option<String>,
+    /// With `--auto-failover`: the formation's multi-host URL the schedulers get, once the run
+    /// has pointed `server_url` at the primary of the moment for its own connections.
+    pub formation_url: Option<String>,
     /// How long a `REPEATABLE READ` transaction pins the xmin horizon.
     pub pin_xmin: Option<Duration>,
     /// Measure as `--pin-xmin` does without holding the transaction: the baseline.
@@ -122,6 +130,8 @@ impl Options {
             network_hang: None,
             failover: None,
             standby_cluster: None,
+            auto_failover: None,
+            formation_url: None,
             pin_xmin: None,
             pin_baseline: false,
             starve_pool: None,
@@ -190,6 +200,12 @@ impl Options {
                 Replication::Sync => " --failover sync",
                 Replication::Async => " --failover async",
             };
+        }
+        if let Some(monitor) = &self.auto_failover {
+            c += &format!(
+                " --database-url {} --auto-failover {monitor}",
+                self.server_url
+            );
         }
         if let Some(d) = self.pin_xmin {
             c += &format!(" --pin-xmin {}", secs(d));
@@ -279,6 +295,9 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
             "--standby-cluster" => {
                 options.standby_cluster = Some(value(&mut it, flag)?.to_string());
             }
+            "--auto-failover" => {
+                options.auto_failover = Some(value(&mut it, flag)?.to_string());
+            }
             "--pin-xmin" => options.pin_xmin = Some(seconds(flag, value(&mut it, flag)?)?),
             "--pin-baseline" => options.pin_baseline = true,
             "--starve-pool" => options.starve_pool = Some(seconds(flag, value(&mut it, flag)?)?),
@@ -338,6 +357,19 @@ fn check(o: &Options) -> anyhow::Result<()> {
     }
     if o.failover.is_some() != o.standby_cluster.is_some() {
         bail!("--failover and --standby-cluster VERSION/NAME go together");
+    }
+    if o.auto_failover.is_some() {
+        if o.db_restarts > 0 || o.failover.is_some() || !o.citus_workers.is_empty() {
+            bail!(
+                "--auto-failover moves the primary itself: add --db-restarts 0, leave out \
+                 --failover and --citus-workers"
+            );
+        }
+        if !o.server_url.split('?').next().unwrap_or("").contains(',') {
+            bail!(
+                "--auto-failover needs --database-url naming the formation's nodes (h1:p1,h2:p2)"
+            );
+        }
     }
     if o.failover.is_some() && o.db_restarts > 0 {
         bail!("--failover kills the primary itself: add --db-restarts 0");
@@ -489,6 +521,8 @@ mod tests {
                 network_hang: Some(Duration::from_secs(30)),
                 failover: Some(Replication::Async),
                 standby_cluster: Some("15/chaosstby".into()),
+                auto_failover: None,
+                formation_url: None,
                 pin_xmin: Some(Duration::from_secs(120)),
                 pin_baseline: true,
                 starve_pool: Some(Duration::from_secs(60)),
@@ -644,6 +678,18 @@ mod tests {
             &["--receiver-outage", "20"],
             &["--failover", "async", "--db-restarts", "0"],
             &["--failover", "maybe"],
+            &[
+                "--auto-failover",
+                "postgres://m/pg_auto_failover",
+                "--db-restarts",
+                "0",
+            ],
+            &[
+                "--database-url",
+                "postgres://a,b/x",
+                "--auto-failover",
+                "postgres://m/p",
+            ],
             &["--standby-cluster", "15/s", "--failover", "sync"],
             &["--network-hang", "45"],
             &["--pin-baseline"],

@@ -51,7 +51,26 @@ pub(super) fn check_url(url: &str) -> Result<(), Failure> {
             redact(url)
         ))
     };
+    // Several hosts (`postgres://h1:5432,h2:5433/cm`, as libpq reads them) are checked by the
+    // store's own parser, each host as a URL of its own.
+    if let Some((_, rest)) = url.split_once("://")
+        && rest
+            .split(['/', '?'])
+            .next()
+            .is_some_and(|a| a.contains(','))
+    {
+        return cm_store::DatabaseUrl::parse(url)
+            .map(|_| ())
+            .map_err(|e| refuse(&e.to_string()));
+    }
     let parsed = url::Url::parse(url).map_err(|e| refuse(&e.to_string()))?;
+    // target_session_attrs is read by the store, which refuses values it does not support.
+    if parsed
+        .query_pairs()
+        .any(|(key, _)| key == "target_session_attrs")
+    {
+        cm_store::DatabaseUrl::parse(url).map_err(|e| refuse(&e.to_string()))?;
+    }
     if !matches!(parsed.scheme(), "postgres" | "postgresql") {
         return Err(refuse(&format!(
             "the scheme is {:?}, not postgres",
@@ -199,5 +218,36 @@ mod tests {
             scrub("bad password \"p@ss\" for cm", "postgres://cm:p%40ss@db/cm"),
             "bad password \"***\" for cm"
         );
+    }
+
+    #[test]
+    fn multi_host_urls_are_checked_and_redacted() {
+        check(
+            "postgres://cm:s3cret@h1:5432,h2:5433/cm?target_session_attrs=read-write",
+            "postgres://cm:***@h1:5432,h2:5433/cm?target_session_attrs=read-write",
+        );
+        for good in [
+            "postgres://cm@h1:5432,h2:5433/cm?target_session_attrs=read-write",
+            "postgres://cm@h1,h2/cm",
+            "postgres://cm@h1/cm?target_session_attrs=primary",
+        ] {
+            assert!(check_url(good).is_ok(), "{good}");
+        }
+        for (bad, why) in [
+            ("postgres://cm@h1,,h2/cm", "empty host"),
+            (
+                "postgres://cm@h1/cm?target_session_attrs=standby",
+                "not supported",
+            ),
+            (
+                "postgres://cm@h1,h2/cm?target_session_attrs=sometimes",
+                "not one of",
+            ),
+        ] {
+            let Err(Failure::Input(message)) = check_url(bad) else {
+                panic!("{bad} was accepted");
+            };
+            assert!(message.contains(why), "{message}");
+        }
     }
 }

@@ -122,6 +122,13 @@ impl Dispatch {
         }
     }
 
+    /// The W3C `traceparent` of this attempt: one trace per occurrence, one span per attempt
+    /// ([`cm_domain::trace`]). Every backend sends it: a webhook's and a NATS message's
+    /// `traceparent` header, a mission's `CM_TRACEPARENT` and its `cm.traceparent` label.
+    pub fn traceparent(&self) -> cm_domain::trace::TraceParent {
+        cm_domain::trace::TraceParent::for_attempt(&self.occurrence, self.attempt)
+    }
+
     /// The same dispatch, its occurrence's first attempt having begun `age` ago.
     pub fn with_first_attempt_age(mut self, age: Duration) -> Self {
         self.first_attempt_age = age;

@@ -275,6 +275,7 @@ impl Launch {
             .scheduled_at
             .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
         let routine_id = dispatch.occurrence.routine_id.to_string();
+        let traceparent = dispatch.traceparent().to_string();
         let mut env = vec![
             ("CM_ROUTINE_ID".to_owned(), routine_id.clone()),
             ("CM_ROUTINE_NAME".to_owned(), dispatch.routine_name.clone()),
@@ -290,12 +291,14 @@ impl Launch {
                 mission.git_ref().unwrap_or_default().to_owned(),
             ),
             ("CM_TASK".to_owned(), mission.task().to_owned()),
+            ("CM_TRACEPARENT".to_owned(), traceparent.clone()),
         ];
         env.extend(mission.env().iter().map(|(k, v)| (k.clone(), v.clone())));
         let mut labels = mission.labels().clone();
         labels.insert("cm.routine-id".into(), routine_id);
         labels.insert("cm.scheduled-at".into(), scheduled_at);
         labels.insert("cm.attempt".into(), dispatch.attempt.to_string());
+        labels.insert("cm.traceparent".into(), traceparent);
         Ok(Launch {
             name: dispatch.idempotency_key.to_string(),
             mission,
@@ -350,7 +353,13 @@ mod tests {
         ] {
             assert_eq!(env.get(name).map(String::as_str), Some(value), "{name}");
         }
-        assert_eq!(env.len(), 9);
+        let traceparent = dispatch.traceparent().to_string();
+        assert_eq!(
+            env.get("CM_TRACEPARENT"),
+            Some(&traceparent),
+            "the attempt's trace context"
+        );
+        assert_eq!(env.len(), 10);
         assert_eq!(
             launch.labels,
             BTreeMap::from(
@@ -358,6 +367,7 @@ mod tests {
                     ("cm.routine-id", "00000000-0000-0000-0000-000000000007"),
                     ("cm.scheduled-at", "2026-03-29T01:30:00Z"),
                     ("cm.attempt", "2"),
+                    ("cm.traceparent", traceparent.as_str()),
                     ("routine/team", "platform"),
                 ]
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))

@@ -215,6 +215,7 @@ impl NatsDispatcher {
             dispatch.idempotency_key.as_str(),
         );
         headers.insert("Cm-Attempt", dispatch.attempt.to_string().as_str());
+        headers.insert("traceparent", dispatch.traceparent().to_string().as_str());
         let retryable = |kind: PublishErrorKind| {
             !matches!(
                 kind,

@@ -207,6 +207,7 @@ impl WebhookDispatcher {
         headers.insert("webhook-timestamp", HeaderValue::from(timestamp));
         headers.insert("webhook-signature", value(&signature)?);
         headers.insert("idempotency-key", value(id)?);
+        headers.insert("traceparent", value(&dispatch.traceparent().to_string())?);
         Ok((body, headers))
     }
 

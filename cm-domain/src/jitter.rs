@@ -38,7 +38,7 @@ pub fn planned(routine: RoutineId, occurrence: DateTime<Utc>, jitter: TimeDelta)
 }
 
 /// SplitMix64's finaliser: every input bit moves every output bit.
-fn mix(x: u64) -> u64 {
+pub(crate) fn mix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -67,6 +67,7 @@ pub mod rules;
 pub mod run;
 pub mod schedule;
 pub mod tick;
+pub mod trace;
 
 pub use backfill::{BackfillError, MAX_BACKFILL, RETENTION_MARGIN, backfill_occurrences};
 pub use claim::{

@@ -31,6 +31,7 @@
 //!   the floor, refused at create and at dispatch.
 //! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
 //!   message size, names) and files read no further than their limit.
+//! - `trace`: a webhook sent by the binary carries the `traceparent` that `fires` names.
 //! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
 //! - `backfill`: a backfill of missions drains at the launch rate beside an every-second routine
 //!   that stays on time.
@@ -121,3 +122,5 @@ mod shells;
 mod slow_target;
 #[path = "scheduler/sql_writes.rs"]
 mod sql_writes;
+#[path = "scheduler/trace.rs"]
+mod trace;

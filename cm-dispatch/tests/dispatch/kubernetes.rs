@@ -321,7 +321,9 @@ async fn kubernetes_jobs_are_the_operators_and_carry_the_missions_environment() 
     assert_eq!(job.env_var("LANG"), Some("C.UTF-8"));
     assert_eq!(job.env_var("CM_SCHEDULED_AT"), Some("2026-03-29T01:00:00Z"));
     assert_eq!(job.env_var("CM_IDEMPOTENCY_KEY"), Some(name.as_str()));
-    assert_eq!(c["env"].as_array().map(Vec::len), Some(9));
+    let traceparent = d.traceparent().to_string();
+    assert_eq!(job.env_var("CM_TRACEPARENT"), Some(traceparent.as_str()));
+    assert_eq!(c["env"].as_array().map(Vec::len), Some(10));
 
     let routine_id = d.occurrence.routine_id.to_string();
     for meta in [&job.object["metadata"], &spec["template"]["metadata"]] {
@@ -336,6 +338,8 @@ async fn kubernetes_jobs_are_the_operators_and_carry_the_missions_environment() 
         );
         assert_eq!(meta["annotations"]["cm.routine-id"], routine_id.as_str());
         assert_eq!(meta["annotations"]["routine/team"], "platform");
+        assert_eq!(meta["labels"]["cm.traceparent"], traceparent.as_str());
+        assert_eq!(meta["annotations"]["cm.traceparent"], traceparent.as_str());
     }
     assert_eq!(
         job.object["metadata"]["annotations"][KEY_ANNOTATION],

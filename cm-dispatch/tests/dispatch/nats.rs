@@ -157,6 +157,10 @@ async fn a_message_carries_its_key_subject_and_body() {
             .map(|v| v.as_str()),
         Some(d.idempotency_key.as_str())
     );
+    assert_eq!(
+        headers.get("traceparent").map(|v| v.as_str().to_owned()),
+        Some(d.traceparent().to_string())
+    );
     let body: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
     assert_eq!(body, d.message_data());
 }

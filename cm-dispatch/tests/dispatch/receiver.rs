@@ -34,6 +34,8 @@ pub struct Delivery {
     pub id: String,
     /// `Idempotency-Key`.
     pub idempotency_key: String,
+    /// `traceparent`.
+    pub traceparent: String,
     /// `webhook-timestamp`.
     pub timestamp: i64,
     /// Whether `webhook-signature` verified against the body, id and timestamp.
@@ -164,6 +166,7 @@ async fn receive(
         path: uri.path().to_string(),
         id: id.clone(),
         idempotency_key: header("idempotency-key"),
+        traceparent: header("traceparent"),
         timestamp: timestamp.parse().unwrap_or_default(),
         signature_valid: fresh
             && signature_valid(SECRET, &id, &timestamp, &body, &header("webhook-signature")),

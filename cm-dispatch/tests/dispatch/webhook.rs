@@ -66,6 +66,8 @@ async fn a_delivery_carries_the_standard_webhooks_contract() {
     assert!(got.signature_valid, "{got:?}");
     assert_eq!(got.id, d.idempotency_key.as_str());
     assert_eq!(got.idempotency_key, d.idempotency_key.as_str());
+    assert_eq!(got.traceparent, d.traceparent().to_string());
+    assert!(got.traceparent.starts_with("00-") && got.traceparent.ends_with("-01"));
     assert!((Utc::now().timestamp() - got.timestamp).abs() <= 5);
     assert_eq!(got.body["type"], "cm.routine.fired");
     assert!(

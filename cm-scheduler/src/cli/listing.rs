@@ -210,6 +210,8 @@ pub(super) struct FireLine<'a> {
     fire: &'a Fire,
     outcome: &'static str,
     routine_name: Option<&'a str>,
+    /// The W3C `traceparent` its last attempt was sent with.
+    traceparent: String,
 }
 
 impl<'a> FireLine<'a> {
@@ -219,8 +221,17 @@ impl<'a> FireLine<'a> {
             fire,
             outcome: fire.outcome().as_str(),
             routine_name: names.get(&fire.routine_id).map(String::as_str),
+            traceparent: fire_traceparent(fire),
         }
     }
+}
+
+/// The `traceparent` the fire's last attempt was sent with: a function of its occurrence and
+/// attempt ([`cm_domain::trace`]), so the ledger's row names it.
+fn fire_traceparent(fire: &Fire) -> String {
+    let occurrence = cm_domain::Occurrence::new(fire.routine_id, fire.scheduled_at);
+    let attempt = fire.attempt.max(1);
+    cm_domain::trace::TraceParent::for_attempt(&occurrence, attempt).to_string()
 }
 
 /// The columns of the fires `routine show` lists (the routine is the one shown).
@@ -264,6 +275,7 @@ pub(super) fn print_fire(
     say!("status      {}", f.status);
     say!("origin      {}", f.origin);
     say!("attempt     {} by {}", f.attempt, printable(&f.claimant));
+    say!("traceparent {}", fire_traceparent(f));
     say!("settled     {}", time(f.completed_at));
     if let Some(why) = f.failure().or(f.error.as_deref()) {
         say!("error       {}", printable(why));

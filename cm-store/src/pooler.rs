@@ -68,18 +68,28 @@ impl PgStore {
                 PLAN_CACHE_MODE.0
             )));
         }
-        // Each fresh connection names its first prepared statement alike. The second's, run on
-        // a server connection that already has the first's, collides with it ("already
-        // exists"); the first's, run again on a server connection that never had it, is
-        // missing ("does not exist"). Several rounds, so a pooler that happened to hand both
-        // the same or their own server connection every time has more chances to mix them.
-        for round in 0..8 {
-            for conn in [&mut *first, &mut *second] {
-                sqlx::query_scalar::<_, i32>("SELECT $1::int4")
+        // Each fresh connection names its first prepared statement alike (`sqlx_s_1`), here
+        // for two different statements. The second's, prepared on a server connection that
+        // already has the first's, collides with it ("already exists"); one run by name on a
+        // server connection that never had it is missing ("does not exist"), or, where the
+        // other's is, runs the other's statement: each answer is checked. Several rounds, so a
+        // pooler that happened to hand both the same or their own server connection every time
+        // has more chances to mix them.
+        for round in 1..=8 {
+            for (conn, sql, sign) in [
+                (&mut *first, "SELECT $1::int4", 1),
+                (&mut *second, "SELECT -$1::int4", -1),
+            ] {
+                let got: i32 = sqlx::query_scalar(sql)
                     .bind(round)
                     .fetch_one(&mut *conn)
                     .await
                     .map_err(lost)?;
+                if got != sign * round {
+                    return Err(StoreError::PoolerLosesPreparedStatements(format!(
+                        "{sql} answered {got}: another connection's statement of the same name ran"
+                    )));
+                }
             }
         }
         Ok(())

@@ -58,15 +58,6 @@ use postgres::Cluster;
 use report::{DRAIN_TIMEOUT, Report};
 use rng::Rng;
 
-/// Removes a file when dropped.
-struct RemoveOnDrop(std::path::PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// What puts the machine back after a run (a failover's clusters), run whatever happened.
 type Restore = Box<dyn FnOnce() -> anyhow::Result<()>>;
 
@@ -133,13 +124,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         c.args(["build", "--quiet", "--package", "cm-scheduler"]);
         c
     })?;
-    // A copy of its own, so every scheduler of the run (restarts included) is the build just
-    // made, even when another checkout builds into the same target directory meanwhile.
     let built = crate::target_dir().join("debug/cm-scheduler");
-    let binary = std::env::temp_dir().join(format!("cm-chaos-scheduler-{}", std::process::id()));
-    std::fs::copy(&built, &binary)
-        .with_context(|| format!("copying {} to {}", built.display(), binary.display()))?;
-    let _remove_binary = RemoveOnDrop(binary.clone());
 
     // The name is random on its own rather than derived from the seed, so two runs with one
     // seed (one of them kept) never meet in one database.
@@ -150,6 +135,15 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let url = database_url(&options.server_url, &db_name)?;
     let log_dir = std::env::temp_dir().join(format!("cm-chaos-{db_name}"));
     std::fs::create_dir_all(&log_dir)?;
+    // The run starts schedulers from a link to (or a copy of) the binary it built: a build of
+    // another checkout sharing the target directory would otherwise replace it halfway through
+    // the run. Removed when the run ends.
+    let binary = log_dir.join("cm-scheduler");
+    let _ = std::fs::remove_file(&binary);
+    if std::fs::hard_link(&built, &binary).is_err() {
+        std::fs::copy(&built, &binary)
+            .with_context(|| format!("copying {} to {}", built.display(), binary.display()))?;
+    }
     rt.block_on(sqlx::Postgres::create_database(&url))
         .with_context(|| format!("creating database {db_name}"))?;
     if !workers.is_empty() {
@@ -176,6 +170,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         eprintln!("chaos: PostgreSQL is down; starting it");
         cluster.start()?;
     }
+    let _ = std::fs::remove_file(&binary);
     let (report, final_url) = match result {
         Ok(done) => done,
         Err(e) => {
@@ -347,18 +342,26 @@ fn exercise(
     } else {
         None
     };
-    let scheduler_url = match (&forwarder, &options.formation_url) {
-        (Some(f), _) => f.url(&url)?,
-        (None, Some(multi)) => fault::autofailover::with_database(multi, db_name)?,
-        (None, None) => url.clone(),
+    let scheduler_url = match (&forwarder, &options.formation_url, &options.pooler) {
+        (Some(f), _, _) => f.url(&url)?,
+        (None, Some(multi), _) => fault::autofailover::with_database(multi, db_name)?,
+        (None, None, Some(pooler)) => {
+            eprintln!("chaos: the schedulers reach PostgreSQL through the pooler at {pooler}");
+            database_url(pooler, db_name)?
+        }
+        (None, None, None) => url.clone(),
     };
+    let mut scheduler_env = backend.scheduler_env();
+    if options.pooler.is_some() {
+        scheduler_env.push(("CM_DATABASE_POOLED".into(), "true".into()));
+    }
     let fleet = Fleet::start(
         binary,
         &scheduler_url,
         log_dir,
         options.processes,
         backend.scheduler_args(),
-        backend.scheduler_env(),
+        scheduler_env,
     )?;
 
     let start = Instant::now();

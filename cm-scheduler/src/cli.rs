@@ -57,6 +57,12 @@ struct Cli {
     /// line; not with --database-url or DATABASE_URL.
     #[arg(long, env = "DATABASE_URL_FILE", global = true, value_name = "PATH")]
     database_url_file: Option<PathBuf>,
+    /// The database URL goes through a connection pooler (PgBouncer 1.21 or later, in
+    /// transaction or session mode): cm sends no settings when it connects and sets its
+    /// timeouts in every transaction instead, and does not create the database. The README's
+    /// "Deploying behind PgBouncer" says what to configure.
+    #[arg(long, env = "CM_DATABASE_POOLED", global = true)]
+    pooled: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -383,6 +389,7 @@ pub fn main() -> ExitCode {
     for secret in database::secrets(&url) {
         secrets::register(&secret);
     }
+    database::set_pooled(cli.pooled);
     match runtime.block_on(execute(cli, &url)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Input(message)) => {
@@ -764,13 +771,14 @@ impl Readiness for DatabaseReadiness {
 fn http_pool(url: &str, connections: u32, timeout: Duration) -> Result<PgStore, StoreError> {
     PgStore::connect_lazy_with(
         url,
-        &StoreOptions {
+        &database::store_options(StoreOptions {
             max_connections: connections,
             acquire_timeout: timeout,
             statement_timeout: Some(timeout),
             lock_timeout: Some(timeout),
             idle_in_transaction_timeout: Some(timeout),
-        },
+            pooled: false,
+        }),
     )
 }
 
@@ -829,13 +837,25 @@ async fn prepare_database(
     let mut backoff = Duration::from_millis(500);
     loop {
         let reached = async {
-            if migrate {
+            // Through a pooler the database is the pooler's to name; it is created beside it.
+            if migrate && !database::pooled() {
                 PgStore::create_database_if_missing(url).await?;
             }
-            store.ping().await
+            // A pooler that would fail every tick (losing prepared statements, or the
+            // timeouts) is refused now, in one line; first, since through such a pooler the
+            // ping itself may fail on a lost prepared statement.
+            store.check_pooler().await?;
+            store.ping().await.map(|_| ())
         }
         .await;
         match reached {
+            Err(
+                e @ (StoreError::PoolerLosesPreparedStatements(_)
+                | StoreError::PoolerDropsSettings(_)),
+            ) => return Err(anyhow::anyhow!(e.to_string()).into()),
+            Err(e) if e.is_refused_startup_parameter() => {
+                return Err(anyhow::anyhow!(e.explain()).into());
+            }
             Ok(_) if !migrate => {
                 // Without the schema every tick would fail: say so now, with what to do.
                 store.check_schema().await?;
@@ -943,9 +963,13 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         ))
     };
     database::check_url(url)?;
-    let setup = PgStore::connect_lazy(url).map_err(invalid)?;
-    let store =
-        PgStore::connect_lazy_with(url, &StoreOptions::for_lease(lease)).map_err(invalid)?;
+    let setup = PgStore::connect_lazy_with(url, &database::store_options(StoreOptions::default()))
+        .map_err(invalid)?;
+    let store = PgStore::connect_lazy_with(
+        url,
+        &database::store_options(StoreOptions::for_lease(lease)),
+    )
+    .map_err(invalid)?;
     let message = messages.build(&store, &setup).await?;
     let instance_id = args
         .instance_id

@@ -112,6 +112,8 @@ mod operator_files;
 mod overlap;
 #[path = "scheduler/page_host.rs"]
 mod page_host;
+#[path = "scheduler/pooler.rs"]
+mod pooler;
 #[path = "scheduler/schedules_beyond.rs"]
 mod schedules_beyond;
 #[path = "scheduler/secrets.rs"]

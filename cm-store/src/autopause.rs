@@ -161,11 +161,10 @@ impl PgStore {
         })
         .bind(i64::from(after_failures))
         .bind(window.as_secs_f64());
-        Ok(match group {
+        let query = match group {
             Some(group) => query.bind(group),
             None => query,
-        }
-        .fetch_all(&self.pool)
-        .await?)
+        };
+        Ok(on_store!(self, |e| query.fetch_all(e))?)
     }
 }

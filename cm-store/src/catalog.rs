@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use cm_domain::Schedule;
-use sqlx::{Connection as _, PgConnection, PgPool};
+use sqlx::{Connection as _, PgConnection};
 use uuid::Uuid;
 
 use crate::groups::{GroupId, group_of, stored_group_count};
@@ -281,16 +281,19 @@ async fn apply_update(
     .map_err(|e| name_conflict(e, name))
 }
 
-pub(crate) async fn get_routine_by_name(pool: &PgPool, name: &str) -> Result<Routine, StoreError> {
+pub(crate) async fn get_routine_by_name(
+    conn: &mut PgConnection,
+    name: &str,
+) -> Result<Routine, StoreError> {
     sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE name = $1")
         .bind(name)
-        .fetch_optional(pool)
+        .fetch_optional(&mut *conn)
         .await?
         .ok_or_else(|| StoreError::RoutineNameNotFound(name.to_string()))
 }
 
 pub(crate) async fn list_routines_page(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     after: Option<RoutineCursor>,
     limit: u32,
 ) -> Result<Vec<Routine>, StoreError> {
@@ -301,7 +304,7 @@ pub(crate) async fn list_routines_page(
         None => {
             sqlx::query_as::<_, Routine>("SELECT * FROM routines ORDER BY created_at, id LIMIT $1")
                 .bind(limit)
-                .fetch_all(pool)
+                .fetch_all(&mut *conn)
                 .await?
         }
         Some(cursor) => {
@@ -312,7 +315,7 @@ pub(crate) async fn list_routines_page(
             .bind(cursor.created_at)
             .bind(cursor.id)
             .bind(limit)
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await?
         }
     };
@@ -583,14 +586,14 @@ pub(crate) async fn sync_routines(
 }
 
 pub(crate) async fn pending_requests(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     id: Uuid,
     limit: u32,
 ) -> Result<PendingRequests, StoreError> {
     let total: i64 =
         sqlx::query_scalar("SELECT count(*) FROM routine_requests WHERE routine_id = $1")
             .bind(id)
-            .fetch_one(pool)
+            .fetch_one(&mut *conn)
             .await?;
     let oldest = sqlx::query_as::<_, PendingRequest>(
         "SELECT scheduled_at, requested_at FROM routine_requests
@@ -598,7 +601,7 @@ pub(crate) async fn pending_requests(
     )
     .bind(id)
     .bind(i64::from(limit))
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
     Ok(PendingRequests {
         total: u64::try_from(total).unwrap_or(0),
@@ -610,13 +613,12 @@ impl PgStore {
     /// At most `limit` routine names starting with `prefix`, in name order (what a shell
     /// completes a routine's name from).
     pub async fn routine_names(&self, prefix: &str, limit: u32) -> Result<Vec<String>, StoreError> {
-        Ok(sqlx::query_scalar(
+        Ok(on_store!(self, |e| sqlx::query_scalar(
             "SELECT name FROM routines WHERE starts_with(name, $1) ORDER BY name LIMIT $2",
         )
         .bind(prefix)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?)
+        .fetch_all(e))?)
     }
 
     /// What [`RoutineStore::import_routines`](crate::RoutineStore::import_routines) would write, worked out under the same locks in a
@@ -627,13 +629,12 @@ impl PgStore {
         routines: &[NewRoutine],
         upsert: bool,
     ) -> Result<Vec<ImportedRoutine>, StoreError> {
-        import_routines(
-            &mut *self.pool.acquire().await?,
+        on_store_conn!(self, |c| import_routines(
+            c,
             routines,
             upsert,
-            Write::RollBack,
-        )
-        .await
+            Write::RollBack
+        ))
     }
 
     /// What [`RoutineStore::sync_routines`](crate::RoutineStore::sync_routines) would do, worked out under the same locks in a
@@ -644,13 +645,12 @@ impl PgStore {
         source: &str,
         routines: &[NewRoutine],
     ) -> Result<Vec<SyncedRoutine>, StoreError> {
-        sync_routines(
-            &mut *self.pool.acquire().await?,
+        on_store_conn!(self, |c| sync_routines(
+            c,
             source,
             routines,
-            Write::RollBack,
-        )
-        .await
+            Write::RollBack
+        ))
     }
 
     /// The names of those of `ids` that still exist, by id (what `fires` prints beside each
@@ -659,11 +659,11 @@ impl PgStore {
         &self,
         ids: &[Uuid],
     ) -> Result<std::collections::HashMap<Uuid, String>, StoreError> {
-        let rows: Vec<(Uuid, String)> =
-            sqlx::query_as("SELECT id, name FROM routines WHERE id = ANY($1)")
-                .bind(ids)
-                .fetch_all(&self.pool)
-                .await?;
+        let rows: Vec<(Uuid, String)> = on_store!(self, |e| sqlx::query_as(
+            "SELECT id, name FROM routines WHERE id = ANY($1)"
+        )
+        .bind(ids)
+        .fetch_all(e))?;
         Ok(rows.into_iter().collect())
     }
 
@@ -674,15 +674,27 @@ impl PgStore {
     /// On a multi-host URL, succeeds when one host qualifies for its `target_session_attrs`,
     /// and otherwise fails naming each host and why it was refused.
     pub async fn check_connection(url: &str) -> Result<(), StoreError> {
+        Self::check_connection_with(url, &crate::StoreOptions::default()).await
+    }
+
+    /// [`PgStore::check_connection`] connecting as a store with `options` would (through a
+    /// pooler, with no startup parameter it would refuse).
+    pub async fn check_connection_with(
+        url: &str,
+        options: &crate::StoreOptions,
+    ) -> Result<(), StoreError> {
         let parsed = crate::DatabaseUrl::parse(url)?;
         if !parsed.is_plain() {
-            let (_, conn) = crate::failover::resolve(&parsed.hosts, parsed.target)
+            let hosts: Vec<sqlx::postgres::PgConnectOptions> =
+                parsed.hosts.into_iter().map(|h| options.apply(h)).collect();
+            let (_, conn) = crate::failover::resolve(&hosts, parsed.target)
                 .await
                 .map_err(StoreError::NoUsableHost)?;
             conn.close().await?;
             return Ok(());
         }
-        let conn = PgConnection::connect(url).await?;
+        let connect = parsed.hosts.into_iter().next().expect("one host");
+        let conn = PgConnection::connect_with(&options.apply(connect)).await?;
         conn.close().await?;
         Ok(())
     }
@@ -690,18 +702,19 @@ impl PgStore {
     /// Checks that the database holds cm's schema, at least as new as this build's migrations:
     /// [`StoreError::SchemaMissing`] or [`StoreError::SchemaOutdated`] otherwise.
     pub async fn check_schema(&self) -> Result<(), StoreError> {
-        let (has_routines, has_migrations): (bool, bool) = sqlx::query_as(
+        let (has_routines, has_migrations): (bool, bool) = on_store!(self, |e| {
+            sqlx::query_as(
             "SELECT to_regclass('routines') IS NOT NULL, to_regclass('_sqlx_migrations') IS NOT NULL",
         )
-        .fetch_one(&self.pool)
-        .await?;
+        .fetch_one(e)
+        })?;
         if !has_routines || !has_migrations {
             return Err(StoreError::SchemaMissing);
         }
-        let applied: Option<i64> =
-            sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
-                .fetch_one(&self.pool)
-                .await?;
+        let applied: Option<i64> = on_store!(self, |e| sqlx::query_scalar(
+            "SELECT max(version) FROM _sqlx_migrations WHERE success"
+        )
+        .fetch_one(e))?;
         let expected = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
         match applied {
             Some(applied) if applied >= expected => Ok(()),

@@ -195,7 +195,7 @@ impl OutboxConsumer for PgStore {
             Some(group) => query.bind(group),
             None => query,
         };
-        let mut rows: Vec<OutboxDelivery> = query.fetch_all(&self.pool).await?;
+        let mut rows: Vec<OutboxDelivery> = on_store!(self, |e| query.fetch_all(e))?;
         // RETURNING follows no order; the contract is seq order.
         rows.sort_by_key(|r| r.message.seq);
         Ok(rows)
@@ -204,7 +204,7 @@ impl OutboxConsumer for PgStore {
     async fn outbox_ack(&self, consumer: &str, acks: &[OutboxAck]) -> Result<u64, StoreError> {
         let seqs: Vec<i64> = acks.iter().map(|a| a.seq).collect();
         let tokens: Vec<Uuid> = acks.iter().map(|a| a.lease_token).collect();
-        Ok(sqlx::query(
+        Ok(on_store!(self, |e| sqlx::query(
             "UPDATE outbox_messages o
              SET acked_at = now(), acked_by = $1, leased_by = NULL, lease_expires_at = NULL
              FROM UNNEST($2::bigint[], $3::uuid[]) AS a(seq, lease_token)
@@ -214,13 +214,12 @@ impl OutboxConsumer for PgStore {
         .bind(consumer)
         .bind(&seqs)
         .bind(&tokens)
-        .execute(&self.pool)
-        .await?
+        .execute(e))?
         .rows_affected())
     }
 
     async fn outbox_backlog(&self, limit: u32) -> Result<OutboxBacklog, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let (pending, leased, oldest): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(
             "SELECT count(*),
                     count(*) FILTER (WHERE lease_expires_at > now()),
@@ -294,7 +293,7 @@ impl PgStore {
         // so only rows of occurrences older than the retention go. Pruning is housekeeping run
         // inside the scheduler's loop: if something holds the table locked, this pass waits at
         // most PRUNE_LOCK_TIMEOUT and prunes nothing, leaving the rows to the next pass.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         sqlx::query(PRUNE_LOCK_TIMEOUT).execute(&mut *tx).await?;
         let query = match group {
             None => sqlx::query(prune_acked_sql!("")),

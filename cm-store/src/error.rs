@@ -48,6 +48,25 @@ pub enum StoreError {
     /// it was refused.
     #[error("{0}")]
     NoUsableHost(String),
+    /// The connections go through a pooler that does not keep a prepared statement from one
+    /// transaction to the next (PgBouncer before 1.21 in transaction mode, or with
+    /// `max_prepared_statements = 0`): every statement cm prepares would fail on the next
+    /// server connection. Found by [`crate::PgStore::check_pooler`].
+    #[error(
+        "the database URL goes through a pooler that loses prepared statements between \
+         transactions ({0}): use PgBouncer 1.21 or later with max_prepared_statements = 200 \
+         (its default from 1.25), or pool_mode = session"
+    )]
+    PoolerLosesPreparedStatements(String),
+    /// The settings cm sends when it connects (its timeouts, `plan_cache_mode`) did not
+    /// arrive: a pooler dropped them (PgBouncer's `ignore_startup_parameters = options`).
+    /// Found by [`crate::PgStore::check_pooler`].
+    #[error(
+        "the settings cm sends at connect did not arrive ({0}): the database URL goes through a \
+         pooler that drops them; run cm-scheduler with --pooled (CM_DATABASE_POOLED=true), which \
+         sets them in every transaction"
+    )]
+    PoolerDropsSettings(String),
     /// A stored row holds a value the domain refuses (written by hand, or by an older version).
     #[error("stored routine {routine_id} is unusable: {reason}")]
     CorruptRoutine {
@@ -73,6 +92,9 @@ impl StoreError {
     /// migration that could not run for such a reason (no connection came free) is transient
     /// too: the database did not refuse it.
     pub fn is_transient(&self) -> bool {
+        if self.is_refused_startup_parameter() {
+            return false;
+        }
         let e = match self {
             StoreError::Database(e) => e,
             StoreError::Migrate(sqlx::migrate::MigrateError::Execute(e)) => e,
@@ -88,6 +110,26 @@ impl StoreError {
             _ => false,
         }
     }
+}
+
+impl StoreError {
+    /// Whether a pooler refused the connection for a startup parameter it does not track
+    /// (PgBouncer's "unsupported startup parameter"): cm's settings sent at connect, on a
+    /// store that is not [`crate::StoreOptions::pooled`]. Trying again changes nothing.
+    pub fn is_refused_startup_parameter(&self) -> bool {
+        match self {
+            StoreError::Database(sqlx::Error::Database(d)) => {
+                refuses_startup_parameters(d.message())
+            }
+            _ => false,
+        }
+    }
+}
+
+/// PgBouncer's words for a startup parameter it refuses (`unsupported startup parameter: …`,
+/// `… in options: …`), in every version from 1.18 to 1.25.
+fn refuses_startup_parameters(message: &str) -> bool {
+    message.starts_with("unsupported startup parameter")
 }
 
 /// SQLSTATEs of failures that say nothing about the statement itself: connection exceptions
@@ -136,6 +178,12 @@ fn explain_sqlx(e: &sqlx::Error) -> String {
             ),
             // undefined_table: the schema was never applied.
             Some("42P01") => StoreError::SchemaMissing.to_string(),
+            _ if refuses_startup_parameters(db.message()) => format!(
+                "{} (a PgBouncer in front of PostgreSQL refuses cm's settings as startup \
+                 parameters: run cm-scheduler with --pooled, CM_DATABASE_POOLED=true, which sets \
+                 them in every transaction instead)",
+                db.message()
+            ),
             _ => db.message().to_string(),
         },
         sqlx::Error::PoolTimedOut => {

@@ -320,8 +320,7 @@ impl PgStore {
         if let Some(count) = self.group_count.get() {
             return Ok(*count);
         }
-        let mut conn = self.pool.acquire().await?;
-        let count = stored_group_count(&mut conn).await?;
+        let count = on_store_conn!(self, |conn| stored_group_count(conn))?;
         Ok(*self.group_count.get_or_init(|| count))
     }
 
@@ -338,15 +337,12 @@ impl GroupDirectory for PgStore {
     }
 
     async fn due_groups(&self) -> Result<Vec<GroupId>, StoreError> {
-        Ok(sqlx::query_scalar(DUE_GROUPS_SQL)
-            .fetch_all(&self.pool)
-            .await?)
+        Ok(on_store!(self, |e| sqlx::query_scalar(DUE_GROUPS_SQL).fetch_all(e))?)
     }
 
     async fn expired_groups(&self) -> Result<Vec<GroupId>, StoreError> {
-        Ok(sqlx::query_scalar(EXPIRED_GROUPS_SQL)
-            .fetch_all(&self.pool)
-            .await?)
+        Ok(on_store!(self, |e| sqlx::query_scalar(EXPIRED_GROUPS_SQL)
+            .fetch_all(e))?)
     }
 
     async fn lease_groups(
@@ -357,21 +353,21 @@ impl GroupDirectory for PgStore {
     ) -> Result<Vec<GroupId>, StoreError> {
         let now = self.ping().await?;
         let until = now + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
-        Ok(sqlx::query_scalar(LEASE_GROUPS_SQL)
+        Ok(on_store!(self, |e| sqlx::query_scalar(LEASE_GROUPS_SQL)
             .bind(holder)
             .bind(until)
             .bind(now)
             .bind(wanted)
-            .fetch_all(&self.pool)
-            .await?)
+            .fetch_all(e))?)
     }
 
     async fn release_groups(&self, holder: &str, groups: &[GroupId]) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM group_leases WHERE holder = $1 AND group_id = ANY($2)")
-            .bind(holder)
-            .bind(groups)
-            .execute(&self.pool)
-            .await?;
+        on_store!(self, |e| sqlx::query(
+            "DELETE FROM group_leases WHERE holder = $1 AND group_id = ANY($2)"
+        )
+        .bind(holder)
+        .bind(groups)
+        .execute(e))?;
         Ok(())
     }
 
@@ -381,18 +377,16 @@ impl GroupDirectory for PgStore {
 
     async fn live_holders(&self) -> Result<Vec<String>, StoreError> {
         let now = self.ping().await?;
-        Ok(
-            sqlx::query_scalar("SELECT holder FROM group_holders WHERE expires_at > $1 ORDER BY 1")
-                .bind(now)
-                .fetch_all(&self.pool)
-                .await?,
+        Ok(on_store!(self, |e| sqlx::query_scalar(
+            "SELECT holder FROM group_holders WHERE expires_at > $1 ORDER BY 1"
         )
+        .bind(now)
+        .fetch_all(e))?)
     }
 
     async fn live_group_leases(&self) -> Result<Vec<LiveLease>, StoreError> {
-        let rows: Vec<(GroupId, String, f64)> = sqlx::query_as(LIVE_LEASES_SQL)
-            .fetch_all(&self.pool)
-            .await?;
+        let rows: Vec<(GroupId, String, f64)> =
+            on_store!(self, |e| sqlx::query_as(LIVE_LEASES_SQL).fetch_all(e))?;
         Ok(rows
             .into_iter()
             .map(|(group, holder, seconds)| LiveLease {
@@ -407,9 +401,8 @@ impl GroupDirectory for PgStore {
         if !self.is_citus().await? {
             return Ok(None);
         }
-        Ok(sqlx::query_scalar(GROUP_NODE_SQL)
+        Ok(on_store!(self, |e| sqlx::query_scalar(GROUP_NODE_SQL)
             .bind(group)
-            .fetch_optional(&self.pool)
-            .await?)
+            .fetch_optional(e))?)
     }
 }

@@ -50,7 +50,7 @@ use cm_domain::{
 };
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
-use sqlx::{Connection as _, FromRow, Postgres, Transaction};
+use sqlx::{FromRow, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::groups::{GroupId, group_of};
@@ -600,11 +600,12 @@ impl Request {
 /// with the local instant it began at and the database's clock, read once for the whole
 /// transaction. The connection is acquired by the caller first, so a wait for one (the database
 /// restarting, the pool exhausted) is not counted against the leases the transaction takes.
-async fn begin_claim(
-    conn: &mut PoolConnection<Postgres>,
-) -> Result<(Transaction<'_, Postgres>, Instant, DateTime<Utc>), StoreError> {
+async fn begin_claim<'c>(
+    store: &PgStore,
+    conn: &'c mut PoolConnection<Postgres>,
+) -> Result<(Transaction<'c, Postgres>, Instant, DateTime<Utc>), StoreError> {
     let began = Instant::now();
-    let mut tx = conn.begin().await?;
+    let mut tx = store.begin_on(conn).await?;
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
         .fetch_one(&mut *tx)
         .await?;
@@ -1009,7 +1010,7 @@ impl FireLedger for PgStore {
         let cap = params.cap.get();
         let mut conn = self.pool.acquire().await?;
         let began = Instant::now();
-        let mut tx = conn.begin().await?;
+        let mut tx = self.begin_on(&mut conn).await?;
 
         // Occurrences asked for by hand get a guaranteed share of the cap, taken first, so a
         // sustained backlog of scheduled work cannot starve them; scheduled work gets the rest,
@@ -1295,15 +1296,14 @@ impl FireLedger for PgStore {
         fire: &FireRef,
         settlement: &Settlement,
     ) -> Result<SettleOutcome, StoreError> {
-        let (settled, present): (bool, bool) = sqlx::query_as(SETTLE_SQL)
+        let (settled, present): (bool, bool) = on_store!(self, |e| sqlx::query_as(SETTLE_SQL)
             .bind(fire.occurrence.routine_id)
             .bind(fire.occurrence.scheduled_at)
             .bind(fire.token.0)
             .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
             .bind(settlement.status().as_str())
             .bind(settlement.error())
-            .fetch_one(&self.pool)
-            .await?;
+            .fetch_one(e))?;
         Ok(match (settled, present) {
             (true, _) => SettleOutcome::Settled,
             (false, true) => SettleOutcome::TakenOver,
@@ -1312,7 +1312,7 @@ impl FireLedger for PgStore {
     }
 
     async fn note_unsettled(&self, fire: &FireRef, error: &ErrorText) -> Result<bool, StoreError> {
-        Ok(sqlx::query(
+        Ok(on_store!(self, |e| sqlx::query(
             "UPDATE routine_fires SET error = $5
              WHERE routine_id = $1 AND scheduled_at = $2
                AND claim_token = $3 AND attempt = $4 AND status = 'claimed'",
@@ -1322,8 +1322,7 @@ impl FireLedger for PgStore {
         .bind(fire.token.0)
         .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
         .bind(error.as_str())
-        .execute(&self.pool)
-        .await?
+        .execute(e))?
         .rows_affected()
             == 1)
     }
@@ -1331,7 +1330,7 @@ impl FireLedger for PgStore {
     async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError> {
         let token = ClaimToken::new_v4();
         let mut conn = self.pool.acquire().await?;
-        let (mut tx, began, now) = begin_claim(&mut conn).await?;
+        let (mut tx, began, now) = begin_claim(self, &mut conn).await?;
         let query = sqlx::query(match params.group {
             None => REAP_SQL,
             Some(_) => REAP_GROUP_SQL,
@@ -1367,12 +1366,11 @@ impl FireLedger for PgStore {
     async fn prune_settled(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
         // The ledger is the dedupe: a settled row is what stops an occurrence firing twice, so
         // only rows far older than any occurrence a scheduler could compute again go.
-        let deleted = sqlx::query(PRUNE_SQL)
+        let deleted = on_store!(self, |e| sqlx::query(PRUNE_SQL)
             .bind(retention.as_secs_f64())
             .bind(i64::from(limit))
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
+            .execute(e))?
+        .rows_affected();
         Ok(deleted)
     }
 
@@ -1382,25 +1380,23 @@ impl FireLedger for PgStore {
         retention: Duration,
         limit: u32,
     ) -> Result<u64, StoreError> {
-        let deleted = sqlx::query(PRUNE_GROUP_SQL)
+        let deleted = on_store!(self, |e| sqlx::query(PRUNE_GROUP_SQL)
             .bind(retention.as_secs_f64())
             .bind(i64::from(limit))
             .bind(group)
-            .execute(&self.pool)
-            .await?
-            .rows_affected();
+            .execute(e))?
+        .rows_affected();
         Ok(deleted)
     }
 
     async fn list_fires(&self, filter: &FireFilter) -> Result<Vec<Fire>, StoreError> {
         let sql = list_fires_statement(filter.outcome);
-        let rows: Vec<FireRow> = sqlx::query_as(sql)
+        let rows: Vec<FireRow> = on_store!(self, |e| sqlx::query_as(sql)
             .bind(filter.routine_id)
             .bind(filter.after.map(|c| c.scheduled_at))
             .bind(filter.after.map(|c| c.routine_id))
             .bind(i64::from(filter.limit))
-            .fetch_all(&self.pool)
-            .await?;
+            .fetch_all(e))?;
         Ok(rows.into_iter().map(Fire::from).collect())
     }
 }
@@ -2018,7 +2014,7 @@ impl PgStore {
             None => query,
             Some(group) => query.bind(group),
         };
-        let settled: Vec<(Uuid, DateTime<Utc>)> = query.fetch_all(&self.pool).await?;
+        let settled: Vec<(Uuid, DateTime<Utc>)> = on_store!(self, |e| query.fetch_all(e))?;
         let settled: std::collections::HashSet<(Uuid, DateTime<Utc>)> =
             settled.into_iter().collect();
         if settled.len() == n {
@@ -2051,8 +2047,10 @@ impl PgStore {
             None => query,
             Some(group) => query.bind(group),
         };
-        let present: std::collections::HashSet<(Uuid, DateTime<Utc>)> =
-            query.fetch_all(&self.pool).await?.into_iter().collect();
+        let present: std::collections::HashSet<(Uuid, DateTime<Utc>)> = on_store!(self, |e| query
+            .fetch_all(e))?
+        .into_iter()
+        .collect();
         Ok(ids
             .iter()
             .zip(&instants)
@@ -2076,19 +2074,22 @@ impl PgStore {
         if let Some(citus) = self.citus.get() {
             return Ok(*citus);
         }
-        let mut conn = self.pool.acquire().await?;
-        let extension: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
-        )
-        .fetch_one(&mut *conn)
-        .await?;
-        let citus = extension
-            && sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM pg_dist_partition
-                                WHERE logicalrelid = 'routines'::regclass)",
+        let citus = on_store_conn!(self, |conn| async {
+            let extension: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
             )
             .fetch_one(&mut *conn)
             .await?;
+            Ok::<_, sqlx::Error>(
+                extension
+                    && sqlx::query_scalar(
+                        "SELECT EXISTS (SELECT 1 FROM pg_dist_partition
+                                        WHERE logicalrelid = 'routines'::regclass)",
+                    )
+                    .fetch_one(&mut *conn)
+                    .await?,
+            )
+        })?;
         Ok(*self.citus.get_or_init(|| citus))
     }
 

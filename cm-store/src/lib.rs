@@ -17,6 +17,7 @@
 //!   schedulers' leases on them.
 //! - [`consumer`]: the outbox's consumer contract: leased batches in `seq` order,
 //!   acknowledgement, the backlog, pruning ([`OutboxConsumer`]).
+//! - [`pooler`]: running behind PgBouncer: what cm needs from a pooler, checked at start.
 //!
 //! [`PgStore`] implements all four traits on a connection pool. Callers depend on the traits,
 //! so a test about the caller (the scheduler's loop) can use the `mockall` doubles behind the
@@ -57,6 +58,57 @@
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+/// Runs one statement (or a helper that runs several) as its own transaction: on the pool
+/// directly, or, when the store's settings go with each transaction (a pooler), in a
+/// transaction the store began, committed when the statement succeeded. `$e` is the executor:
+/// `&PgPool` or `&mut PgConnection`.
+macro_rules! on_store {
+    ($store:expr, |$e:ident| $body:expr) => {{
+        match $store.begin_statement() {
+            None => {
+                let $e = $store.pool();
+                $body.await
+            }
+            Some(_) => {
+                let mut tx = $store.begin().await?;
+                let out = {
+                    let $e = &mut *tx;
+                    $body.await
+                };
+                if out.is_ok() {
+                    tx.commit().await?;
+                }
+                out
+            }
+        }
+    }};
+}
+
+/// Like [`on_store!`] for helpers that take a `&mut PgConnection` (and begin a transaction, or
+/// a savepoint inside the store's, of their own).
+macro_rules! on_store_conn {
+    ($store:expr, |$c:ident| $body:expr) => {{
+        match $store.begin_statement() {
+            None => {
+                let mut conn = $store.pool().acquire().await?;
+                let $c: &mut sqlx::PgConnection = &mut conn;
+                $body.await
+            }
+            Some(_) => {
+                let mut tx = $store.begin().await?;
+                let out = {
+                    let $c: &mut sqlx::PgConnection = &mut tx;
+                    $body.await
+                };
+                if out.is_ok() {
+                    tx.commit().await?;
+                }
+                out
+            }
+        }
+    }};
+}
+
 #[macro_use]
 pub mod outcome;
 
@@ -72,6 +124,7 @@ mod model;
 mod options;
 pub mod outbox;
 mod planning;
+pub mod pooler;
 pub mod routines;
 pub mod runs;
 pub mod status;
@@ -124,6 +177,36 @@ pub use status::{
 /// The schema's migrations, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 
+/// [`MIGRATOR`] without its session-level lock, for [`PgStore::migrate`] through a pooler,
+/// which takes the lock itself.
+static UNLOCKED_MIGRATOR: std::sync::LazyLock<Migrator> = std::sync::LazyLock::new(|| {
+    let mut migrator = sqlx::migrate!("../migrations");
+    migrator.set_locking(false);
+    migrator
+});
+
+/// The advisory lock key sqlx's migrator takes for `database` (its `generate_lock_id`), so a
+/// migrator through a pooler and one on a direct connection exclude each other.
+fn migration_lock_id(database: &str) -> i64 {
+    0x3d32ad9e * i64::from(crc32(database.as_bytes()))
+}
+
+/// CRC-32 (ISO-HDLC, the zlib one), bit by bit: it runs once per migration, on a name.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
 /// The PostgreSQL implementation of every store trait.
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -134,6 +217,10 @@ pub struct PgStore {
     citus: std::sync::Arc<std::sync::OnceLock<bool>>,
     /// On a multi-host URL (or one with `target_session_attrs`): what follows the primary.
     follow: Option<std::sync::Arc<failover::FollowGuard>>,
+    /// How each transaction begins when the connections go through a pooler
+    /// ([`StoreOptions::begin_statement`]); `None` on direct connections, whose settings were
+    /// set at connect.
+    begin: Option<std::sync::Arc<str>>,
 }
 
 impl PgStore {
@@ -146,6 +233,7 @@ impl PgStore {
             group_count: std::sync::Arc::default(),
             citus: std::sync::Arc::default(),
             follow: None,
+            begin: None,
         }
     }
 
@@ -185,7 +273,8 @@ impl PgStore {
         let store = PgStore {
             follow: Some(std::sync::Arc::new(failover::FollowGuard(follower))),
             ..PgStore::new(pool.clone())
-        };
+        }
+        .with_settings(options);
         (pool, store)
     }
 
@@ -194,6 +283,49 @@ impl PgStore {
     /// nothing of it.
     pub fn failover_problem(&self) -> Option<String> {
         self.follow.as_ref().and_then(|f| f.0.problem())
+    }
+
+    /// `self` with `options`' per-transaction settings (when [`StoreOptions::pooled`]).
+    fn with_settings(mut self, options: &StoreOptions) -> Self {
+        self.begin = options.begin_statement().map(Into::into);
+        self
+    }
+
+    /// The statement each of the store's transactions begins with when its connections go
+    /// through a pooler; `None` when they are direct.
+    pub fn begin_statement(&self) -> Option<&str> {
+        self.begin.as_deref()
+    }
+
+    /// Begins a transaction on a connection of the pool, with the store's settings: on a
+    /// direct connection those it was opened with, through a pooler
+    /// ([`StoreOptions::pooled`]) those of [`StoreOptions::begin_statement`], set for this
+    /// transaction alone. Callers that run the [`tx`] functions through a pooler begin their
+    /// transaction here.
+    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        Ok(match &self.begin {
+            None => self.pool.begin().await?,
+            Some(statement) => {
+                self.pool
+                    .begin_with(sqlx::AssertSqlSafe(statement.clone()))
+                    .await?
+            }
+        })
+    }
+
+    /// [`PgStore::begin`] on a connection the caller acquired.
+    pub(crate) async fn begin_on<'c>(
+        &self,
+        conn: &'c mut sqlx::PgConnection,
+    ) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, StoreError> {
+        use sqlx::Connection as _;
+        Ok(match &self.begin {
+            None => conn.begin().await?,
+            Some(statement) => {
+                conn.begin_with(sqlx::AssertSqlSafe(statement.clone()))
+                    .await?
+            }
+        })
     }
 
     /// Connects a pool of up to ten connections to `url`. A statement waits at most five
@@ -240,7 +372,7 @@ impl PgStore {
             .acquire_timeout(options.acquire_timeout)
             .connect_with(options.apply(connect))
             .await?;
-        Ok(PgStore::new(pool))
+        Ok(PgStore::new(pool).with_settings(options))
     }
 
     /// A pool like [`PgStore::connect`]'s that connects on first use instead of now, so a
@@ -266,7 +398,7 @@ impl PgStore {
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .connect_lazy_with(options.apply(connect));
-        Ok(PgStore::new(pool))
+        Ok(PgStore::new(pool).with_settings(options))
     }
 
     /// Creates the database `url` names if it does not exist yet (connecting to the server's
@@ -316,15 +448,54 @@ impl PgStore {
 
     /// Applies every migration not yet applied. Safe to run from several processes at once:
     /// the migrator serialises them with an advisory lock.
+    ///
+    /// sqlx's migrator holds a session-level lock, which a transaction pooler would leave on
+    /// whichever server connection took it (and release, or not, on another). Through a pooler
+    /// ([`StoreOptions::pooled`]) the same lock is taken transaction-scoped instead, in a
+    /// transaction of its own held open while the migrations run on other connections of the
+    /// pool; it excludes the session-level one of a migrator on a direct connection.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR.run(&self.pool).await?;
+        if self.begin.is_none() {
+            MIGRATOR.run(&self.pool).await?;
+            return Ok(());
+        }
+        let mut lock = self.begin().await?;
+        // The lock waits for another process's migrations, and is held idle while this one's
+        // run: none of the store's timeouts applies to it.
+        sqlx::raw_sql(
+            "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; \
+             SET LOCAL idle_in_transaction_session_timeout = 0",
+        )
+        .execute(&mut *lock)
+        .await?;
+        let database: String = sqlx::query_scalar("SELECT current_database()")
+            .fetch_one(&mut *lock)
+            .await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(migration_lock_id(&database))
+            .execute(&mut *lock)
+            .await?;
+        UNLOCKED_MIGRATOR.run(&self.pool).await?;
+        lock.commit().await?;
         Ok(())
     }
 
     /// Whether the database answers, and its clock.
     pub async fn ping(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
-        Ok(sqlx::query_scalar("SELECT now()")
-            .fetch_one(&self.pool)
-            .await?)
+        on_store!(self, |e| sqlx::query_scalar("SELECT now()").fetch_one(e))
+            .map_err(StoreError::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_migration_lock_is_sqlx_s() {
+        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
+        assert_eq!(crc32(b""), 0);
+        // sqlx's key for a database named `cm` (0x3d32ad9e times zlib's CRC-32 of the name).
+        assert_eq!(migration_lock_id("cm"), 1_034_229_154_904_171_972);
     }
 }

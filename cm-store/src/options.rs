@@ -28,6 +28,13 @@ pub struct StoreOptions {
     /// `idle_in_transaction_session_timeout`: how long a session may sit idle inside an open
     /// transaction before the server ends it (and its locks). `None` leaves the server's.
     pub idle_in_transaction_timeout: Option<Duration>,
+    /// Whether the connections go through a pooler such as PgBouncer, which hands each
+    /// transaction to whichever of its server connections is free and refuses startup
+    /// parameters it cannot track. Then nothing is set at connect: every transaction the store
+    /// runs (every statement runs in one) begins with the timeouts and [`PLAN_CACHE_MODE`] as
+    /// `SET LOCAL`, so they hold on whichever server connection it lands (see
+    /// [`StoreOptions::begin_statement`]).
+    pub pooled: bool,
 }
 
 impl Default for StoreOptions {
@@ -40,6 +47,7 @@ impl Default for StoreOptions {
             statement_timeout: None,
             lock_timeout: None,
             idle_in_transaction_timeout: None,
+            pooled: false,
         }
     }
 }
@@ -63,22 +71,54 @@ impl StoreOptions {
     }
 
     /// `connect` with the timeouts set as session parameters of every connection it opens, and
-    /// [`PLAN_CACHE_MODE`].
+    /// [`PLAN_CACHE_MODE`]; when [`StoreOptions::pooled`], with no startup parameter a pooler
+    /// would refuse (the settings go with each transaction instead).
     pub fn apply(&self, connect: PgConnectOptions) -> PgConnectOptions {
-        let settings = [
+        if self.pooled {
+            // PgBouncer refuses a connection whose startup packet carries a parameter it does
+            // not track, and it tracks only those PostgreSQL reports back (none of cm's
+            // settings, nor sqlx's `extra_float_digits`). PostgreSQL's default since 12
+            // already prints floats exactly, and cm reads its floats in binary anyway.
+            return connect.extra_float_digits(None);
+        }
+        connect.options(self.settings()).options([PLAN_CACHE_MODE])
+    }
+
+    /// The statement that begins each of the store's transactions when [`StoreOptions::pooled`]
+    /// (`None` otherwise): `BEGIN` and a `SET LOCAL` of each timeout and of
+    /// [`PLAN_CACHE_MODE`], sent as one message, so beginning costs no more round trips than a
+    /// plain `BEGIN` and every setting lasts exactly the transaction, on whichever server
+    /// connection the pooler gave it.
+    pub fn begin_statement(&self) -> Option<String> {
+        if !self.pooled {
+            return None;
+        }
+        let mut statement = String::from("BEGIN");
+        for (name, value) in self
+            .settings()
+            .chain([(PLAN_CACHE_MODE.0, PLAN_CACHE_MODE.1.to_string())])
+        {
+            // The values are cm's own (a number of milliseconds, a fixed word): nothing to quote.
+            statement.push_str(&format!("; SET LOCAL {name} = '{value}'"));
+        }
+        Some(statement)
+    }
+
+    /// The timeouts that are set, as PostgreSQL settings. Zero means "no timeout" to
+    /// PostgreSQL, so a timeout is at least a millisecond.
+    fn settings(&self) -> impl Iterator<Item = (&'static str, String)> {
+        [
             ("statement_timeout", self.statement_timeout),
             ("lock_timeout", self.lock_timeout),
             (
                 "idle_in_transaction_session_timeout",
                 self.idle_in_transaction_timeout,
             ),
-        ];
-        // Zero means "no timeout" to PostgreSQL, so a timeout is at least a millisecond.
-        connect
-            .options(settings.into_iter().filter_map(|(name, timeout)| {
-                timeout.map(|t| (name, format!("{}ms", t.as_millis().max(1))))
-            }))
-            .options([PLAN_CACHE_MODE])
+        ]
+        .into_iter()
+        .filter_map(|(name, timeout)| {
+            timeout.map(|t| (name, format!("{}ms", t.as_millis().max(1))))
+        })
     }
 }
 
@@ -129,5 +169,37 @@ mod tests {
                 "{set}"
             );
         }
+    }
+
+    #[test]
+    fn a_pooled_store_sends_its_settings_with_each_transaction() {
+        let url = "postgres://cm@localhost/cm"
+            .parse::<PgConnectOptions>()
+            .unwrap();
+        let lease = Lease::new(Duration::from_secs(10)).unwrap();
+        let direct = StoreOptions::for_lease(lease);
+        assert_eq!(direct.begin_statement(), None);
+        let pooled = StoreOptions {
+            pooled: true,
+            ..direct
+        };
+        assert_eq!(pooled.apply(url.clone()).get_options(), None);
+        assert_eq!(
+            pooled.begin_statement().as_deref(),
+            Some(
+                "BEGIN; SET LOCAL statement_timeout = '2500ms'; \
+                 SET LOCAL lock_timeout = '500ms'; \
+                 SET LOCAL idle_in_transaction_session_timeout = '2500ms'; \
+                 SET LOCAL plan_cache_mode = 'force_custom_plan'"
+            )
+        );
+        let plain = StoreOptions {
+            pooled: true,
+            ..StoreOptions::default()
+        };
+        assert_eq!(
+            plain.begin_statement().as_deref(),
+            Some("BEGIN; SET LOCAL plan_cache_mode = 'force_custom_plan'")
+        );
     }
 }

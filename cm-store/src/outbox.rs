@@ -57,7 +57,7 @@ pub trait OutboxStore: Send + Sync {
 #[async_trait]
 impl OutboxStore for PgStore {
     async fn outbox_insert(&self, message: &OutboxMessage) -> Result<bool, StoreError> {
-        let inserted = sqlx::query(
+        let inserted = on_store!(self, |e| sqlx::query(
             "INSERT INTO outbox_messages
                  (routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
              SELECT $1, $2, $3, $4, $5, cm_group_of($1, group_count) FROM cm_settings
@@ -68,21 +68,19 @@ impl OutboxStore for PgStore {
         .bind(message.idempotency_key.as_str())
         .bind(i32::try_from(message.attempt).unwrap_or(i32::MAX))
         .bind(&message.payload)
-        .execute(&self.pool)
-        .await?
+        .execute(e))?
         .rows_affected();
         Ok(inserted == 1)
     }
 
     async fn outbox_read(&self, after_seq: i64, limit: u32) -> Result<Vec<OutboxRow>, StoreError> {
-        Ok(sqlx::query_as(
+        Ok(on_store!(self, |e| sqlx::query_as(
             "SELECT seq, routine_id, scheduled_at, idempotency_key, attempt, payload, created_at
              FROM outbox_messages WHERE seq > $1 ORDER BY seq LIMIT $2",
         )
         .bind(after_seq)
         .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?)
+        .fetch_all(e))?)
     }
 
     async fn outbox_get(&self, key: &IdempotencyKey) -> Result<Option<OutboxRow>, StoreError> {
@@ -90,13 +88,12 @@ impl OutboxStore for PgStore {
         let Some(occurrence) = IdempotencyKey::parse_occurrence(key.as_str()) else {
             return Ok(None);
         };
-        Ok(sqlx::query_as(
+        Ok(on_store!(self, |e| sqlx::query_as(
             "SELECT seq, routine_id, scheduled_at, idempotency_key, attempt, payload, created_at
              FROM outbox_messages WHERE routine_id = $1 AND scheduled_at = $2",
         )
         .bind(occurrence.routine_id)
         .bind(occurrence.scheduled_at)
-        .fetch_optional(&self.pool)
-        .await?)
+        .fetch_optional(e))?)
     }
 }

@@ -57,24 +57,24 @@ impl UnplannedRoutines for PgStore {
         // An unlocked read of the candidates (on Citus, one shard with a group, or every shard
         // without), then each locked by its own statement naming its group.
         let candidates: Vec<(Uuid, GroupId)> = match group {
-            Some(group) => sqlx::query_as(
+            Some(group) => on_store!(self, |e| sqlx::query_as(
                 "SELECT id, group_id FROM routines
                  WHERE NOT planned AND group_id = $1 ORDER BY id LIMIT $2",
             )
             .bind(group)
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?,
-            None => sqlx::query_as(
+            .fetch_all(e))?,
+            None => on_store!(self, |e| {
+                sqlx::query_as(
                 "SELECT id, group_id FROM routines WHERE NOT planned ORDER BY group_id, id LIMIT $1",
             )
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?,
+            .fetch_all(e)
+            })?,
         };
         let mut planned = Vec::with_capacity(candidates.len());
         for (id, group) in candidates {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.begin().await?;
             let row: Option<Routine> = sqlx::query_as(
                 "SELECT * FROM routines WHERE id = $1 AND group_id = $2 AND NOT planned
                  FOR UPDATE SKIP LOCKED",

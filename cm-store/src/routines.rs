@@ -99,27 +99,27 @@ pub trait RoutineStore: Send + Sync {
 #[async_trait]
 impl RoutineStore for PgStore {
     async fn create_routine(&self, routine: NewRoutine) -> Result<Routine, StoreError> {
-        tx::create_routine(&mut *self.pool.acquire().await?, &routine).await
+        on_store_conn!(self, |c| tx::create_routine(c, &routine))
     }
 
     async fn get_routine(&self, id: Uuid) -> Result<Routine, StoreError> {
-        sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or(StoreError::RoutineNotFound(id))
+        on_store!(self, |e| sqlx::query_as::<_, Routine>(
+            "SELECT * FROM routines WHERE id = $1"
+        )
+        .bind(id)
+        .fetch_optional(e))?
+        .ok_or(StoreError::RoutineNotFound(id))
     }
 
     async fn list_routines(&self) -> Result<Vec<Routine>, StoreError> {
-        Ok(
-            sqlx::query_as::<_, Routine>("SELECT * FROM routines ORDER BY created_at, id")
-                .fetch_all(&self.pool)
-                .await?,
+        Ok(on_store!(self, |e| sqlx::query_as::<_, Routine>(
+            "SELECT * FROM routines ORDER BY created_at, id"
         )
+        .fetch_all(e))?)
     }
 
     async fn get_routine_by_name(&self, name: &str) -> Result<Routine, StoreError> {
-        catalog::get_routine_by_name(&self.pool, name).await
+        on_store_conn!(self, |c| catalog::get_routine_by_name(c, name))
     }
 
     async fn list_routines_page(
@@ -127,7 +127,7 @@ impl RoutineStore for PgStore {
         after: Option<RoutineCursor>,
         limit: u32,
     ) -> Result<Vec<Routine>, StoreError> {
-        catalog::list_routines_page(&self.pool, after, limit).await
+        on_store_conn!(self, |c| catalog::list_routines_page(c, after, limit))
     }
 
     async fn update_routine(
@@ -135,7 +135,7 @@ impl RoutineStore for PgStore {
         id: Uuid,
         update: &RoutineUpdate,
     ) -> Result<Routine, StoreError> {
-        tx::update_routine(&mut *self.pool.acquire().await?, id, update).await
+        on_store_conn!(self, |c| tx::update_routine(c, id, update))
     }
 
     async fn import_routines(
@@ -143,7 +143,7 @@ impl RoutineStore for PgStore {
         routines: &[NewRoutine],
         upsert: bool,
     ) -> Result<Vec<ImportedRoutine>, StoreError> {
-        tx::import_routines(&mut *self.pool.acquire().await?, routines, upsert).await
+        on_store_conn!(self, |c| tx::import_routines(c, routines, upsert))
     }
 
     async fn sync_routines(
@@ -151,15 +151,15 @@ impl RoutineStore for PgStore {
         source: &str,
         routines: &[NewRoutine],
     ) -> Result<Vec<SyncedRoutine>, StoreError> {
-        tx::sync_routines(&mut *self.pool.acquire().await?, source, routines).await
+        on_store_conn!(self, |c| tx::sync_routines(c, source, routines))
     }
 
     async fn pending_requests(&self, id: Uuid, limit: u32) -> Result<PendingRequests, StoreError> {
-        catalog::pending_requests(&self.pool, id, limit).await
+        on_store_conn!(self, |c| catalog::pending_requests(c, id, limit))
     }
 
     async fn set_routine_paused(&self, id: Uuid, paused: bool) -> Result<Routine, StoreError> {
-        tx::set_routine_paused(&mut *self.pool.acquire().await?, id, paused).await
+        on_store_conn!(self, |c| tx::set_routine_paused(c, id, paused))
     }
 
     async fn request_occurrences(
@@ -167,14 +167,14 @@ impl RoutineStore for PgStore {
         id: Uuid,
         instants: &[DateTime<Utc>],
     ) -> Result<u64, StoreError> {
-        tx::request_occurrences(&mut *self.pool.acquire().await?, id, instants).await
+        on_store_conn!(self, |c| tx::request_occurrences(c, id, instants))
     }
 
     async fn trigger_routine(&self, id: Uuid) -> Result<DateTime<Utc>, StoreError> {
-        tx::trigger_routine(&mut *self.pool.acquire().await?, id).await
+        on_store_conn!(self, |c| tx::trigger_routine(c, id))
     }
 
     async fn delete_routine(&self, id: Uuid) -> Result<(), StoreError> {
-        tx::delete_routine(&mut *self.pool.acquire().await?, id).await
+        on_store_conn!(self, |c| tx::delete_routine(c, id))
     }
 }

@@ -11,7 +11,6 @@ use chrono::{DateTime, Utc};
 use cm_domain::{
     FireStatus, Occurrence, OverlapDecision, OverlapPolicy, RunHolder, RunState, decide_overlap,
 };
-use sqlx::Connection as _;
 use uuid::Uuid;
 
 use crate::{GroupId, PgStore, StoreError};
@@ -142,12 +141,11 @@ pub trait MissionRuns: Send + Sync {
 impl MissionRuns for PgStore {
     async fn begin_run(&self, occurrence: Occurrence) -> Result<(), StoreError> {
         let group = self.group_of_routine(occurrence.routine_id).await?;
-        sqlx::query(BEGIN_RUN_SQL)
+        on_store!(self, |e| sqlx::query(BEGIN_RUN_SQL)
             .bind(occurrence.routine_id)
             .bind(occurrence.scheduled_at)
             .bind(group)
-            .execute(&self.pool)
-            .await?;
+            .execute(e))?;
         Ok(())
     }
 
@@ -157,14 +155,15 @@ impl MissionRuns for PgStore {
         policy: OverlapPolicy,
     ) -> Result<bool, StoreError> {
         let group = self.group_of_routine(routine_id).await?;
-        let updated = sqlx::query(
+        let updated = on_store!(self, |e| {
+            sqlx::query(
             "UPDATE routines SET overlap = $2, updated_at = now() WHERE id = $1 AND group_id = $3",
         )
         .bind(routine_id)
         .bind(policy.as_str())
         .bind(group)
-        .execute(&self.pool)
-        .await?
+        .execute(e)
+        })?
         .rows_affected();
         Ok(updated == 1)
     }
@@ -182,10 +181,9 @@ impl MissionRuns for PgStore {
     }
 
     async fn unfinished_runs(&self, limit: u32) -> Result<Vec<UnfinishedRun>, StoreError> {
-        let rows = sqlx::query_as(UNFINISHED_RUNS_SQL)
+        let rows = on_store!(self, |e| sqlx::query_as(UNFINISHED_RUNS_SQL)
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
+            .fetch_all(e))?;
         unfinished(rows)
     }
 
@@ -194,11 +192,10 @@ impl MissionRuns for PgStore {
         group: GroupId,
         limit: u32,
     ) -> Result<Vec<UnfinishedRun>, StoreError> {
-        let rows = sqlx::query_as(UNFINISHED_RUNS_IN_SQL)
+        let rows = on_store!(self, |e| sqlx::query_as(UNFINISHED_RUNS_IN_SQL)
             .bind(i64::from(limit))
             .bind(group)
-            .fetch_all(&self.pool)
-            .await?;
+            .fetch_all(e))?;
         unfinished(rows)
     }
 
@@ -241,7 +238,7 @@ impl MissionRuns for PgStore {
             .output
             .as_deref()
             .map(|o| output_tail(o).replace('\0', ""));
-        sqlx::query(
+        on_store!(self, |e| sqlx::query(
             "UPDATE routine_fires
              SET run_output = $4, run_started_at = $5, run_finished_at = $6
              WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3",
@@ -252,8 +249,7 @@ impl MissionRuns for PgStore {
         .bind(output)
         .bind(record.started_at)
         .bind(record.finished_at)
-        .execute(&self.pool)
-        .await?;
+        .execute(e))?;
         Ok(())
     }
 }
@@ -278,7 +274,7 @@ impl PgStore {
         // (the advisory lock is the coordinator's, which every scheduler talks to).
         let group = self.group_of_routine(occurrence.routine_id).await?;
         let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin().await?;
+        let mut tx = self.begin_on(&mut conn).await?;
         // The deciders of one routine take turns here, and each reads the holder after its turn
         // began (READ COMMITTED: each statement sees what committed before it), so two never
         // both find the run free. The routine's row is only read.
@@ -448,7 +444,7 @@ impl PgStore {
             None => query,
             Some(group) => query.bind(group),
         };
-        let ended: Vec<(Uuid, DateTime<Utc>)> = query.fetch_all(&self.pool).await?;
+        let ended: Vec<(Uuid, DateTime<Utc>)> = on_store!(self, |e| query.fetch_all(e))?;
         let ended: std::collections::HashSet<Occurrence> = ended
             .into_iter()
             .map(|(routine_id, at)| Occurrence::new(routine_id, at))

@@ -233,7 +233,7 @@ impl PgStore {
         Ok(if ids.is_empty() || strip == 0 {
             Vec::new()
         } else {
-            sqlx::query_as(concat!(
+            on_store!(self, |e| sqlx::query_as(concat!(
                 "SELECT r.id AS routine_id, f.scheduled_at, f.status, f.completed_at, f.error,
                             f.run_state, f.run_exit_code
                      FROM routines r
@@ -250,8 +250,7 @@ impl PgStore {
             ))
             .bind(ids)
             .bind(i64::from(strip))
-            .fetch_all(&self.pool)
-            .await?
+            .fetch_all(e))?
         })
     }
 }
@@ -276,13 +275,12 @@ impl StatusReader for PgStore {
             RoutineOrder::Name => summaries_sql!("r.name"),
             RoutineOrder::NextRun => summaries_sql!("COALESCE(r.next_run_at, 'infinity')"),
         };
-        let routines: Vec<Routine> = sqlx::query_as(sql)
+        let routines: Vec<Routine> = on_store!(self, |e| sqlx::query_as(sql)
             .bind(query.name_contains.as_deref().filter(|n| !n.is_empty()))
             .bind(query.paused)
             .bind(query.after)
             .bind(i64::from(query.limit.min(MAX_PAGE)))
-            .fetch_all(&self.pool)
-            .await?;
+            .fetch_all(e))?;
         let ids: Vec<Uuid> = routines.iter().map(|r| r.id).collect();
         let mut fires = self.strips(&ids, query.recent_fires.min(MAX_STRIP)).await?;
         Ok(routines
@@ -329,7 +327,7 @@ impl StatusReader for PgStore {
     }
 
     async fn fire(&self, occurrence: Occurrence) -> Result<Option<FireDetail>, StoreError> {
-        let row: Option<DetailRow> = sqlx::query_as(
+        let row: Option<DetailRow> = on_store!(self, |e| sqlx::query_as(
             "SELECT routine_id, scheduled_at, status, origin, claimant, attempt, claimed_at,
                     lease_expires_at, completed_at, error, receipt, run_state, run_exit_code,
                     run_reason, run_started_at, run_finished_at, run_output
@@ -337,8 +335,7 @@ impl StatusReader for PgStore {
         )
         .bind(occurrence.routine_id)
         .bind(occurrence.scheduled_at)
-        .fetch_optional(&self.pool)
-        .await?;
+        .fetch_optional(e))?;
         Ok(row.map(|row| FireDetail {
             fire: Fire::from(row.fire),
             run_output: row.run_output,
@@ -346,17 +343,17 @@ impl StatusReader for PgStore {
     }
 
     async fn fire_count(&self, id: Uuid) -> Result<u64, StoreError> {
-        let count: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE routine_id = $1")
-                .bind(id)
-                .fetch_one(&self.pool)
-                .await?;
+        let count: i64 = on_store!(self, |e| sqlx::query_scalar(
+            "SELECT count(*) FROM routine_fires WHERE routine_id = $1"
+        )
+        .bind(id)
+        .fetch_one(e))?;
         Ok(count.max(0) as u64)
     }
 
     async fn recent_failures(&self, limit: u32) -> Result<Vec<FailedFire>, StoreError> {
         // Newest first through `routine_fires_failures_idx`, which holds the failures only.
-        Ok(sqlx::query_as(concat!(
+        Ok(on_store!(self, |e| sqlx::query_as(concat!(
             "SELECT f.routine_id, r.name AS routine_name, f.scheduled_at, f.completed_at,
                     f.attempt, f.run_exit_code, ",
             failure_reason_sql!("f."),
@@ -372,18 +369,16 @@ impl StatusReader for PgStore {
              LIMIT $1"
         ))
         .bind(i64::from(limit.min(MAX_PAGE)))
-        .fetch_all(&self.pool)
-        .await?)
+        .fetch_all(e))?)
     }
 
     async fn open_claims(&self, claimant: &str) -> Result<OpenClaims, StoreError> {
-        let (mine, all): (i64, i64) = sqlx::query_as(
+        let (mine, all): (i64, i64) = on_store!(self, |e| sqlx::query_as(
             "SELECT count(*) FILTER (WHERE claimant = $1), count(*)
              FROM routine_fires WHERE status = 'claimed'",
         )
         .bind(claimant)
-        .fetch_one(&self.pool)
-        .await?;
+        .fetch_one(e))?;
         Ok(OpenClaims {
             mine: u64::try_from(mine).unwrap_or(0),
             all: u64::try_from(all).unwrap_or(0),
@@ -392,7 +387,7 @@ impl StatusReader for PgStore {
 
     async fn fire_rate(&self) -> Result<FireRate, StoreError> {
         // Read through the (status, scheduled_at) index: an hour of settled fires, no more.
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let until: DateTime<Utc> = sqlx::query_scalar("SELECT date_trunc('minute', now())")
             .fetch_one(&mut *tx)
             .await?;

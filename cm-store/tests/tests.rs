@@ -112,6 +112,11 @@ mod groups;
 #[path = "store/citus.rs"]
 mod citus;
 
+// The store behind PgBouncer (`CM_TEST_PGBOUNCER_URL`, `CM_TEST_PGBOUNCER_SESSION_URL`): cm's
+// settings in every transaction, whichever server connection it lands on, and none left behind.
+#[path = "store/pgbouncer.rs"]
+mod pgbouncer;
+
 // Writes in the caller's transaction (`cm_store::tx`) and from SQL (`cm.create_routine` …),
 // with the planning pass that reads what SQL could not.
 #[path = "store/writes.rs"]

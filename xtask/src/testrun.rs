@@ -34,6 +34,18 @@ pub(crate) const SERVICES: &[Service] = &[
         present: || set("CM_TEST_AUTO_FAILOVER_URL") && set("CM_TEST_AUTO_FAILOVER_MONITOR"),
     },
     Service {
+        needs: "needs PgBouncer in transaction mode",
+        present: || set("CM_TEST_PGBOUNCER_URL"),
+    },
+    Service {
+        needs: "needs PgBouncer in session mode",
+        present: || set("CM_TEST_PGBOUNCER_SESSION_URL"),
+    },
+    Service {
+        needs: "needs PgBouncer 1.18",
+        present: || set("CM_TEST_PGBOUNCER_118_URL"),
+    },
+    Service {
         needs: "needs a Docker engine",
         present: || set("CM_TEST_DOCKER_HOST"),
     },

@@ -17,7 +17,8 @@ pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-u
                           [--pin-xmin SECONDS [--pin-baseline]] [--starve-pool SECONDS]
                           [--receiver-outage SECONDS]
                           [--mission-backend docker [--dockerd-restarts N] [--refuse-stops]]
-                          [--citus-workers VERSION/NAME,VERSION/NAME... [--worker-outage SECONDS] [--shard-moves N]]";
+                          [--citus-workers VERSION/NAME,VERSION/NAME... [--worker-outage SECONDS] [--shard-moves N]]
+                          [--pooler URL]";
 
 /// The routines of a `--mission-backend docker` run when `--routines` is not given: each fires
 /// a container every second on the run's one engine.
@@ -111,6 +112,11 @@ pub(super) struct Options {
     /// How many shards of the first Citus worker are moved to the second with `block_writes`
     /// (`--citus-workers` only); the groups left in place must stay on time.
     pub shard_moves: u32,
+    /// A connection pooler (PgBouncer) in front of the server `server_url` names, forwarding
+    /// every database name to it: the schedulers reach the chaos database through it (its
+    /// database part replaced by the run's, `--pooled`); the harness's own connections, the
+    /// migrations and the routines' creation stay direct.
+    pub pooler: Option<String>,
 }
 
 impl Options {
@@ -142,6 +148,7 @@ impl Options {
             citus_workers: Vec::new(),
             worker_outage: None,
             shard_moves: 0,
+            pooler: None,
         }
     }
 
@@ -227,6 +234,9 @@ impl Options {
         }
         if self.shard_moves > 0 {
             c += &format!(" --shard-moves {}", self.shard_moves);
+        }
+        if let Some(pooler) = &self.pooler {
+            c += &format!(" --pooler {pooler}");
         }
         c
     }
@@ -314,6 +324,7 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
             "--worker-outage" => {
                 options.worker_outage = Some(seconds(flag, value(&mut it, flag)?)?);
             }
+            "--pooler" => options.pooler = Some(value(&mut it, flag)?.to_string()),
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?} (see --help)"),
         }
@@ -418,6 +429,12 @@ fn check(o: &Options) -> anyhow::Result<()> {
                 needed.as_secs()
             );
         }
+    }
+    if o.pooler.is_some() && (o.forwarded() || !o.citus_workers.is_empty()) {
+        bail!(
+            "--pooler puts PgBouncer between the schedulers and PostgreSQL: leave out \
+             --network-hang, --failover and --citus-workers"
+        );
     }
     if o.pin_baseline && o.pin_xmin.is_none() {
         bail!("--pin-baseline measures a --pin-xmin run without the pin: give --pin-xmin too");
@@ -533,6 +550,7 @@ mod tests {
                 citus_workers: Vec::new(),
                 worker_outage: None,
                 shard_moves: 0,
+                pooler: None,
             }
         );
         assert!(options.forwarded());
@@ -665,6 +683,29 @@ mod tests {
     }
 
     #[test]
+    fn a_pooler_is_read_and_given_back() {
+        let pooled = parse_args(
+            &args(&[
+                "--short",
+                "--pooler",
+                "postgres://postgres@127.0.0.1:6432/postgres",
+            ]),
+            5,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            pooled.pooler.as_deref(),
+            Some("postgres://postgres@127.0.0.1:6432/postgres")
+        );
+        assert!(
+            pooled
+                .command()
+                .ends_with(" --pooler postgres://postgres@127.0.0.1:6432/postgres")
+        );
+    }
+
+    #[test]
     fn bad_arguments_are_refused_in_one_line() {
         for bad in [
             &["--routines"][..],
@@ -699,6 +740,15 @@ mod tests {
             &["--mission-backend", "docker", "--message-backend", "nats"],
             &["--citus-workers", "citus_w1"],
             &["--citus-workers", "15/w1", "--pg-cluster", "15/c"],
+            &["--pooler"],
+            &[
+                "--pooler",
+                "postgres://h/p",
+                "--network-hang",
+                "20",
+                "--duration",
+                "60",
+            ],
         ] {
             match parse_args(&args(bad), 1) {
                 Ok(_) => panic!("{bad:?} was accepted"),

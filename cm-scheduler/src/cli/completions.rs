@@ -176,7 +176,8 @@ fn fish_names() -> String {
 /// nothing at all when the database cannot say.
 pub(super) async fn routine_names(url: &str, prefix: &str) {
     let names = async {
-        let store = PgStore::connect_lazy(url).ok()?;
+        let options = super::database::store_options(cm_store::StoreOptions::default());
+        let store = PgStore::connect_lazy_with(url, &options).ok()?;
         store.routine_names(prefix, NAMES).await.ok()
     };
     if let Ok(Some(names)) = tokio::time::timeout(DATABASE_WAIT, names).await {

@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::anyhow;
-use cm_store::PgStore;
+use cm_store::{PgStore, StoreOptions};
 
 use super::Failure;
 
@@ -12,7 +14,31 @@ use super::Failure;
 /// server across a slow network, short enough that a person is not left waiting.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connects to the database; `create` creates it first if it does not exist. One direct
+/// Whether the database URL goes through a pooler (`--pooled`), set once from the command line
+/// before anything connects.
+static POOLED: AtomicBool = AtomicBool::new(false);
+
+/// Records `--pooled` for every connection the process opens.
+pub(super) fn set_pooled(pooled: bool) {
+    POOLED.store(pooled, Ordering::Relaxed);
+}
+
+/// Whether the database URL goes through a pooler (`--pooled`).
+pub(super) fn pooled() -> bool {
+    POOLED.load(Ordering::Relaxed)
+}
+
+/// `options` for this process's connections: through a pooler, with the settings sent in each
+/// transaction rather than at connect.
+pub(super) fn store_options(options: StoreOptions) -> StoreOptions {
+    StoreOptions {
+        pooled: pooled(),
+        ..options
+    }
+}
+
+/// Connects to the database; `create` creates it first if it does not exist (not through a
+/// pooler, whose own configuration names the databases it serves). One direct
 /// connection is tried first, so a refused connection, an unknown database or a rejected
 /// password is reported at once, in words, rather than as a pool timing out.
 pub(super) async fn connect(url: &str, create: bool) -> Result<PgStore, Failure> {
@@ -24,12 +50,14 @@ pub(super) async fn connect(url: &str, create: bool) -> Result<PgStore, Failure>
             e.explain()
         ))
     };
-    if create {
+    let options = store_options(StoreOptions::default());
+    if create && !options.pooled {
         PgStore::create_database_if_missing(url)
             .await
             .map_err(fail)?;
     } else {
-        match tokio::time::timeout(CONNECT_TIMEOUT, PgStore::check_connection(url)).await {
+        let check = PgStore::check_connection_with(url, &options);
+        match tokio::time::timeout(CONNECT_TIMEOUT, check).await {
             Ok(result) => result.map_err(fail)?,
             Err(_) => {
                 return Err(Failure::Other(anyhow!(
@@ -39,7 +67,7 @@ pub(super) async fn connect(url: &str, create: bool) -> Result<PgStore, Failure>
             }
         }
     }
-    PgStore::connect(url).await.map_err(fail)
+    PgStore::connect_with(url, &options).await.map_err(fail)
 }
 
 /// Refuses, as bad input, a database URL that is not a PostgreSQL URL with a host, before any

@@ -199,6 +199,10 @@ struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
     log_format: LogFormat,
+    /// Send each attempt's claim, dispatch and settle as OpenTelemetry spans to this OTLP/HTTP
+    /// receiver (`http://collector:4318`; `/v1/traces` is added). Off without it.
+    #[arg(long, env = "CM_OTLP_ENDPOINT", value_name = "URL")]
+    otlp_endpoint: Option<String>,
     #[command(flatten)]
     messages: backends::MessageArgs,
     #[command(flatten)]
@@ -975,6 +979,15 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         .instance_id
         .unwrap_or_else(cm_scheduler::default_instance_id);
     let (mission, runtime) = mission.unzip();
+    let traces = match &args.otlp_endpoint {
+        Some(endpoint) => {
+            let traces =
+                cm_scheduler::traces::FireTracer::otlp(endpoint, &instance_id).map_err(input)?;
+            tracing::info!(endpoint = %endpoint, "sending traces of fires over OTLP");
+            Some(traces)
+        }
+        None => None,
+    };
     let mut scheduler = Scheduler::new(
         Arc::new(store.clone()),
         Arc::new(RoutedDispatcher::new(Some(message), mission)),
@@ -999,6 +1012,9 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
             None
         }
     };
+    if let Some(traces) = &traces {
+        scheduler = scheduler.with_traces(traces.clone());
+    }
     if let Some(notifier) = &notifier {
         tracing::info!(watchdog = ?notifier.watchdog(), "notifying the supervisor (NOTIFY_SOCKET)");
         notifier.status("waiting for the database");
@@ -1125,6 +1141,10 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
         .spawn(shutdown(stopped))
         .await
         .context("the scheduler task failed")?;
+    if let Some(traces) = traces {
+        // The last fires' spans are sent before the process exits.
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
     tracing::info!(
         ticks = summary.ticks,
         fired = summary.fired,

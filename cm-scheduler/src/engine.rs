@@ -30,9 +30,10 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use cm_dispatch::{Dispatch, DispatchError, Dispatcher};
+use cm_domain::trace::TraceParent;
 use cm_domain::{
     ClaimAction, ClaimOutcome, ConfigError, ErrorText, FireCap, FireOrigin, FireStatus,
     MisfireRules, SchedulerConfig, Settlement,
@@ -51,6 +52,7 @@ use crate::groups::GroupLeases;
 use crate::outages::{GroupOutages, each_group};
 use crate::runs::{BeforeLaunch, RunWatch};
 use crate::stats::{Stats, add};
+use crate::traces::{AttemptFacts, AttemptTrace, ClaimWindow, FireTracer};
 
 /// How many rows one prune statement deletes (settled fires, or acknowledged outbox messages).
 /// Measured by `cargo xtask scale` (docs/BENCHMARKS.md, "Scale"): a batch of this size is
@@ -220,6 +222,8 @@ pub struct Scheduler {
     first_batch: AtomicUsize,
     /// The supervisor told of readiness, the loop's liveness and the shutdown, if one listens.
     notifier: Option<crate::notify::Notifier>,
+    /// Where each attempt's spans go (`--otlp-endpoint`), if anywhere.
+    traces: Option<FireTracer>,
 }
 
 /// The launch rate's gate. A launch counts from when it passes the gate until a second after its
@@ -449,6 +453,7 @@ impl Scheduler {
             owed_per_routine: AtomicUsize::new(1),
             first_batch: AtomicUsize::new(0),
             notifier: None,
+            traces: None,
         })
     }
 
@@ -457,6 +462,13 @@ impl Scheduler {
     /// [`crate::notify`].
     pub fn with_notifier(mut self, notifier: crate::notify::Notifier) -> Self {
         self.notifier = Some(notifier);
+        self
+    }
+
+    /// The same scheduler recording each attempt's claim, dispatch and settle as OpenTelemetry
+    /// spans with `traces` (see [`crate::traces`]).
+    pub fn with_traces(mut self, traces: FireTracer) -> Self {
+        self.traces = Some(traces);
         self
     }
 
@@ -811,18 +823,24 @@ impl Scheduler {
                 after,
                 group,
             };
+            let began = SystemTime::now();
             let claim = self
                 .ledger
                 .claim_due(&params)
                 .await
                 .map_err(TickError::Claim)?;
+            let window = ClaimWindow {
+                began,
+                ended: SystemTime::now(),
+                fires: claim.fires.len(),
+            };
             self.stats.tick_succeeded();
             let (more_due, resume_after) = (claim.more_due, claim.resume_after);
             self.note_owed_per_routine(&claim);
             claimed += claim.fires.len();
             last_deferred = claim.deferred;
             let report = self
-                .start(claim, completer, wait.as_deref_mut(), places)
+                .start(claim, window, completer, wait.as_deref_mut(), places)
                 .await;
             total.add(&TickReport {
                 claims: 1,
@@ -983,11 +1001,17 @@ impl Scheduler {
             limit: u32::try_from(limit).unwrap_or(u32::MAX),
             group,
         };
+        let began = SystemTime::now();
         let claim = self
             .ledger
             .reap_expired(&params)
             .await
             .map_err(TickError::Claim)?;
+        let window = ClaimWindow {
+            began,
+            ended: SystemTime::now(),
+            fires: claim.fires.len(),
+        };
         add(&self.stats.reaped, claim.fires.len() as u64);
         for fire in &claim.fires {
             warn!(
@@ -997,7 +1021,7 @@ impl Scheduler {
                 "took over an expired claim (its claimant stopped before settling)"
             );
         }
-        Ok(self.start(claim, completer, wait, places).await)
+        Ok(self.start(claim, window, completer, wait, places).await)
     }
 
     /// Acts on what a claim returned: counts what the claim settled itself, starts a dispatch
@@ -1006,6 +1030,7 @@ impl Scheduler {
     async fn start(
         &self,
         claim: TickClaim,
+        window: ClaimWindow,
         completer: &Arc<dyn Completer>,
         mut wait: Option<&mut JoinSet<FireResult>>,
         mut places: Places,
@@ -1051,6 +1076,21 @@ impl Scheduler {
             // Lateness is judged for scheduled fires only: a backfill of last week is not late.
             let scheduled = fire.origin == FireOrigin::Schedule;
             let action = outcome.action(self.config.max_attempts);
+            let trace = |attempt: u32| {
+                self.traces.as_ref().map(|traces| {
+                    traces.attempt(
+                        AttemptFacts {
+                            traceparent: TraceParent::for_attempt(&fire.occurrence, attempt),
+                            routine_id: fire.occurrence.routine_id,
+                            routine_name: fire.routine_name.clone(),
+                            kind: fire.kind,
+                            scheduled_at: fire.occurrence.scheduled_at,
+                            attempt,
+                        },
+                        window,
+                    )
+                })
+            };
             match action.with_last_error(fire.row.last_error.as_deref()) {
                 ClaimAction::Dispatch { attempt } => {
                     // The claim's places were taken before it. Only an occurrence it did not
@@ -1098,6 +1138,7 @@ impl Scheduler {
                         stats: self.stats.clone(),
                         runs: self.runs.clone(),
                         launch_ticket: self.launch_ticket(fire.kind),
+                        trace: trace(attempt),
                     };
                     let stats = self.stats.clone();
                     let ledger = self.ledger.clone();
@@ -1141,12 +1182,21 @@ impl Scheduler {
                 ClaimAction::Abandon { reason } => {
                     error!(routine = %fire.occurrence.routine_id, scheduled_at = %fire.occurrence.scheduled_at,
                         %reason, "occurrence abandoned");
+                    let mut trace = trace(fire.row.attempt);
+                    if let Some(trace) = &mut trace {
+                        trace.ended("abandoned", Some(reason.as_str().to_string()));
+                    }
                     let settle = FireSettle {
                         fire: fire.fire_ref(),
                         settlement: Settlement::Failed(reason),
                         receipt: None,
                     };
-                    if completed(&fire, completer.complete(settle).await, &self.stats) {
+                    let began = SystemTime::now();
+                    let completion = completer.complete(settle).await;
+                    if let Some(trace) = &mut trace {
+                        trace.settled(began, unwritten(&completion));
+                    }
+                    if completed(&fire, completion, &self.stats) {
                         add(&self.stats.abandoned, 1);
                         report.abandoned += 1;
                     } else {
@@ -1162,6 +1212,13 @@ impl Scheduler {
                             scheduled_at = %fire.occurrence.scheduled_at,
                             lateness_ms = lateness.as_millis() as u64,
                             receipt = fire.receipt.as_deref().unwrap_or(""), "fired in the claim");
+                        if let Some(mut trace) = trace(fire.row.attempt) {
+                            trace.dispatched_in_claim();
+                            match status {
+                                FireStatus::Fired => trace.ended("fired", None),
+                                _ => trace.ended("failed", fire.row.last_error.clone()),
+                            }
+                        }
                         if status == FireStatus::Fired {
                             add(&self.stats.fired, 1);
                             report.fired += 1;
@@ -1562,6 +1619,8 @@ struct FireJob {
     runs: Option<Arc<RunWatch>>,
     /// A mission's place at the launch rate's gate, passed just before its launch.
     launch_ticket: Option<LaunchTicket>,
+    /// The attempt's spans, recorded when the job ends (`--otlp-endpoint`).
+    trace: Option<AttemptTrace>,
 }
 
 /// How long stopping the run of a deleted routine's mission may take.
@@ -1591,6 +1650,16 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         text.clone()
     } else {
         "no message".to_string()
+    }
+}
+
+/// Why a settle was not written, for its span (`None`: it was).
+fn unwritten(completed: &Completed) -> Option<String> {
+    match completed {
+        Completed::Settled => None,
+        Completed::NotHeld => Some("the claim was taken over after its lease ran out".into()),
+        Completed::RoutineDeleted => Some("the routine was deleted".into()),
+        Completed::Unwritten(reason) => Some(reason.to_string()),
     }
 }
 
@@ -1649,8 +1718,17 @@ impl FireJob {
                     Some(ticket) => Some(ticket.admit().await),
                     None => None,
                 };
+                let began = SystemTime::now();
                 let launched = self.launch(&fire, &dispatch, attempt, lateness).await;
                 drop(launching);
+                if let Some(trace) = &mut self.trace {
+                    let error = match &launched {
+                        Ok((Settlement::Failed(e), _)) => Some(e.as_str().to_string()),
+                        Ok(_) => None,
+                        Err(_) => Some("the outcome was left open for the next attempt".into()),
+                    };
+                    trace.dispatched(began, error);
+                }
                 match launched {
                     Ok(ended) => ended,
                     Err(unsettled) => return unsettled,
@@ -1688,12 +1766,24 @@ impl FireJob {
                 format!("{}; the settle was not written", e.as_str())
             }
         };
+        let traced_end = self.trace.as_ref().map(|_| match &settlement {
+            Settlement::Fired => ("fired", None),
+            Settlement::Failed(e) => ("failed", Some(e.as_str().to_string())),
+            Settlement::Skipped(e) => ("skipped", Some(e.as_str().to_string())),
+        });
         let settle = FireSettle {
             fire: fire.fire_ref(),
             settlement,
             receipt,
         };
+        let began = SystemTime::now();
         let outcome = self.completer.complete(settle).await;
+        if let Some(trace) = &mut self.trace {
+            trace.settled(began, unwritten(&outcome));
+            if let (Some((name, error)), Completed::Settled) = (traced_end, &outcome) {
+                trace.ended(name, error);
+            }
+        }
         let unwritten = matches!(outcome, Completed::Unwritten(_));
         let deleted = matches!(outcome, Completed::RoutineDeleted);
         if deleted && !failed && !skipped {

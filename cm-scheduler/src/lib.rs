@@ -38,6 +38,7 @@ pub mod runs;
 pub mod state;
 pub mod stats;
 pub mod status;
+pub mod traces;
 
 pub use engine::{
     Completion, FIRES, PRUNE_BATCH, RunSummary, Scheduler, TickError, TickReport,

@@ -198,13 +198,24 @@ impl SchedulerProcess {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> SchedulerProcess {
+        SchedulerProcess::start_with_settings(db, instance_id, RUN_SETTINGS, args, env)
+    }
+
+    /// Starts `run` with `settings` in place of `RUN_SETTINGS`, then `args`, with `env` added.
+    pub(crate) fn start_with_settings(
+        db: &TestDb,
+        instance_id: &str,
+        settings: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> SchedulerProcess {
         let log = std::env::temp_dir().join(format!("{}-{instance_id}.log", db.name));
         let file = File::create(&log).expect("creating the scheduler's log file");
         let child = Command::new(BIN)
             .arg("--database-url")
             .arg(&db.url)
             .args(["run", "--instance-id", instance_id])
-            .args(RUN_SETTINGS)
+            .args(settings)
             .args(args)
             .envs(env.iter().copied())
             .env("RUST_LOG", "info,sqlx=warn")

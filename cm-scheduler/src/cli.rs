@@ -767,6 +767,12 @@ impl Readiness for DatabaseReadiness {
             .map(|_| ())
             .map_err(|e| format!("the database does not answer: {e}"))
     }
+
+    /// No host qualifies for the claims (a primary demoted, the other not yet promoted): seen
+    /// by `/readyz` as soon as the store's 500 ms check finds it, not at the next cached check.
+    fn known_now(&self) -> Option<String> {
+        self.claims.failover_problem()
+    }
 }
 
 /// A small pool of its own for what the HTTP side reads (health, the status page and its

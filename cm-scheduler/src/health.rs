@@ -11,6 +11,13 @@ use std::time::{Duration, Instant};
 pub trait Readiness: Send + Sync + 'static {
     /// `Ok` when the database answers; otherwise why the scheduler cannot work.
     async fn check(&self) -> Result<(), String>;
+
+    /// Why the scheduler cannot work, where that is known in memory without a query (no
+    /// database host qualifies): read on every request, on top of the cached check, so a
+    /// switch shorter than the check's interval still shows. `None` by default.
+    fn known_now(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The cached answer of a [`Readiness`] check, refreshed by [`Health::run`].
@@ -67,9 +74,13 @@ impl Health {
         }
     }
 
-    /// The cached answer. An answer older than an interval and a deadline means the checks
-    /// stopped (the runtime is starved, or the task ended): that is unhealthy too.
+    /// The cached answer, unless [`Readiness::known_now`] gives a reason now. An answer older
+    /// than an interval and a deadline means the checks stopped (the runtime is starved, or the
+    /// task ended): that is unhealthy too.
     pub fn current(&self) -> Result<(), String> {
+        if let Some(reason) = self.check.known_now() {
+            return Err(reason);
+        }
         let answer = self.answer.lock().unwrap_or_else(|e| e.into_inner());
         match answer.at {
             Some(at) if at.elapsed() > self.interval + self.deadline * 2 => Err(format!(

@@ -798,6 +798,40 @@ async fn readyz_and_the_page_answer_at_once_when_the_database_hangs(pool: PgPool
     checks.abort();
 }
 
+/// A check that answers, with a reason known in memory the test sets (no host qualifies).
+#[derive(Default)]
+struct KnownNow(std::sync::Mutex<Option<String>>);
+
+#[async_trait::async_trait]
+impl Readiness for KnownNow {
+    async fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn known_now(&self) -> Option<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// A failover shorter than the check's interval still shows: the reason known in memory is read
+/// on every request, and goes with the switch.
+#[tokio::test]
+async fn a_reason_known_now_shows_before_the_next_check() {
+    let known = Arc::new(KnownNow::default());
+    let health = Health::new(
+        known.clone(),
+        Duration::from_secs(3600),
+        Duration::from_secs(1),
+    );
+    health.refresh().await;
+    assert_eq!(health.current(), Ok(()));
+    let reason = "no host is usable with target_session_attrs=read-write: h1 is read-only";
+    *known.0.lock().unwrap() = Some(reason.to_string());
+    assert_eq!(health.current(), Err(reason.to_string()));
+    *known.0.lock().unwrap() = None;
+    assert_eq!(health.current(), Ok(()));
+}
+
 /// Asserts that each of `paths` answers 503 within 100 ms, saying `reason`.
 async fn unavailable_at_once(state: &Arc<HttpState>, paths: &[&str], reason: &str) {
     for path in paths {

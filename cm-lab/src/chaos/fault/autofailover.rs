@@ -67,6 +67,30 @@ async fn writable(url: &str) -> anyhow::Result<Option<DateTime<Utc>>> {
     Ok((!recovery && read_only == "off").then_some(now))
 }
 
+/// Whether the monitor at `monitor` reports one primary and one secondary, each in the state it
+/// was told to reach and healthy by the monitor's own checks since it started (its table keeps
+/// the states of before a restart). A failover asked of a formation
+/// whose standby the monitor has not yet seen healthy (a formation just started) is no quick
+/// switch: the monitor leaves the old primary writable until its demote timeout (30 s).
+async fn formation_healthy(monitor: &str) -> anyhow::Result<bool> {
+    let options: PgConnectOptions = monitor.parse()?;
+    let mut conn = tokio::time::timeout(Duration::from_secs(1), options.connect())
+        .await
+        .context("no answer")??;
+    let healthy: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pgautofailover.node
+         WHERE health = 1 AND reportedstate = goalstate
+           AND reportedstate::text IN ('primary', 'secondary')
+           AND healthchecktime > pg_postmaster_start_time()
+           AND reporttime > pg_postmaster_start_time()",
+    )
+    .fetch_one(&mut conn)
+    .await?;
+    use sqlx::Connection as _;
+    let _ = conn.close().await;
+    Ok(healthy == 2)
+}
+
 /// The single-host URL of the node of `nodes` that is the writable primary now.
 pub(in crate::chaos) fn current_primary(
     rt: &tokio::runtime::Runtime,
@@ -169,6 +193,22 @@ impl Fault for AutoFailover {
     }
 
     fn act(&mut self, chaos: &mut Chaos<'_>) -> anyhow::Result<()> {
+        let asked = Instant::now();
+        while !matches!(
+            chaos.rt.block_on(formation_healthy(&self.monitor)),
+            Ok(true)
+        ) {
+            if asked.elapsed() > SETTLE_WAIT {
+                bail!("the monitor did not report the formation healthy within {SETTLE_WAIT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        if asked.elapsed() > Duration::from_secs(1) {
+            chaos.say(format!(
+                "the monitor reported the formation healthy after {:.1} s",
+                asked.elapsed().as_secs_f64()
+            ));
+        }
         let from = current_primary(chaos.rt, &self.nodes)?;
         let prober = Prober::start(chaos.fleet.ports());
         let begun = Instant::now();

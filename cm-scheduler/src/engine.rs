@@ -1068,6 +1068,8 @@ impl Scheduler {
         }
 
         let mut dispatching = 0usize;
+        // The traces of fires written in the claim, recorded off the tick (below).
+        let mut settled_in_claim = Vec::new();
         let oldest = claim.fires.iter().map(|f| f.planned_at).min();
         for fire in claim.fires {
             let outcome = fire.outcome(claim.token);
@@ -1218,6 +1220,7 @@ impl Scheduler {
                                 FireStatus::Fired => trace.ended("fired", None),
                                 _ => trace.ended("failed", fire.row.last_error.clone()),
                             }
+                            settled_in_claim.push(trace);
                         }
                         if status == FireStatus::Fired {
                             add(&self.stats.fired, 1);
@@ -1238,6 +1241,11 @@ impl Scheduler {
                     }
                 },
             }
+        }
+        if !settled_in_claim.is_empty() {
+            // Their spans are built as they are dropped: on a blocking thread, not before the
+            // next claim.
+            tokio::task::spawn_blocking(move || drop(settled_in_claim));
         }
         if report.fired + dispatching > 0 {
             info!(

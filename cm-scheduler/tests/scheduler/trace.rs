@@ -31,18 +31,56 @@ async fn receive(State(seen): State<Seen>, headers: HeaderMap) -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
+/// A webhook receiver serving `app`, and the scheduler flags that send to it (a signing secret
+/// in a directory of its own, removed when this is dropped).
+struct Hook {
+    url: String,
+    dir: std::path::PathBuf,
+    secret: String,
+}
+
+impl Hook {
+    async fn serve(db: &TestDb, name: &str, app: Router) -> Hook {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let dir = std::env::temp_dir().join(format!("{}-{name}", db.name));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = dir.join("secret");
+        std::fs::write(&secret, "whsec_dHJhY2VwYXJlbnQtdGVzdC1rZXk=\n").unwrap();
+        let secret = secret.to_str().unwrap().to_string();
+        Hook { url, dir, secret }
+    }
+
+    /// `--message-backend webhook` to this receiver.
+    fn args(&self) -> [&str; 6] {
+        [
+            "--message-backend",
+            "webhook",
+            "--webhook-url",
+            &self.url,
+            "--webhook-secret-file",
+            &self.secret,
+        ]
+    }
+}
+
+impl Drop for Hook {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
 #[tokio::test]
 async fn a_webhook_carries_the_traceparent_the_ledger_names() {
     let db = TestDb::new().await;
     let seen: Seen = Arc::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    let app = Router::new().fallback(receive).with_state(seen.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let dir = std::env::temp_dir().join(format!("{}-trace", db.name));
-    std::fs::create_dir_all(&dir).unwrap();
-    let secret = dir.join("secret");
-    std::fs::write(&secret, "whsec_dHJhY2VwYXJlbnQtdGVzdC1rZXk=\n").unwrap();
+    let hook = Hook::serve(
+        &db,
+        "trace",
+        Router::new().fallback(receive).with_state(seen.clone()),
+    )
+    .await;
 
     ok(
         &db.url,
@@ -57,19 +95,7 @@ async fn a_webhook_carries_the_traceparent_the_ledger_names() {
             "hello",
         ],
     );
-    let mut scheduler = SchedulerProcess::start_with(
-        &db,
-        "trace",
-        &[
-            "--message-backend",
-            "webhook",
-            "--webhook-url",
-            &url,
-            "--webhook-secret-file",
-            secret.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let mut scheduler = SchedulerProcess::start_with(&db, "trace", &hook.args(), &[]);
     let fires: Vec<serde_json::Value> = eventually_within(Duration::from_secs(30), async || {
         let fired: Vec<serde_json::Value> = ok(&db.url, &["fires", "--json"])
             .lines()
@@ -120,7 +146,6 @@ async fn a_webhook_carries_the_traceparent_the_ledger_names() {
         )),
         "{shown}"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The spans an OTLP/HTTP receiver was sent, each with its resource's attributes.
@@ -285,28 +310,13 @@ fn attempt_spans<'a>(
 async fn claim_dispatch_and_settle_reach_an_otlp_receiver_as_spans_of_the_fires_trace() {
     let db = TestDb::new().await;
     let seen: Seen = Arc::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
-    let app = Router::new().fallback(receive).with_state(seen.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let dir = std::env::temp_dir().join(format!("{}-otlp", db.name));
-    std::fs::create_dir_all(&dir).unwrap();
-    let secret = dir.join("secret");
-    std::fs::write(&secret, "whsec_dHJhY2VwYXJlbnQtdGVzdC1rZXk=\n").unwrap();
-    let (fires, exported) = traced_run(
+    let hook = Hook::serve(
         &db,
-        &[
-            "--message-backend",
-            "webhook",
-            "--webhook-url",
-            &hook,
-            "--webhook-secret-file",
-            secret.to_str().unwrap(),
-        ],
-        "fired",
+        "otlp",
+        Router::new().fallback(receive).with_state(seen.clone()),
     )
     .await;
-    std::fs::remove_dir_all(&dir).ok();
+    let (fires, exported) = traced_run(&db, &hook.args(), "fired").await;
 
     let (resource, _) = &exported[0];
     for (key, value) in [
@@ -397,28 +407,9 @@ async fn a_message_written_in_the_claim_is_traced_as_its_dispatch() {
 #[tokio::test]
 async fn a_refused_dispatch_is_an_error_span_with_the_ledgers_reason() {
     let db = TestDb::new().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
     let app = Router::new().fallback(async || StatusCode::UNPROCESSABLE_ENTITY);
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let dir = std::env::temp_dir().join(format!("{}-otlp-refused", db.name));
-    std::fs::create_dir_all(&dir).unwrap();
-    let secret = dir.join("secret");
-    std::fs::write(&secret, "whsec_dHJhY2VwYXJlbnQtdGVzdC1rZXk=\n").unwrap();
-    let (fires, exported) = traced_run(
-        &db,
-        &[
-            "--message-backend",
-            "webhook",
-            "--webhook-url",
-            &hook,
-            "--webhook-secret-file",
-            secret.to_str().unwrap(),
-        ],
-        "failed",
-    )
-    .await;
-    std::fs::remove_dir_all(&dir).ok();
+    let hook = Hook::serve(&db, "otlp-refused", app).await;
+    let (fires, exported) = traced_run(&db, &hook.args(), "failed").await;
     for fire in &fires {
         let error = fire["error"].as_str().unwrap();
         let (root, children) = attempt_spans(fire, &exported);

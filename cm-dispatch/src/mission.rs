@@ -3,7 +3,7 @@
 //!
 //! A mission routine's payload says *what* to work on (a [`Mission`]); the operator says *how*
 //! it runs (a [`MissionConfig`]: image, command, user, resources, network, namespace). A backend
-//! turns one [`Dispatch`] into a [`Launch`], the environment and labels DESIGN.md promises every
+//! turns one [`Dispatch`] into a [`Launch`], the env and labels docs/guide/design.md ("Missions") promises every
 //! mission, and hands that to its runtime under a name derived from the idempotency key.
 //!
 //! Before it does, [`check_resolved`] resolves a repository's host name (the mission file was

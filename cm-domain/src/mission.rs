@@ -1,6 +1,6 @@
 //! The mission file: what a mission routine asks a container to do, validated before it is stored.
 //!
-//! A mission routine's payload is a JSON object (DESIGN.md, "Missions"):
+//! A mission routine's payload is a JSON object (docs/guide/design.md, "Missions"):
 //!
 //! ```json
 //! { "repository": "https://git.example.com/team/repo.git",

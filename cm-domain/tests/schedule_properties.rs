@@ -3,7 +3,7 @@
 //! Expressions are generated from their parts (each field a single value, `*`, `*/n`, a range,
 //! a stepped range or a list), so the test knows the set of values each field selects without
 //! asking croner. The oracle walks real time minute by minute, converts each instant to wall
-//! time with chrono-tz, and applies the rule from DESIGN.md itself: an interval schedule fires
+//! time with chrono-tz, and applies the rule of docs/guide/design.md ("Time and daylight saving"): an interval schedule fires
 //! at every instant whose wall time matches; a fixed-time schedule fires at the earlier instant
 //! of a matching wall time and at the first instant after a gap that swallowed its wall time.
 //!
@@ -251,7 +251,7 @@ fn wall(tz: Tz, at: DateTime<Utc>) -> NaiveDateTime {
     at.naive_utc() + offset(tz, at)
 }
 
-/// The brute-force oracle: which instants are occurrences, by the rule in DESIGN.md.
+/// The brute-force oracle: which instants are occurrences, by the rule in docs/guide/design.md, "Time and daylight saving".
 struct Oracle<'a> {
     spec: &'a Spec,
     tz: Tz,

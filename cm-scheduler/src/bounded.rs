@@ -1,5 +1,5 @@
 //! Reading the files the command line takes without ever holding more than their documented
-//! limit (DESIGN.md, "secrets and bounds"): a file is read up to its limit and refused past it,
+//! limit (docs/guide/design.md, "Secrets and bounds"): a file is read up to its limit and refused past it,
 //! so `--mission /dev/zero` is an error at once, not a process that grows until it is killed.
 //! Imports are read a line at a time, each line bounded.
 //!

@@ -1,4 +1,4 @@
-//! Parsing and running the command line (the contract in DESIGN.md).
+//! Parsing and running the command line (the contract in docs/guide/design.md, "The command line").
 //!
 //! The routine commands are in `cli/routine.rs` (with `cli/import.rs` for the files `routine
 //! import` reads), the tables in `cli/listing.rs`, and connecting with secrets kept out of

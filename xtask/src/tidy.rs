@@ -258,4 +258,201 @@ mod tests {
             );
         }
     }
+
+    /// The front door stays a front door: what it is, the set-up, a tour and where to read
+    /// on. The manual is `docs/guide/`.
+    const README_MAX_LINES: usize = 300;
+
+    /// Markdown files that are generated elsewhere and may be linked before they exist in a
+    /// checkout: the command-line reference is written by cm-scheduler's CLI reference test
+    /// from the clap definitions.
+    const GENERATED_DOCS: &[&str] = &["docs/guide/cli.md"];
+
+    #[test]
+    fn the_readme_is_a_front_door() {
+        let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+        let lines = text.lines().count();
+        assert!(
+            lines <= README_MAX_LINES,
+            "README.md has {lines} lines, more than {README_MAX_LINES}: move the detail to docs/guide/"
+        );
+    }
+
+    /// The Markdown files whose links are checked: README.md, ARCHITECTURE.md and docs/**.
+    fn markdown_files() -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "md") {
+                    out.push(path);
+                }
+            }
+        }
+        let mut files = vec![root().join("README.md"), root().join("ARCHITECTURE.md")];
+        walk(&root().join("docs"), &mut files);
+        files.sort();
+        files
+    }
+
+    /// The targets of a Markdown text's inline links (`[text](target)`) and reference
+    /// definitions (`[label]: target`), outside fenced code blocks and inline code.
+    fn link_targets(text: &str) -> Vec<String> {
+        let mut targets = Vec::new();
+        let mut fenced = false;
+        for line in text.lines() {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("```") || trimmed.starts_with("~~~") {
+                fenced = !fenced;
+                continue;
+            }
+            if fenced {
+                continue;
+            }
+            // Inline code is text, not a link: drop every span between backticks.
+            let prose: String = line
+                .split('`')
+                .enumerate()
+                .filter(|(i, _)| i % 2 == 0)
+                .map(|(_, part)| part)
+                .collect::<Vec<_>>()
+                .join(" ");
+            if let Some(rest) = prose.trim_start().strip_prefix('[')
+                && let Some((_, target)) = rest.split_once("]: ")
+            {
+                targets.push(target.split_whitespace().next().unwrap_or("").to_string());
+            }
+            let mut rest = prose.as_str();
+            while let Some(at) = rest.find("](") {
+                rest = &rest[at + 2..];
+                let end = rest.find(')').unwrap_or(rest.len());
+                let target = rest[..end].trim();
+                let target = target.strip_prefix('<').unwrap_or(target);
+                let target = target.split(['>', ' ']).next().unwrap_or("");
+                targets.push(target.to_string());
+                rest = &rest[end..];
+            }
+        }
+        targets
+    }
+
+    /// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens.
+    fn anchor_of(heading: &str) -> String {
+        heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect()
+    }
+
+    /// The anchors a Markdown file's headings make, duplicates numbered as GitHub numbers them.
+    fn anchors(text: &str) -> BTreeSet<String> {
+        let mut found = BTreeSet::new();
+        let mut fenced = false;
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                fenced = !fenced;
+                continue;
+            }
+            let Some(heading) = line.strip_prefix('#') else {
+                continue;
+            };
+            if fenced || !(heading.starts_with(' ') || heading.starts_with('#')) {
+                continue;
+            }
+            let base = anchor_of(heading.trim_start_matches('#'));
+            let mut anchor = base.clone();
+            let mut n = 0;
+            while found.contains(&anchor) {
+                n += 1;
+                anchor = format!("{base}-{n}");
+            }
+            found.insert(anchor);
+        }
+        found
+    }
+
+    /// `path` with `.` and `..` taken out, without asking the file system.
+    fn normalized(path: &Path) -> PathBuf {
+        let mut out = PathBuf::new();
+        for part in path.components() {
+            match part {
+                std::path::Component::ParentDir => {
+                    out.pop();
+                }
+                std::path::Component::CurDir => {}
+                other => out.push(other),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_relative_link_in_the_docs_points_to_a_file_that_exists() {
+        let root = root();
+        let mut broken = Vec::new();
+        let mut checked = 0;
+        for file in markdown_files() {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let name = file.strip_prefix(&root).unwrap().display().to_string();
+            for target in link_targets(&text) {
+                if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                    continue;
+                }
+                let (path, anchor) = match target.split_once('#') {
+                    Some((path, anchor)) => (path, Some(anchor)),
+                    None => (target.as_str(), None),
+                };
+                checked += 1;
+                let resolved = if path.is_empty() {
+                    file.clone()
+                } else {
+                    normalized(&file.parent().unwrap().join(path))
+                };
+                let relative = resolved
+                    .strip_prefix(&root)
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default();
+                if GENERATED_DOCS.contains(&relative.as_str()) {
+                    continue;
+                }
+                if !resolved.exists() {
+                    broken.push(format!("{name}: {target} (no file {relative})"));
+                    continue;
+                }
+                if let (Some(anchor), true) =
+                    (anchor, resolved.extension().is_some_and(|e| e == "md"))
+                {
+                    let linked = std::fs::read_to_string(&resolved).unwrap();
+                    if !anchors(&linked).contains(anchor) {
+                        broken.push(format!("{name}: {target} (no heading makes #{anchor})"));
+                    }
+                }
+            }
+        }
+        assert!(
+            checked > 10,
+            "only {checked} links found: the search is broken"
+        );
+        assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    }
+
+    #[test]
+    fn links_and_anchors_are_read_as_github_reads_them() {
+        let text =
+            "See [a](a.md) and [b](<b c.md#x>), not `[c](c.md)`.\n```\n[d](d.md)\n```\n[e]: e.md\n";
+        assert_eq!(link_targets(text), ["a.md", "b", "e.md"]);
+        assert_eq!(
+            anchor_of(" The claim: `INSERT … RETURNING`, once"),
+            "the-claim-insert--returning-once"
+        );
+        let headings = anchors("# A\n## A\n```\n# B\n```\n#hashtag\n");
+        assert_eq!(
+            headings,
+            BTreeSet::from(["a".to_string(), "a-1".to_string()])
+        );
+    }
 }

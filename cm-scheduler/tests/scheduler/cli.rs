@@ -1,4 +1,4 @@
-//! The command line's contract (DESIGN.md, "The command line"): exit codes, output, writes.
+//! The command line's contract (docs/guide/design.md, "The command line"): exit codes, output, writes.
 //!
 //! Other tests outside the repository drive the binary, so these check what they rely on: 0 on
 //! success, 2 with one line on stderr and nothing on stdout for bad input, 1 when PostgreSQL

@@ -237,7 +237,7 @@ impl SchedulerProcess {
         self.child.wait().expect("reaping the killed scheduler");
     }
 
-    /// SIGTERM: the graceful shutdown DESIGN.md promises.
+    /// SIGTERM: the graceful shutdown docs/guide/design.md promises ("Operations").
     fn terminate(&self) {
         let status = Command::new("kill")
             .arg("-TERM")

@@ -31,9 +31,8 @@
 //!
 //! # Where each rule lives
 //!
-//! - this module: the file as a whole ([`Mission`], [`MissionError`]): its size, its fields, and
-//!   its `task`.
-//! - `json`: the object's fields read as strings, and `env` and `labels` as maps of strings.
+//! - this module: the file as a whole ([`Mission`], [`MissionError`]): its size, its fields
+//!   (read as strings, and `env` and `labels` as maps of strings), and its `task`.
 //! - `checkout`: what the mission checks out: the `repository` and the `ref`.
 //! - `env`: the routine's own variables, and the names none may set ([`DENIED_ENV`]).
 //! - `labels`: the routine's own labels, and the keys a runtime reads ([`reserved_label`]).
@@ -43,14 +42,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::repository::Host;
 
 mod checkout;
 mod env;
 mod glob;
-mod json;
 mod labels;
 mod policy;
 
@@ -67,7 +65,6 @@ pub use policy::{DEFAULT_ENV_ALLOW, DEFAULT_LABEL_ALLOW, MissionPolicy};
 
 use checkout::{check_ref, check_repository};
 use env::check_env;
-use json::{optional_string, required_string, string_map};
 use labels::check_label;
 
 /// The most bytes a mission file may hold.
@@ -227,6 +224,66 @@ impl Mission {
     pub fn labels(&self) -> &BTreeMap<String, String> {
         &self.labels
     }
+}
+
+fn string_of<'a>(field: &str, value: &'a Value) -> Result<&'a str, MissionError> {
+    let text = value
+        .as_str()
+        .ok_or_else(|| refuse(field, "must be a string"))?;
+    if text.contains('\0') {
+        return Err(refuse(field, "must not contain NUL characters"));
+    }
+    Ok(text)
+}
+
+fn required_string<'a>(
+    object: &'a Map<String, Value>,
+    field: &str,
+) -> Result<&'a str, MissionError> {
+    match object.get(field) {
+        None | Some(Value::Null) => Err(refuse(field, "is required")),
+        Some(value) => string_of(field, value),
+    }
+}
+
+fn optional_string<'a>(
+    object: &'a Map<String, Value>,
+    field: &str,
+) -> Result<Option<&'a str>, MissionError> {
+    match object.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => string_of(field, value).map(Some),
+    }
+}
+
+fn string_map(
+    object: &Map<String, Value>,
+    field: &str,
+    max: usize,
+) -> Result<BTreeMap<String, String>, MissionError> {
+    let entries = match object.get(field) {
+        None | Some(Value::Null) => return Ok(BTreeMap::new()),
+        Some(Value::Object(entries)) => entries,
+        Some(_) => {
+            return Err(refuse(field, "must be an object of strings"));
+        }
+    };
+    if entries.len() > max {
+        return Err(refuse(
+            field,
+            format!("has {} entries; at most {max} are allowed", entries.len()),
+        ));
+    }
+    entries
+        .iter()
+        .map(|(key, value)| {
+            let path = format!("{field}.{key}");
+            if key.contains('\0') {
+                return Err(refuse(field, "names must not contain NUL characters"));
+            }
+            Ok((key.clone(), string_of(&path, value)?.to_owned()))
+        })
+        .collect()
 }
 
 impl fmt::Display for Mission {

@@ -30,11 +30,10 @@
 //! # Where each part lives
 //!
 //! - this module: [`Schedule`] itself, parsed from its text ([`Schedule::parse`]), what it says
-//!   about itself, and the limit on its whole length.
+//!   about itself, the limit on its whole length, and why one is refused ([`ScheduleError`]).
 //! - `zone`: [`Zone`], the IANA zone its wall times are read in.
 //! - `field` and `cron`: one field of a cron expression ([`Field`]), then the whole expression,
 //!   checked and compiled by croner.
-//! - `error`: [`ScheduleError`], why a schedule is refused.
 //! - `occurrences`: [`Schedule::next_after`] and [`Occurrences`]: the rule, its window and its
 //!   exclusions.
 //! - `daylight`: a cron rule's wall times placed in real time across gaps and overlaps.
@@ -51,7 +50,6 @@ use crate::rules::{Bounds, Rule};
 
 mod cron;
 mod daylight;
-mod error;
 mod field;
 mod occurrences;
 mod planned;
@@ -60,13 +58,87 @@ mod zone;
 pub use cron::MAX_EXPRESSION_CHARS;
 pub(crate) use cron::compile_cron;
 pub(crate) use daylight::first_instant_after_gap;
-pub use error::ScheduleError;
 pub use field::Field;
 pub use occurrences::Occurrences;
 pub use zone::{Zone, ZoneError};
 
 /// The longest schedule accepted, its clauses included, in characters.
 pub const MAX_SCHEDULE_CHARS: usize = 1024;
+
+/// Why an expression or zone was refused. Every message is one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// The zone is not an IANA zone name.
+    #[error(transparent)]
+    Zone(#[from] ZoneError),
+    /// The expression is empty or blank.
+    #[error("invalid cron expression: it is empty")]
+    Empty,
+    /// The expression is longer than [`MAX_EXPRESSION_CHARS`].
+    #[error(
+        "invalid cron expression: it is {chars} characters long, the limit is {MAX_EXPRESSION_CHARS}"
+    )]
+    TooLong {
+        /// The expression's length in characters.
+        chars: usize,
+    },
+    /// The schedule, its clauses included, is longer than [`MAX_SCHEDULE_CHARS`].
+    #[error("invalid schedule: it is {chars} characters long, the limit is {MAX_SCHEDULE_CHARS}")]
+    ScheduleTooLong {
+        /// The schedule's length in characters.
+        chars: usize,
+    },
+    /// The expression has a character that cannot be placed in a field (the field count is
+    /// wrong too, so which field it belongs to is unknown).
+    #[error("invalid cron expression: unexpected character {ch:?} (U+{:04X})", u32::from(*ch))]
+    Character {
+        /// The character.
+        ch: char,
+    },
+    /// The expression does not have 5 or 6 fields.
+    #[error(
+        "invalid cron expression: expected 5 fields (minute hour day-of-month month day-of-week) \
+         or 6 (second first), found {found}"
+    )]
+    FieldCount {
+        /// How many whitespace-separated fields the expression has.
+        found: usize,
+    },
+    /// An `@` macro that is refused: `@reboot`, or one that does not exist.
+    #[error("invalid cron expression: {name} is not supported: {reason}")]
+    Macro {
+        /// The macro as written.
+        name: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// One field is malformed or out of range.
+    #[error("invalid cron expression: {field} field {text:?}: {reason}")]
+    Field {
+        /// The field that is wrong.
+        field: Field,
+        /// The field as written.
+        text: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Every field is valid but together they never match a date.
+    #[error("invalid cron expression: the schedule never fires: {reason}")]
+    NeverFires {
+        /// Which fields exclude each other.
+        reason: String,
+    },
+    /// An interval, a one-shot, a window or an exclusion is malformed.
+    #[error("invalid schedule: {reason}")]
+    Rule {
+        /// What is wrong, naming the clause.
+        reason: String,
+    },
+    /// The expression passed cm's checks but the cron engine refused it.
+    #[error("invalid cron expression: {0}")]
+    Invalid(String),
+}
 
 /// A parsed schedule in a zone: a cron expression, an interval (`@every`) or one instant
 /// (`@at`), with its window and exclusions (see [`crate::rules`] for the grammar).

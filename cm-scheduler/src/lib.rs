@@ -34,10 +34,10 @@ pub mod hosts;
 pub mod http;
 pub mod notify;
 mod outages;
+pub mod page;
 pub mod runs;
 pub mod state;
 pub mod stats;
-pub mod status;
 pub mod traces;
 
 pub use engine::{

@@ -881,7 +881,7 @@ async fn the_page_answers_within_its_deadline_when_the_network_hangs() {
 
 #[test]
 fn relative_times_read_as_people_say_them() {
-    use cm_scheduler::status::relative;
+    use cm_scheduler::page::relative;
     let now = chrono::Utc::now();
     let minutes = chrono::Duration::minutes;
     for (at, said) in [

@@ -3,13 +3,15 @@
 //! when one is configured.
 //!
 //! [`router`] builds every route in one place from the handlers of [`crate::page`] and the
-//! state of [`crate::state`]; [`serve`] runs it on a listener. The status page and its actions
-//! can require a bearer token; the probes and `/metrics` never do, as orchestrators and scrapers
-//! expect. Every action is a `POST` that passes the CSRF guard ([`same_origin`] and the page's
-//! form token). The page, its actions and any other path it answers (its 404s) answer only
-//! requests sent to one of its own names ([`crate::hosts`], against DNS rebinding), before the
-//! token is asked for; the probes and `/metrics` answer whatever `Host` names them, as
-//! orchestrators probe by address and scrapers by address or service name.
+//! state of [`crate::http_state`]; [`serve`] runs it on a listener. The dependency goes one way:
+//! this module imports the page (its handlers, its headers, its refusals), and the page never
+//! imports this module. The status page and its actions can require a bearer token; the probes
+//! and `/metrics` never do, as orchestrators and scrapers expect. Every action is a `POST`
+//! that passes the CSRF guard ([`same_origin`] and the page's form token). The page, its
+//! actions and any other path it answers (its 404s) answer only requests sent to one of its own
+//! names ([`crate::hosts`], against DNS rebinding), before the token is asked for; the probes
+//! and `/metrics` answer whatever `Host` names them, as orchestrators probe by address and
+//! scrapers by address or service name.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,8 +25,8 @@ use axum::routing::{get, post};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
+use crate::http_state::HttpState;
 use crate::page;
-use crate::state::HttpState;
 
 /// The longest a request may take before it is answered 408.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

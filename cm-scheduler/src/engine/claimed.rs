@@ -15,7 +15,7 @@ use super::fire_job::{FireJob, FireResult, completed, note_unsettled, panic_text
 use super::room::Places;
 use super::{FIRES, Scheduler, TickReport};
 use crate::completer::Completer;
-use crate::stats::add;
+use crate::counters::add;
 use crate::traces::{AttemptFacts, ClaimWindow};
 
 impl Scheduler {

@@ -16,8 +16,8 @@ use super::fire_job::FireResult;
 use super::room::ClaimRoom;
 use super::{GROUP_WIDTH, Scheduler, TickError, TickReport, collect};
 use crate::completer::Completer;
+use crate::counters::add;
 use crate::outages::each_group;
-use crate::stats::add;
 use crate::traces::ClaimWindow;
 
 /// The largest batch one claim of a drain takes (or the cap, if larger). A tick's first claim

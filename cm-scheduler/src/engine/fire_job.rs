@@ -13,8 +13,8 @@ use tracing::{debug, error, info, warn};
 use super::FIRES;
 use super::launch_gate::LaunchTicket;
 use crate::completer::{Completed, Completer};
+use crate::counters::{Stats, add};
 use crate::runs::{BeforeLaunch, RunWatch};
-use crate::stats::{Stats, add};
 use crate::traces::AttemptTrace;
 
 /// What one dispatch task needs, cloned out of the scheduler so the task is `'static`.

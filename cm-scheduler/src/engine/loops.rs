@@ -11,7 +11,7 @@ use tracing::{debug, error, info, warn};
 
 use super::{RunSummary, Scheduler, TickError, TickReport};
 use crate::completer::Completer;
-use crate::stats::{Stats, add};
+use crate::counters::{Stats, add};
 
 impl Scheduler {
     /// Runs ticks every tick interval, and the reaper every half lease beside them, until

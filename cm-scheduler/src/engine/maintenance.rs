@@ -9,8 +9,8 @@ use cm_store::{GroupId, StoreError};
 use tracing::{debug, error, info};
 
 use super::{GROUP_WIDTH, Scheduler};
+use crate::counters::add;
 use crate::outages::each_group;
-use crate::stats::add;
 
 /// How many rows one prune statement deletes (settled fires, or acknowledged outbox messages).
 /// Measured by `cargo xtask scale` (docs/BENCHMARKS.md, "Scale"): a batch of this size is

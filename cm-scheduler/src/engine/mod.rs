@@ -63,10 +63,10 @@ use tracing::error;
 
 use crate::autopause::AutoPause;
 use crate::completer::{BatchCompleter, BatchOptions, Completer};
+use crate::counters::Stats;
 use crate::groups::GroupLeases;
 use crate::outages::GroupOutages;
 use crate::runs::RunWatch;
-use crate::stats::Stats;
 use crate::traces::FireTracer;
 
 use drain::DrainPace;

@@ -12,8 +12,8 @@ use super::fire_job::FireResult;
 use super::room::Places;
 use super::{GROUP_WIDTH, Scheduler, TickError, TickReport, collect};
 use crate::completer::Completer;
+use crate::counters::add;
 use crate::outages::each_group;
-use crate::stats::add;
 use crate::traces::ClaimWindow;
 
 impl Scheduler {

@@ -17,7 +17,7 @@ use super::cells::{routine_href, shown};
 use super::{
     IndexQuery, StatusPage, missing, not_found, read, refused, status_page, unreadable_address,
 };
-use crate::state::HttpState;
+use crate::http_state::HttpState;
 
 /// What the page's actions do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,8 +10,8 @@ use cm_store::{FireRate, OpenClaims, OutboxBacklog, RecentFire};
 use maud::{Markup, PreEscaped, html};
 
 use super::cells::{outcome_class, page_outcome_text, relative, shown, utc};
-use crate::state::HttpState;
-use crate::stats::Stats;
+use crate::counters::Stats;
+use crate::http_state::HttpState;
 
 /// This scheduler's own figures, with everyone's open claims and the outbox backlog when read.
 pub(super) fn figures(

@@ -22,7 +22,7 @@ use super::{
     IndexQuery, RECENT_FAILURES, ROUTINES_PER_PAGE, STRIP_FIRES, page, read, refused, status_page,
     unavailable,
 };
-use crate::state::HttpState;
+use crate::http_state::HttpState;
 
 /// The listing asked for, checked.
 struct Listing {

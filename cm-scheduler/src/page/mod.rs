@@ -37,7 +37,7 @@ use cm_store::StoreError;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use uuid::Uuid;
 
-use crate::state::{HttpState, StatusPage};
+use crate::http_state::{HttpState, StatusPage};
 use figures::figures;
 
 pub use actions::{action, action_by_get};

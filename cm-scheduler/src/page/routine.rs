@@ -20,7 +20,7 @@ use super::{
     FIRES_PER_ROUTINE, IndexQuery, NEXT_RUNS, StatusPage, missing, page, read, status_page,
     unreadable_address,
 };
-use crate::state::HttpState;
+use crate::http_state::HttpState;
 
 /// `GET /routines/{name or id}`: one routine's settings (not its payload), next runs, fires
 /// and actions; 404 with a page when no routine has that name or id.

@@ -188,14 +188,18 @@ pub struct Scheduler {
     config: SchedulerConfig,
     instance_id: String,
     stats: Arc<Stats>,
-    /// Room for dispatches in flight: one permit per running dispatch.
+    /// Room for dispatches in flight: one permit per running dispatch (`room.rs`).
     room: Arc<Semaphore>,
     /// The kinds the store settles inside the claim (their backend is database-local).
     in_claim: InClaimWrites,
     completion: Completion,
+    /// Pauses failing routines beside the reaper (`autopause.rs`).
     auto_pause: Option<AutoPause>,
+    /// Where routines written through SQL are planned (`maintenance.rs`).
     planning: Option<Arc<dyn cm_store::UnplannedRoutines>>,
+    /// Where the prune pass also deletes acknowledged outbox messages (`maintenance.rs`).
     outbox: Option<Arc<dyn OutboxConsumer>>,
+    /// The launch rate's gate for missions (`launch_gate.rs`).
     launches: Arc<LaunchWindow>,
     /// Mission runs watched after their launch (`runs.rs`).
     runs: Option<Arc<RunWatch>>,

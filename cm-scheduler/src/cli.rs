@@ -34,7 +34,7 @@ use cm_domain::{FireCap, FireOutcome, Lease, Occurrence, Schedule, SchedulerConf
 use cm_scheduler::Scheduler;
 use cm_scheduler::health::{Health, Readiness};
 use cm_scheduler::hosts::AllowedHosts;
-use cm_scheduler::state::{BearerToken, HttpState, StatusPage};
+use cm_scheduler::http_state::{BearerToken, HttpState, StatusPage};
 use cm_store::{FireCursor, FireFilter, FireLedger, PgStore, StoreError, StoreOptions};
 
 use database::connect;
@@ -955,7 +955,8 @@ async fn run(url: &str, args: RunArgs) -> Result<(), Failure> {
     // The recorder goes in before the scheduler's counters are made, so they record into it.
     let metrics = match listener {
         Some(_) => Some(
-            cm_scheduler::stats::install_prometheus().context("installing the metrics recorder")?,
+            cm_scheduler::counters::install_prometheus()
+                .context("installing the metrics recorder")?,
         ),
         None => None,
     };

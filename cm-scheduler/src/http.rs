@@ -2,14 +2,16 @@
 //! probes and Prometheus, and the status page (`/`, `/routines/{name or id}`, and its actions)
 //! when one is configured.
 //!
-//! [`router`] builds every route in one place from the handlers of [`crate::status`] and the
-//! state of [`crate::state`]; [`serve`] runs it on a listener. The status page and its actions
-//! can require a bearer token; the probes and `/metrics` never do, as orchestrators and scrapers
-//! expect. Every action is a `POST` that passes the CSRF guard ([`same_origin`] and the page's
-//! form token). The page, its actions and any other path it answers (its 404s) answer only
-//! requests sent to one of its own names ([`crate::hosts`], against DNS rebinding), before the
-//! token is asked for; the probes and `/metrics` answer whatever `Host` names them, as
-//! orchestrators probe by address and scrapers by address or service name.
+//! [`router`] builds every route in one place from the handlers of [`crate::page`] and the
+//! state of [`crate::http_state`]; [`serve`] runs it on a listener. The dependency goes one way:
+//! this module imports the page (its handlers, its headers, its refusals), and the page never
+//! imports this module. The status page and its actions can require a bearer token; the probes
+//! and `/metrics` never do, as orchestrators and scrapers expect. Every action is a `POST`
+//! that passes the CSRF guard ([`same_origin`] and the page's form token). The page, its
+//! actions and any other path it answers (its 404s) answer only requests sent to one of its own
+//! names ([`crate::hosts`], against DNS rebinding), before the token is asked for; the probes
+//! and `/metrics` answer whatever `Host` names them, as orchestrators probe by address and
+//! scrapers by address or service name.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,8 +25,8 @@ use axum::routing::{get, post};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
-use crate::state::HttpState;
-use crate::status;
+use crate::http_state::HttpState;
+use crate::page;
 
 /// The longest a request may take before it is answered 408.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,23 +45,23 @@ pub fn router(state: Arc<HttpState>) -> Router {
         let actions = Router::new()
             .route(
                 "/routines/{handle}/{action}",
-                post(status::action).get(status::action_by_get),
+                post(page::action).get(page::action_by_get),
             )
             .route_layer(middleware::from_fn(refuse_cross_site));
-        let page = Router::new()
-            .route("/", get(status::index))
-            .route("/routines/{handle}", get(status::routine))
-            .route("/page.js", get(status::script))
+        let page_routes = Router::new()
+            .route("/", get(page::index))
+            .route("/routines/{handle}", get(page::routine))
+            .route("/page.js", get(page::script))
             .merge(actions)
-            .fallback(status::not_found)
+            .fallback(page::not_found)
             .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
             // Before the token and every handler, and for the fallback too.
             .layer(middleware::from_fn_with_state(
                 state.clone(),
                 refuse_other_hosts,
             ))
-            .layer(middleware::from_fn(status::page_headers));
-        router = router.merge(page);
+            .layer(middleware::from_fn(page::page_headers));
+        router = router.merge(page_routes);
     }
     router
         .with_state(state)
@@ -135,23 +137,23 @@ async fn refuse_other_hosts(
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(page) = &state.status else {
+    let Some(status) = &state.status else {
         return next.run(request).await;
     };
     let header = request.headers().get(header::HOST).map(|h| h.to_str());
     let authority = request.uri().authority().map(|a| a.as_str());
     let named = match (header, authority) {
         (Some(Ok(host)), authority) => {
-            page.hosts.admits(host) && authority.is_none_or(|a| page.hosts.admits(a))
+            status.hosts.admits(host) && authority.is_none_or(|a| status.hosts.admits(a))
         }
         (Some(Err(_)), _) => false,
-        (None, Some(authority)) => page.hosts.admits(authority),
+        (None, Some(authority)) => status.hosts.admits(authority),
         (None, None) => false,
     };
     if named {
         return next.run(request).await;
     }
-    status::refused(
+    page::refused(
         StatusCode::MISDIRECTED_REQUEST,
         "This page answers only at its own names: the host this request was sent to is not \
          one of them (a page of another site may have had its name point here). If you serve \
@@ -181,7 +183,7 @@ async fn require_token(
 async fn refuse_cross_site(request: Request, next: Next) -> Response {
     // Only a POST acts (the router answers 405 to anything else).
     if request.method() == Method::POST && !same_origin(request.headers()) {
-        return status::refused(
+        return page::refused(
             StatusCode::FORBIDDEN,
             "This action was refused: it did not come from this page (a cross-site request).",
         );

@@ -26,22 +26,22 @@
 
 mod autopause;
 pub mod completer;
+pub mod counters;
 pub mod edit;
 mod engine;
 pub mod groups;
 pub mod health;
 pub mod hosts;
 pub mod http;
+pub mod http_state;
 pub mod notify;
 mod outages;
+pub mod page;
 pub mod runs;
-pub mod state;
-pub mod stats;
-pub mod status;
 pub mod traces;
 
+pub use counters::Stats;
 pub use engine::{
     Completion, FIRES, PRUNE_BATCH, RunSummary, Scheduler, TickError, TickReport,
     default_instance_id,
 };
-pub use stats::Stats;

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use cm_store::{GroupDirectory, GroupId, StoreError};
 use tracing::{debug, error, info};
 
-use crate::stats::{Stats, add};
+use crate::counters::{Stats, add};
 
 /// How long a group's node address is trusted before it is asked again (a shard move changes
 /// it).

@@ -16,7 +16,7 @@ use cm_domain::{ErrorText, FireOutcome, FireStatus, Occurrence, RunHolder, Settl
 use cm_store::{GroupId, MissionRuns, RunRecord, RunTake, RunUpdate, StoreError, UnfinishedRun};
 use tracing::{debug, info, warn};
 
-use crate::stats::Stats;
+use crate::counters::Stats;
 
 /// How many runs one pass asks about: bounded, so a pass is short whatever is running; a
 /// larger set of runs is walked over several passes, least recently checked first.

@@ -194,6 +194,26 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_status_page_never_imports_the_router() {
+        // The dependency goes one way: `http` routes to the page's handlers and draws its
+        // refusals, and the page reads only `http_state`; were the page to import `http` too,
+        // the two would be one module in all but name.
+        let mut files = Vec::new();
+        rust_files(&root().join("cm-scheduler/src/page"), &mut files);
+        assert!(
+            !files.is_empty(),
+            "no file of the page found: the search is broken"
+        );
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let imports_http = text
+                .match_indices("crate::http")
+                .any(|(at, needle)| !text[at + needle.len()..].starts_with('_'));
+            assert!(!imports_http, "{} imports crate::http", file.display());
+        }
+    }
+
     /// Each third-party package's feature sets (one per build it takes part in: for the target,
     /// for build scripts and proc macros) in the build that `args` select.
     fn features(args: &[&str]) -> BTreeMap<String, BTreeSet<String>> {

@@ -12,7 +12,7 @@ use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
 use cm_domain::{MisfirePolicy, Schedule, SchedulerConfig};
 use cm_scheduler::health::{Health, Readiness};
 use cm_scheduler::http::{readiness, router};
-use cm_scheduler::state::{BearerToken, HttpState, StatusPage};
+use cm_scheduler::http_state::{BearerToken, HttpState, StatusPage};
 use cm_scheduler::{Scheduler, Stats};
 use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
 use http_body_util::BodyExt as _;
@@ -70,10 +70,10 @@ const SERIES: &[&str] = &[
 /// A recorder of the binary's kind with a scheduler's counters made inside it, and the
 /// handle that renders it.
 fn recorded_stats(record: impl FnOnce(&Stats)) -> (Arc<Stats>, PrometheusHandle) {
-    let recorder = cm_scheduler::stats::prometheus_recorder().unwrap();
+    let recorder = cm_scheduler::counters::prometheus_recorder().unwrap();
     let handle = recorder.handle();
     let stats = metrics::with_local_recorder(&recorder, || {
-        cm_scheduler::stats::describe();
+        cm_scheduler::counters::describe();
         let stats = Stats::default();
         record(&stats);
         stats
@@ -881,7 +881,7 @@ async fn the_page_answers_within_its_deadline_when_the_network_hangs() {
 
 #[test]
 fn relative_times_read_as_people_say_them() {
-    use cm_scheduler::status::relative;
+    use cm_scheduler::page::relative;
     let now = chrono::Utc::now();
     let minutes = chrono::Duration::minutes;
     for (at, said) in [

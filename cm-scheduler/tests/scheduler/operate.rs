@@ -636,7 +636,7 @@ async fn pause_clicked_in_a_browser_pauses_and_a_cross_site_form_is_refused() {
 }
 
 /// The fires a routine's strip on the index shows.
-const STRIP_FIRES: i64 = cm_scheduler::status::STRIP_FIRES as i64;
+const STRIP_FIRES: i64 = cm_scheduler::page::STRIP_FIRES as i64;
 
 /// At 1,280 px a 150-character name wraps inside its cell and the routines table fits its
 /// width, so the Actions column is on screen without scrolling sideways; a mission's page shows

@@ -8,9 +8,9 @@ use axum::http::HeaderValue;
 use cm_store::{RoutineStore, StatusReader};
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use crate::counters::Stats;
 use crate::health::Health;
 use crate::hosts::AllowedHosts;
-use crate::stats::Stats;
 
 /// What the endpoints read.
 pub struct HttpState {

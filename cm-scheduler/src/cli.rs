@@ -14,11 +14,9 @@ macro_rules! say {
 mod completions;
 mod database;
 mod health;
-mod import;
 mod listing;
 mod out;
 mod routine;
-mod schedule_flags;
 mod secrets;
 
 use std::path::PathBuf;
@@ -226,7 +224,7 @@ enum ScheduleCommand {
         /// the flags `routine create` takes instead.
         expr: Option<String>,
         #[command(flatten)]
-        when: schedule_flags::ScheduleFlags,
+        when: cm_scheduler::flags::schedule::ScheduleFlags,
         /// The IANA zone it is read in.
         #[arg(long, default_value = "UTC")]
         timezone: String,
@@ -319,7 +317,7 @@ fn database_url(cli: &Cli) -> Result<String, String> {
         (Some(url), None) => Ok(url.clone()),
         (None, Some(path)) => {
             let shown = path.display();
-            let text = crate::bounded::read_file(path, crate::bounded::SECRET_FILE)
+            let text = cm_scheduler::bounded::read_file(path, cm_scheduler::bounded::SECRET_FILE)
                 .map_err(|e| format!("cannot read --database-url-file {shown}: {e}"))?;
             secrets::register_file(&text);
             let url = text.trim();
@@ -697,7 +695,7 @@ fn parse_time(text: &str) -> Result<DateTime<Utc>, Failure> {
 /// refusal names the field; then the operator's `policy`. Images, endpoints and credentials are
 /// operator configuration, never part of a routine. The file is read no further than its limit,
 /// and only if it is a regular file. With a `root` (an import's mission root) `path` is
-/// relative to it and may not leave it ([`crate::bounded::open_inside`]); without one it is the
+/// relative to it and may not leave it ([`cm_scheduler::bounded::open_inside`]); without one it is the
 /// operator's own (`--mission`), absolute or relative to the current directory.
 fn mission_payload(
     path: &std::path::Path,
@@ -706,11 +704,11 @@ fn mission_payload(
 ) -> Result<serde_json::Value, Failure> {
     let shown = path.display();
     let opened = match root {
-        Some(root) => crate::bounded::open_inside(root, path).map(|(file, _)| file),
-        None => crate::bounded::open_regular(path),
+        Some(root) => cm_scheduler::bounded::open_inside(root, path).map(|(file, _)| file),
+        None => cm_scheduler::bounded::open_regular(path),
     };
     let text = opened
-        .and_then(|file| crate::bounded::read_to(file, crate::bounded::MISSION_FILE))
+        .and_then(|file| cm_scheduler::bounded::read_to(file, cm_scheduler::bounded::MISSION_FILE))
         .map_err(|e| input(format!("cannot read mission file {shown}: {e}")))?;
     let mission = cm_domain::Mission::from_json(&text)
         .map_err(|e| input(format!("mission file {shown}: {e}")))?;
@@ -805,7 +803,7 @@ fn http_token(args: &RunArgs) -> Result<Option<BearerToken>, Failure> {
         };
     };
     let shown = path.display();
-    let text = crate::bounded::read_file(path, crate::bounded::SECRET_FILE)
+    let text = cm_scheduler::bounded::read_file(path, cm_scheduler::bounded::SECRET_FILE)
         .map_err(|e| input(format!("cannot read --http-token-file {shown}: {e}")))?;
     secrets::register_file(&text);
     BearerToken::new(&text)

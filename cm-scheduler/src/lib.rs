@@ -25,13 +25,16 @@
 //! ```
 
 mod autopause;
+pub mod bounded;
 pub mod completer;
 pub mod edit;
 mod engine;
+pub mod flags;
 pub mod groups;
 pub mod health;
 pub mod hosts;
 pub mod http;
+pub mod import;
 pub mod notify;
 mod outages;
 pub mod runs;

@@ -193,12 +193,14 @@ fn webhook_failure(e: WebhookConfigError) -> Failure {
 /// Reads a file of secret material, registering its content with the scrubber; the error names
 /// the file and the problem, never content.
 fn read_secret_file(path: &Path, what: &str) -> Result<String, Failure> {
-    let text = crate::bounded::read_file(path, crate::bounded::SECRET_FILE).map_err(|e| {
-        input(format!(
-            "cannot read the {what} file {}: {e}",
-            path.display()
-        ))
-    })?;
+    let text = cm_scheduler::bounded::read_file(path, cm_scheduler::bounded::SECRET_FILE).map_err(
+        |e| {
+            input(format!(
+                "cannot read the {what} file {}: {e}",
+                path.display()
+            ))
+        },
+    )?;
     secrets::register_file(&text);
     Ok(text)
 }

@@ -14,10 +14,10 @@ use cm_store::{
 use uuid::Uuid;
 
 use super::database::connect_migrated;
-use super::import::{self, RoutineFields};
 use super::listing::{self, Table, printable};
 use super::{Failure, input, mission_payload, mission_policy, parse_time};
 use cm_domain::MissionPolicy;
+use cm_scheduler::import::{self, RoutineFields};
 
 /// How many upcoming runs, fires and pending requests `routine show` prints.
 const SHOWN_RUNS: usize = 5;
@@ -100,7 +100,7 @@ pub(super) struct CreateArgs {
     #[arg(long)]
     name: String,
     #[command(flatten)]
-    when: super::schedule_flags::ScheduleFlags,
+    when: cm_scheduler::flags::schedule::ScheduleFlags,
     /// The IANA zone the schedule is read in.
     #[arg(long, default_value = "UTC")]
     timezone: String,
@@ -151,7 +151,7 @@ pub(super) struct UpdateArgs {
     /// A new rule (--schedule, --every, --at) replaces the rule; a clause given (--except,
     /// --start, --end) replaces that clause and keeps the rest.
     #[command(flatten)]
-    when: super::schedule_flags::ScheduleFlags,
+    when: cm_scheduler::flags::schedule::ScheduleFlags,
     /// A new IANA zone for the schedule.
     #[arg(long)]
     timezone: Option<String>,

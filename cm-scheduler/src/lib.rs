@@ -1,5 +1,8 @@
 //! The scheduler: the tick loop, the reaper, their counters and health endpoints, wired from
-//! `cm-store` and `cm-dispatch`; and the `cm-scheduler` binary built on them.
+//! `cm-store` and `cm-dispatch`; and the application the `cm-scheduler` binary is a thin layer
+//! over: the command line's definitions ([`flags`]), the service `run` starts ([`service`]),
+//! and one operation per use case that the command line and the status page both call
+//! ([`operations`]).
 //!
 //! A service can embed the loop:
 //!
@@ -25,26 +28,32 @@
 //! ```
 
 mod autopause;
-pub mod bounded;
+mod bounded;
 pub mod completer;
 pub mod edit;
 mod engine;
+mod failure;
 pub mod flags;
-pub mod groups;
+mod groups;
 pub mod health;
-pub mod hosts;
+mod hosts;
 pub mod http;
-pub mod import;
+mod import;
 pub mod notify;
+pub mod operations;
 mod outages;
 pub mod runs;
+pub mod service;
 pub mod state;
 pub mod stats;
 pub mod status;
-pub mod traces;
+mod traces;
 
 pub use engine::{
     Completion, FIRES, PRUNE_BATCH, RunSummary, Scheduler, TickError, TickReport,
     default_instance_id,
 };
+pub use failure::Failure;
+pub use hosts::AllowedHosts;
 pub use stats::Stats;
+pub use traces::FireTracer;

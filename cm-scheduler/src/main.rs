@@ -4,7 +4,6 @@
 //! other failure (the database unreachable, a migration refused).
 
 mod cli;
-mod mission_args;
 
 use std::process::ExitCode;
 

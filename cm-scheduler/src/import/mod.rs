@@ -8,7 +8,7 @@ use std::path::PathBuf;
 mod crontab;
 mod json_lines;
 
-pub use crontab::{content_name, crontab};
+pub use crontab::crontab;
 pub use json_lines::json_lines;
 
 /// A routine as a line of the file describes it, before the checks `routine create` makes.
@@ -220,14 +220,14 @@ mod tests {
     #[test]
     fn a_long_crontab_name_is_cut_and_kept_apart_by_a_hash() {
         let command = "x".repeat(300);
-        let name = content_name("jobs.cron", "UTC", "0 3 * * *", &command);
+        let name = crontab::content_name("jobs.cron", "UTC", "0 3 * * *", &command);
         assert_eq!(name.chars().count(), cm_domain::name::MAX_NAME_CHARS);
         assert!(name.starts_with("jobs.cron: 0 3 * * * xxx"), "{name}");
-        let other = content_name("jobs.cron", "UTC", "0 4 * * *", &command);
+        let other = crontab::content_name("jobs.cron", "UTC", "0 4 * * *", &command);
         assert_ne!(name, other);
         assert_eq!(
             name,
-            content_name("jobs.cron", "UTC", "0 3 * * *", &command)
+            crontab::content_name("jobs.cron", "UTC", "0 3 * * *", &command)
         );
     }
 

@@ -36,6 +36,7 @@ pub struct MissionArgs {
     /// Where the process backend keeps its per-occurrence markers and logs.
     #[arg(long, default_value = "cm-missions")]
     pub mission_workdir: PathBuf,
+    /// What routines' missions may ask for.
     #[command(flatten)]
     pub policy: PolicyFlags,
 }
@@ -314,9 +315,9 @@ impl MissionArgs {
 }
 
 /// Reads the operator's mission settings (`--mission-config FILE`), no further than
-/// [`cm_scheduler::bounded::MISSION_CONFIG_FILE`]; the error is one line naming the file.
+/// [`crate::bounded::MISSION_CONFIG_FILE`]; the error is one line naming the file.
 pub fn read_config(path: &std::path::Path) -> Result<MissionConfig, String> {
-    let text = cm_scheduler::bounded::read_file(path, cm_scheduler::bounded::MISSION_CONFIG_FILE)
+    let text = crate::bounded::read_file(path, crate::bounded::MISSION_CONFIG_FILE)
         .map_err(|e| format!("cannot read --mission-config {}: {e}", path.display()))?;
     MissionConfig::from_json(&text).map_err(|e| format!("--mission-config {}: {e}", path.display()))
 }

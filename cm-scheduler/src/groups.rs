@@ -97,11 +97,6 @@ impl GroupLeases {
         self.lease / 3
     }
 
-    /// The lease's length.
-    pub fn lease(&self) -> Duration {
-        self.lease
-    }
-
     /// The groups to claim in now, and to take expired claims over in: those this scheduler
     /// holds, then those nobody holds live (never leased, released, or whose holder's lease
     /// ran out), in group order within each. No statement reads every shard: before the first

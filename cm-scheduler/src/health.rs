@@ -1,10 +1,15 @@
 //! The database's health as `/readyz` and the status page see it: checked in the background at
 //! most once per interval, one check in flight at a time, each under its own deadline, and the
 //! answer cached. A request only reads the cache, so it answers at once whatever the network
-//! does, and no number of requests adds a query to the database.
+//! does, and no number of requests adds a query to the database. [`probe`] is the other side:
+//! asking a running scheduler's `/readyz`, as `cm-scheduler health` does.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod probe;
+
+pub use probe::probe;
 
 /// Tells whether the scheduler's database is usable.
 #[async_trait::async_trait]

@@ -1,5 +1,8 @@
 //! The scheduler: the tick loop, the reaper, their counters and health endpoints, wired from
-//! `cm-store` and `cm-dispatch`; and the `cm-scheduler` binary built on them.
+//! `cm-store` and `cm-dispatch`; and the application the `cm-scheduler` binary is a thin layer
+//! over: the command line's definitions ([`flags`]), the service `run` starts ([`service`]),
+//! and one operation per use case that the command line and the status page both call
+//! ([`operations`]).
 //!
 //! A service can embed the loop:
 //!
@@ -25,23 +28,32 @@
 //! ```
 
 mod autopause;
+mod bounded;
 pub mod completer;
 pub mod counters;
 pub mod edit;
 mod engine;
-pub mod groups;
+mod failure;
+pub mod flags;
+mod groups;
 pub mod health;
-pub mod hosts;
+mod hosts;
 pub mod http;
 pub mod http_state;
+mod import;
 pub mod notify;
+pub mod operations;
 mod outages;
 pub mod page;
 pub mod runs;
-pub mod traces;
+pub mod service;
+mod traces;
 
 pub use counters::Stats;
 pub use engine::{
     Completion, FIRES, PRUNE_BATCH, RunSummary, Scheduler, TickError, TickReport,
     default_instance_id,
 };
+pub use failure::Failure;
+pub use hosts::AllowedHosts;
+pub use traces::FireTracer;

@@ -3,9 +3,7 @@
 //! Exit codes: 0 on success, 2 for bad input (one line on stderr, nothing written), 1 for any
 //! other failure (the database unreachable, a migration refused).
 
-mod bounded;
 mod cli;
-mod mission_args;
 
 use std::process::ExitCode;
 

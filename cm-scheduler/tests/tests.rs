@@ -13,6 +13,7 @@
 //! - `autopause`: a failing routine pauses itself through the real loop.
 //! - `abandon`: an occurrence abandoned after unsettled attempts keeps the last one's error.
 //! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
+//! - `operations`: the operations the command line and the page share, on a real database.
 //! - `operator`: editing, importing, naming and reading routines from the command line, and
 //!   errors (and secrets) as people see them.
 //! - `operator_day`: a crontab edited and imported again (`--sync`), output through a closed
@@ -26,6 +27,7 @@
 //! - `overlap`: `replace` whose stop the runtime refuses (a 403 from the engine, a Role without
 //!   `delete`) never has two runs at once; an identity lacking a verb is refused at start.
 //! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
+//! - `cli_reference`: `docs/guide/cli.md` is the reference the clap definitions generate.
 //! - `author_reach`: what a routine author can reach: repositories on the scheduler's host or a
 //!   metadata service in every URL form, env names and label keys outside the allow lists and
 //!   the floor, refused at create and at dispatch.
@@ -36,6 +38,7 @@
 //! - `backfill`: a backfill of missions drains at the launch rate beside an every-second routine
 //!   that stays on time.
 //! - `secrets`: whole processes given every secret, against failing connections, print none.
+//! - `service_config`: `run`'s flags refused by `ServiceConfig::validate` before anything starts.
 //! - `database_file`: the database URL from `--database-url-file`, given once; a process
 //!   mission finds no password in its environment or its scheduler's.
 //! - `operator_files`: an import's mission paths kept inside its root, only regular files read
@@ -71,6 +74,8 @@ mod citus;
 mod cli;
 #[path = "scheduler/cli_hardening.rs"]
 mod cli_hardening;
+#[path = "scheduler/cli_reference.rs"]
+mod cli_reference;
 #[path = "scheduler/completer.rs"]
 mod completer;
 #[path = "scheduler/crash.rs"]
@@ -102,6 +107,8 @@ mod mock_loop;
 mod notify;
 #[path = "scheduler/operate.rs"]
 mod operate;
+#[path = "scheduler/operations.rs"]
+mod operations;
 #[path = "scheduler/operator.rs"]
 mod operator;
 #[path = "scheduler/operator_day.rs"]
@@ -118,6 +125,8 @@ mod pooler;
 mod schedules_beyond;
 #[path = "scheduler/secrets.rs"]
 mod secrets;
+#[path = "scheduler/service_config.rs"]
+mod service_config;
 #[path = "scheduler/shells.rs"]
 mod shells;
 #[path = "scheduler/slow_target.rs"]

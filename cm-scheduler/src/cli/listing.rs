@@ -23,7 +23,7 @@ pub(super) fn print_json_lines<T: serde::Serialize>(items: &[T]) -> Result<(), s
     for item in items {
         say!(
             "{}",
-            serde_json::to_string(item).map_err(anyhow::Error::from)?
+            serde_json::to_string(item).map_err(|e| super::Failure::Other(e.to_string()))?
         );
     }
     Ok(())

@@ -1,20 +1,9 @@
 //! `cm-scheduler outbox`: what the message outbox holds that no consumer has acknowledged.
 
-use clap::Args;
+use cm_scheduler::flags::OutboxArgs;
 use cm_store::OutboxConsumer;
 
 use super::{Failure, connect};
-
-/// Shows the outbox's backlog.
-#[derive(Debug, Args)]
-pub(super) struct OutboxArgs {
-    /// List at most this many pending messages, oldest first.
-    #[arg(long, default_value_t = 20)]
-    limit: u32,
-    /// As one JSON object: {"pending", "leased", "oldest", "messages": [...]}.
-    #[arg(long)]
-    json: bool,
-}
 
 /// Prints the pending count, the oldest pending message's age, and a listing.
 pub(super) async fn show(url: &str, args: OutboxArgs) -> Result<(), Failure> {
@@ -23,7 +12,7 @@ pub(super) async fn show(url: &str, args: OutboxArgs) -> Result<(), Failure> {
     if args.json {
         say!(
             "{}",
-            serde_json::to_string(&backlog).map_err(anyhow::Error::from)?
+            serde_json::to_string(&backlog).map_err(|e| Failure::Other(e.to_string()))?
         );
         return Ok(());
     }

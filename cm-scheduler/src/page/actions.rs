@@ -17,7 +17,9 @@ use super::cells::{routine_href, shown};
 use super::{
     IndexQuery, StatusPage, missing, not_found, read, refused, status_page, unreadable_address,
 };
+use crate::edit::Edit;
 use crate::http_state::HttpState;
+use crate::operations::{self, Change, OperationError, Updated};
 
 /// What the page's actions do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,23 +112,29 @@ async fn act(state: &HttpState, handle: &str, body: &[u8], action: Action) -> Re
              try again).",
         );
     }
-    let routines = &status.routines;
+    let routines = &*status.routines;
     let acted = async {
-        let routine = status.reader.routine(handle).await?;
+        let routine = operations::find(&*status.reader, handle).await?;
         let outcome = match action {
-            Action::Pause => routines.set_routine_paused(routine.id, true).await?,
-            Action::Resume => routines.set_routine_paused(routine.id, false).await?,
+            Action::Pause => operations::pause(routines, &routine).await?,
+            Action::Resume => operations::resume(routines, &routine).await?,
             Action::Trigger => {
-                routines.trigger_routine(routine.id).await?;
+                operations::trigger(routines, &routine).await?;
                 routine
             }
-            Action::Edit => match edit_of(&routine, &field) {
-                Ok(Some(update)) => routines.update_routine(routine.id, &update).await?,
-                Ok(None) => return Ok(Err((routine, "unchanged"))),
-                Err(reason) => return Err(StoreError::InvalidRoutine(reason)),
-            },
+            Action::Edit => {
+                let change = Change {
+                    edit: edit_of(&routine, &field),
+                    overlap_field: "overlap",
+                    ..Change::default()
+                };
+                match operations::update(routines, routine, &change).await? {
+                    Updated::Changed(routine) => routine,
+                    Updated::Unchanged(routine) => return Ok(Err((routine, "unchanged"))),
+                }
+            }
             Action::Delete => {
-                routines.delete_routine(routine.id).await?;
+                operations::delete(routines, &routine).await?;
                 routine
             }
         };
@@ -160,13 +168,19 @@ async fn act(state: &HttpState, handle: &str, body: &[u8], action: Action) -> Re
 async fn write<T>(
     state: &HttpState,
     handle: &str,
-    writes: impl Future<Output = Result<T, StoreError>>,
+    writes: impl Future<Output = Result<T, OperationError>>,
 ) -> Result<T, Response> {
     match read(state, async {
         match writes.await {
-            Err(StoreError::InvalidRoutine(reason)) => Ok(Err(reason)),
-            Err(StoreError::NameTaken(name)) => Ok(Err(format!("the name {name} is taken"))),
-            other => other.map(Ok),
+            Err(
+                OperationError::Refused(reason)
+                | OperationError::Store(StoreError::InvalidRoutine(reason)),
+            ) => Ok(Err(reason)),
+            Err(OperationError::Store(StoreError::NameTaken(name))) => {
+                Ok(Err(format!("the name {name} is taken")))
+            }
+            Err(OperationError::Store(e)) => Err(e),
+            Ok(done) => Ok(Ok(done)),
         }
     })
     .await
@@ -182,15 +196,12 @@ async fn write<T>(
 }
 
 /// The change an edit form asks of `routine`: each field that differs from the routine's
-/// setting (an empty message keeps the message), checked by [`crate::edit::Edit::checked`] as
-/// `routine update` checks its flags. `None` when nothing differs.
-fn edit_of<'a>(
-    routine: &Routine,
-    field: &impl Fn(&str) -> Option<&'a str>,
-) -> Result<Option<cm_store::RoutineUpdate>, String> {
+/// setting (an empty message keeps the message), checked by [`operations::update`] as `routine
+/// update` checks its flags.
+fn edit_of<'a>(routine: &Routine, field: &impl Fn(&str) -> Option<&'a str>) -> Edit<'a> {
     let changed =
         |name: &str, current: &str| field(name).map(str::trim).filter(|given| *given != current);
-    let edit = crate::edit::Edit {
+    Edit {
         name: None,
         schedule: changed("schedule", &routine.schedule),
         timezone: changed("timezone", &routine.timezone),
@@ -198,12 +209,6 @@ fn edit_of<'a>(
         overlap: changed("overlap", &routine.overlap)
             .filter(|_| routine.kind == cm_store::RoutineKind::Mission),
         message: field("message").filter(|m| !m.is_empty()),
-    };
-    let zone = cm_domain::Zone::parse(&routine.timezone).ok();
-    match edit.checked(routine.kind, zone, "overlap") {
-        Ok(update) => Ok(Some(update)),
-        Err(e) if e == crate::edit::NOTHING_TO_CHANGE => Ok(None),
-        Err(e) => Err(e),
     }
 }
 

@@ -1,31 +1,19 @@
-//! `cm-scheduler health`: asks a running scheduler's `/readyz` over plain HTTP/1.1 on a raw TCP
+//! The probe `cm-scheduler health` runs: asks a running scheduler's `/readyz` over plain HTTP/1.1 on a raw TCP
 //! connection, for a container's HEALTHCHECK (the image holds no curl, no shell).
 //!
 //! It succeeds only on a `200`; anything else is one line naming the reason: the body of a
 //! `503` (the scheduler's own words), a refused connection, a timeout.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::Duration;
 
+use crate::flags::HealthArgs;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// The most of an answer read: `/readyz` answers a line or two.
 const MAX_ANSWER: u64 = 64 * 1024;
 
-/// The `health` subcommand's flags.
-#[derive(Debug, clap::Args)]
-pub(super) struct HealthArgs {
-    /// The address the scheduler's `run --listen` serves on (an unspecified address such as
-    /// 0.0.0.0 is asked on loopback).
-    #[arg(long, env = "CM_LISTEN", default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
-    /// How long the whole request may take.
-    #[arg(long, default_value = "2s", value_parser = super::duration)]
-    timeout: Duration,
-}
-
 /// Asks `/readyz`; `Err` is the one line saying why the scheduler is not ready.
-pub(super) async fn check(args: HealthArgs) -> Result<(), String> {
+pub async fn probe(args: HealthArgs) -> Result<(), String> {
     let addr = probe_address(args.listen);
     match tokio::time::timeout(args.timeout, ask(addr)).await {
         Ok(result) => result,

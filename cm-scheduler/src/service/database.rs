@@ -1,14 +1,13 @@
-//! Connecting the command line to PostgreSQL, and keeping the database URL's secrets out of
+//! Connecting to PostgreSQL (the commands and the service), and keeping the database URL's secrets out of
 //! every message: its password, and query parameters such as `password` or `sslpassword`.
 
 use std::time::Duration;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::anyhow;
 use cm_store::{PgStore, StoreOptions};
 
-use super::Failure;
+use crate::failure::Failure;
 
 /// How long the first connection may take before the command gives up: long enough for a
 /// server across a slow network, short enough that a person is not left waiting.
@@ -18,19 +17,45 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// before anything connects.
 static POOLED: AtomicBool = AtomicBool::new(false);
 
+/// The database URL, from `--database-url` (or `DATABASE_URL`), from the file
+/// `--database-url-file` (or `DATABASE_URL_FILE`) names (its content registered as a secret),
+/// or the default. Both given is an error: which one was meant cannot be told.
+pub fn url(given: Option<&str>, file: Option<&std::path::Path>) -> Result<String, String> {
+    match (given, file) {
+        (Some(_), Some(_)) => Err(
+            "the database URL is given twice: --database-url (or DATABASE_URL) and \
+             --database-url-file (or DATABASE_URL_FILE); give one of them"
+                .into(),
+        ),
+        (Some(url), None) => Ok(url.to_owned()),
+        (None, Some(path)) => {
+            let shown = path.display();
+            let text = crate::bounded::read_file(path, crate::bounded::SECRET_FILE)
+                .map_err(|e| format!("cannot read --database-url-file {shown}: {e}"))?;
+            super::secrets::register_file(&text);
+            let url = text.trim();
+            if url.is_empty() {
+                return Err(format!("--database-url-file {shown} is empty"));
+            }
+            Ok(url.to_string())
+        }
+        (None, None) => Ok(crate::flags::DEFAULT_DATABASE_URL.into()),
+    }
+}
+
 /// Records `--pooled` for every connection the process opens.
-pub(super) fn set_pooled(pooled: bool) {
+pub fn set_pooled(pooled: bool) {
     POOLED.store(pooled, Ordering::Relaxed);
 }
 
 /// Whether the database URL goes through a pooler (`--pooled`).
-pub(super) fn pooled() -> bool {
+pub fn pooled() -> bool {
     POOLED.load(Ordering::Relaxed)
 }
 
 /// `options` for this process's connections: through a pooler, with the settings sent in each
 /// transaction rather than at connect.
-pub(super) fn store_options(options: StoreOptions) -> StoreOptions {
+pub fn store_options(options: StoreOptions) -> StoreOptions {
     StoreOptions {
         pooled: pooled(),
         ..options
@@ -41,11 +66,11 @@ pub(super) fn store_options(options: StoreOptions) -> StoreOptions {
 /// pooler, whose own configuration names the databases it serves). One direct
 /// connection is tried first, so a refused connection, an unknown database or a rejected
 /// password is reported at once, in words, rather than as a pool timing out.
-pub(super) async fn connect(url: &str, create: bool) -> Result<PgStore, Failure> {
+pub async fn connect(url: &str, create: bool) -> Result<PgStore, Failure> {
     check_url(url)?;
     let shown = redact(url);
     let fail = |e: cm_store::StoreError| {
-        Failure::Other(anyhow!(
+        Failure::Other(format!(
             "cannot connect to PostgreSQL at {shown}: {}",
             e.explain()
         ))
@@ -60,7 +85,7 @@ pub(super) async fn connect(url: &str, create: bool) -> Result<PgStore, Failure>
         match tokio::time::timeout(CONNECT_TIMEOUT, check).await {
             Ok(result) => result.map_err(fail)?,
             Err(_) => {
-                return Err(Failure::Other(anyhow!(
+                return Err(Failure::Other(format!(
                     "cannot connect to PostgreSQL at {shown}: no answer within {}s",
                     CONNECT_TIMEOUT.as_secs()
                 )));
@@ -72,7 +97,7 @@ pub(super) async fn connect(url: &str, create: bool) -> Result<PgStore, Failure>
 
 /// Refuses, as bad input, a database URL that is not a PostgreSQL URL with a host, before any
 /// connection is tried (the driver would say only "relative URL without a base").
-pub(super) fn check_url(url: &str) -> Result<(), Failure> {
+pub fn check_url(url: &str) -> Result<(), Failure> {
     let refuse = |why: &str| {
         Failure::Input(format!(
             "invalid --database-url {}: {why} (expected postgres://USER@HOST:PORT/DATABASE)",
@@ -115,12 +140,12 @@ pub(super) fn check_url(url: &str) -> Result<(), Failure> {
 
 /// Connects to a database that must already hold cm's schema: one without it is refused with
 /// the advice to run `cm-scheduler migrate`.
-pub(super) async fn connect_migrated(url: &str) -> Result<PgStore, Failure> {
+pub async fn connect_migrated(url: &str) -> Result<PgStore, Failure> {
     let store = connect(url, false).await?;
     store
         .check_schema()
         .await
-        .map_err(|e| Failure::Other(anyhow!("{}: {}", redact(url), e.explain())))?;
+        .map_err(|e| Failure::Other(format!("{}: {}", redact(url), e.explain())))?;
     Ok(store)
 }
 
@@ -136,7 +161,7 @@ fn is_secret_parameter(key: &str) -> bool {
 /// Every secret the database URL holds, as written and percent-decoded: the user-info
 /// password, the values of secret query parameters, and `password=` in a `key=value`
 /// connection string.
-pub(super) fn secrets(url: &str) -> Vec<String> {
+pub fn secrets(url: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut push = |raw: &str| {
         if !raw.is_empty() {
@@ -184,7 +209,7 @@ pub(super) fn secrets(url: &str) -> Vec<String> {
 }
 
 /// `text` with every secret of the database URL replaced by `***`.
-pub(super) fn scrub(text: &str, url: &str) -> String {
+fn scrub(text: &str, url: &str) -> String {
     let mut text = text.to_string();
     for secret in secrets(url) {
         text = text.replace(&secret, "***");
@@ -193,7 +218,7 @@ pub(super) fn scrub(text: &str, url: &str) -> String {
 }
 
 /// The database URL with its secrets replaced by `***`, for messages.
-pub(super) fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     // Only the parts after the scheme: a password such as "postgres" must not turn the scheme
     // into "***://".
     match url.split_once("://") {

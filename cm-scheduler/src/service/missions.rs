@@ -26,7 +26,7 @@ pub struct MissionArgs {
     pub mission_image: Option<String>,
     /// The operator's mission settings, a JSON file: command, user, resources, network,
     /// namespace, and which env names, label keys and repository hosts routines may use (see
-    /// README, "Mission backends").
+    /// docs/guide/missions.md, "The operator's configuration").
     #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
     pub mission_config: Option<PathBuf>,
     /// The program the process backend runs, then its arguments; it takes the rest of the
@@ -36,6 +36,7 @@ pub struct MissionArgs {
     /// Where the process backend keeps its per-occurrence markers and logs.
     #[arg(long, default_value = "cm-missions")]
     pub mission_workdir: PathBuf,
+    /// What routines' missions may ask for.
     #[command(flatten)]
     pub policy: PolicyFlags,
 }
@@ -47,7 +48,7 @@ pub struct MissionArgs {
 pub struct PolicyFlags {
     /// The only env names a mission may set, replacing "env_allow" (patterns with *:
     /// REPORT_*,LANG) [default: TZ, LANG, LANGUAGE, LC_*]. Never opens PATH, LD_*, GIT_* and
-    /// the rest of the floor (README, "Missions").
+    /// the rest of the floor (docs/guide/missions.md, "The mission file").
     #[arg(
         long,
         env = "CM_MISSION_ENV_ALLOW",
@@ -57,7 +58,8 @@ pub struct PolicyFlags {
     pub mission_env_allow: Option<Vec<String>>,
     /// The only label keys a mission may set, replacing "label_allow" (patterns with *:
     /// team.example.com/*) [default: routine/*]. Never opens cm.*, kubernetes.io/*,
-    /// com.docker.*, traefik* and the rest reserved (README, "Missions").
+    /// com.docker.*, traefik* and the rest reserved (docs/guide/missions.md, "The mission
+    /// file").
     #[arg(
         long,
         env = "CM_MISSION_LABEL_ALLOW",

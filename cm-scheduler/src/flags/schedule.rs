@@ -8,7 +8,7 @@ use cm_domain::ScheduleText;
 
 /// When a routine runs.
 #[derive(Debug, Clone, Default, Args, PartialEq, Eq)]
-pub(super) struct ScheduleFlags {
+pub struct ScheduleFlags {
     /// A cron expression (5 fields, or 6 with seconds first), read in --timezone. It may carry
     /// its clauses too: `0 9 * * 1-5 except 0 0 25 12 * until 2027-01-01`.
     #[arg(long, value_name = "EXPR")]

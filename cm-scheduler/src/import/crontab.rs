@@ -1,148 +1,17 @@
-//! Reading the files `routine import` takes: JSON Lines (one routine a line, the fields of
-//! `routine create`) and classic crontabs. Each routine comes back with its line number, so
-//! every refusal can name the line it is about. Files are read a line at a time, each line at
-//! most [`bounded::IMPORT_LINE`] bytes.
+//! Classic crontab imports: each entry a message routine posting its command.
 
 use std::io::BufRead;
-use std::path::PathBuf;
-
-use crate::bounded;
 
 use cm_domain::{Schedule, Zone};
-use serde::Deserialize;
 
-/// A routine as a line of the file describes it, before the checks `routine create` makes.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct RoutineFields {
-    /// The line it is on (1-based).
-    pub line: usize,
-    pub name: String,
-    pub schedule: String,
-    pub timezone: String,
-    pub misfire: String,
-    pub message: Option<String>,
-    pub mission: Option<PathBuf>,
-    /// A mission routine's overlap policy as written (`allow`, `forbid`, `replace`, `buffer-one`, `buffer-all`); `forbid`
-    /// when absent.
-    pub overlap: Option<String>,
-    pub paused: bool,
-    /// A run limit: at most this many scheduled occurrences fire.
-    pub runs_left: Option<u32>,
-}
-
-/// A line of a JSON Lines import: the fields of `routine create`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonLine {
-    name: String,
-    /// A cron expression (with its clauses, if any); or `every` (with `offset`), or `at`.
-    #[serde(default)]
-    schedule: Option<String>,
-    #[serde(default)]
-    every: Option<String>,
-    #[serde(default)]
-    offset: Option<String>,
-    #[serde(default)]
-    at: Option<String>,
-    /// Exclusions: cron expressions, as `routine create --except`.
-    #[serde(default)]
-    except: Vec<String>,
-    /// As `--jitter`.
-    #[serde(default)]
-    jitter: Option<String>,
-    #[serde(default)]
-    start: Option<String>,
-    #[serde(default)]
-    end: Option<String>,
-    #[serde(default = "utc")]
-    timezone: String,
-    #[serde(default = "fire_once")]
-    misfire: String,
-    #[serde(default)]
-    message: Option<String>,
-    /// A mission file, relative to the import's mission root (the import file's directory or
-    /// `--mission-root`); read there by `routine import`.
-    #[serde(default)]
-    mission: Option<PathBuf>,
-    /// What an occurrence does while an earlier run of the mission is still running.
-    #[serde(default)]
-    overlap: Option<String>,
-    #[serde(default)]
-    paused: bool,
-    /// A run limit, as `routine create --limit-runs` (set when the routine is created).
-    #[serde(default)]
-    limit_runs: Option<u32>,
-}
-
-fn utc() -> String {
-    "UTC".into()
-}
-
-fn fire_once() -> String {
-    "fire-once".into()
-}
-
-/// A line that cannot be imported: its number and what is wrong.
-pub(super) type LineError = (usize, String);
-
-/// Reads JSON Lines: one JSON object a line; blank lines are skipped. A `mission` path is kept
-/// as written, to be read inside the import's mission root.
-pub(super) fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
-    let mut routines = Vec::new();
-    for read in bounded::lines(text, bounded::IMPORT_LINE) {
-        let (line, raw) = read?;
-        let raw = raw.as_str();
-        if raw.trim().is_empty() {
-            continue;
-        }
-        let parsed: JsonLine = serde_json::from_str(raw).map_err(|e| {
-            // serde's column is within the line; its line is always 1.
-            let what = e.to_string();
-            let what = what.split(" at line ").next().unwrap_or(&what).to_string();
-            (line, format!("not a routine: {what}"))
-        })?;
-        let rules = [&parsed.schedule, &parsed.every, &parsed.at];
-        if rules.iter().filter(|r| r.is_some()).count() > 1 {
-            return Err((line, "give one of schedule, every and at".to_string()));
-        }
-        if parsed.offset.is_some() && parsed.every.is_none() {
-            return Err((line, "offset needs every".to_string()));
-        }
-        let when = super::schedule_flags::ScheduleFlags {
-            schedule: parsed.schedule,
-            every: parsed.every,
-            offset: parsed.offset,
-            at: parsed.at,
-            except: parsed.except,
-            jitter: parsed.jitter,
-            start: parsed.start,
-            end: parsed.end,
-        };
-        let schedule = when
-            .text(None)
-            .map_err(|e| (line, e.replace("--", "")))?
-            .unwrap_or_default();
-        routines.push(RoutineFields {
-            line,
-            name: parsed.name,
-            schedule,
-            timezone: parsed.timezone,
-            misfire: parsed.misfire,
-            message: parsed.message,
-            mission: parsed.mission,
-            overlap: parsed.overlap,
-            paused: parsed.paused,
-            runs_left: parsed.limit_runs,
-        });
-    }
-    Ok(routines)
-}
+use super::{LineError, RoutineFields};
+use crate::bounded;
 
 /// The name of an entry without a `# cm: name=` comment: the file's label, the zone when it is
 /// not UTC, the schedule and the command (whitespace runs read as one space), as in
 /// `backup.cron: 0 3 * * * /usr/bin/backup`. A name longer than a routine's may be is cut, and
 /// a hash of the whole keeps it apart from others cut at the same place.
-pub(super) fn content_name(label: &str, zone: &str, expression: &str, command: &str) -> String {
+pub fn content_name(label: &str, zone: &str, expression: &str, command: &str) -> String {
     let zone = if zone == "UTC" {
         String::new()
     } else {
@@ -175,7 +44,7 @@ const NAME_COMMENT: &str = "cm:";
 /// left aside, each with a note in `notes` saying why (its value is not repeated: an
 /// assignment may hold a secret). `@reboot` and anything else that is not an entry are refused
 /// with their line.
-pub(super) fn crontab(
+pub fn crontab(
     text: impl BufRead,
     label: &str,
     zone: &str,

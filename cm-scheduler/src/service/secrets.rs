@@ -23,7 +23,7 @@ static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
 
 /// Registers `secret`: from now on it is masked in everything the binary prints. It is masked as
 /// written, trimmed, and as it reads escaped inside a JSON string (the JSON log format).
-pub(super) fn register(secret: &str) {
+pub fn register(secret: &str) {
     let mut forms = vec![secret.to_string(), secret.trim().to_string()];
     for form in forms.clone() {
         let json = serde_json::to_string(&form).unwrap_or_default();
@@ -40,14 +40,14 @@ pub(super) fn register(secret: &str) {
 }
 
 /// Every secret registered so far: what the run watch scrubs from the runs' output as well.
-pub(super) fn registered() -> Vec<String> {
+pub fn registered() -> Vec<String> {
     SECRETS.read().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// Registers the secrets of a file of secret material: the whole of it, and each of its lines
 /// (a NATS credentials file holds a JWT and a seed, each on a line of its own, between marker
 /// lines that are not secret).
-pub(super) fn register_file(content: &str) {
+pub fn register_file(content: &str) {
     register(content);
     for line in content.lines().map(str::trim) {
         if !line.starts_with("---") && !line.contains("*****") {
@@ -60,7 +60,7 @@ pub(super) fn register_file(content: &str) {
 /// its path and query (webhook endpoints often carry their token there), their percent-decoded
 /// forms, and each path segment and query value long enough to be a token. Several URLs may be
 /// given separated by commas (NATS servers).
-pub(super) fn register_url(text: &str) {
+pub fn register_url(text: &str) {
     for one in text.split(',').map(str::trim) {
         let Ok(url) = url::Url::parse(one) else {
             continue;
@@ -99,7 +99,7 @@ fn percent_decode(text: &str) -> Option<String> {
 }
 
 /// `text` with every registered secret masked.
-pub(super) fn scrub(text: &str) -> String {
+pub fn scrub(text: &str) -> String {
     let secrets = SECRETS.read().unwrap_or_else(|e| e.into_inner());
     let mut text = text.to_string();
     for secret in secrets.iter() {
@@ -112,7 +112,7 @@ pub(super) fn scrub(text: &str) -> String {
 
 /// The log writer: each formatted log line is scrubbed, then written to stderr.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct ScrubbingStderr;
+pub struct ScrubbingStderr;
 
 impl Write for ScrubbingStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -15,11 +15,12 @@ use cm_dispatch::{Dispatcher, OutboxDispatcher};
 use cm_domain::SchedulerConfig;
 use cm_store::PgStore;
 
-use super::{Failure, input, secrets};
+use super::secrets;
+use crate::failure::{Failure, input};
 
 /// Where message routines go, and how to reach it.
 #[derive(Debug, Args)]
-pub(super) struct MessageArgs {
+pub struct MessageArgs {
     /// Where message routines go.
     #[arg(long, value_enum, default_value_t = MessageBackend::Outbox)]
     message_backend: MessageBackend,
@@ -58,7 +59,7 @@ enum MessageBackend {
 
 /// How the outbox backend writes its rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(super) enum OutboxMode {
+pub(crate) enum OutboxMode {
     /// In the claim's own transaction: a fire and its message exist together or not at all.
     Transactional,
     /// By a dispatch after the claim, as an external backend's effect would be (idempotent,
@@ -67,7 +68,7 @@ pub(super) enum OutboxMode {
 }
 
 /// A message backend whose configuration has been checked, not yet connected.
-pub(super) enum MessagePlan {
+pub(crate) enum MessagePlan {
     Outbox(OutboxMode),
     Webhook(WebhookDispatcher),
     Nats(NatsConfig),
@@ -76,7 +77,7 @@ pub(super) enum MessagePlan {
 impl MessageArgs {
     /// Checks the flags of the chosen backend, reading its secret or credentials file.
     /// `config` sizes the NATS duplicate window: every attempt at one occurrence falls in it.
-    pub(super) fn plan(&self, config: &SchedulerConfig) -> Result<MessagePlan, Failure> {
+    pub(crate) fn plan(&self, config: &SchedulerConfig) -> Result<MessagePlan, Failure> {
         let stray = |flag: &str| {
             input(format!(
                 "{flag} is for another --message-backend than {}",
@@ -147,7 +148,7 @@ impl MessagePlan {
     /// store; a dispatched one through `dispatch_store`, a pool without the claim's timeouts
     /// (a dispatch is bounded by --dispatch-timeout, and may wait on the outbox's locks that
     /// long).
-    pub(super) async fn build(
+    pub(crate) async fn build(
         self,
         store: &PgStore,
         dispatch_store: &PgStore,
@@ -170,10 +171,9 @@ impl MessagePlan {
                         NatsConfigError::BadName(_) | NatsConfigError::Credentials { .. } => {
                             input(e.to_string())
                         }
-                        other => Failure::Other(anyhow::anyhow!(
-                            "{other} (server {})",
-                            endpoint(&config.url)
-                        )),
+                        other => {
+                            Failure::Other(format!("{other} (server {})", endpoint(&config.url)))
+                        }
                     })?;
                 tracing::info!(stream = %config.stream, prefix = %config.subject_prefix,
                     duplicate_window = ?config.duplicate_window, "message backend: NATS JetStream");
@@ -185,7 +185,7 @@ impl MessagePlan {
 
 fn webhook_failure(e: WebhookConfigError) -> Failure {
     match e {
-        WebhookConfigError::Client(_) => Failure::Other(anyhow::anyhow!("{e}")),
+        WebhookConfigError::Client(_) => Failure::Other(e.to_string()),
         _ => input(format!("--webhook-url: {e}")),
     }
 }

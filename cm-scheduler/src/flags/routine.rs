@@ -1,0 +1,258 @@
+//! The `routine` commands' flags: create, update, import, list, show, pause, resume, delete,
+//! trigger and backfill. Every command that names a routine takes its id or its name.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use super::schedule::ScheduleFlags;
+use crate::import::RoutineFields;
+use crate::service::missions::PolicyFlags;
+
+/// `routine`'s subcommands.
+#[derive(Debug, Subcommand)]
+pub enum RoutineCommand {
+    /// Creates a routine and prints its id.
+    Create(CreateArgs),
+    /// Changes a routine's settings (checked as create checks them) and prints its id. A new
+    /// schedule or zone moves its next run to the first occurrence after now; claims already
+    /// taken and its fire history are kept.
+    Update(UpdateArgs),
+    /// Creates routines from a file, all or none: JSON Lines with the fields of create, or a
+    /// crontab with --crontab. Prints one line per routine written.
+    Import(ImportArgs),
+    /// Lists routines in creation order, as a table (or JSON lines).
+    List {
+        /// As JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Shows one routine: its settings, next runs, pending requests and last fires.
+    Show {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+        /// As JSON (the stored routine).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pauses a routine: it is never due until resumed.
+    Pause {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+    },
+    /// Resumes a routine; its next run is computed from now.
+    Resume {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+    },
+    /// Deletes a routine and its fires.
+    Delete {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+    },
+    /// Fires a routine now, through the ledger (the next tick claims it; paused or not).
+    Trigger {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+    },
+    /// Fires a routine's occurrences in a past window that the ledger does not hold yet.
+    Backfill {
+        /// The routine's id or name.
+        #[arg(value_name = "ID|NAME")]
+        routine: String,
+        /// The window's start (RFC 3339), included.
+        #[arg(long)]
+        from: String,
+        /// The window's end (RFC 3339), included; not in the future.
+        #[arg(long)]
+        to: String,
+        /// How long the schedulers keep settled fires (their `run --retention`): a window
+        /// starting earlier than this (less an hour) is refused, since a pruned slot would fire
+        /// again.
+        #[arg(long, default_value = "30days", value_parser = super::duration)]
+        retention: std::time::Duration,
+    },
+}
+
+/// `routine create`'s flags.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("action").required(true).args(["message", "mission"])))]
+pub struct CreateArgs {
+    /// A name for people: unique, no control characters, not a UUID.
+    #[arg(long)]
+    pub name: String,
+    /// When it runs.
+    #[command(flatten)]
+    pub when: ScheduleFlags,
+    /// The IANA zone the schedule is read in.
+    #[arg(long, default_value = "UTC")]
+    pub timezone: String,
+    /// What to do with occurrences found late.
+    #[arg(long, default_value = "fire-once", value_parser = ["fire-once", "catch-up", "skip"])]
+    pub misfire: String,
+    /// A message routine posting this text.
+    #[arg(long)]
+    pub message: Option<String>,
+    /// A mission routine described by this JSON file (an object with a "repository").
+    #[arg(long)]
+    pub mission: Option<PathBuf>,
+    /// What a mission's occurrence does while an earlier run is still running: allow (launch
+    /// anyway), forbid (settle it skipped; the default), replace (stop the running one),
+    /// buffer-one (wait; when the run ends launch the newest, the older ones skipped) or
+    /// buffer-all (wait; launch each in turn, one run at a time).
+    #[arg(long, value_parser = ["allow", "forbid", "replace", "buffer-one", "buffer-all"])]
+    pub overlap: Option<String>,
+    /// Create it paused.
+    #[arg(long)]
+    pub paused: bool,
+    /// Fire at most N scheduled occurrences (counted as they are claimed, so several
+    /// schedulers never fire N+1), then the routine is finished. Triggers and backfills are
+    /// not counted.
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=i32::MAX as u64))]
+    pub limit_runs: Option<u32>,
+    /// The operator's mission settings (the file `run --mission-config` takes): a mission is
+    /// refused unless its env names, label keys and repository host are among the
+    /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
+    #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
+    pub mission_config: Option<PathBuf>,
+    /// What its mission may ask for.
+    #[command(flatten)]
+    pub policy: PolicyFlags,
+    /// Print the routine as JSON instead of its id.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `routine update`'s flags.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("action").args(["message", "mission"])))]
+pub struct UpdateArgs {
+    /// The routine's id or name.
+    #[arg(value_name = "ID|NAME")]
+    pub routine: String,
+    /// A new name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A new rule (--schedule, --every, --at) replaces the rule; a clause given (--except,
+    /// --start, --end) replaces that clause and keeps the rest.
+    #[command(flatten)]
+    pub when: ScheduleFlags,
+    /// A new IANA zone for the schedule.
+    #[arg(long)]
+    pub timezone: Option<String>,
+    /// A new misfire policy.
+    #[arg(long, value_parser = ["fire-once", "catch-up", "skip"])]
+    pub misfire: Option<String>,
+    /// Make it a message routine posting this text.
+    #[arg(long)]
+    pub message: Option<String>,
+    /// Make it a mission routine described by this JSON file.
+    #[arg(long)]
+    pub mission: Option<PathBuf>,
+    /// A new overlap policy (allow, forbid, replace, buffer-one, buffer-all) of a mission routine.
+    #[arg(long, value_parser = ["allow", "forbid", "replace", "buffer-one", "buffer-all"])]
+    pub overlap: Option<String>,
+    /// Let it fire N more scheduled occurrences from now (reviving one whose limit was spent);
+    /// `none` removes the limit.
+    #[arg(long, value_name = "N|none", value_parser = limit_runs)]
+    pub limit_runs: Option<LimitRuns>,
+    /// The operator's mission settings (the file `run --mission-config` takes): a mission is
+    /// refused unless its env names, label keys and repository host are among the
+    /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
+    #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
+    pub mission_config: Option<PathBuf>,
+    /// What its mission may ask for.
+    #[command(flatten)]
+    pub policy: PolicyFlags,
+    /// Print the routine as JSON instead of its id.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `routine import`'s flags.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The file (`-` reads standard input).
+    pub file: PathBuf,
+    /// The file is a classic crontab, not JSON Lines.
+    #[arg(long)]
+    pub crontab: bool,
+    /// A routine whose name exists already is updated instead of refused.
+    #[arg(long, conflicts_with = "sync")]
+    pub upsert: bool,
+    /// Make the routines of the file's source match the file, as `crontab FILE` replaces a
+    /// table: create what is new, update what changed, delete what the file no longer has.
+    /// Routines of other sources and those made by hand are not touched (one of a name the
+    /// file has, without a source, joins it).
+    #[arg(long)]
+    pub sync: bool,
+    /// With --sync: the source's name, which also names unnamed crontab entries [default: the
+    /// file's name; required for standard input].
+    #[arg(long, requires = "sync")]
+    pub source: Option<String>,
+    /// Print what the import would create, update, adopt, leave and delete, and change
+    /// nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// With --crontab: the zone entries are read in until a CRON_TZ= line.
+    #[arg(long, default_value = "UTC", requires = "crontab")]
+    pub timezone: String,
+    /// With --crontab: the misfire policy of every entry.
+    #[arg(long, default_value = "fire-once", value_parser = ["fire-once", "catch-up", "skip"], requires = "crontab")]
+    pub misfire: String,
+    /// The operator's mission settings (the file `run --mission-config` takes): a mission is
+    /// refused unless its env names, label keys and repository host are among the
+    /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
+    #[arg(long, env = "CM_MISSION_CONFIG", value_name = "FILE")]
+    pub mission_config: Option<PathBuf>,
+    /// The directory a line's `mission` path is read in [default: the import file's directory;
+    /// the current one for standard input]. A path is relative to it and never leaves it: an
+    /// absolute path, a `..` above it or a symbolic link out of it is refused, and only a
+    /// regular file is read.
+    #[arg(long, value_name = "DIR", conflicts_with = "crontab")]
+    pub mission_root: Option<PathBuf>,
+    /// What its mission may ask for.
+    #[command(flatten)]
+    pub policy: PolicyFlags,
+}
+
+/// `routine create`'s flags as the fields an import line gives, checked alike.
+impl TryFrom<&CreateArgs> for RoutineFields {
+    type Error = String;
+
+    fn try_from(args: &CreateArgs) -> Result<Self, String> {
+        Ok(RoutineFields {
+            line: 0,
+            name: args.name.clone(),
+            schedule: args.when.text(None)?.unwrap_or_default(),
+            timezone: args.timezone.clone(),
+            misfire: args.misfire.clone(),
+            message: args.message.clone(),
+            mission: args.mission.clone(),
+            overlap: args.overlap.clone(),
+            paused: args.paused,
+            runs_left: args.limit_runs,
+        })
+    }
+}
+
+/// `routine update --limit-runs`: a number of runs, or `none` (no limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitRuns(pub Option<u32>);
+
+fn limit_runs(text: &str) -> Result<LimitRuns, String> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(LimitRuns(None));
+    }
+    match text.parse::<u32>() {
+        Ok(n) if (1..=i32::MAX as u32).contains(&n) => Ok(LimitRuns(Some(n))),
+        _ => Err(format!(
+            "{text:?} is not a run limit (a number from 1, or none)"
+        )),
+    }
+}

@@ -1,0 +1,116 @@
+//! Creating a routine: its fields checked as `routine create` and each import line are, then
+//! written with its overlap policy.
+
+use std::path::{Path, PathBuf};
+
+use cm_domain::{MissionPolicy, OverlapPolicy, Schedule, Zone};
+use cm_store::{NewRoutine, PgStore, Routine, RoutineAction, RoutineKind, RoutineStore};
+
+use super::{OperationError, refused};
+use crate::bounded;
+use crate::flags::routine::CreateArgs;
+use crate::import::RoutineFields;
+
+/// A routine to create, checked as `routine create` checks it: its name, schedule, zone, misfire
+/// policy and action. An import's mission paths are read inside its mission `root`; `routine
+/// create`'s (`None`) as the operator gave it.
+pub(crate) fn new_routine(
+    fields: &RoutineFields,
+    root: Option<&Path>,
+    policy: &MissionPolicy,
+) -> Result<NewRoutine, OperationError> {
+    let name = crate::edit::name(&fields.name).map_err(refused)?;
+    let zone = Zone::parse(&fields.timezone).map_err(|e| refused(e.to_string()))?;
+    let schedule = Schedule::new(&fields.schedule, zone).map_err(|e| refused(e.to_string()))?;
+    let misfire = crate::edit::misfire(&fields.misfire).map_err(refused)?;
+    let action = action(
+        fields.message.as_deref(),
+        fields.mission.as_ref(),
+        root,
+        policy,
+    )?;
+    Ok(NewRoutine {
+        name,
+        schedule,
+        kind: action.kind,
+        payload: action.payload,
+        misfire,
+        paused: fields.paused,
+        runs_left: fields.runs_left,
+    })
+}
+
+/// What a routine does, from `--message` or `--mission` (read inside `root` when an import's
+/// line names it).
+pub(super) fn action(
+    message: Option<&str>,
+    mission: Option<&PathBuf>,
+    root: Option<&Path>,
+    policy: &MissionPolicy,
+) -> Result<RoutineAction, OperationError> {
+    match (message, mission) {
+        (Some(text), None) => crate::edit::message(text).map_err(refused),
+        (None, Some(path)) => Ok(RoutineAction {
+            kind: RoutineKind::Mission,
+            payload: mission_payload(path, root, policy)?,
+        }),
+        _ => Err(refused("give exactly one of --message and --mission")),
+    }
+}
+
+/// Reads and validates a mission file (`cm_domain::Mission`): every field is checked, and a
+/// refusal names the field; then the operator's `policy`. Images, endpoints and credentials are
+/// operator configuration, never part of a routine. The file is read no further than its limit,
+/// and only if it is a regular file. With a `root` (an import's mission root) `path` is
+/// relative to it and may not leave it ([`bounded::open_inside`]); without one it is the
+/// operator's own (`--mission`), absolute or relative to the current directory.
+pub fn mission_payload(
+    path: &Path,
+    root: Option<&Path>,
+    policy: &MissionPolicy,
+) -> Result<serde_json::Value, OperationError> {
+    let shown = path.display();
+    let opened = match root {
+        Some(root) => bounded::open_inside(root, path).map(|(file, _)| file),
+        None => bounded::open_regular(path),
+    };
+    let text = opened
+        .and_then(|file| bounded::read_to(file, bounded::MISSION_FILE))
+        .map_err(|e| refused(format!("cannot read mission file {shown}: {e}")))?;
+    let mission = cm_domain::Mission::from_json(&text)
+        .map_err(|e| refused(format!("mission file {shown}: {e}")))?;
+    policy
+        .check(&mission)
+        .map_err(|e| refused(format!("mission file {shown}: {e}")))?;
+    // Validation passed, so the text is a JSON object; it is stored as written.
+    serde_json::from_str(&text).map_err(|e| refused(format!("mission file {shown}: {e}")))
+}
+
+/// `routine create`'s flags checked, before the database is touched: the routine to create,
+/// and its overlap policy if it is a mission that names one.
+pub fn prepare(args: &CreateArgs) -> Result<(NewRoutine, Option<OverlapPolicy>), OperationError> {
+    let policy = args
+        .policy
+        .policy(args.mission_config.as_deref())
+        .map_err(refused)?;
+    let fields = RoutineFields::try_from(args).map_err(refused)?;
+    let new = new_routine(&fields, None, &policy)?;
+    let overlap =
+        crate::edit::overlap("--overlap", new.kind, args.overlap.as_deref()).map_err(refused)?;
+    Ok((new, overlap))
+}
+
+/// Creates `new`, giving a mission routine the `overlap` policy asked for (checked by
+/// [`crate::edit::overlap`]).
+pub async fn create(
+    store: &PgStore,
+    new: NewRoutine,
+    overlap: Option<OverlapPolicy>,
+) -> Result<Routine, OperationError> {
+    let mut routine = store.create_routine(new).await?;
+    if let Some(policy) = overlap {
+        cm_store::MissionRuns::set_overlap(store, routine.id, policy).await?;
+        routine.overlap = policy.as_str().to_owned();
+    }
+    Ok(routine)
+}

@@ -1,0 +1,261 @@
+//! Importing routines from a file, all or none: JSON Lines or a crontab
+//! ([`crate::import`]), every line checked as `routine create` checks its flags before anything
+//! is written; then created (or updated with `--upsert`), or synced with the file's source
+//! (`--sync`), or only planned (`--dry-run`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use cm_domain::OverlapPolicy;
+use cm_store::{NewRoutine, PgStore, Routine, RoutineKind, RoutineStore, StoreError, SyncAction};
+use uuid::Uuid;
+
+use super::{OperationError, new_routine, refused};
+use crate::flags::routine::ImportArgs;
+use crate::import::{LineError, crontab, json_lines};
+
+/// An import's file, read and checked: nothing is written yet.
+#[derive(Debug)]
+pub struct Import {
+    /// The file as messages name it (`-` for standard input).
+    pub shown: String,
+    /// With `--sync`: the source whose routines the file replaces.
+    pub source: Option<String>,
+    routines: Vec<NewRoutine>,
+    /// Each routine's line, by name.
+    lines: HashMap<String, usize>,
+    /// Each mission routine's overlap policy, by name: its line's, `forbid` when it names none.
+    overlaps: HashMap<String, OverlapPolicy>,
+}
+
+/// A routine an import wrote, and what it did (`created`, `updated`, `adopted`, `unchanged`,
+/// `deleted`).
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// What the import did to it.
+    pub action: &'static str,
+    /// The routine as written (as it was, when deleted).
+    pub routine: Routine,
+}
+
+/// A routine a dry run would write: what it would do (`create`, `update`, `adopt`, `leave`,
+/// `delete`), its id where it has one, its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    /// What the import would do.
+    pub action: &'static str,
+    /// The routine's id, if it exists.
+    pub id: Option<Uuid>,
+    /// The routine's name.
+    pub name: String,
+}
+
+/// Reads and checks the file `args` names (standard input for `-`). A crontab's assignments
+/// that mean nothing to cm go to `notes`, each with its line.
+pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, OperationError> {
+    let source = if args.sync {
+        let source = match (&args.source, args.file.file_name()) {
+            (Some(source), _) => source.clone(),
+            (None, Some(name)) if args.file.as_os_str() != "-" => name.to_string_lossy().into(),
+            (None, _) => return Err(refused("--sync from standard input needs --source NAME")),
+        };
+        if source.trim().is_empty() || source.chars().any(char::is_control) {
+            return Err(refused(
+                "--source must not be empty or hold control characters",
+            ));
+        }
+        Some(source)
+    } else {
+        None
+    };
+    let shown = args.file.display().to_string();
+    let reader: Box<dyn std::io::BufRead> = if args.file.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        let file = std::fs::File::open(&args.file)
+            .map_err(|e| refused(format!("cannot read {shown}: {e}")))?;
+        Box::new(std::io::BufReader::new(file))
+    };
+    let at_line = |line: usize, what: &str| refused(format!("{shown}:{line}: {what}"));
+    let fields = if args.crontab {
+        // Unnamed entries are named after the source, so the same crontab read from standard
+        // input with --source FILE names its entries as the file does.
+        let label = match &source {
+            Some(source) => source.clone(),
+            None => args
+                .file
+                .file_name()
+                .map_or_else(|| "stdin".into(), |n| n.to_string_lossy().into_owned()),
+        };
+        crontab(reader, &label, &args.timezone, &args.misfire, notes)
+    } else {
+        json_lines(reader)
+    }
+    .map_err(|(line, what)| at_line(line, &what))?;
+    // Mission paths are read inside the root: --mission-root, else the import file's directory
+    // (the current one for standard input).
+    let root = match &args.mission_root {
+        Some(root) => root.clone(),
+        None if args.file.as_os_str() == "-" => PathBuf::from("."),
+        None => match args.file.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        },
+    };
+
+    let policy = args
+        .policy
+        .policy(args.mission_config.as_deref())
+        .map_err(refused)?;
+    let mut routines = Vec::with_capacity(fields.len());
+    let mut lines: HashMap<String, usize> = HashMap::new();
+    let mut overlaps: HashMap<String, OverlapPolicy> = HashMap::new();
+    let on_line = |line: usize| {
+        move |e: OperationError| match e {
+            OperationError::Refused(what) => at_line(line, &what),
+            other => other,
+        }
+    };
+    for f in &fields {
+        let routine = new_routine(f, Some(&root), &policy).map_err(on_line(f.line))?;
+        let chosen = crate::edit::overlap("\"overlap\"", routine.kind, f.overlap.as_deref())
+            .map_err(refused)
+            .map_err(on_line(f.line))?;
+        if routine.kind == RoutineKind::Mission {
+            overlaps.insert(routine.name.clone(), chosen.unwrap_or_default());
+        }
+        if let Some(first) = lines.insert(routine.name.clone(), f.line) {
+            return Err(at_line(
+                f.line,
+                &format!("the name {:?} is also on line {first}", routine.name),
+            ));
+        }
+        routines.push(routine);
+    }
+    if routines.is_empty() {
+        return Err(refused(format!("{shown} holds no routine")));
+    }
+    Ok(Import {
+        shown,
+        source,
+        routines,
+        lines,
+        overlaps,
+    })
+}
+
+impl Import {
+    /// The refusal of a name that exists already, naming its line (`at` writes the line's
+    /// prefix).
+    fn name_taken(&self, name: &str, at: impl Fn(usize) -> String) -> OperationError {
+        let line = self.lines.get(name).copied().unwrap_or(0);
+        refused(format!(
+            "{}a routine named {name:?} already exists (--upsert updates it)",
+            at(line)
+        ))
+    }
+
+    /// Gives an imported mission routine the overlap policy its line asked for; returns
+    /// whether that changed it.
+    async fn set_overlap(&self, store: &PgStore, routine: &Routine) -> Result<bool, StoreError> {
+        let Some(&policy) = self.overlaps.get(&routine.name) else {
+            return Ok(false);
+        };
+        if routine.overlap == policy.as_str() {
+            return Ok(false);
+        }
+        cm_store::MissionRuns::set_overlap(store, routine.id, policy).await?;
+        Ok(true)
+    }
+}
+
+/// Creates the file's routines, all or none; with `upsert`, a routine whose name exists is
+/// updated instead of refused.
+pub async fn import(
+    store: &PgStore,
+    import: &Import,
+    upsert: bool,
+) -> Result<Vec<Written>, OperationError> {
+    let imported = match store.import_routines(&import.routines, upsert).await {
+        Err(StoreError::NameTaken(name)) => {
+            return Err(import.name_taken(&name, |line| format!("{}:{line}: ", import.shown)));
+        }
+        other => other?,
+    };
+    let mut written = Vec::with_capacity(imported.len());
+    for one in imported {
+        import.set_overlap(store, &one.routine).await?;
+        written.push(Written {
+            action: if one.created { "created" } else { "updated" },
+            routine: one.routine,
+        });
+    }
+    Ok(written)
+}
+
+/// Makes the routines of `source` match the file, as `crontab FILE` replaces a table: creates
+/// what is new, updates what changed, deletes what the file no longer has.
+pub async fn sync(
+    store: &PgStore,
+    import: &Import,
+    source: &str,
+) -> Result<Vec<Written>, OperationError> {
+    let mut written = Vec::new();
+    for synced in store.sync_routines(source, &import.routines).await? {
+        let mut action = synced.action;
+        if action != SyncAction::Deleted
+            && import.set_overlap(store, &synced.routine).await?
+            && action == SyncAction::Unchanged
+        {
+            action = SyncAction::Updated;
+        }
+        written.push(Written {
+            action: action.as_str(),
+            routine: synced.routine,
+        });
+    }
+    Ok(written)
+}
+
+/// What [`import`] (or [`sync`], with a source) would do, worked out by the store under the
+/// write's own locks and rolled back: nothing is written.
+pub async fn dry_run(
+    store: &PgStore,
+    import: &Import,
+    upsert: bool,
+) -> Result<Vec<Planned>, OperationError> {
+    let planned = |action, id, name| Planned { action, id, name };
+    Ok(match &import.source {
+        Some(source) => store
+            .plan_sync(source, &import.routines)
+            .await?
+            .into_iter()
+            .map(|synced| {
+                let id = Some(synced.routine.id);
+                let name = synced.routine.name;
+                match synced.action {
+                    SyncAction::Created => planned("create", None, name),
+                    SyncAction::Updated => planned("update", id, name),
+                    SyncAction::Adopted => planned("adopt", id, name),
+                    SyncAction::Unchanged => planned("leave", id, name),
+                    SyncAction::Deleted => planned("delete", id, name),
+                }
+            })
+            .collect(),
+        None => match store.plan_import(&import.routines, upsert).await {
+            Err(StoreError::NameTaken(name)) => {
+                return Err(import.name_taken(&name, |line| format!("line {line}: ")));
+            }
+            other => other?
+                .into_iter()
+                .map(|written| {
+                    if written.created {
+                        planned("create", None, written.routine.name)
+                    } else {
+                        planned("update", Some(written.routine.id), written.routine.name)
+                    }
+                })
+                .collect(),
+        },
+    })
+}

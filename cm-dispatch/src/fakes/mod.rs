@@ -1,5 +1,7 @@
 //! Fakes of the mission runtimes' HTTP APIs, served inside tests (the `fakes` feature): the
-//! Docker Engine API ([`docker`]) and the Kubernetes API's Jobs ([`kubernetes`]).
+//! Docker Engine API ([`docker`]) and the Kubernetes API's Jobs ([`kubernetes`]); and the
+//! Standard Webhooks verifier every test receiver checks signatures with
+//! ([`standard_webhooks`]).
 //!
 //! Each fake answers the routes a backend uses with the real API's documented status codes and
 //! error bodies, enforces unique names as the real runtime does, and records every call so a
@@ -9,6 +11,7 @@
 
 pub mod docker;
 pub mod kubernetes;
+pub mod standard_webhooks;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

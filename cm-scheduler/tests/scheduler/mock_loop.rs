@@ -1348,6 +1348,7 @@ async fn a_reaper_pass_during_a_claim_cannot_take_the_claims_room() {
     })
     .await
     .unwrap();
+    // Time passes on purpose: room for the pass to take over what it must not.
     tokio::time::sleep(Duration::from_millis(100)).await;
     go.send(()).unwrap();
     let report = tick.await.unwrap().unwrap();

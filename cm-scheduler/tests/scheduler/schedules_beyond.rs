@@ -4,14 +4,14 @@
 //! revives it; bad flags write nothing.
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Timelike, Utc};
 use uuid::Uuid;
 
-use crate::cli::{BIN, check_fails, ok};
-use crate::support::TestDb;
+use crate::cli::{check_fails, ok};
+use crate::support::{TestDb, cm_scheduler};
 
 fn rfc(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Secs, true)
@@ -148,7 +148,7 @@ async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_list
         .unwrap();
     let expected_sql = listed(url, now, &[sql_schedule.as_str()]);
 
-    let mut scheduler = Command::new(BIN)
+    let mut scheduler = cm_scheduler()
         .args(["--database-url", url, "run", "--tick-interval", "100ms"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -201,7 +201,7 @@ async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_list
 
 /// A scheduler of the test's, killable.
 fn start_scheduler(url: &str) -> std::process::Child {
-    Command::new(BIN)
+    cm_scheduler()
         .args([
             "--database-url",
             url,
@@ -385,7 +385,7 @@ async fn jittered_one_shots_come_due_spread_over_their_jitter_and_all_fire() {
     );
     assert!(shown.contains("OCCURRENCE (UTC)"), "{shown}");
 
-    let mut scheduler = Command::new(BIN)
+    let mut scheduler = cm_scheduler()
         .args(["--database-url", url, "run", "--tick-interval", "200ms"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

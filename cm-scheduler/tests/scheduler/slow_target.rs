@@ -58,6 +58,7 @@ async fn receive(State(r): State<Receiver>, body: Bytes) -> StatusCode {
         .or_default()
         .push((scheduled, arrived));
     if routine == r.slow {
+        // The slow target, on purpose.
         tokio::time::sleep(SLOW_ANSWER).await;
     }
     StatusCode::NO_CONTENT
@@ -120,6 +121,8 @@ async fn a_slow_target_never_delays_other_routines(pool: PgPool) {
     let handle = scheduler.spawn(async move {
         let _ = stopped.await;
     });
+    // Time passes on purpose: the fast routines must stay on time for the whole run while the
+    // slow one's answers are held.
     tokio::time::sleep(RUN_FOR).await;
     let stopped_at = Utc::now();
     let arrivals = receiver.arrivals.lock().unwrap().clone();

@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, StatusCode};
 
 use crate::cli::ok;
 use crate::crash::SchedulerProcess;
-use crate::support::{TestDb, eventually_within};
+use crate::support::{TestDb, cm_scheduler, eventually_within};
 
 /// Each request's `webhook-id` and `traceparent`.
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
@@ -431,7 +431,7 @@ async fn a_refused_dispatch_is_an_error_span_with_the_ledgers_reason() {
 #[tokio::test]
 async fn a_bad_otlp_endpoint_is_refused_in_one_line() {
     let db = TestDb::new().await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
+    let out = cm_scheduler()
         .args([
             "--database-url",
             &db.url,

@@ -83,6 +83,7 @@ async fn two_schedulers_share_the_groups(db: &TestDb, args: &[&str]) {
     }
     let mut a = SchedulerProcess::start_with(db, "groups-a", args, &[]);
     let mut b = SchedulerProcess::start_with(db, "groups-b", args, &[]);
+    // They run side by side for a fixed span on purpose: no tick of either may fail in it.
     tokio::time::sleep(Duration::from_secs(12)).await;
     a.shut_down_gracefully().await;
     b.shut_down_gracefully().await;

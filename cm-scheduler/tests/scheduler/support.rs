@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use cm_dispatch::fakes::wait::gave_up;
 pub use cm_dispatch::fakes::wait::{PATIENCE, poll, wait_until};
-
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
@@ -50,9 +49,6 @@ pub fn run_quietly(url: &str, args: &[&str]) -> std::process::Child {
         .spawn()
         .expect("starting cm-scheduler run")
 }
-
-/// How often a blocking wait looks again (`poll` looks every 50 ms too).
-const LOOK_EVERY: Duration = Duration::from_millis(50);
 
 /// Drops the database `name`, best effort, on a thread of its own: a `Drop` cannot await, and
 /// the test's runtime may be the one running it.
@@ -120,6 +116,9 @@ impl Drop for TestDb {
         drop_database(&self.name);
     }
 }
+
+/// How often a blocking wait looks again (`poll` looks every 50 ms too).
+const LOOK_EVERY: Duration = Duration::from_millis(50);
 
 /// [`poll`] for a test that waits on its own thread, not on a runtime.
 pub fn poll_blocking<T>(

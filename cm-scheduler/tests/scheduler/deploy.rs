@@ -94,6 +94,33 @@ fn get(port: u16, path: &str) -> Option<u16> {
     answer.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Creates an every-second routine in the test's database and returns a wait for its first
+/// fire: a process that fires it runs on that database, and on no other.
+fn fires_here(db: &TestDb) -> impl Future<Output = ()> + '_ {
+    ok(
+        &db.url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "deployed",
+            "--every",
+            "1s",
+            "--message",
+            "hi",
+        ],
+    );
+    async move {
+        wait_until(
+            "a fire of the test's routine in the test's database",
+            PATIENCE,
+            async || db.count("routine_fires").await,
+            |fires| *fires > 0,
+        )
+        .await;
+    }
+}
+
 /// Waits until `GET path` answers 200, for at most `patience`.
 fn until_ok(port: u16, path: &str, patience: Duration) -> bool {
     poll_blocking(patience, || get(port, path), |status| *status == Some(200)).is_ok()
@@ -122,6 +149,7 @@ async fn the_systemd_units_command_line_runs_and_notifies_as_systemd_would_hear_
     let args: Vec<String> = words
         .map(|w| w.replace("%d", credentials.to_str().unwrap()))
         .collect();
+    let fired = fires_here(&db);
     let port = free_port();
     let mut command = cm_scheduler();
     // The database is the unit's to name: nothing of the test's environment stands in.
@@ -166,6 +194,8 @@ async fn the_systemd_units_command_line_runs_and_notifies_as_systemd_would_hear_
         "{}",
         supervisor.log()
     );
+    // It runs on the database the credential names.
+    fired.await;
 
     terminate(&child);
     let stopping = supervisor.listen(Duration::from_secs(10), |h| h.says("STOPPING=1"));
@@ -385,12 +415,7 @@ async fn the_deployments_container_runs_as_written_with_only_the_roles_rules() {
         db.url,
         "{url_file}"
     );
-    // A routine of the test's database, so that its fire shows which database the process used.
-    let create = ["routine", "create", "--name", "deployed"];
-    ok(
-        &db.url,
-        &[&create[..], &["--every", "1s", "--message", "hi"]].concat(),
-    );
+    let fired = fires_here(&db);
     let log = root.join("log");
     let mut child = command
         .env_remove("NOTIFY_SOCKET")
@@ -419,14 +444,8 @@ async fn the_deployments_container_runs_as_written_with_only_the_roles_rules() {
         asked.contains("create selfsubjectaccessreviews"),
         "{asked:?}"
     );
-    // And it runs on the database the file names: the test's routine fires there.
-    wait_until(
-        "a fire of the test's routine in the test's database",
-        PATIENCE,
-        async || db.count("routine_fires").await,
-        |fires| *fires > 0,
-    )
-    .await;
+    // And it runs on the database the file names.
+    fired.await;
 
     terminate(&child);
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();

@@ -1,14 +1,15 @@
-//! cm-domain's integration tests, one binary (`autotests = false` in the manifest):
-//!
-//! - `schedules`: the worked DST vectors in `data/`, every one chained through `next_after`.
-//! - `schedule_properties`: properties of `next_after` against an independent checker.
-//! - `model`: a model-based test of several schedulers that crash at any step.
-//! - `repository_hosts`: the repository host check against the system's resolver, over
-//!   generated addresses in every notation and URL form.
+//! cm-domain's integration tests, one binary (`autotests = false` in the manifest): an index of
+//! the modules below, one line each saying what the module proves.
 
+// Jitter: ticks owe exactly what `runs_from_clock` lists, once, offsets inside the jitter.
 mod jitter_properties;
+// The claim protocol's invariants hold after every step of schedulers that crash at any step.
 mod model;
+// The repository host check against the system's resolver, over every notation and URL form.
 mod repository_hosts;
+// Windows and exclusions: `next_after` walks exactly the rule's occurrences an oracle keeps.
 mod rules_properties;
+// `next_after` against a brute-force oracle, over generated expressions and zones.
 mod schedule_properties;
+// The worked DST vectors in `data/`, every one chained through `next_after`.
 mod schedules;

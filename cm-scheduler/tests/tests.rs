@@ -1,137 +1,126 @@
-//! cm-scheduler's integration tests, one binary (an index of the modules below).
+//! cm-scheduler's integration tests, one binary: an index of the modules below, one line each
+//! saying what the module proves.
 //!
-//! - `mock_loop`: the tick loop against `mockall` doubles of the ledger and dispatcher, a
-//!   dispatch held for 20 s beside the ticks (paused time), transient database errors.
-//! - `completer`: batched and inline settles against a ledger double.
-//! - `exactly_once`: several schedulers racing on one real database.
-//! - `crash`: whole `cm-scheduler` processes killed between claim and settle.
-//! - `http`: the endpoints and the status page through the router, against a real database.
-//! - `operate`: a running scheduler's health while its database comes and goes, and the
-//!   status page in headless Chromium (its actions clicked, a cross-site form refused).
-//! - `health_probe`: `cm-scheduler health` (the image's HEALTHCHECK) against ready and unready
-//!   schedulers and an address nothing listens on.
-//! - `autopause`: a failing routine pauses itself through the real loop.
-//! - `abandon`: an occurrence abandoned after unsettled attempts keeps the last one's error.
-//! - `cli`: the command line's contract (exit codes, output, bad input writes nothing).
-//! - `operations`: the operations the command line and the page share, on a real database.
-//! - `operator`: editing, importing, naming and reading routines from the command line, and
-//!   errors (and secrets) as people see them.
-//! - `operator_day`: a crontab edited and imported again (`--sync`), output through a closed
-//!   pipe, pause reasons and creation order in listings, refusals in words, logs without colour.
-//! - `missions`: mission files and backend settings refused; schedulers killed mid-launch on
-//!   the fake Docker engine.
-//! - `missions_operate`: a mission's overlap in `routine import`; `run` waiting for a Docker
-//!   engine that is not there yet; the process backend's runs watched to their end.
-//! - `missions_real`: overlap policies, exit codes and an engine restart through the binary on
-//!   the real Docker engine (`CM_TEST_DOCKER_HOST`).
-//! - `overlap`: `replace` whose stop the runtime refuses (a 403 from the engine, a Role without
-//!   `delete`) never has two runs at once; an identity lacking a verb is refused at start.
-//! - `cli_hardening`: `fires` paging by cursor; backfill refused past the retention.
-//! - `cli_reference`: `docs/guide/cli.md` is the reference the clap definitions generate.
-//! - `author_reach`: what a routine author can reach: repositories on the scheduler's host or a
-//!   metadata service in every URL form, env names and label keys outside the allow lists and
-//!   the floor, refused at create and at dispatch.
-//! - `inputs`: what a routine may ask for (mission env and repositories, the operator's policy,
-//!   message size, names) and files read no further than their limit.
-//! - `trace`: a webhook sent by the binary carries the `traceparent` that `fires` names.
-//! - `slow_target`: a target that answers one routine after 20 s delays no other routine.
-//! - `backfill`: a backfill of missions drains at the launch rate beside an every-second routine
-//!   that stays on time.
-//! - `secrets`: whole processes given every secret, against failing connections, print none.
-//! - `service_config`: `run`'s flags refused by `ServiceConfig::validate` before anything starts.
-//! - `database_file`: the database URL from `--database-url-file`, given once; a process
-//!   mission finds no password in its environment or its scheduler's.
-//! - `operator_files`: an import's mission paths kept inside its root, only regular files read
-//!   (a FIFO refused at once), and `--overlap` refused on a message routine by every command.
-//! - `page_host`: the status page answers only its own names (a DNS-rebound request refused).
-//! - `notify`: the systemd notify protocol, the test listening on the socket: `READY=1` after
-//!   the first good tick, `WATCHDOG=1` from the tick loop, `STOPPING=1` on SIGTERM; never ready
-//!   without a database.
-//! - `deploy`: `deploy/`'s files run as written: the systemd unit's command line notifying the
-//!   test's socket, the Deployment's container against the fake API server granting only the
-//!   Role, probed as the kubelet probes; the unit through `systemd-analyze verify`.
-//! - `shells`: the completion scripts in real bash, zsh and fish, TAB pressed in a tmux pane.
-//! - `support`: the database server and clean-up the whole-process tests share.
-//! - `browser`: headless Chromium driven over the DevTools protocol (open, evaluate, click).
+//! Whole-process tests run the binary through `support::cm_scheduler`, which gives it no
+//! database but the one the test names (never the default URL), and wait for the state they
+//! mean with `support::wait_until` instead of sleeping.
 
+// The database server, a fresh database per test, the binary reaching no other, and waits.
 #[path = "scheduler/support.rs"]
 mod support;
 
+// Headless Chromium over the DevTools protocol (open, evaluate, click), for the page's tests.
 #[path = "scheduler/browser.rs"]
 mod browser;
 
+// An occurrence abandoned after unsettled attempts keeps the last attempt's error.
 #[path = "scheduler/abandon.rs"]
 mod abandon;
+// What a routine author can reach (hosts, env names, label keys) is refused at create and dispatch.
 #[path = "scheduler/author_reach.rs"]
 mod author_reach;
+// A failing routine pauses itself through the real loop; a healthy one beside it keeps running.
 #[path = "scheduler/autopause.rs"]
 mod autopause;
+// A backfill of missions drains at the launch rate beside an every-second routine kept on time.
 #[path = "scheduler/backfill.rs"]
 mod backfill;
+// Two scheduler processes claiming group by group, on Citus (`CM_TEST_CITUS_URL`) and Postgres.
 #[path = "scheduler/citus.rs"]
 mod citus;
+// The command line's contract: exit codes, output, and bad input writing nothing.
 #[path = "scheduler/cli.rs"]
 mod cli;
-#[path = "scheduler/cli_hardening.rs"]
-mod cli_hardening;
+// docs/guide/cli.md is the reference the clap definitions generate (CM_BLESS_CLI=1 rewrites it).
 #[path = "scheduler/cli_reference.rs"]
 mod cli_reference;
+// `fires` pages by cursor; a backfill past the retention is refused.
+#[path = "scheduler/cli_hardening.rs"]
+mod cli_hardening;
+// Batched and inline settles against a ledger double: retried, split row by row, flushed.
 #[path = "scheduler/completer.rs"]
 mod completer;
+// Whole processes killed between claim and settle lose and double nothing; SIGTERM exits 0.
 #[path = "scheduler/crash.rs"]
 mod crash;
+// The database URL from `--database-url-file`, given once, its password never printed.
 #[path = "scheduler/database_file.rs"]
 mod database_file;
+// `deploy/`'s systemd unit and Kubernetes Deployment run as written, on the test's database.
 #[path = "scheduler/deploy.rs"]
 mod deploy;
 // A full claim is followed at once; missions launched at no more than the launch rate.
 #[path = "scheduler/drain.rs"]
 mod drain;
+// Four schedulers racing on one database fire every occurrence exactly once.
 #[path = "scheduler/exactly_once.rs"]
 mod exactly_once;
+// `cm-scheduler health` (the image's HEALTHCHECK): 0 when ready, the 503's reason when not.
 #[path = "scheduler/health_probe.rs"]
 mod health_probe;
+// The endpoints and the status page through the router, against a real database.
 #[path = "scheduler/http.rs"]
 mod http;
+// What a routine may ask for (env, repositories, sizes, names); files read no further than needed.
 #[path = "scheduler/inputs.rs"]
 mod inputs;
+// Mission files and backend settings refused; schedulers killed mid-launch on the fake engines.
 #[path = "scheduler/missions.rs"]
 mod missions;
+// `routine import`'s overlap; `run` waiting for a Docker engine; process runs watched to the end.
 #[path = "scheduler/missions_operate.rs"]
 mod missions_operate;
+// Overlap, exit codes and an engine restart on the real Docker engine (`CM_TEST_DOCKER_HOST`).
 #[path = "scheduler/missions_real.rs"]
 mod missions_real;
+// The tick loop against `mockall` doubles: each claim outcome, failures, timeouts, tick errors.
 #[path = "scheduler/mock_loop.rs"]
 mod mock_loop;
+// The systemd notify protocol: READY=1 after a good tick, WATCHDOG=1 from the loop, STOPPING=1.
 #[path = "scheduler/notify.rs"]
 mod notify;
+// A running scheduler's health while its database comes and goes; the page in Chromium.
 #[path = "scheduler/operate.rs"]
 mod operate;
+// The operations the command line and the page share, each on a real database.
 #[path = "scheduler/operations.rs"]
 mod operations;
+// Editing, importing, naming and reading routines from the command line; errors without secrets.
 #[path = "scheduler/operator.rs"]
 mod operator;
+// A crontab imported again, closed pipes, pause reasons, refusals in words, logs without colour.
 #[path = "scheduler/operator_day.rs"]
 mod operator_day;
+// An import's mission paths kept inside its root; only regular files read; `--overlap` refused.
 #[path = "scheduler/operator_files.rs"]
 mod operator_files;
+// `replace` whose stop the runtime refuses never has two runs at once.
 #[path = "scheduler/overlap.rs"]
 mod overlap;
+// The status page answers only its own names (a DNS-rebound request refused).
 #[path = "scheduler/page_host.rs"]
 mod page_host;
+// `run` behind a transaction-mode PgBouncer it cannot work through refuses to start.
 #[path = "scheduler/pooler.rs"]
 mod pooler;
+// Windows, exclusions, one-shots, run limits and jitter fire what `schedule next` lists.
 #[path = "scheduler/schedules_beyond.rs"]
 mod schedules_beyond;
+// Whole processes given every secret, against failing connections, print none.
 #[path = "scheduler/secrets.rs"]
 mod secrets;
+// `run`'s flags refused by `ServiceConfig::validate` before anything starts.
 #[path = "scheduler/service_config.rs"]
 mod service_config;
+// The completion scripts in real bash, zsh and fish, TAB pressed in a tmux pane.
 #[path = "scheduler/shells.rs"]
 mod shells;
+// A target that answers one routine after 20 s delays no other routine.
 #[path = "scheduler/slow_target.rs"]
 mod slow_target;
+// A routine written through SQL is planned and fires; one cm cannot read is paused, never fired.
 #[path = "scheduler/sql_writes.rs"]
 mod sql_writes;
+// A webhook carries the `traceparent` that `fires` names; spans reach an OTLP receiver.
 #[path = "scheduler/trace.rs"]
 mod trace;

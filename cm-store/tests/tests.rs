@@ -11,14 +11,13 @@
 //! as the claim reports it (`TickClaim::now`), never from this process's clock.
 //!
 //! The modules live under `tests/store/` so that Cargo builds them into this one binary instead
-//! of one binary each.
+//! of one binary each. Each `mod` below has a comment saying what the module proves.
 
-// Shared helpers: creating routines, moving their clocks, seeding ledger rows.
+// Shared helpers: routines, their clocks, ledger rows, and waiting for a state.
 #[path = "store/support.rs"]
 mod support;
 
-// The claim statement through real SQL: each of Fresh, Retry, InFlight and Settled, and how the
-// routine's clock moves.
+// The claim statement: each of Fresh, Retry, InFlight and Settled, and how the clock moves.
 #[path = "store/claim.rs"]
 mod claim;
 
@@ -34,12 +33,11 @@ mod reaper;
 #[path = "store/race.rs"]
 mod race;
 
-// Mission runs watched after their launch.
+// Mission runs watched after their launch; one decider of a routine's run at a time.
 #[path = "store/runs.rs"]
 mod runs;
 
-// A fire's outcome (a mission's is its run's): the SQL rule, the listing, the status page's
-// reads and the automatic pause count failed runs as failures.
+// A fire's outcome (a mission's is its run's) in the SQL rule, listings, page and auto-pause.
 #[path = "store/outcome.rs"]
 mod outcome;
 
@@ -51,15 +49,15 @@ mod misfire;
 #[path = "store/buffered.rs"]
 mod buffered;
 
-// The per-tick cap and `max_routines` across several routines: oldest first, nothing lost.
+// The per-tick cap and `max_routines` across routines: oldest first, nothing lost.
 #[path = "store/cap.rs"]
 mod cap;
 
-// Routines: create, read, pause and resume, delete, and how database errors surface.
+// Routines: create, read, pause, resume, delete, and database errors as they surface.
 #[path = "store/routines.rs"]
 mod routines;
 
-// Stored routines the domain refuses are reported, paused, and do not block the others.
+// Stored routines the domain refuses are reported and paused, and block no others.
 #[path = "store/corrupt.rs"]
 mod corrupt;
 
@@ -75,17 +73,15 @@ mod origin;
 #[path = "store/requests.rs"]
 mod requests;
 
-// The transactional outbox (fires and messages written together by the claim) and batched,
-// fenced settles.
+// Fires and messages written together by the claim; batched, fenced settles.
 #[path = "store/in_claim.rs"]
 mod in_claim;
 
-// The operator's reads and edits: unique names, pages, updates, imports, pending requests.
+// The operator's reads and edits: unique names, pages, updates, imports, requests.
 #[path = "store/catalog.rs"]
 mod catalog;
 
-// The hot statements at scale: due query, reaper and listings read a page, not the table
-// (EXPLAIN ANALYZE on 100,000 rows).
+// The hot statements read a page, not the table (EXPLAIN ANALYZE on 100,000 rows).
 #[path = "store/scale.rs"]
 mod scale;
 
@@ -97,32 +93,26 @@ mod delete;
 #[path = "store/timeouts.rs"]
 mod timeouts;
 
-// The outbox's consumer contract: leased batches in `seq` order shared by several consumers, a
-// crashed consumer's batch taken again, acknowledgement, the backlog, pruning.
+// The outbox consumer contract: leased batches in order, takeover, acks, pruning.
 #[path = "store/consumer.rs"]
 mod consumer;
 
-// Routine groups: the group cm computes against the schema's, names in their own table, claims,
-// reaper passes and leases kept in one group.
+// Routine groups: computed against the schema, named, claimed and leased per group.
 #[path = "store/groups.rs"]
 mod groups;
 
-// The store on a real Citus cluster (`CM_TEST_CITUS_URL`): distributed by group, each claim
-// statement one task, no two-phase commit during a claim.
+// The store on Citus (`CM_TEST_CITUS_URL`): one task per claim statement, no 2PC.
 #[path = "store/citus.rs"]
 mod citus;
 
-// The store behind PgBouncer (`CM_TEST_PGBOUNCER_URL`, `CM_TEST_PGBOUNCER_SESSION_URL`): cm's
-// settings in every transaction, whichever server connection it lands on, and none left behind.
+// Behind PgBouncer (`CM_TEST_PGBOUNCER_URL`): cm's settings in every transaction.
 #[path = "store/pgbouncer.rs"]
 mod pgbouncer;
 
-// Writes in the caller's transaction (`cm_store::tx`) and from SQL (`cm.create_routine` …),
-// with the planning pass that reads what SQL could not.
+// Writes in the caller's transaction (`cm_store::tx`) and from SQL, then planned.
 #[path = "store/writes.rs"]
 mod writes;
 
-// Multi-host URLs: the first host that qualifies for target_session_attrs, each refused host
-// named, and a host that stops qualifying reported until it does again.
+// Multi-host URLs: the first host that qualifies, refusals named, a read-only host reported.
 #[path = "store/failover.rs"]
 mod failover;

@@ -1,5 +1,7 @@
 //! Fakes of the mission runtimes' HTTP APIs, served inside tests (the `fakes` feature): the
-//! Docker Engine API ([`docker`]) and the Kubernetes API's Jobs ([`kubernetes`]).
+//! Docker Engine API ([`docker`]) and the Kubernetes API's Jobs ([`kubernetes`]); and the
+//! Standard Webhooks verifier every test receiver checks signatures with
+//! ([`standard_webhooks`]); and waiting for a state instead of sleeping ([`wait`]).
 //!
 //! Each fake answers the routes a backend uses with the real API's documented status codes and
 //! error bodies, enforces unique names as the real runtime does, and records every call so a
@@ -9,6 +11,8 @@
 
 pub mod docker;
 pub mod kubernetes;
+pub mod standard_webhooks;
+pub mod wait;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

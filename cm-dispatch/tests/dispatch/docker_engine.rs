@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bollard::Docker;
 use cm_dispatch::conformance::EffectProbe;
+use cm_dispatch::fakes::wait::{PATIENCE, wait_until};
 use cm_dispatch::mission::MissionConfig;
 use cm_dispatch::mission_conformance::{check_mission_backend, payload_of_task};
 use cm_dispatch::{
@@ -16,7 +17,7 @@ use cm_dispatch::{
 use cm_domain::{IdempotencyKey, RunState};
 use serde_json::Value;
 
-use crate::missions::{mission, mission_dispatch};
+use crate::missions::{mission, mission_dispatch, run_ended};
 
 /// The image `.ci/dockerd` imports.
 pub const IMAGE: &str = "cm-test-busybox:1";
@@ -73,22 +74,6 @@ async fn started(host: &str, name: &str) -> Option<(bool, String)> {
     let found = client(host).inspect_container(name, None).await.ok()?;
     let started_at = found.state.and_then(|s| s.started_at).unwrap_or_default();
     Some((!started_at.starts_with("0001-"), started_at))
-}
-
-/// Waits until `runtime` sees the run of `name` ended.
-async fn ended(runtime: &DockerDispatcher, name: &str) -> RunState {
-    let until = Instant::now() + Duration::from_secs(20);
-    let run = RunRef { name: name.into() };
-    loop {
-        let state = runtime
-            .observe(&run, Instant::now() + Duration::from_secs(5))
-            .await
-            .unwrap();
-        if state.is_finished() || Instant::now() > until {
-            return state;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Counts started containers of a key on the real engine.
@@ -164,10 +149,10 @@ async fn real_engine_runs_are_watched_to_their_exit_code() {
     ok.dispatch(&a).await.unwrap();
     three.dispatch(&b).await.unwrap();
     assert_eq!(
-        ended(&ok, a.idempotency_key.as_str()).await,
+        run_ended(&ok, a.idempotency_key.as_str()).await,
         RunState::Succeeded
     );
-    let failed = ended(&three, b.idempotency_key.as_str()).await;
+    let failed = run_ended(&three, b.idempotency_key.as_str()).await;
     assert_eq!(failed.exit_code(), Some(3), "{failed:?}");
     assert_eq!(failed.reason(), Some("exit code 3"));
 
@@ -184,7 +169,7 @@ async fn real_engine_runs_are_watched_to_their_exit_code() {
 
     // A container removed by someone else is lost.
     remove(&host, &[a.idempotency_key.as_str()]).await;
-    let lost = ended(&ok, a.idempotency_key.as_str()).await;
+    let lost = run_ended(&ok, a.idempotency_key.as_str()).await;
     assert!(matches!(lost, RunState::Lost { .. }), "{lost:?}");
     remove(&host, &[b.idempotency_key.as_str()]).await;
 }
@@ -279,7 +264,7 @@ async fn real_engine_reports_a_runs_output_and_times() {
     let run = RunRef {
         name: dispatch.idempotency_key.to_string(),
     };
-    assert_eq!(ended(&docker, &run.name).await.exit_code(), Some(3));
+    assert_eq!(run_ended(&docker, &run.name).await.exit_code(), Some(3));
     let report = docker.report(&run, deadline()).await.unwrap();
     let output = report.output.clone().unwrap();
     assert!(
@@ -310,7 +295,7 @@ async fn real_engine_reports_a_runs_output_and_times() {
     let run = RunRef {
         name: dispatch.idempotency_key.to_string(),
     };
-    assert_eq!(ended(&long, &run.name).await, RunState::Succeeded);
+    assert_eq!(run_ended(&long, &run.name).await, RunState::Succeeded);
     let output = long.report(&run, deadline()).await.unwrap().output.unwrap();
     assert!(output.len() <= MAX_RUN_OUTPUT, "{}", output.len());
     assert!(output.len() > MAX_RUN_OUTPUT - 400, "{}", output.len());
@@ -334,15 +319,18 @@ async fn real_engine_reports_a_runs_output_and_times() {
         name: dispatch.idempotency_key.to_string(),
     };
     // The watch may see it exited, or already gone.
-    let seen = ended(&removed, &run.name).await;
+    let seen = run_ended(&removed, &run.name).await;
     assert!(
         matches!(seen, RunState::Succeeded | RunState::Lost { .. }),
         "{seen:?}"
     );
-    let until = Instant::now() + Duration::from_secs(20);
-    while started(&host, &run.name).await.is_some() && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        "the container removed",
+        PATIENCE,
+        async || started(&host, &run.name).await,
+        Option::is_none,
+    )
+    .await;
     assert_eq!(
         removed.report(&run, deadline()).await.unwrap(),
         RunReport::default()

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use chrono::{TimeZone, Utc};
 use cm_dispatch::conformance::EffectProbe;
 use cm_dispatch::fakes::docker::{FakeDocker, LogStream, StartFault};
+use cm_dispatch::fakes::wait::{PATIENCE, poll};
 use cm_dispatch::mission::MissionConfig;
 use cm_dispatch::mission_conformance::{LaunchFaults, check_mission_backend, payload_of_task};
 use cm_dispatch::{
@@ -60,12 +61,17 @@ impl ProcessProbe {
     async fn settle(&self, key: &IdempotencyKey) {
         let marker = self.0.join(format!("{key}.launched"));
         let exit = self.0.join(format!("{key}.exit"));
-        let until = Instant::now() + Duration::from_secs(20);
-        // Only a marker with a pid stands for a started child.
-        let started = || std::fs::read_to_string(&marker).is_ok_and(|m| m.starts_with("pid "));
-        while started() && !exit.exists() && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // Only a marker with a pid stands for a started child. A child that never ends is
+        // for the effects read next to show. (Each look owns its paths: the future stays
+        // `Send` for any lifetime, as the probe's `async_trait` methods need.)
+        let look = move || {
+            let (marker, exit) = (marker.clone(), exit.clone());
+            async move {
+                let started = std::fs::read_to_string(&marker).is_ok_and(|m| m.starts_with("pid "));
+                (started, exit.exists())
+            }
+        };
+        let _ = poll(PATIENCE, look, |(started, exited)| !started || *exited).await;
     }
 }
 
@@ -208,20 +214,22 @@ async fn process_runner_that_cannot_start_its_program_leaves_no_marker() {
     );
 }
 
-/// Waits until `runtime` sees the run of `name` ended.
-async fn run_ended(runtime: &dyn MissionRuntime, name: &str) -> RunState {
-    let until = Instant::now() + Duration::from_secs(20);
+/// Waits until `runtime` sees the run of `name` ended, and returns what it last saw (the
+/// caller's check shows a run that never ended).
+pub(crate) async fn run_ended(runtime: &dyn MissionRuntime, name: &str) -> RunState {
     let run = RunRef { name: name.into() };
-    loop {
-        let state = runtime
-            .observe(&run, Instant::now() + Duration::from_secs(5))
-            .await
-            .unwrap();
-        if state.is_finished() || Instant::now() > until {
-            return state;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll(
+        PATIENCE,
+        async || {
+            runtime
+                .observe(&run, Instant::now() + Duration::from_secs(5))
+                .await
+                .unwrap()
+        },
+        RunState::is_finished,
+    )
+    .await
+    .unwrap_or_else(|last| last)
 }
 
 /// A child's stdout and stderr both reach its report, scrubbed; a long output is its last

@@ -101,6 +101,7 @@ async fn a_retry_past_the_duplicate_window_never_stores_a_second_message() {
         |minute, attempt, age| dispatch(routine, minute, attempt).with_first_attempt_age(age);
 
     let first = nats.dispatch(&dispatch(routine, 0, 1)).await.unwrap();
+    // Time passes on purpose: past the stream's 1 s duplicate window.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let retry = nats.dispatch(&late(0, 2, Duration::from_secs(2))).await;
     let next = nats.dispatch(&dispatch(routine, 1, 1)).await.unwrap();

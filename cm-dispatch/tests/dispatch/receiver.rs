@@ -1,5 +1,5 @@
 //! A webhook receiver for tests: a real HTTP server on 127.0.0.1 that verifies Standard Webhooks
-//! signatures with its own implementation of the scheme (hmac, sha2 and base64 here, not the
+//! signatures with the tests' own verifier (`cm_dispatch::fakes::standard_webhooks`, not the
 //! `standardwebhooks` crate the backend signs with), records every request, and answers as the
 //! test scripts it: by default 204 for a new `webhook-id` and 409 for one it already accepted.
 
@@ -14,13 +14,10 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
 use cm_dispatch::conformance::EffectProbe;
+use cm_dispatch::fakes::standard_webhooks::signature_valid;
 use cm_domain::IdempotencyKey;
-use hmac::{Hmac, KeyInit as _, Mac};
 use serde_json::Value;
-use sha2::Sha256;
 
 /// The secret every test receiver shares with its backend.
 pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -121,30 +118,6 @@ impl Receiver {
     }
 }
 
-/// Verifies a Standard Webhooks signature header: any `v1,<base64>` in it equal to the
-/// HMAC-SHA256 of `<id>.<timestamp>.<body>` under the secret's key.
-pub fn signature_valid(secret: &str, id: &str, timestamp: &str, body: &[u8], header: &str) -> bool {
-    let Some(key) = secret
-        .strip_prefix("whsec_")
-        .and_then(|k| STANDARD.decode(k).ok())
-    else {
-        return false;
-    };
-    let mut signed = format!("{id}.{timestamp}.").into_bytes();
-    signed.extend_from_slice(body);
-    header.split(' ').any(|candidate| {
-        let Some(encoded) = candidate.strip_prefix("v1,") else {
-            return false;
-        };
-        let Ok(signature) = STANDARD.decode(encoded) else {
-            return false;
-        };
-        let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
-        mac.update(&signed);
-        mac.verify_slice(&signature).is_ok()
-    })
-}
-
 async fn receive(
     State(state): State<Arc<Mutex<State_>>>,
     uri: Uri,
@@ -206,6 +179,7 @@ async fn receive(
         }
         None => {
             debug_assert!(stalled);
+            // A stalled target holds the request on purpose, past any deadline.
             tokio::time::sleep(Duration::from_secs(3600)).await;
             StatusCode::GATEWAY_TIMEOUT.into_response()
         }

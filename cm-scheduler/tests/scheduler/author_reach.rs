@@ -5,11 +5,9 @@
 //! and at dispatch for a routine stored around the command line (settled `failed`, nothing
 //! launched).
 
-use std::process::Command;
-
-use crate::cli::{BIN, MissionFiles, Run, check_fails, created_id, ok, run};
+use crate::cli::{MissionFiles, Run, check_fails, created_id, ok, run};
 use crate::crash::{SchedulerProcess, eventually};
-use crate::support::TestDb;
+use crate::support::{TestDb, cm_scheduler};
 
 /// `routine create --name NAME` of the mission file at `path`, then `extra` flags.
 fn create(name: &str, path: &str, extra: &[&str]) -> Vec<String> {
@@ -235,7 +233,7 @@ async fn env_names_are_refused_unless_allowed_and_the_floor_always() {
         &db.url,
         &refs(&create("a", &debug, &["--mission-env-allow", "DEBUG,TZ"])),
     ));
-    let mut command = Command::new(BIN);
+    let mut command = cm_scheduler();
     command
         .env("CM_MISSION_ENV_ALLOW", "DEBUG,TZ")
         .args(["--database-url", &db.url])

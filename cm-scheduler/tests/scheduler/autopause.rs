@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::{PATIENCE, poll};
 use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
 use cm_domain::{Lease, MisfirePolicy, Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
@@ -65,18 +66,16 @@ async fn a_routine_whose_last_fires_all_failed_is_paused_with_its_reason(pool: P
         let _ = stopped.wait_for(|stop| *stop).await;
     });
 
-    let mut paused = None;
-    for _ in 0..150 {
-        let routine = store.get_routine(broken.id).await.unwrap();
-        if routine.paused {
-            paused = Some(routine);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let paused = poll(
+        PATIENCE,
+        async || store.get_routine(broken.id).await.unwrap(),
+        |routine| routine.paused,
+    )
+    .await;
     stop.send(true).unwrap();
     let summary = run.await.expect("the loop does not panic");
-    let paused = paused.expect("the failing routine was never paused");
+    let paused =
+        paused.unwrap_or_else(|last| panic!("the failing routine was never paused: {last:?}"));
 
     let reason = paused.paused_reason.clone().unwrap_or_default();
     assert!(reason.contains("its last 3 fires failed"), "{reason:?}");

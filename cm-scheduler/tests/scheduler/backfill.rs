@@ -34,6 +34,7 @@ impl SlowRuntime {
 impl Dispatcher for SlowRuntime {
     async fn dispatch(&self, _dispatch: &Dispatch) -> Result<Receipt, DispatchError> {
         self.reached.lock().unwrap().push(Instant::now());
+        // A launch takes this long: the runtime's latency is what the test is about.
         tokio::time::sleep(SlowRuntime::LAUNCH).await;
         Ok(Receipt {
             duplicate: false,
@@ -180,6 +181,8 @@ async fn a_mission_backfill_drains_at_the_launch_rate_beside_an_every_second_rou
             Some(at) if at.elapsed() > Duration::from_secs(3) => break,
             _ => {}
         }
+        // Paces the watch: each pass samples the slots, so this loop is a measurement over
+        // time, not a wait for one state.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     stop.send(true).unwrap();

@@ -9,6 +9,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
+use crate::support::poll_blocking;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -136,15 +137,17 @@ impl Browser {
 
     /// Waits until `expression` is true in the page (a page loading counts as not yet).
     pub fn wait_for(&mut self, expression: &str) {
-        let until = Instant::now() + Duration::from_secs(30);
         let probe = format!(
             "(() => {{ try {{ return !!({expression}); }} catch (e) {{ return false; }} }})()"
         );
-        while Instant::now() < until {
-            if self.eval(&probe) == json!(true) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        if poll_blocking(
+            Duration::from_secs(30),
+            || self.eval(&probe),
+            |v| *v == json!(true),
+        )
+        .is_ok()
+        {
+            return;
         }
         let body = self.eval("document.documentElement.outerHTML");
         panic!("never true: {expression}; the page:\n{body}");

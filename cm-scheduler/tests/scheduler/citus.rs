@@ -13,9 +13,7 @@ use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 use uuid::Uuid;
 
 use crate::crash::SchedulerProcess;
-use crate::support::TestDb;
-
-const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
+use crate::support::{TestDb, cm_scheduler};
 
 /// Makes `name` a Citus database on every node of the cluster with `.ci/citus --database`, and
 /// returns its URL.
@@ -40,7 +38,7 @@ fn citus_database(name: &str) -> String {
 }
 
 fn cli(url: &str, args: &[&str]) {
-    let out = Command::new(BIN)
+    let out = cm_scheduler()
         .arg("--database-url")
         .arg(url)
         .args(args)
@@ -85,6 +83,7 @@ async fn two_schedulers_share_the_groups(db: &TestDb, args: &[&str]) {
     }
     let mut a = SchedulerProcess::start_with(db, "groups-a", args, &[]);
     let mut b = SchedulerProcess::start_with(db, "groups-b", args, &[]);
+    // They run side by side for a fixed span on purpose: no tick of either may fail in it.
     tokio::time::sleep(Duration::from_secs(12)).await;
     a.shut_down_gracefully().await;
     b.shut_down_gracefully().await;

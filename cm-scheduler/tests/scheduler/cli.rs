@@ -13,13 +13,10 @@ use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::support::TestDb;
-
-pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
-
-/// A URL nothing answers on: commands that need no database must not try it, and those that do
-/// must fail with exit code 1.
-pub(crate) const NOWHERE: &str = "postgres://postgres@127.0.0.1:1/x";
+use crate::support::{PATIENCE, TestDb, cm_scheduler, poll, run_quietly};
+// `NOWHERE`, a URL nothing answers on: commands that need no database must not try it, and
+// those that do must fail with exit code 1.
+pub(crate) use crate::support::{BIN, NOWHERE};
 
 /// What one run of the binary did.
 #[derive(Debug)]
@@ -31,13 +28,10 @@ pub(crate) struct Run {
 
 /// Runs the binary with `--database-url url` and `args`.
 pub(crate) fn cm(url: &str, args: &[&str]) -> Run {
-    let mut command = Command::new(BIN);
-    // The flag is what is under test, so an inherited DATABASE_URL must not stand in for it.
-    command
-        .env_remove("DATABASE_URL")
-        .arg("--database-url")
-        .arg(url)
-        .args(args);
+    let mut command = cm_scheduler();
+    // The flag is what is under test; the command's DATABASE_URL is `NOWHERE`, so it cannot
+    // stand in for it.
+    command.arg("--database-url").arg(url).args(args);
     run(command)
 }
 
@@ -148,6 +142,14 @@ impl TestDb {
             .fetch_one(&self.pool)
             .await
             .expect("counting rows")
+    }
+
+    /// How many fires are `fired`.
+    pub(crate) async fn fired(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE status = 'fired'")
+            .fetch_one(&self.pool)
+            .await
+            .expect("counting fired rows")
     }
 
     async fn routine(&self, id: Uuid) -> Option<RoutineRow> {
@@ -469,7 +471,7 @@ async fn routine_commands_create_show_pause_resume_and_delete() {
         vec![serde_json::json!(id)]
     );
     // DATABASE_URL stands in for --database-url.
-    let mut from_env = Command::new(BIN);
+    let mut from_env = cm_scheduler();
     from_env.env("DATABASE_URL", url).args(["routine", "list"]);
     let out = run(from_env);
     assert_eq!(out.code, Some(0), "{out:?}");
@@ -731,28 +733,11 @@ async fn trigger_and_backfill_go_through_the_ledger() {
     assert_eq!(db.count("routine_requests").await, 4);
 
     // One tick's worth of running fires all four, and the ledger holds each once.
-    let mut scheduler = Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
-        .args(["--database-url", url, "run", "--tick-interval", "100ms"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut fired = 0;
-    for _ in 0..100 {
-        fired = sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM routine_fires WHERE status = 'fired'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        if fired == 4 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut scheduler = run_quietly(url, &["--tick-interval", "100ms"]);
+    let fired = poll(PATIENCE, async || db.fired().await, |fired| *fired == 4).await;
     scheduler.kill().unwrap();
     let _ = scheduler.wait();
-    assert_eq!(fired, 4);
+    assert_eq!(fired, Ok(4));
     assert_eq!(db.count("routine_requests").await, 0);
     let triggered_fired: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM routine_fires WHERE scheduled_at = $1 AND status = 'fired'",

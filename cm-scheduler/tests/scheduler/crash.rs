@@ -20,15 +20,13 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::support::TestDb;
-
-const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
+use crate::support::{TestDb, cm_scheduler, poll};
 
 /// The settings both schedulers of a crash test run with: a short lease so the takeover comes
 /// quickly, and a dispatch timeout shorter than it, as the binary requires.
@@ -169,7 +167,7 @@ struct OutboxRow {
 
 /// Runs a short command of the binary to completion.
 fn cli(url: &str, args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
+    cm_scheduler()
         .arg("--database-url")
         .arg(url)
         .args(args)
@@ -211,7 +209,7 @@ impl SchedulerProcess {
     ) -> SchedulerProcess {
         let log = std::env::temp_dir().join(format!("{}-{instance_id}.log", db.name));
         let file = File::create(&log).expect("creating the scheduler's log file");
-        let child = Command::new(BIN)
+        let child = cm_scheduler()
             .arg("--database-url")
             .arg(&db.url)
             .args(["run", "--instance-id", instance_id])
@@ -249,16 +247,15 @@ impl SchedulerProcess {
 
     /// The exit status, if the process ends within `timeout`.
     async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("polling the scheduler") {
-                return Some(status);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let child = &mut self.child;
+        poll(
+            timeout,
+            async || child.try_wait().expect("polling the scheduler"),
+            Option::is_some,
+        )
+        .await
+        .ok()
+        .flatten()
     }
 
     /// Stops the process with SIGTERM and asserts it exits 0 within a few seconds.

@@ -11,20 +11,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::cli::{BIN, MissionFiles, NOWHERE, created_id, ok, run};
-use crate::support::{SERVER, TestDb, eventually_within};
+use crate::cli::{MissionFiles, NOWHERE, created_id, ok, run};
+use crate::support::{SERVER, TestDb, cm_scheduler, eventually_within};
 
 /// A distinctive password: finding it in a mission's output can only mean it leaked.
 const FILE_PASSWORD: &str = "DbFilePassCanary7";
 /// The password given through `DATABASE_URL`, to show the probe finds one when it is there.
 const ENV_PASSWORD: &str = "DbEnvPassCanary7";
 
-/// The binary with no database URL of the test's own environment.
+/// The binary with no database URL in its environment, for the tests of the other ways to give
+/// one: each use names its database through a file, the flag or the environment.
 fn bare() -> Command {
-    let mut command = Command::new(BIN);
-    command
-        .env_remove("DATABASE_URL")
-        .env_remove("DATABASE_URL_FILE");
+    let mut command = cm_scheduler();
+    command.env_remove("DATABASE_URL");
     command
 }
 

@@ -15,14 +15,14 @@ use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cm_dispatch::fakes::kubernetes::FakeKubernetes;
 use serde_json::Value;
 
-use crate::cli::BIN;
+use crate::cli::{BIN, ok};
 use crate::notify::{Supervisor, terminate, wait_exit};
-use crate::support::TestDb;
+use crate::support::{PATIENCE, TestDb, cm_scheduler, poll_blocking, wait_until};
 
 /// The repository's `deploy/`.
 fn deploy() -> PathBuf {
@@ -94,16 +94,36 @@ fn get(port: u16, path: &str) -> Option<u16> {
     answer.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Creates an every-second routine in the test's database and returns a wait for its first
+/// fire: a process that fires it runs on that database, and on no other.
+fn fires_here(db: &TestDb) -> impl Future<Output = ()> + '_ {
+    ok(
+        &db.url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "deployed",
+            "--every",
+            "1s",
+            "--message",
+            "hi",
+        ],
+    );
+    async move {
+        wait_until(
+            "a fire of the test's routine in the test's database",
+            PATIENCE,
+            async || db.count("routine_fires").await,
+            |fires| *fires > 0,
+        )
+        .await;
+    }
+}
+
 /// Waits until `GET path` answers 200, for at most `patience`.
 fn until_ok(port: u16, path: &str, patience: Duration) -> bool {
-    let deadline = Instant::now() + patience;
-    while Instant::now() < deadline {
-        if get(port, path) == Some(200) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
+    poll_blocking(patience, || get(port, path), |status| *status == Some(200)).is_ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,9 +149,11 @@ async fn the_systemd_units_command_line_runs_and_notifies_as_systemd_would_hear_
     let args: Vec<String> = words
         .map(|w| w.replace("%d", credentials.to_str().unwrap()))
         .collect();
+    let fired = fires_here(&db);
     let port = free_port();
-    let mut command = Command::new(BIN);
-    command.args(&args);
+    let mut command = cm_scheduler();
+    // The database is the unit's to name: nothing of the test's environment stands in.
+    command.env_remove("DATABASE_URL").args(&args);
     for assignment in &unit["Service"]["Environment"] {
         let (key, value) = assignment.split_once('=').unwrap();
         let value = match key {
@@ -145,8 +167,6 @@ async fn the_systemd_units_command_line_runs_and_notifies_as_systemd_would_hear_
     }
     let log = std::fs::File::create(supervisor.dir.join("log")).unwrap();
     let mut child = command
-        .env_remove("DATABASE_URL")
-        .env_remove("DATABASE_URL_FILE")
         .env("NOTIFY_SOCKET", supervisor.dir.join("notify"))
         .env("WATCHDOG_USEC", watchdog.as_micros().to_string())
         .stdin(Stdio::null())
@@ -174,6 +194,8 @@ async fn the_systemd_units_command_line_runs_and_notifies_as_systemd_would_hear_
         "{}",
         supervisor.log()
     );
+    // It runs on the database the credential names.
+    fired.await;
 
     terminate(&child);
     let stopping = supervisor.listen(Duration::from_secs(10), |h| h.says("STOPPING=1"));
@@ -356,7 +378,9 @@ async fn the_deployments_container_runs_as_written_with_only_the_roles_rules() {
         .as_u64()
         .unwrap();
     let port = free_port();
-    let mut command = Command::new(BIN);
+    let mut command = cm_scheduler();
+    // The database is the manifest's to name: nothing of the test's environment stands in.
+    command.env_remove("DATABASE_URL");
     for arg in container["args"].as_array().unwrap() {
         command.arg(local(arg.as_str().unwrap()));
     }
@@ -371,10 +395,29 @@ async fn the_deployments_container_runs_as_written_with_only_the_roles_rules() {
         };
         command.env(name, value);
     }
+    // The manifest names the database by a file of the Secret's: the command is given that
+    // file, holding the URL of the test's database, and no URL of its own.
+    let given: BTreeMap<String, Option<String>> = command
+        .get_envs()
+        .map(|(k, v)| {
+            let text = |s: &std::ffi::OsStr| s.to_string_lossy().into_owned();
+            (text(k), v.map(text))
+        })
+        .collect();
+    assert_eq!(given.get("DATABASE_URL"), Some(&None), "{given:?}");
+    let url_file = given
+        .get("DATABASE_URL_FILE")
+        .cloned()
+        .flatten()
+        .unwrap_or_else(|| panic!("the container is given no DATABASE_URL_FILE: {given:?}"));
+    assert_eq!(
+        std::fs::read_to_string(&url_file).unwrap().trim(),
+        db.url,
+        "{url_file}"
+    );
+    let fired = fires_here(&db);
     let log = root.join("log");
     let mut child = command
-        .env_remove("DATABASE_URL")
-        .env_remove("DATABASE_URL_FILE")
         .env_remove("NOTIFY_SOCKET")
         .env("KUBECONFIG", &kubeconfig)
         .stdin(Stdio::null())
@@ -401,6 +444,8 @@ async fn the_deployments_container_runs_as_written_with_only_the_roles_rules() {
         asked.contains("create selfsubjectaccessreviews"),
         "{asked:?}"
     );
+    // And it runs on the database the file names.
+    fired.await;
 
     terminate(&child);
     let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();

@@ -6,6 +6,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::{PATIENCE, poll};
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
 use cm_domain::{FireCap, Lease, MisfirePolicy, Schedule, SchedulerConfig};
@@ -114,20 +115,21 @@ async fn missions_reach_the_runtime_at_no_more_than_the_launch_rate(pool: PgPool
     let run = scheduler.clone().spawn(async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     });
-    let mut settled = 0;
-    for _ in 0..100 {
-        settled = sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM routine_fires f JOIN routines r ON r.id = f.routine_id
-             WHERE r.kind = 'mission' AND f.status = 'fired'",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        if settled == MISSIONS as i64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let settled = poll(
+        PATIENCE,
+        async || {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM routine_fires f JOIN routines r ON r.id = f.routine_id
+                 WHERE r.kind = 'mission' AND f.status = 'fired'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        },
+        |settled| *settled == MISSIONS as i64,
+    )
+    .await
+    .unwrap_or_else(|last| last);
     stop.send(true).unwrap();
     run.await.unwrap();
     assert_eq!(settled, MISSIONS as i64, "not every mission was launched");

@@ -96,6 +96,8 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
         schedulers.push(scheduler);
     }
 
+    // The race runs for a fixed time on purpose: the schedulers compete over every occurrence
+    // due in it.
     tokio::time::sleep(RUN_FOR).await;
     stop.send(true).unwrap();
     let mut summaries: Vec<RunSummary> = Vec::new();

@@ -2,16 +2,14 @@
 //! 0 from a ready scheduler, non-zero with the reason from an unready one (its 503's body) and
 //! from an address nothing listens on.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 use crate::operate::Running;
-use crate::support::TestDb;
-
-const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
+use crate::support::{TestDb, cm_scheduler};
 
 /// `cm-scheduler health --listen ADDR`, with no CM_LISTEN of the environment's.
 fn health(addr: &str) -> Output {
-    Command::new(BIN)
+    cm_scheduler()
         .env_remove("CM_LISTEN")
         .args(["health", "--listen", addr, "--timeout", "2s"])
         .stdin(Stdio::null())
@@ -40,7 +38,7 @@ async fn health_is_zero_against_a_ready_scheduler() {
     assert!(out.status.success(), "health failed: {}", stderr(&out));
     assert_eq!(stderr(&out), "");
     // The same through the environment the image sets for `run` and `health` alike.
-    let out = Command::new(BIN)
+    let out = cm_scheduler()
         .env("CM_LISTEN", scheduler.addr())
         .arg("health")
         .stdin(Stdio::null())

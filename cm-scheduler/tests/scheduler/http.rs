@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::support::{PATIENCE, wait_until};
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode, header};
 use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
@@ -752,7 +753,13 @@ async fn health_is_checked_once_per_interval_whatever_the_requests(pool: PgPool)
     );
     let checks = tokio::spawn(health.clone().run());
     let state = state_with(&store, stats, metrics, None, health);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_until(
+        "the first health check",
+        PATIENCE,
+        async || answers.0.load(Ordering::SeqCst),
+        |asked| *asked >= 1,
+    )
+    .await;
     let started = Instant::now();
     let requests: Vec<_> = (0..300)
         .map(|_| {
@@ -793,7 +800,13 @@ async fn readyz_and_the_page_answer_at_once_when_the_database_hangs(pool: PgPool
         "not been checked yet",
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    wait_until(
+        "the hanging check's deadline to become its answer",
+        PATIENCE,
+        async || get(&state, "/readyz", None).await,
+        |(_, body)| body.contains("did not answer within 200ms"),
+    )
+    .await;
     unavailable_at_once(&state, &["/readyz", "/"], "did not answer within 200ms").await;
     checks.abort();
 }

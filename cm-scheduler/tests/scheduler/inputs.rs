@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::cli::{BIN, MissionFiles, NOWHERE, Run, check_fails, created_id, ok, run};
 use crate::crash::{SchedulerProcess, eventually};
-use crate::support::TestDb;
+use crate::support::{TestDb, cm_scheduler};
 
 const OK_FIELDS: &str = r#""repository": "https://git.example.com/team/repo.git", "task": "lint""#;
 
@@ -184,7 +184,7 @@ async fn the_operators_policy_narrows_env_names_and_repository_hosts() {
         "repository_hosts",
     );
     // CM_MISSION_CONFIG stands for the flag, so an operator sets it once for every command.
-    let mut command = Command::new(BIN);
+    let mut command = cm_scheduler();
     command
         .env("CM_MISSION_CONFIG", &config)
         .args(["--database-url", &db.url])

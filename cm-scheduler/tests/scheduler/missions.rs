@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::cli::{MissionFiles, NOWHERE, check_fails, created_id, ok};
 use crate::crash::{FireRow, SchedulerProcess, eventually, retried_by, taken_over_by_b};
-use crate::support::TestDb;
+use crate::support::{TestDb, cm_scheduler};
 
 const IMAGE: &str = "registry.example.com/cm/mission-runner:1.4";
 
@@ -99,7 +99,7 @@ async fn mission_backend_settings_are_refused_at_start() {
     // which give it an engine.)
     let workdir = format!("{}.d", files.write("workdir-marker", ""));
     let log = files.write("good-settings.log", "");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
+    let mut child = cm_scheduler()
         .env_remove("RUST_LOG")
         .args([
             "--database-url",

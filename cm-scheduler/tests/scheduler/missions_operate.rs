@@ -147,7 +147,8 @@ async fn run_waits_for_a_docker_engine_that_is_not_there_yet() {
         body.contains(&host) && body.contains("no socket at"),
         "{body}"
     );
-    // Still waiting a few seconds on, not exited.
+    // Still waiting a few seconds on, not exited: time passes on purpose, to show it does not
+    // give up.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     scheduler.assert_alive();
     scheduler.await_answer("/readyz", 503, &host).await;

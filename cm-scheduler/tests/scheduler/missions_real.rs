@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::cli::{MissionFiles, created_id, ok};
-use crate::support::{TestDb, eventually_within};
+use crate::support::{TestDb, cm_scheduler, eventually_within, wait_until_blocking};
 
 /// The image `.ci/dockerd` imports.
 const IMAGE: &str = "cm-test-busybox:1";
@@ -164,7 +164,7 @@ impl Run {
         let config = files.write("config.json", &config());
         let log = std::env::temp_dir().join(format!("{}-real.log", db.name));
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
+        let child = cm_scheduler()
             .args(["--database-url", &db.url, "run", "--tick-interval", "200ms"])
             .args(["--mission-backend", "docker", "--mission-image", IMAGE])
             .args(["--mission-config", &config])
@@ -495,17 +495,16 @@ impl OwnEngine {
         }
         let _ = Command::new("kill").args(["-TERM", pid]).status();
         let stat = Path::new("/proc").join(pid).join("stat");
-        let signalled = Instant::now();
         // Gone, or a zombie nobody reaps.
-        while std::fs::read_to_string(&stat)
-            .is_ok_and(|s| !s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
-        {
-            assert!(
-                signalled.elapsed() < Duration::from_secs(30),
-                "dockerd {pid} did not exit within 30 s of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until_blocking(
+            &format!("dockerd {pid} to exit after SIGTERM"),
+            Duration::from_secs(30),
+            || std::fs::read_to_string(&stat).ok(),
+            |stat| {
+                stat.as_ref()
+                    .is_none_or(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z')))
+            },
+        );
     }
 }
 
@@ -544,6 +543,7 @@ async fn an_engine_restart_inside_the_dispatch_timeout_loses_and_fails_nothing()
     assert!(fired(3).await.is_some(), "{}", run.log());
     let stopped = Instant::now();
     own.down();
+    // The engine stays down about 2 s on purpose: the outage is what is under test.
     std::thread::sleep(Duration::from_secs(2).saturating_sub(stopped.elapsed()));
     own.up();
     let down_for = stopped.elapsed();

@@ -718,6 +718,7 @@ async fn check_run(case: RunCase) {
     dispatcher.expect_dispatch().never();
     let scheduler = Arc::new(scheduler(ledger, dispatcher));
 
+    // The loop runs for a fixed span on purpose: the ticks it makes in it are what is counted.
     let summary = scheduler
         .clone()
         .spawn(tokio::time::sleep(Duration::from_millis(300)))
@@ -972,6 +973,7 @@ async fn a_dispatch_held_for_20_s_does_not_hold_back_other_routines() {
     };
     let scheduler =
         Arc::new(Scheduler::new(Arc::new(ledger), dispatcher.clone(), config, "me").unwrap());
+    // The loop runs for a fixed span on purpose (paused time): what it did in it is checked.
     let summary = scheduler
         .clone()
         .spawn(tokio::time::sleep(Duration::from_secs(30)))
@@ -1348,6 +1350,7 @@ async fn a_reaper_pass_during_a_claim_cannot_take_the_claims_room() {
     })
     .await
     .unwrap();
+    // Time passes on purpose: room for the pass to take over what it must not.
     tokio::time::sleep(Duration::from_millis(100)).await;
     go.send(()).unwrap();
     let report = tick.await.unwrap().unwrap();

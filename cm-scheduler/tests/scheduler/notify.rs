@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cli::{BIN, NOWHERE, ok};
-use crate::support::TestDb;
+use crate::cli::{NOWHERE, ok};
+use crate::support::{PATIENCE, TestDb, cm_scheduler, poll_blocking, wait_until_blocking};
 
 /// A socket the test listens on, in a directory of its own, removed at the end.
 pub(crate) struct Supervisor {
@@ -44,7 +44,7 @@ impl Supervisor {
     /// of `watchdog`; its log in the test's directory.
     fn start(&self, url: &str, args: &[&str], watchdog: Duration) -> Child {
         let log = std::fs::File::create(self.dir.join("log")).unwrap();
-        Command::new(BIN)
+        cm_scheduler()
             .args(["--database-url", url, "run"])
             .args(args)
             .env("NOTIFY_SOCKET", self.dir.join("notify"))
@@ -99,15 +99,11 @@ pub(crate) fn terminate(child: &Child) {
 
 /// The exit status, waiting at most `patience`.
 pub(crate) fn wait_exit(child: &mut Child, patience: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + patience;
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let exited = poll_blocking(patience, || child.try_wait().unwrap(), Option::is_some);
+    if exited.is_err() {
+        let _ = child.kill();
     }
-    let _ = child.kill();
-    None
+    exited.ok().flatten()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,9 +299,12 @@ async fn a_tick_that_never_ends_stops_the_watchdog_pings() {
     assert!(heard.last().unwrap().says("READY=1"), "{heard:?}");
 
     // The third tick hangs: once it has begun, no ping comes for well past the watchdog.
-    while claims.load(Ordering::SeqCst) < 3 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until_blocking(
+        "the third tick's claim",
+        PATIENCE,
+        || claims.load(Ordering::SeqCst),
+        |claims| *claims >= 3,
+    );
     let stuck = tokio::task::block_in_place(|| {
         let _ = supervisor.listen(Duration::from_millis(50), |_| false);
         supervisor.listen(watchdog * 3, |_| false)

@@ -16,9 +16,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::browser::Browser;
-use crate::support::{SERVER, TestDb, drop_database, eventually_within};
-
-const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
+use crate::support::{SERVER, TestDb, cm_scheduler, drop_database, eventually_within, poll};
 /// How long any awaited state may take to appear.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -44,8 +42,7 @@ impl Running {
         let addr = format!("127.0.0.1:{port}");
         let log = std::env::temp_dir().join(format!("cm-operate-{}.log", Uuid::new_v4().simple()));
         let file = File::create(&log).expect("creating the log file");
-        let child = Command::new(BIN)
-            .env_remove("DATABASE_URL")
+        let child = cm_scheduler()
             .args(["--database-url", url, "run", "--listen", &addr])
             .args([
                 "--tick-interval",
@@ -266,23 +263,23 @@ async fn readyz_and_the_page_answer_at_once_when_the_network_stops_forwarding() 
         (code, body, started.elapsed())
     };
     // Every answer is quick; within the check's deadline and an interval, the reason shows.
-    let mut reason = None;
-    let until = std::time::Instant::now() + Duration::from_secs(15);
-    while reason.is_none() && std::time::Instant::now() < until {
-        let (code, body, took) = timed("/readyz").await;
-        assert!(
-            took < Duration::from_millis(500),
-            "/readyz took {took:?} ({code} {body}); log:\n{}",
-            scheduler.log()
-        );
-        if code == 503 && body.contains("the database did not answer within 2s") {
-            reason = Some(body);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let reason = poll(
+        Duration::from_secs(15),
+        async || {
+            let (code, body, took) = timed("/readyz").await;
+            assert!(
+                took < Duration::from_millis(500),
+                "/readyz took {took:?} ({code} {body}); log:\n{}",
+                scheduler.log()
+            );
+            (code, body)
+        },
+        |(code, body)| *code == 503 && body.contains("the database did not answer within 2s"),
+    )
+    .await;
     assert!(
-        reason.is_some(),
-        "/readyz never said why; log:\n{}",
+        reason.is_ok(),
+        "/readyz never said why: {reason:?}; log:\n{}",
         scheduler.log()
     );
     let (code, body, took) = timed("/").await;
@@ -340,6 +337,7 @@ async fn health_waits_for_the_database_at_start_and_mid_run() {
     scheduler
         .await_answer("/readyz", 503, "waiting for the database")
         .await;
+    // Time passes on purpose: it keeps retrying, and does not exit.
     tokio::time::sleep(Duration::from_secs(2)).await;
     scheduler.assert_alive();
     scheduler
@@ -598,6 +596,7 @@ async fn pause_clicked_in_a_browser_pauses_and_a_cross_site_form_is_refused() {
         json!("Live updates: off")
     );
     let frozen = browser.eval(rendered);
+    // Time passes on purpose, longer than the page's refresh: nothing may change.
     std::thread::sleep(Duration::from_secs(7));
     assert_eq!(browser.eval(rendered), frozen, "updated while switched off");
     browser.click("#live-toggle");

@@ -5,14 +5,12 @@
 //! Every refusal checks that nothing was written: the routines, ledger and request tables are
 //! the same, row for row, before and after.
 
-use std::process::Command;
-
 use chrono::{DateTime, Duration, Timelike, Utc};
 use sqlx::Connection as _;
 use uuid::Uuid;
 
-use crate::cli::{BIN, MissionFiles, NOWHERE, check_fails, cm, created_id, ok, run};
-use crate::support::{SERVER, TestDb, drop_database};
+use crate::cli::{MissionFiles, NOWHERE, check_fails, cm, created_id, ok, run};
+use crate::support::{SERVER, TestDb, cm_scheduler, drop_database};
 
 impl TestDb {
     /// Every row of the tables a command could write, to compare before and after a refusal.
@@ -898,7 +896,7 @@ async fn errors_say_what_to_do_and_keep_secrets() {
             }
         }
         // Through DATABASE_URL as well.
-        let mut command = Command::new(BIN);
+        let mut command = cm_scheduler();
         command.env("DATABASE_URL", url).args(["routine", "list"]);
         let out = run(command);
         assert_ne!(out.code, Some(0));

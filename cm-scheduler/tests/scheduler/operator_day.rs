@@ -4,14 +4,13 @@
 use std::collections::HashMap;
 use std::io::Read as _;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::cli::{BIN, NOWHERE, check_fails, cm, ok};
 use crate::operator::create;
-use crate::support::TestDb;
+use crate::support::{PATIENCE, TestDb, cm_scheduler, wait_until_blocking};
 
 /// Writes `text` to a file named `name` in a fresh directory and returns its path.
 fn crontab_file(dir: &std::path::Path, name: &str, text: &str) -> String {
@@ -419,8 +418,7 @@ async fn listings_keep_creation_order_and_show_why_a_routine_is_paused() {
 
 /// Starts the binary on `url` with `args`, its standard error piped.
 fn spawn(url: &str, args: &[&str], stdout: Stdio) -> std::process::Child {
-    Command::new(BIN)
-        .env_remove("DATABASE_URL")
+    cm_scheduler()
         .env_remove("RUST_LOG")
         .arg("--database-url")
         .arg(url)
@@ -542,10 +540,24 @@ async fn refusals_say_what_is_wrong_in_words_that_can_be_used_again() {
 
 #[test]
 fn logs_written_to_a_file_have_no_colour_codes() {
-    let child = spawn(NOWHERE, &["run", "--no-migrate"], Stdio::null());
-    std::thread::sleep(Duration::from_millis(1500));
+    let dir = tempdir();
+    let log = dir.path().join("log");
+    let mut child = cm_scheduler()
+        .env_remove("RUST_LOG")
+        .args(["--database-url", NOWHERE, "run", "--no-migrate"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    // Its first line (a warning: nothing answers at NOWHERE), then SIGTERM, which it logs.
+    wait_until_blocking("a line in the log file", PATIENCE, read, |log| {
+        log.contains('\n')
+    });
     let _ = Command::new("kill").arg(child.id().to_string()).status();
-    let (_, stderr) = finish(child);
+    let _ = child.wait();
+    let stderr = read();
     assert!(stderr.contains("INFO"), "{stderr}");
     assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
 }

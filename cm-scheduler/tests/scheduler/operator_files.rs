@@ -11,9 +11,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::cli::{BIN, MissionFiles, Run, cm, created_id, ok};
+use crate::cli::{MissionFiles, Run, cm, created_id, ok};
 use crate::operator::{case, check_refused};
-use crate::support::TestDb;
+use crate::support::{TestDb, cm_scheduler};
 
 /// A mission the checks accept.
 const MISSION: &str = r#"{"repository": "https://git.example.com/team/repo.git", "task": "t"}"#;
@@ -22,8 +22,7 @@ const MISSION: &str = r#"{"repository": "https://git.example.com/team/repo.git",
 /// running, that is hanging) and how long it took.
 fn timed(url: &str, args: &[&str], patience: Duration) -> (Option<Run>, Duration) {
     let started = Instant::now();
-    let child = Command::new(BIN)
-        .env_remove("DATABASE_URL")
+    let child = cm_scheduler()
         .env_remove("RUST_LOG")
         .arg("--database-url")
         .arg(url)

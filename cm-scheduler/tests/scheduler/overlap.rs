@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::cli::{MissionFiles, created_id, ok};
 use crate::crash::SchedulerProcess;
-use crate::support::TestDb;
+use crate::support::{TestDb, cm_scheduler};
 
 const IMAGE: &str = "registry.example.com/cm/mission-runner:1.4";
 const KUBE_TOKEN: &str = "kube-token-overlap-5d1c";
@@ -48,7 +48,8 @@ async fn fires(db: &TestDb) -> Vec<(String, Option<String>)> {
         .unwrap()
 }
 
-/// Samples `running` every 20 ms for `span`, returning the most seen at once.
+/// Samples `running` every 20 ms for `span`, returning the most seen at once: a measurement over
+/// the whole span, not a wait for a state.
 async fn most_at_once(span: Duration, running: impl Fn() -> usize) -> usize {
     let end = Instant::now() + span;
     let mut most = 0;
@@ -181,7 +182,7 @@ async fn a_kubernetes_identity_without_delete_is_refused_at_start() {
         "settings.json",
         r#"{"kubernetes": {"namespace": "missions"}}"#,
     );
-    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_cm-scheduler"));
+    let mut command = cm_scheduler();
     command
         .env("KUBECONFIG", &kubeconfig)
         .args([

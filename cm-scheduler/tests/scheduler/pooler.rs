@@ -7,10 +7,10 @@
 //! forwarding every database name to the server the tests' databases live on. Ignored unless
 //! asked for (`cargo xtask test` runs it where the variable is set).
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use crate::support::TestDb;
+use crate::support::{TestDb, cm_scheduler};
 
 /// `url` with its database part replaced by `database`.
 fn with_database(url: &str, database: &str) -> String {
@@ -21,13 +21,12 @@ fn with_database(url: &str, database: &str) -> String {
 /// Runs `cm-scheduler [--pooled] run` on `url` and returns its exit code and the last line it
 /// wrote to stderr.
 async fn run(url: &str, pooled: bool) -> (Option<i32>, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cm-scheduler"));
+    let mut c = cm_scheduler();
     c.args(["--database-url", url]);
     if pooled {
         c.arg("--pooled");
     }
     c.arg("run")
-        .env_remove("DATABASE_URL")
         .env_remove("CM_DATABASE_POOLED")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null());

@@ -4,14 +4,12 @@
 //! revives it; bad flags write nothing.
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Timelike, Utc};
 use uuid::Uuid;
 
-use crate::cli::{BIN, check_fails, ok};
-use crate::support::TestDb;
+use crate::cli::{check_fails, ok};
+use crate::support::{PATIENCE, TestDb, run_quietly, wait_until};
 
 fn rfc(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Secs, true)
@@ -38,15 +36,50 @@ async fn fired(db: &TestDb, routine: &str) -> BTreeSet<DateTime<Utc>> {
     .collect()
 }
 
+/// The first occurrence `routine` owes, as its creation stored it.
+async fn first_owed(db: &TestDb, routine: &str) -> Option<DateTime<Utc>> {
+    sqlx::query_scalar("SELECT next_run_at FROM routines WHERE name = $1")
+        .bind(routine)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// Waits until no routine owes anything more (each planned, with no next run) and no fire is
+/// still claimed: from then on nothing can fire, so the ledger is final.
+async fn await_nothing_owed(db: &TestDb) {
+    wait_until(
+        "every routine to owe nothing and every fire to be settled",
+        PATIENCE,
+        async || {
+            sqlx::query_as::<_, (i64, i64)>(
+                "SELECT (SELECT count(*) FROM routines WHERE next_run_at IS NOT NULL OR NOT planned),
+                        (SELECT count(*) FROM routine_fires WHERE status = 'claimed')",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        },
+        |(owing, claimed)| *owing == 0 && *claimed == 0,
+    )
+    .await;
+}
+
+// The instants are the test's clock plus a margin for creating the routines, and what each one
+// owes is what `schedule next` lists from the first occurrence its creation stored: `odd` has no
+// start, so it owes from its creation on, which a loaded machine puts seconds after `now`.
+// Listing it from `now` expected an occurrence the routine never owed. The scheduler starts
+// right after the routines exist (the refusals and the import come after), and every owed
+// occurrence, however late the scheduler, fires: the misfire grace is a minute.
 #[tokio::test]
 async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_lists() {
     let db = TestDb::new().await;
     let url = db.url.as_str();
     let now = Utc::now().with_nanosecond(0).unwrap();
     let (start, end, at) = (
-        now + chrono::Duration::seconds(3),
-        now + chrono::Duration::seconds(7),
-        now + chrono::Duration::seconds(4),
+        now + chrono::Duration::seconds(5),
+        now + chrono::Duration::seconds(9),
+        now + chrono::Duration::seconds(6),
     );
     let (start_s, end_s, at_s) = (rfc(start), rfc(end), rfc(at));
     let window = ["--every", "1s", "--start", &start_s, "--end", &end_s];
@@ -68,16 +101,90 @@ async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_list
         args.extend(flags);
         Uuid::parse_str(ok(url, &args).trim()).unwrap();
     }
+    // Through SQL, planned by the scheduler: its clauses hold as well.
+    let sql_schedule = format!("@every 1s until {end_s}");
+    sqlx::query("SELECT cm.create_routine('sql', $1, 'UTC', 'hi')")
+        .bind(&sql_schedule)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let odd_from = first_owed(&db, "odd")
+        .await
+        .expect("odd was created after its end: the machine took 9 s to create three routines");
+    assert_eq!(
+        first_owed(&db, "window").await,
+        Some(start),
+        "window was created after its start"
+    );
+    assert_eq!(first_owed(&db, "once").await, Some(at));
+
+    let mut scheduler = run_quietly(url, &["--tick-interval", "100ms"]);
     let expected_window = listed(url, now, &window);
-    let expected_odd = listed(url, now, &odd);
+    let listed_odd = listed(url, now, &odd);
+    let expected_odd = listed(url, odd_from - chrono::Duration::seconds(1), &odd);
+    let expected_sql = listed(url, now, &[sql_schedule.as_str()]);
     assert_eq!(expected_window.len(), 5, "{expected_window:?}");
     assert!(expected_window.iter().all(|t| *t >= start && *t <= end));
-    assert!(
-        expected_odd
+    assert!(listed_odd.iter().all(|t| t.second() % 2 == 1 && *t <= end));
+    // What odd owes is what is listed from `now`, from its first owed occurrence on.
+    assert_eq!(expected_odd.first(), Some(&odd_from));
+    assert_eq!(
+        expected_odd,
+        listed_odd
             .iter()
-            .all(|t| t.second() % 2 == 1 && *t <= end)
+            .filter(|t| **t >= odd_from)
+            .copied()
+            .collect(),
     );
     assert_eq!(listed(url, now, &once), BTreeSet::from([at]));
+    await_nothing_owed(&db).await;
+    scheduler.kill().unwrap();
+    let _ = scheduler.wait();
+
+    assert_eq!(fired(&db, "window").await, expected_window);
+    assert_eq!(fired(&db, "odd").await, expected_odd);
+    assert_eq!(fired(&db, "once").await, BTreeSet::from([at]));
+    // Planned when the scheduler first saw it, so from then on: all it lists after that.
+    let from_sql = fired(&db, "sql").await;
+    let sql_from = *from_sql
+        .first()
+        .expect("the routine written through SQL never fired");
+    assert_eq!(
+        from_sql,
+        expected_sql
+            .iter()
+            .filter(|t| **t >= sql_from)
+            .copied()
+            .collect(),
+        "every occurrence listed from its first fire on"
+    );
+    assert!(from_sql.iter().all(|t| *t <= end));
+    let all: i64 = db.count("routine_fires").await;
+    assert_eq!(
+        all as usize,
+        expected_window.len() + expected_odd.len() + 1 + from_sql.len(),
+        "a fire outside what was listed"
+    );
+
+    // Past its end a routine is finished; an edited end revives it, keeping the rest.
+    for name in ["window", "once"] {
+        let shown = ok(url, &["routine", "show", name]);
+        assert!(shown.contains("state       finished"), "{shown}");
+    }
+    let listing = ok(url, &["routine", "list"]);
+    // window, odd, once and sql, each in its next-run and state columns.
+    assert_eq!(listing.matches("finished").count(), 8, "{listing}");
+    let later = rfc(Utc::now() + chrono::Duration::hours(1));
+    ok(url, &["routine", "update", "window", "--end", &later]);
+    let shown = ok(url, &["routine", "show", "window"]);
+    assert!(shown.contains("state       active"), "{shown}");
+    assert!(
+        shown.contains(&format!(
+            "schedule    @every 1s from {start_s} until {later}"
+        )),
+        "{shown}"
+    );
+    assert!(shown.contains("NEXT RUNS"), "{shown}");
 
     // Bad flags are refused with one line, and write nothing.
     let past = rfc(now - chrono::Duration::hours(1));
@@ -108,7 +215,7 @@ async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_list
         full.extend(args);
         check_fails(url, &full, 2, fragment);
     }
-    assert_eq!(db.count("routines").await, 3);
+    assert_eq!(db.count("routines").await, 4);
 
     // A JSON Lines import takes the same fields; a line with two rules is refused, whole.
     let dir = std::env::temp_dir().join(format!("cm-schedules-{}", Uuid::new_v4().simple()));
@@ -124,7 +231,7 @@ async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_list
         2,
         "one of schedule, every and at",
     );
-    assert_eq!(db.count("routines").await, 3);
+    assert_eq!(db.count("routines").await, 4);
     let file = dir.join("good.jsonl");
     std::fs::write(&file, format!("{good}\n")).unwrap();
     ok(url, &["routine", "import", file.to_str().unwrap()]);
@@ -138,85 +245,15 @@ async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_list
         "{shown}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
-
-    // Through SQL, planned by the scheduler: its clauses hold as well.
-    let sql_schedule = format!("@every 1s until {end_s}");
-    sqlx::query("SELECT cm.create_routine('sql', $1, 'UTC', 'hi')")
-        .bind(&sql_schedule)
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    let expected_sql = listed(url, now, &[sql_schedule.as_str()]);
-
-    let mut scheduler = Command::new(BIN)
-        .args(["--database-url", url, "run", "--tick-interval", "100ms"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    while Utc::now() < end + chrono::Duration::seconds(2) {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    scheduler.kill().unwrap();
-    let _ = scheduler.wait();
-
-    assert_eq!(fired(&db, "window").await, expected_window);
-    assert_eq!(fired(&db, "odd").await, expected_odd);
-    assert_eq!(fired(&db, "once").await, BTreeSet::from([at]));
-    // Planned when the scheduler first saw it, so from then on: all it lists after that.
-    let from_sql = fired(&db, "sql").await;
-    assert!(from_sql.is_subset(&expected_sql), "{from_sql:?}");
-    assert!(
-        from_sql.len() + 2 >= expected_sql.len(),
-        "{from_sql:?} of {expected_sql:?}"
-    );
-    assert!(from_sql.iter().all(|t| *t <= end));
-    let all: i64 = db.count("routine_fires").await;
-    assert_eq!(
-        all as usize,
-        expected_window.len() + expected_odd.len() + 1 + from_sql.len(),
-        "a fire outside what was listed"
-    );
-
-    // Past its end a routine is finished; an edited end revives it, keeping the rest.
-    for name in ["window", "once"] {
-        let shown = ok(url, &["routine", "show", name]);
-        assert!(shown.contains("state       finished"), "{shown}");
-    }
-    let listing = ok(url, &["routine", "list"]);
-    // window, odd, once and sql, each in its next-run and state columns.
-    assert_eq!(listing.matches("finished").count(), 8, "{listing}");
-    let later = rfc(Utc::now() + chrono::Duration::hours(1));
-    ok(url, &["routine", "update", "window", "--end", &later]);
-    let shown = ok(url, &["routine", "show", "window"]);
-    assert!(shown.contains("state       active"), "{shown}");
-    assert!(
-        shown.contains(&format!(
-            "schedule    @every 1s from {start_s} until {later}"
-        )),
-        "{shown}"
-    );
-    assert!(shown.contains("NEXT RUNS"), "{shown}");
 }
 
 /// A scheduler of the test's, killable.
 fn start_scheduler(url: &str) -> std::process::Child {
-    Command::new(BIN)
-        .args([
-            "--database-url",
-            url,
-            "run",
-            "--tick-interval",
-            "100ms",
-            "--lease",
-            "3s",
-            "--dispatch-timeout",
-            "1s",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+    let settings = ["--tick-interval", "100ms", "--lease", "3s"];
+    run_quietly(
+        url,
+        &[&settings[..], &["--dispatch-timeout", "1s"]].concat(),
+    )
 }
 
 fn sigkill(child: &mut std::process::Child) {
@@ -273,20 +310,30 @@ async fn a_run_limit_fires_exactly_that_many_under_two_schedulers_and_kills() {
         .await
         .unwrap()
     };
+    // How many occurrences the ledger holds, and whether the routine still owes one: once it
+    // owes none and none is claimed (a killed claim is retried after its 3 s lease), nothing
+    // more can fire, so a sixth would show.
+    let ledger = || async {
+        sqlx::query_as::<_, (i64, i64, bool)>(
+            "SELECT (SELECT count(*) FROM routine_fires),
+                    (SELECT count(*) FROM routine_fires WHERE status = 'claimed'),
+                    (SELECT next_run_at IS NOT NULL FROM routines WHERE name = 'five')",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    let settled = |(_, claimed, owing): &(i64, i64, bool)| *claimed == 0 && !*owing;
     let mut a = start_scheduler(url);
     let mut b = start_scheduler(url);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Each kill lands while the routine fires: after its first occurrence, then its second.
+    wait_until("a first occurrence", PATIENCE, ledger, |l| l.0 >= 1).await;
     sigkill(&mut a);
     let mut a = start_scheduler(url);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_until("a second occurrence", PATIENCE, ledger, |l| l.0 >= 2).await;
     sigkill(&mut b);
     let mut b = start_scheduler(url);
-    // Every second owes one until the five are spent; a killed claim is retried after its
-    // 3 s lease. Ten seconds covers both, and then some, so a sixth would show.
-    let deadline = std::time::Instant::now() + Duration::from_secs(12);
-    while std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    wait_until("the five runs spent", PATIENCE, ledger, settled).await;
     assert_eq!(rows().await, [("fired".to_string(), 5)]);
     let shown = ok(url, &["routine", "show", "five"]);
     assert!(shown.contains("state       finished"), "{shown}");
@@ -298,10 +345,10 @@ async fn a_run_limit_fires_exactly_that_many_under_two_schedulers_and_kills() {
         shown.contains("state       active") && shown.contains("runs left   2"),
         "{shown}"
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    wait_until("the two more runs spent", PATIENCE, ledger, |l| {
+        l.0 == 7 && settled(l)
+    })
+    .await;
     sigkill(&mut a);
     sigkill(&mut b);
     assert_eq!(rows().await, [("fired".to_string(), 7)]);
@@ -385,24 +432,19 @@ async fn jittered_one_shots_come_due_spread_over_their_jitter_and_all_fire() {
     );
     assert!(shown.contains("OCCURRENCE (UTC)"), "{shown}");
 
-    let mut scheduler = Command::new(BIN)
-        .args(["--database-url", url, "run", "--tick-interval", "200ms"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = at + chrono::Duration::seconds(JITTER + 20);
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let fired: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE status = 'fired'")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
-        if fired as usize == N || Utc::now() > deadline {
-            break;
-        }
-    }
+    let mut scheduler = run_quietly(url, &["--tick-interval", "200ms"]);
+    // They come due over the jitter after `at`; then the patience of any wait.
+    let patience = (at + chrono::Duration::seconds(JITTER) - Utc::now())
+        .to_std()
+        .unwrap_or_default()
+        + PATIENCE;
+    wait_until(
+        "every one-shot to fire",
+        patience,
+        async || db.fired().await,
+        |n| *n as usize == N,
+    )
+    .await;
     scheduler.kill().unwrap();
     let _ = scheduler.wait();
 

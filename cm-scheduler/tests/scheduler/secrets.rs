@@ -7,9 +7,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::support::{SERVER, TestDb, eventually_within};
-
-const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
+use crate::support::{SERVER, TestDb, cm_scheduler, eventually_within};
 
 /// Every secret the runs below are given. Each is distinctive, so finding it anywhere in the
 /// output can only mean it leaked.
@@ -79,8 +77,7 @@ async fn output_of(args: &[String], until: &str) -> String {
     let dir = std::env::temp_dir().join(format!("cm-secrets-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).expect("creating the log directory");
     let (out, err) = (dir.join("stdout"), dir.join("stderr"));
-    let mut child = Command::new(BIN)
-        .env_remove("DATABASE_URL")
+    let mut child = cm_scheduler()
         .env("RUST_LOG", "debug")
         .args(args)
         .stdin(Stdio::null())
@@ -164,7 +161,7 @@ async fn no_configured_secret_is_ever_printed() {
             1
         )
     );
-    let created = Command::new(BIN)
+    let created = cm_scheduler()
         .args([
             "--database-url",
             &with_password,

@@ -7,13 +7,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use uuid::Uuid;
 
 use crate::cli::{BIN, NOWHERE, ok};
 use crate::operator::create;
-use crate::support::TestDb;
+use crate::support::{TestDb, poll_blocking, wait_until_blocking};
 
 /// Names as crontab imports make them, and others a shell must quote.
 const NAMES: &[&str] = &[
@@ -29,8 +29,8 @@ struct Pane {
 }
 
 impl Pane {
-    /// Starts `shell` (a command line) in a 250-column pane, with the binary on the PATH and no
-    /// `DATABASE_URL`.
+    /// Starts `shell` (a command line) in a 250-column pane, with the binary on the PATH and
+    /// `DATABASE_URL` a URL nothing answers on.
     fn start(shell: &str) -> Pane {
         let dir = std::env::temp_dir().join(format!("cm-shell-{}", Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -57,7 +57,8 @@ impl Pane {
             .env("PATH", path)
             .env("HOME", &pane.dir)
             .env("TERM", "xterm")
-            .env_remove("DATABASE_URL")
+            // Each command line typed names its database; one that did not reaches none.
+            .env("DATABASE_URL", NOWHERE)
             .env_remove("DATABASE_URL_FILE")
             .status()
             .unwrap_or_else(|e| panic!("cannot run tmux ({e}): apt-get install tmux"));
@@ -104,16 +105,17 @@ impl Pane {
 
     /// Waits until `file` holds a whole line, and returns it; `None` after 15 s.
     fn wait_for_line(&self, file: &Path) -> Option<String> {
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(15) {
-            if let Ok(text) = std::fs::read_to_string(file)
-                && text.ends_with('\n')
-            {
-                return Some(text);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        None
+        poll_blocking(
+            Duration::from_secs(15),
+            || {
+                std::fs::read_to_string(file)
+                    .ok()
+                    .filter(|t| t.ends_with('\n'))
+            },
+            Option::is_some,
+        )
+        .ok()
+        .flatten()
     }
 
     /// Runs `line` (typed, then Enter) and waits until it has written `file`'s line.
@@ -166,9 +168,17 @@ async fn names_complete_in(shell: &str, command: &str, setup: &dyn Fn(&Path, &Pa
             "cm-scheduler --database-url {} routine show {prefix}",
             db.url
         ));
+        // The completion asks the database: wait until the line holds the name's last word
+        // once more (however the shell quotes it) before typing on.
+        let word = name.rsplit(' ').next().unwrap();
+        let before = pane.screen().matches(word).count();
         pane.press("Tab");
-        // The completion asks the database: give it a moment before typing on.
-        std::thread::sleep(Duration::from_millis(1500));
+        wait_until_blocking(
+            &format!("{shell}: `{prefix}` TAB to complete to {name:?}"),
+            Duration::from_secs(15),
+            || pane.screen(),
+            |screen| screen.matches(word).count() > before,
+        );
         let line = pane.run(&format!(" --json > {} 2>&1", out.display()), &out);
         let shown: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| {
             panic!(
@@ -181,6 +191,7 @@ async fn names_complete_in(shell: &str, command: &str, setup: &dyn Fn(&Path, &Pa
     // The internal subcommand is never offered.
     pane.type_text("cm-scheduler __");
     pane.press("Tab");
+    // Time passes on purpose: a second for a completion that must not come.
     std::thread::sleep(Duration::from_millis(1000));
     let screen = pane.screen();
     pane.press("C-u");

@@ -10,9 +10,10 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use chrono::{DateTime, Utc};
 use cm_dispatch::WebhookDispatcher;
+use cm_dispatch::fakes::standard_webhooks::signature_valid;
 use cm_dispatch::webhook::WebhookSecret;
 use cm_domain::{FireCap, Lease, MisfirePolicy, Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
@@ -38,8 +39,23 @@ struct Receiver {
     arrivals: Arrivals,
 }
 
-async fn receive(State(r): State<Receiver>, body: Bytes) -> StatusCode {
+/// The signing secret the test's backend is given.
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// Records a signed delivery's arrival (a request whose Standard Webhooks signature does not
+/// verify is refused, so its routine misses the arrivals the test expects).
+async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> StatusCode {
     let arrived = Utc::now();
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    };
+    let (id, timestamp) = (header("webhook-id"), header("webhook-timestamp"));
+    if !signature_valid(SECRET, id, timestamp, &body, header("webhook-signature")) {
+        return StatusCode::UNAUTHORIZED;
+    }
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     let data = &body["data"];
     let routine: Uuid = data["routine_id"]
@@ -58,6 +74,7 @@ async fn receive(State(r): State<Receiver>, body: Bytes) -> StatusCode {
         .or_default()
         .push((scheduled, arrived));
     if routine == r.slow {
+        // The slow target, on purpose.
         tokio::time::sleep(SLOW_ANSWER).await;
     }
     StatusCode::NO_CONTENT
@@ -94,11 +111,7 @@ async fn a_slow_target_never_delays_other_routines(pool: PgPool) {
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let webhook = WebhookDispatcher::new(
-        &url,
-        WebhookSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap(),
-    )
-    .unwrap();
+    let webhook = WebhookDispatcher::new(&url, WebhookSecret::parse(SECRET).unwrap()).unwrap();
     let config = SchedulerConfig {
         tick_interval: Duration::from_millis(200),
         max_fires_per_tick: FireCap::DEFAULT,
@@ -120,6 +133,8 @@ async fn a_slow_target_never_delays_other_routines(pool: PgPool) {
     let handle = scheduler.spawn(async move {
         let _ = stopped.await;
     });
+    // Time passes on purpose: the fast routines must stay on time for the whole run while the
+    // slow one's answers are held.
     tokio::time::sleep(RUN_FOR).await;
     let stopped_at = Utc::now();
     let arrivals = receiver.arrivals.lock().unwrap().clone();

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::{PATIENCE, wait_until};
 use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
 use cm_domain::SchedulerConfig;
 use cm_scheduler::{Scheduler, Stats};
@@ -40,6 +41,7 @@ async fn a_routine_written_through_sql_fires_once_planned_and_a_bad_one_never(po
 
     // A scheduler that does not plan never fires them: unplanned is never due.
     let unplanned = scheduler(&store, &messages);
+    // A second passes on purpose: planned, the every-second routine would be due by now.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(unplanned.tick().await.unwrap().fired, 0);
 
@@ -53,15 +55,13 @@ async fn a_routine_written_through_sql_fires_once_planned_and_a_bad_one_never(po
         ),
         (1, 1)
     );
-    let mut fired = 0;
-    for _ in 0..30 {
-        fired += planning.tick().await.unwrap().fired;
-        if fired > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(fired > 0, "the planned routine never fired");
+    wait_until(
+        "a tick to fire the planned routine",
+        PATIENCE,
+        async || planning.tick().await.unwrap().fired,
+        |fired| *fired > 0,
+    )
+    .await;
     assert!(
         messages
             .calls()

@@ -1,12 +1,54 @@
-//! Helpers the whole-process tests share: the server their databases live on, and a fresh
-//! database per test, dropped when the test ends.
+//! Helpers the whole-process tests share: the server their databases live on, a fresh database
+//! per test (dropped when the test ends), the binary as a command that reaches no other
+//! database, and waiting for a state instead of sleeping.
 
+use std::fmt::Debug;
+use std::time::{Duration, Instant};
+
+use cm_dispatch::fakes::wait::gave_up;
+pub use cm_dispatch::fakes::wait::{PATIENCE, poll, wait_until};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
 
 /// The PostgreSQL server the tests create their own databases on.
 pub const SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+
+/// The `cm-scheduler` binary cargo built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_cm-scheduler");
+
+/// A database URL where nothing answers (port 1 of the loopback): what a command that must not
+/// reach a database is given.
+pub const NOWHERE: &str = "postgres://postgres@127.0.0.1:1/x";
+
+/// The binary as a command that can reach no database the test did not name.
+///
+/// Its `DATABASE_URL` is [`NOWHERE`] and `DATABASE_URL_FILE` is unset, whatever the test's own
+/// environment holds (cargo's `[env]` sets `DATABASE_URL` for the tests): a command given no
+/// `--database-url` fails to connect instead of falling back to the binary's default,
+/// `postgres://postgres@127.0.0.1:5432/cm`, which is a developer's own database. A test that
+/// names its database another way (`--database-url-file`, `DATABASE_URL_FILE`) removes
+/// `DATABASE_URL` itself, and then gives the file.
+pub fn cm_scheduler() -> std::process::Command {
+    let mut command = std::process::Command::new(BIN);
+    command
+        .env("DATABASE_URL", NOWHERE)
+        .env_remove("DATABASE_URL_FILE");
+    command
+}
+
+/// `cm-scheduler --database-url url run args`, its output discarded: a scheduler the test
+/// stops itself.
+pub fn run_quietly(url: &str, args: &[&str]) -> std::process::Child {
+    cm_scheduler()
+        .args(["--database-url", url, "run"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("starting cm-scheduler run")
+}
 
 /// Drops the database `name`, best effort, on a thread of its own: a `Drop` cannot await, and
 /// the test's runtime may be the one running it.
@@ -50,7 +92,7 @@ impl TestDb {
     pub async fn new() -> TestDb {
         let name = format!("cm_test_{}", Uuid::new_v4().simple());
         let url = format!("{SERVER}/{name}");
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
+        let out = cm_scheduler()
             .args(["--database-url", &url, "migrate"])
             .stdin(std::process::Stdio::null())
             .output()
@@ -75,19 +117,64 @@ impl Drop for TestDb {
     }
 }
 
+/// How often a blocking wait looks again (`poll` looks every 50 ms too).
+const LOOK_EVERY: Duration = Duration::from_millis(50);
+
+/// [`poll`] for a test that waits on its own thread, not on a runtime.
+pub fn poll_blocking<T>(
+    patience: Duration,
+    mut look: impl FnMut() -> T,
+    holds: impl Fn(&T) -> bool,
+) -> Result<T, T> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let seen = look();
+        if holds(&seen) {
+            return Ok(seen);
+        }
+        if Instant::now() >= deadline {
+            return Err(seen);
+        }
+        std::thread::sleep(LOOK_EVERY);
+    }
+}
+
+/// [`wait_until`] for a test that waits on its own thread, not on a runtime.
+pub fn wait_until_blocking<T: Debug>(
+    what: &str,
+    patience: Duration,
+    look: impl FnMut() -> T,
+    holds: impl Fn(&T) -> bool,
+) -> T {
+    poll_blocking(patience, look, holds)
+        .unwrap_or_else(|last| panic!("{}", gave_up(what, patience, last)))
+}
+
 /// Polls `probe` every 50 ms until it answers, for at most `patience`.
 pub async fn eventually_within<T>(
-    patience: std::time::Duration,
-    mut probe: impl AsyncFnMut() -> Option<T>,
+    patience: Duration,
+    probe: impl AsyncFnMut() -> Option<T>,
 ) -> Option<T> {
-    let deadline = std::time::Instant::now() + patience;
-    loop {
-        if let Some(found) = probe().await {
-            return Some(found);
+    poll(patience, probe, Option::is_some).await.ok().flatten()
+}
+
+/// No test starts the binary but through [`cm_scheduler`]: a command built another way would
+/// inherit the test's `DATABASE_URL`, or fall back to the binary's default database.
+#[test]
+fn every_test_starts_the_binary_through_cm_scheduler() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scheduler");
+    let mut elsewhere = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().is_some_and(|n| n == "support.rs") {
+            continue;
         }
-        if std::time::Instant::now() >= deadline {
-            return None;
+        let text = std::fs::read_to_string(&path).unwrap();
+        for needle in ["CARGO_BIN_EXE", "Command::new(BIN"] {
+            if text.contains(needle) {
+                elsewhere.push(format!("{}: {needle}", path.display()));
+            }
         }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    assert!(elsewhere.is_empty(), "{elsewhere:#?}");
 }

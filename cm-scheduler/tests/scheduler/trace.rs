@@ -7,17 +7,25 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 
+use cm_dispatch::fakes::standard_webhooks::signature_valid;
+
 use crate::cli::ok;
 use crate::crash::SchedulerProcess;
-use crate::support::{TestDb, eventually_within};
+use crate::support::{TestDb, cm_scheduler, eventually_within};
 
 /// Each request's `webhook-id` and `traceparent`.
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
 
-async fn receive(State(seen): State<Seen>, headers: HeaderMap) -> StatusCode {
+/// The signing secret every [`Hook`] gives the scheduler.
+const SECRET: &str = "whsec_dHJhY2VwYXJlbnQtdGVzdC1rZXk=";
+
+/// Records a signed request's `webhook-id` and `traceparent`; refuses one whose Standard
+/// Webhooks signature does not verify, as a receiver would (its fire then fails the test).
+async fn receive(State(seen): State<Seen>, headers: HeaderMap, body: Bytes) -> StatusCode {
     let header = |name: &str| {
         headers
             .get(name)
@@ -25,9 +33,11 @@ async fn receive(State(seen): State<Seen>, headers: HeaderMap) -> StatusCode {
             .unwrap_or_default()
             .to_string()
     };
-    seen.lock()
-        .unwrap()
-        .push((header("webhook-id"), header("traceparent")));
+    let (id, timestamp) = (header("webhook-id"), header("webhook-timestamp"));
+    if !signature_valid(SECRET, &id, &timestamp, &body, &header("webhook-signature")) {
+        return StatusCode::UNAUTHORIZED;
+    }
+    seen.lock().unwrap().push((id, header("traceparent")));
     StatusCode::NO_CONTENT
 }
 
@@ -47,7 +57,7 @@ impl Hook {
         let dir = std::env::temp_dir().join(format!("{}-{name}", db.name));
         std::fs::create_dir_all(&dir).unwrap();
         let secret = dir.join("secret");
-        std::fs::write(&secret, "whsec_dHJhY2VwYXJlbnQtdGVzdC1rZXk=\n").unwrap();
+        std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
         let secret = secret.to_str().unwrap().to_string();
         Hook { url, dir, secret }
     }
@@ -431,7 +441,7 @@ async fn a_refused_dispatch_is_an_error_span_with_the_ledgers_reason() {
 #[tokio::test]
 async fn a_bad_otlp_endpoint_is_refused_in_one_line() {
     let db = TestDb::new().await;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cm-scheduler"))
+    let out = cm_scheduler()
         .args([
             "--database-url",
             &db.url,

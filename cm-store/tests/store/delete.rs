@@ -10,25 +10,7 @@ use cm_store::{FireLedger, PgStore, RoutineStore, StoreError, TickClaim};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{YEARLY, create, due_and_held, due_yearly, fire_count, params};
-
-/// Waits until `n` sessions of this database wait on a lock.
-async fn lock_waiters(pool: &PgPool, n: i64) {
-    for _ in 0..600 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{n} sessions never waited on a lock");
-}
+use crate::support::{YEARLY, create, due_and_held, due_yearly, fire_count, lock_waiters, params};
 
 /// Starts a claim that stops on the row `held` holds, then a delete of `doomed` once the claim
 /// waits, then lets the claim go once the delete waits too; returns what each did, within 30 s.

@@ -4,10 +4,12 @@
 //! server is tested on a real pg_auto_failover formation (`.ci/pg-auto-failover`): here on one
 //! store, and under schedulers by `cargo xtask chaos --auto-failover` (see `.ci/run`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cm_store::{PgStore, StoreError, StoreOptions};
 use sqlx::PgPool;
+
+use crate::support::wait_until;
 
 /// A URL naming `127.0.0.1:1` (nothing listens there) and then the test's server and database,
 /// with `target_session_attrs=target`.
@@ -107,27 +109,26 @@ async fn a_host_that_turns_read_only_is_reported_until_it_is_writable_again(pool
     .await
     .unwrap();
 
-    let started = Instant::now();
-    let reason = loop {
-        if let Some(reason) = store.failover_problem() {
-            break reason;
-        }
-        assert!(started.elapsed() < Duration::from_secs(5), "never reported");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let reason = wait_until(
+        "the read-only host reported",
+        Duration::from_secs(5),
+        async || store.failover_problem(),
+        Option::is_some,
+    )
+    .await
+    .unwrap_or_default();
     assert!(reason.contains("is read-only"), "{reason}");
     // No connection is handed out: statements fail rather than run on a read-only host.
     assert!(store.ping().await.is_err());
 
     database_read_only(&pool, false).await;
-    let started = Instant::now();
-    while store.failover_problem().is_some() {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "never recovered"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        "the host writable again, nothing reported",
+        Duration::from_secs(5),
+        async || store.failover_problem(),
+        Option::is_none,
+    )
+    .await;
     store.ping().await.unwrap();
     drop(store);
 }
@@ -195,26 +196,25 @@ async fn a_store_follows_the_primary_pg_auto_failover_moves() {
     let before = port(store.clone()).await.unwrap();
 
     let failover = tokio::task::spawn_blocking(move || perform_failover(&monitor));
-    let started = Instant::now();
     let mut reported = None;
-    let after = loop {
-        if let Some(reason) = store.failover_problem() {
-            reported.get_or_insert(reason);
-        }
-        if let Ok(Ok(now)) =
-            tokio::time::timeout(Duration::from_millis(500), port(store.clone())).await
-            && now != before
-        {
-            break now;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the store never wrote to another primary"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let after = wait_until(
+        "the store to write to another primary",
+        Duration::from_secs(60),
+        async || {
+            // What the store says on the way, kept for the check below.
+            if let Some(reason) = store.failover_problem() {
+                reported.get_or_insert(reason);
+            }
+            tokio::time::timeout(Duration::from_millis(500), port(store.clone()))
+                .await
+                .ok()
+                .and_then(Result::ok)
+        },
+        |now| now.is_some_and(|now| now != before),
+    )
+    .await;
     failover.await.unwrap();
-    assert_ne!(after, before);
+    assert_ne!(after, Some(before));
     // Between the demotion and the promotion no host qualified, and the store said why.
     let reason = reported.expect("no failover problem was reported during the switch");
     assert!(reason.contains("no host is usable"), "{reason}");

@@ -7,7 +7,7 @@ use cm_store::{MissionRuns, PgStore, RunUpdate};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{Seed, create, fire_of, seed_fire};
+use crate::support::{Seed, create, fire_of, lock_waiters, seed_fire};
 
 /// The occurrence `minute` minutes into a fixed hour of `routine`.
 fn minute_of(routine: &cm_store::Routine, minute: i64) -> Occurrence {
@@ -318,7 +318,7 @@ async fn a_run_being_decided_hides_its_routine_from_no_claim(pool: PgPool) {
         let store = store.clone();
         async move { store.take_run(deciding).await }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    lock_waiters(&pool, 1).await;
     // Meanwhile the routine's row is free: a claim locks it and claims its due occurrence.
     let claim = store
         .claim_due(&crate::support::params("other"))

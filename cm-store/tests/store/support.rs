@@ -3,7 +3,8 @@
 //! Tests move time by writing instants into the database (a routine's `next_run_at`, a fire's
 //! lease) with raw SQL: the store itself only ever reads the database's clock.
 
-use std::time::Duration;
+use std::fmt::Debug;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Datelike, TimeDelta, TimeZone, Timelike, Utc};
 use cm_domain::{ClaimToken, FireCap, Lease, MisfirePolicy, MisfireRules, Occurrence, Schedule};
@@ -316,4 +317,49 @@ pub async fn due_and_held(
         .await
         .unwrap();
     (occurrence, held)
+}
+
+/// How long a test waits for a state before failing: generous, because the machine may be
+/// busy with other builds; a state that comes costs only the time it takes.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Looks with `look` every 50 ms until what it sees `holds`, and returns it; after `patience`,
+/// fails the test naming what was awaited and what `look` saw last.
+pub async fn wait_until<T: Debug>(
+    what: &str,
+    patience: Duration,
+    mut look: impl AsyncFnMut() -> T,
+    holds: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + patience;
+    loop {
+        let seen = look().await;
+        if holds(&seen) {
+            return seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited {patience:?} for {what}; last saw {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `n` sessions of this database wait on a lock.
+pub async fn lock_waiters(pool: &PgPool, n: i64) {
+    wait_until(
+        &format!("{n} sessions waiting on a lock"),
+        PATIENCE,
+        async || {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        },
+        |waiting| *waiting >= n,
+    )
+    .await;
 }

@@ -7,7 +7,7 @@ use cm_domain::Lease;
 use cm_store::{FireLedger, PgStore, StoreOptions};
 use sqlx::PgPool;
 
-use crate::support::{due_and_held, params};
+use crate::support::{PATIENCE, due_and_held, params, wait_until};
 
 /// A store on the test's database with `options`.
 async fn store_with(pool: &PgPool, options: &StoreOptions) -> PgStore {
@@ -63,14 +63,13 @@ async fn a_claim_blocked_on_a_lock_gives_up_within_the_lock_timeout(pool: PgPool
     held.rollback().await.unwrap();
     // The failed claim's own rollback runs as its connection goes back to the pool, in the
     // background: until it has, the next claim skips the routine it still holds locked.
-    let mut fires = Vec::new();
-    for _ in 0..50 {
-        fires = store.claim_due(&params("a")).await.unwrap().fires;
-        if !fires.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let fires = wait_until(
+        "a claim of the routine once the lock is gone",
+        PATIENCE,
+        async || store.claim_due(&params("a")).await.unwrap().fires,
+        |fires| !fires.is_empty(),
+    )
+    .await;
     assert_eq!(fires.len(), 1);
     assert_eq!(fires[0].occurrence, due);
 }

@@ -2,13 +2,11 @@
 //! committed or rolled back with its own rows, and the SQL functions in the `cm` schema, whose
 //! rows the planning pass plans or pauses with the reason.
 
-use std::time::Duration;
-
 use cm_store::{PgStore, RoutineStore, StoreError, UnplannedRoutines};
 use sqlx::{Connection as _, PgPool};
 use uuid::Uuid;
 
-use crate::support::{db_now, message};
+use crate::support::{db_now, lock_waiters, message};
 
 /// The caller's own table, as a sibling service has one.
 async fn users_table(pool: &PgPool) {
@@ -158,7 +156,7 @@ async fn parallel_transactions_keep_names_unique(pool: PgPool) {
         second.commit().await.unwrap();
         written
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock_waiters(&pool, 1).await;
     assert!(
         !second.is_finished(),
         "the second write did not wait for the first"

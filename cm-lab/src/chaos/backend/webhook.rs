@@ -2,10 +2,10 @@
 //! what it got.
 //!
 //! The receiver is an HTTP server on 127.0.0.1 that the chaos run starts before the schedulers. It
-//! verifies every request's Standard Webhooks signature with its own HMAC-SHA256 (not the
-//! `standardwebhooks` crate the backend signs with), refuses a timestamp more than
-//! [`TOLERANCE_SECS`] from its own clock, records every request in memory in the order it took
-//! them, and is slow on purpose. A seeded share of the occurrences is refused with 503 on their
+//! verifies every request's Standard Webhooks signature with the tests' verifier,
+//! `cm_dispatch::fakes::standard_webhooks` (HMAC-SHA256, not the `standardwebhooks` crate the
+//! backend signs with), refuses a timestamp more than [`TOLERANCE_SECS`] from its own clock,
+//! records every request in memory in the order it took them, and is slow on purpose. A seeded share of the occurrences is refused with 503 on their
 //! first delivery (the backend resends within its deadline); a seeded share of the acceptances
 //! is answered after a delay of up to [`MAX_DELAY`], so scheduler kills land while deliveries
 //! are in flight and the occurrence is delivered again by a later attempt; the rest are
@@ -41,9 +41,8 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use chrono::{DateTime, Utc};
+use cm_dispatch::fakes::standard_webhooks::signature_valid;
 use cm_domain::occurrence::Occurrence;
-use hmac::{Hmac, KeyInit as _, Mac};
-use sha2::Sha256;
 use uuid::Uuid;
 
 use super::Takeover;
@@ -184,40 +183,6 @@ pub(super) fn random_secret() -> String {
     key.extend_from_slice(Uuid::new_v4().as_bytes());
     key.extend_from_slice(Uuid::new_v4().as_bytes());
     format!("whsec_{}", STANDARD.encode(key))
-}
-
-/// Whether `header` (space-separated `v<n>,<base64>` signatures) holds a `v1` signature equal to
-/// the HMAC-SHA256 of `<id>.<timestamp>.<body>` under the key of `secret` (`whsec_<base64>`).
-/// Written from the Standard Webhooks 1.0 text, independently of the signer.
-pub(super) fn signature_valid(
-    secret: &str,
-    id: &str,
-    timestamp: &str,
-    body: &[u8],
-    header: &str,
-) -> bool {
-    let Some(key) = secret
-        .strip_prefix("whsec_")
-        .and_then(|k| STANDARD.decode(k).ok())
-        .filter(|k| !k.is_empty())
-    else {
-        return false;
-    };
-    let mut signed = format!("{id}.{timestamp}.").into_bytes();
-    signed.extend_from_slice(body);
-    header.split(' ').any(|candidate| {
-        let Some(encoded) = candidate.strip_prefix("v1,") else {
-            return false;
-        };
-        let Ok(signature) = STANDARD.decode(encoded) else {
-            return false;
-        };
-        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&key) else {
-            return false;
-        };
-        mac.update(&signed);
-        mac.verify_slice(&signature).is_ok()
-    })
 }
 
 /// The body's type, identity and attempt; `None` for a body that is not a cm webhook.
@@ -967,92 +932,10 @@ impl WebhookBackend {
 mod tests {
     use super::*;
 
-    /// The example of the Standard Webhooks specification (and of every library that follows it).
-    const SPEC_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    const SPEC_ID: &str = "msg_p5jXN8AQM9LWM0D4loKWxJek";
-    const SPEC_TIMESTAMP: &str = "1614265330";
-    const SPEC_BODY: &str = r#"{"test": 2432232314}"#;
-    const SPEC_SIGNATURE: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
-
+    /// A signature, as a sender would make it.
     fn sign(secret: &str, id: &str, timestamp: &str, body: &str) -> String {
-        let key = STANDARD
-            .decode(secret.trim_start_matches("whsec_"))
-            .unwrap();
-        let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
-        mac.update(format!("{id}.{timestamp}.{body}").as_bytes());
-        format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
-    }
-
-    #[test]
-    fn the_verifier_accepts_the_specifications_example_and_nothing_altered() {
-        let valid = |secret: &str, id: &str, ts: &str, body: &str, header: &str| {
-            signature_valid(secret, id, ts, body.as_bytes(), header)
-        };
-        assert!(valid(
-            SPEC_SECRET,
-            SPEC_ID,
-            SPEC_TIMESTAMP,
-            SPEC_BODY,
-            SPEC_SIGNATURE
-        ));
-        // Among other signatures, as during a key rotation.
-        let rotated = format!("v1,bm90IGl0 {SPEC_SIGNATURE} v2,abc");
-        assert!(valid(
-            SPEC_SECRET,
-            SPEC_ID,
-            SPEC_TIMESTAMP,
-            SPEC_BODY,
-            &rotated
-        ));
-        // Each part of the signed content matters, and so do the key and the version.
-        assert!(!valid(
-            SPEC_SECRET,
-            "msg_other",
-            SPEC_TIMESTAMP,
-            SPEC_BODY,
-            SPEC_SIGNATURE
-        ));
-        assert!(!valid(
-            SPEC_SECRET,
-            SPEC_ID,
-            "1614265331",
-            SPEC_BODY,
-            SPEC_SIGNATURE
-        ));
-        assert!(!valid(
-            SPEC_SECRET,
-            SPEC_ID,
-            SPEC_TIMESTAMP,
-            r#"{"test": 2432232315}"#,
-            SPEC_SIGNATURE
-        ));
-        let other = random_secret();
-        assert!(!valid(
-            &other,
-            SPEC_ID,
-            SPEC_TIMESTAMP,
-            SPEC_BODY,
-            SPEC_SIGNATURE
-        ));
-        let v2 = SPEC_SIGNATURE.replacen("v1,", "v2,", 1);
-        assert!(!valid(SPEC_SECRET, SPEC_ID, SPEC_TIMESTAMP, SPEC_BODY, &v2));
-        for bad in [
-            "",
-            "v1,",
-            "v1,not base64!",
-            "g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
-        ] {
-            assert!(!valid(SPEC_SECRET, SPEC_ID, SPEC_TIMESTAMP, SPEC_BODY, bad));
-        }
-        for bad_secret in ["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_", "whsec_!!"] {
-            assert!(!valid(
-                bad_secret,
-                SPEC_ID,
-                SPEC_TIMESTAMP,
-                SPEC_BODY,
-                SPEC_SIGNATURE
-            ));
-        }
+        cm_dispatch::fakes::standard_webhooks::sign(secret, id, timestamp, body.as_bytes())
+            .expect("a whsec_ secret")
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! delegate here.
 
 use chrono::{DateTime, Utc};
-use cm_domain::Schedule;
+use cm_domain::{OverlapPolicy, Schedule};
 use sqlx::{Connection as _, PgConnection};
 use uuid::Uuid;
 
@@ -144,6 +144,9 @@ pub(crate) async fn insert_routine(
             routine.schedule.expression()
         )));
     }
+    if routine.kind != RoutineKind::Mission && routine.overlap != OverlapPolicy::default() {
+        return Err(StoreError::InvalidRoutine(NO_OVERLAP_FOR_MESSAGES.into()));
+    }
     let runs_left = runs_left_column(routine.runs_left)?;
     if runs_left == Some(0) {
         return Err(StoreError::InvalidRoutine(
@@ -165,8 +168,8 @@ pub(crate) async fn insert_routine(
     sqlx::query_as::<_, Routine>(
         "INSERT INTO routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
-              source, group_id, runs_left)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+              source, group_id, runs_left, overlap)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
          RETURNING *",
     )
     .bind(id)
@@ -181,10 +184,15 @@ pub(crate) async fn insert_routine(
     .bind(source)
     .bind(group)
     .bind(runs_left)
+    .bind(routine.overlap.as_str())
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, &routine.name))
 }
+
+/// Why a message routine cannot have an overlap policy.
+const NO_OVERLAP_FOR_MESSAGES: &str =
+    "an overlap policy is for mission routines (a message routine has no run to overlap)";
 
 /// A run limit as the `runs_left` column holds it.
 fn runs_left_column(limit: Option<u32>) -> Result<Option<i32>, StoreError> {
@@ -241,10 +249,7 @@ async fn apply_update(
         .misfire
         .map_or(current.misfire_policy.as_str(), |m| m.as_str());
     if update.overlap.is_some() && kind != RoutineKind::Mission {
-        return Err(StoreError::InvalidRoutine(
-            "an overlap policy is for mission routines (a message routine has no run to overlap)"
-                .into(),
-        ));
+        return Err(StoreError::InvalidRoutine(NO_OVERLAP_FOR_MESSAGES.into()));
     }
     let overlap = update
         .overlap
@@ -381,8 +386,8 @@ pub(crate) async fn import_routines(
     Ok(imported)
 }
 
-/// The change that gives a stored routine `routine`'s settings. Pausing and resuming are their
-/// own commands: an import leaves them be. So is a run limit: it is set when the routine is
+/// The change that gives a stored routine `routine`'s settings (a mission's overlap policy
+/// included). Pausing and resuming are their own commands: an import leaves them be. So is a run limit: it is set when the routine is
 /// created and counts down from there, so importing the same file again does not give a routine
 /// its runs back.
 fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
@@ -395,7 +400,7 @@ fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
             kind: routine.kind,
             payload: routine.payload.clone(),
         }),
-        overlap: None,
+        overlap: (routine.kind == RoutineKind::Mission).then_some(routine.overlap),
         runs_left: None,
     }
 }
@@ -407,6 +412,7 @@ fn same_settings(stored: &Routine, routine: &NewRoutine) -> bool {
         && stored.misfire_policy == routine.misfire.as_str()
         && stored.kind == routine.kind
         && stored.payload == routine.payload
+        && (routine.kind != RoutineKind::Mission || stored.overlap == routine.overlap.as_str())
 }
 
 /// Deletes a routine the caller holds locked, with its requests and fires (children first, as

@@ -47,6 +47,7 @@
 //!         kind: RoutineKind::Message,
 //!         payload: serde_json::json!({ "text": "standup in 5" }),
 //!         misfire: MisfirePolicy::FireOnce,
+//!         overlap: cm_domain::OverlapPolicy::default(),
 //!         paused: false,
 //!         runs_left: None,
 //!     })

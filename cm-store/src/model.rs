@@ -7,7 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use chrono::{DateTime, Utc};
-use cm_domain::{MisfirePolicy, Schedule, Zone};
+use cm_domain::{MisfirePolicy, OverlapPolicy, Schedule, Zone};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -74,6 +74,10 @@ pub struct NewRoutine {
     pub payload: Value,
     /// What to do with occurrences found late.
     pub misfire: MisfirePolicy,
+    /// What a mission's occurrence does while an earlier run is still running. A message
+    /// routine has no run to overlap: it takes the default (`forbid`), and the store refuses
+    /// another policy for one ([`StoreError::InvalidRoutine`]).
+    pub overlap: OverlapPolicy,
     /// Created paused: never due until resumed.
     pub paused: bool,
     /// A run limit: at most this many scheduled occurrences fire, then the routine is

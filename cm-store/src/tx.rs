@@ -53,6 +53,7 @@
 //!         kind: RoutineKind::Message,
 //!         payload: serde_json::json!({ "text": format!("good morning, {email}") }),
 //!         misfire: MisfirePolicy::FireOnce,
+//!         overlap: cm_domain::OverlapPolicy::default(),
 //!         paused: false,
 //!         runs_left: None,
 //!     };

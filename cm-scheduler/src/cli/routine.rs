@@ -253,14 +253,11 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
             // Everything about the input is checked before the database is touched, so bad
             // input writes nothing.
             let policy = mission_policy(args.mission_config.as_deref(), &args.policy)?;
-            let new = new_routine(&RoutineFields::try_from(&args)?, None, &policy)?;
+            let mut new = new_routine(&RoutineFields::try_from(&args)?, None, &policy)?;
             let overlap = overlap_for("--overlap", new.kind, args.overlap.as_deref())?;
+            new.overlap = overlap.unwrap_or_default();
             let store = connect_migrated(url).await?;
-            let mut routine = store.create_routine(new).await?;
-            if let Some(policy) = overlap {
-                cm_store::MissionRuns::set_overlap(&store, routine.id, policy).await?;
-                routine.overlap = policy.as_str().to_owned();
-            }
+            let routine = store.create_routine(new).await?;
             print_created(&routine, args.json)
         }
         RoutineCommand::Update(args) => update(url, args).await,
@@ -428,6 +425,7 @@ fn new_routine(
         kind: action.kind,
         payload: action.payload,
         misfire,
+        overlap: cm_domain::OverlapPolicy::default(),
         paused: fields.paused,
         runs_left: fields.runs_left,
     })
@@ -569,10 +567,8 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
     let policy = mission_policy(args.mission_config.as_deref(), &args.policy)?;
     let mut routines = Vec::with_capacity(fields.len());
     let mut lines: HashMap<String, usize> = HashMap::new();
-    // Each line's overlap policy, by routine name: a mission's, `forbid` unless the line says.
-    let mut overlaps: HashMap<String, cm_domain::OverlapPolicy> = HashMap::new();
     for f in &fields {
-        let routine = new_routine(f, Some(&root), &policy).map_err(|e| match e {
+        let mut routine = new_routine(f, Some(&root), &policy).map_err(|e| match e {
             Failure::Input(what) => at_line(f.line, &what),
             other => other,
         })?;
@@ -582,9 +578,8 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
                 other => other,
             },
         )?;
-        if routine.kind == RoutineKind::Mission {
-            overlaps.insert(routine.name.clone(), chosen.unwrap_or_default());
-        }
+        // A mission's overlap policy is `forbid` unless the line says.
+        routine.overlap = chosen.unwrap_or_default();
         if let Some(first) = lines.insert(routine.name.clone(), f.line) {
             return Err(at_line(
                 f.line,
@@ -603,16 +598,9 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
     if let Some(source) = source {
         let store = connect_migrated(url).await?;
         for synced in store.sync_routines(&source, &routines).await? {
-            let mut action = synced.action;
-            if action != cm_store::SyncAction::Deleted
-                && set_imported_overlap(&store, &synced.routine, &overlaps).await?
-                && action == cm_store::SyncAction::Unchanged
-            {
-                action = cm_store::SyncAction::Updated;
-            }
             say!(
                 "{}  {}  {}",
-                action.as_str(),
+                synced.action.as_str(),
                 synced.routine.id,
                 printable(&synced.routine.name)
             );
@@ -631,7 +619,6 @@ async fn import(url: &str, args: ImportArgs) -> Result<(), Failure> {
         other => other?,
     };
     for written in imported {
-        set_imported_overlap(&store, &written.routine, &overlaps).await?;
         say!(
             "{}  {}  {}",
             if written.created {
@@ -698,23 +685,6 @@ async fn dry_run(
     }
     eprintln!("dry run: nothing was written");
     Ok(())
-}
-
-/// Gives an imported mission routine the overlap policy its line asked for (`forbid` when it
-/// named none); returns whether that changed it.
-async fn set_imported_overlap(
-    store: &PgStore,
-    routine: &cm_store::Routine,
-    overlaps: &HashMap<String, cm_domain::OverlapPolicy>,
-) -> Result<bool, Failure> {
-    let Some(&policy) = overlaps.get(&routine.name) else {
-        return Ok(false);
-    };
-    if routine.overlap == policy.as_str() {
-        return Ok(false);
-    }
-    cm_store::MissionRuns::set_overlap(store, routine.id, policy).await?;
-    Ok(true)
 }
 
 async fn list(url: &str, json: bool) -> Result<(), Failure> {

@@ -319,6 +319,7 @@ async fn the_page_shows_routines_fires_failures_and_missions_but_no_message_or_s
             kind,
             payload,
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })
@@ -461,6 +462,7 @@ async fn every_minute(store: &PgStore, name: &str, paused: bool) -> cm_store::Ro
             kind: RoutineKind::Message,
             payload: json!({ "text": "hello" }),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused,
             runs_left: None,
         })
@@ -934,6 +936,7 @@ async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool)
             kind: RoutineKind::Message,
             payload: json!({ "text": "old words" }),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })
@@ -946,6 +949,7 @@ async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool)
             kind: RoutineKind::Mission,
             payload: json!({ "repository": "https://git.example.com/team/audit.git" }),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })

@@ -17,6 +17,7 @@ fn new_routine(name: &str, expr: &str, zone: &str) -> NewRoutine {
         kind: RoutineKind::Mission,
         payload: serde_json::json!({ "repo": "cm", "task": name }),
         misfire: MisfirePolicy::CatchUp,
+        overlap: cm_domain::OverlapPolicy::default(),
         paused: false,
         runs_left: None,
     }

@@ -47,6 +47,7 @@ pub async fn create_named(
     store
         .create_routine(NewRoutine {
             misfire: policy,
+            overlap: cm_domain::OverlapPolicy::default(),
             ..message(name, expr)
         })
         .await
@@ -62,6 +63,7 @@ pub fn message(name: &str, expr: &str) -> NewRoutine {
         kind: RoutineKind::Message,
         payload: serde_json::json!({ "text": name }),
         misfire: MisfirePolicy::FireOnce,
+        overlap: cm_domain::OverlapPolicy::default(),
         paused: false,
         runs_left: None,
     }

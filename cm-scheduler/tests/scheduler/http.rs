@@ -1099,14 +1099,14 @@ async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool)
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
     assert_eq!(
         store.get_routine(audit.id).await.unwrap().overlap,
-        "replace"
+        cm_domain::OverlapPolicy::Replace
     );
     let (status, _, body) =
         submit(&state, "/routines/audit/edit", &[("overlap", "sometimes")]).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(
         store.get_routine(audit.id).await.unwrap().overlap,
-        "replace"
+        cm_domain::OverlapPolicy::Replace
     );
 }
 

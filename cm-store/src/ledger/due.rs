@@ -3,7 +3,7 @@
 //! its scheduled work left.
 
 use chrono::{DateTime, Utc};
-use cm_domain::FireOrigin;
+use cm_domain::{FireOrigin, RoutineKind};
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 use sqlx::{FromRow, Postgres, Transaction};
@@ -17,7 +17,6 @@ use super::sql::{
 };
 use crate::StoreError;
 use crate::groups::GroupId;
-use crate::routines::RoutineKind;
 
 /// A row of the claim's first statement ([`DUE_SQL`](super::sql::DUE_SQL)): the clock, a due request, or a due
 /// routine, told apart by `source`.

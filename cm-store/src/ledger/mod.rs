@@ -74,13 +74,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use cm_domain::{
     ClaimOutcome, ClaimRow, ClaimToken, ErrorText, FireCap, FireOrigin, FireOutcome, FireStatus,
-    Lease, MisfireRules, Occurrence, Settlement,
+    Lease, MisfireRules, Occurrence, RoutineKind, Settlement,
 };
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::groups::GroupId;
-use crate::routines::RoutineKind;
 use crate::{FireCursor, PgStore, StoreError};
 
 /// An effect the store writes itself, inside the claim's own transaction, instead of leaving the

@@ -224,9 +224,9 @@ async fn the_overlap_policy_is_written_with_the_routine_and_an_import_is_all_or_
         .create_routine(mission("replacing", OverlapPolicy::Replace))
         .await
         .unwrap();
-    assert_eq!(created.overlap.to_string(), OverlapPolicy::Replace.as_str());
+    assert_eq!(created.overlap, OverlapPolicy::Replace);
     let stored = store.get_routine(created.id).await.unwrap();
-    assert_eq!(stored.overlap.to_string(), OverlapPolicy::Replace.as_str());
+    assert_eq!(stored.overlap, OverlapPolicy::Replace);
     assert_eq!(stored.updated_at, stored.created_at);
 
     // An import where one routine is invalid (a message routine has no run to overlap) writes

@@ -10,8 +10,8 @@
 //!    the mission room) and locks the due routines, oldest first, with `FOR UPDATE SKIP
 //!    LOCKED`, so several schedulers share the due set instead of queueing on it;
 //! 2. the domain plans each routine with its misfire policy and the claim with the cap
-//!    (`cm-domain`'s [`plan_claim`]: routines whole, oldest first; scheduled missions in what
-//!    the requested ones left of the mission room);
+//!    (`cm-domain`'s [`plan_claim`](cm_domain::plan_claim): routines whole, oldest first;
+//!    scheduled missions in what the requested ones left of the mission room);
 //! 3. one statement claims every planned occurrence, `INSERT … ON CONFLICT … DO UPDATE …
 //!    RETURNING (xmax = 0) AS inserted` over arrays, and moves each routine's `next_run_at` to
 //!    where the plan says (an `UPDATE` in the same statement); the upsert takes a row over only

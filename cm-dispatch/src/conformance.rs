@@ -22,7 +22,7 @@
 //! ```no_run
 //! # async fn run(backend: &dyn cm_dispatch::Dispatcher, probe: &dyn cm_dispatch::conformance::EffectProbe) {
 //! use cm_dispatch::conformance::check_backend;
-//! check_backend(backend, probe, cm_store::RoutineKind::Message).await.unwrap();
+//! check_backend(backend, probe, cm_domain::RoutineKind::Message).await.unwrap();
 //! # }
 //! ```
 
@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{TimeZone, Utc};
+use cm_domain::RoutineKind;
 use cm_domain::{IdempotencyKey, Occurrence};
-use cm_store::RoutineKind;
 use serde_json::json;
 use uuid::Uuid;
 

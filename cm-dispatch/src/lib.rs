@@ -59,8 +59,9 @@ pub mod webhook;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use cm_domain::RoutineKind;
 use cm_domain::{IdempotencyKey, Occurrence};
-use cm_store::{InClaimEffect, RoutineKind};
+use cm_store::InClaimEffect;
 use serde_json::Value;
 
 #[cfg(feature = "docker")]

@@ -319,7 +319,7 @@ mod tests {
 
     use chrono::{TimeZone, Utc};
     use cm_domain::Occurrence;
-    use cm_store::RoutineKind;
+    use cm_domain::RoutineKind;
     use serde_json::json;
     use uuid::Uuid;
 

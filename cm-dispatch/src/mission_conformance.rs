@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{TimeZone, Utc};
 use cm_domain::Occurrence;
-use cm_store::RoutineKind;
+use cm_domain::RoutineKind;
 use serde_json::{Value, json};
 use uuid::Uuid;
 

@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use cm_store::{InClaimEffect, OutboxMessage, OutboxStore, RoutineKind};
+use cm_domain::RoutineKind;
+use cm_store::{InClaimEffect, OutboxMessage, OutboxStore};
 
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use cm_store::{InClaimEffect, RoutineKind};
+use cm_domain::RoutineKind;
+use cm_store::InClaimEffect;
 
 use crate::{Dispatch, DispatchError, Dispatcher, Receipt};
 

@@ -27,6 +27,8 @@
 //!   name or an address, and the addresses a mission may never reach.
 //! - [`outcome`]: what a fire's effect did ([`FireOutcome`]): its dispatch, or its mission's
 //!   run; what every count of failures counts.
+//! - [`routine`]: what a routine does when it fires ([`RoutineKind`]) and whether it still
+//!   runs ([`RoutineState`]).
 //! - [`run`]: a mission's run watched after its launch ([`RunState`]), and the routine's
 //!   [`OverlapPolicy`] when runs would overlap ([`decide_overlap`]).
 //!
@@ -63,6 +65,7 @@ pub mod name;
 pub mod occurrence;
 pub mod outcome;
 pub mod repository;
+pub mod routine;
 pub mod rules;
 pub mod run;
 pub mod schedule;
@@ -82,6 +85,7 @@ pub use mission::{Mission, MissionError, MissionPolicy};
 pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
 pub use occurrence::{FireOrigin, IdempotencyKey, Occurrence, ParseFireOriginError, RoutineId};
 pub use outcome::{FireOutcome, ParseFireOutcomeError};
+pub use routine::{RoutineKind, RoutineState};
 pub use rules::{MAX_EVERY_SECONDS, ScheduleText, duration_text, parse_duration, parse_time};
 pub use run::{
     BufferPlan, OverlapDecision, OverlapPolicy, ParseOverlapPolicyError, ParseRunStateError,

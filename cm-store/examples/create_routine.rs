@@ -24,6 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             kind: RoutineKind::Message,
             payload: serde_json::json!({ "text": "standup in 5 minutes" }),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })

@@ -184,6 +184,7 @@ mod tests {
                 kind: RoutineKind::Message,
                 payload: json!({ "text": "Good morning" }),
                 misfire: MisfirePolicy::FireOnce,
+                overlap: cm_domain::OverlapPolicy::default(),
                 paused: false,
                 runs_left: None,
             })

@@ -73,6 +73,7 @@ async fn sign_up(State(pool): State<PgPool>, body: Bytes) -> Response {
         kind: RoutineKind::Message,
         payload: json!({ "text": format!("Good morning, {}: here is your digest.", body.email) }),
         misfire: MisfirePolicy::FireOnce,
+        overlap: cm_domain::OverlapPolicy::default(),
         paused: false,
         runs_left: None,
     };

@@ -3,7 +3,9 @@
 //! is resumed.
 
 use async_trait::async_trait;
-use sqlx::FromRow;
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{FromRow, Postgres};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -117,10 +119,10 @@ RETURNING r.id, r.name, r.paused_reason AS reason"
 }
 
 /// The automatic pause across every group (see `pause_failing_sql!`).
-pub const PAUSE_FAILING_SQL: &str = pause_failing_sql!("", "");
+const PAUSE_FAILING_SQL: &str = pause_failing_sql!("", "");
 
 /// [`PAUSE_FAILING_SQL`] within the group `$3` (one shard on Citus).
-pub const PAUSE_FAILING_GROUP_SQL: &str =
+const PAUSE_FAILING_GROUP_SQL: &str =
     pause_failing_sql!(" AND group_id = $3", " AND r.group_id = $3");
 
 #[async_trait]
@@ -155,16 +157,27 @@ impl PgStore {
         if after_failures == 0 {
             return Ok(Vec::new());
         }
-        let query = sqlx::query_as(match group {
-            None => PAUSE_FAILING_SQL,
-            Some(_) => PAUSE_FAILING_GROUP_SQL,
-        })
-        .bind(i64::from(after_failures))
-        .bind(window.as_secs_f64());
-        let query = match group {
-            Some(group) => query.bind(group),
-            None => query,
-        };
-        Ok(on_store!(self, |e| query.fetch_all(e))?)
+        Ok(on_store!(self, |e| pause_failing_query(
+            group,
+            after_failures,
+            window
+        )
+        .try_map(|row| AutoPaused::from_row(&row))
+        .fetch_all(e))?)
     }
+}
+
+/// The automatic pause's statement in `group`, or in every group, bound.
+pub(crate) fn pause_failing_query(
+    group: Option<GroupId>,
+    after_failures: u32,
+    window: Duration,
+) -> Query<'static, Postgres, PgArguments> {
+    let query = sqlx::query(match group {
+        None => PAUSE_FAILING_SQL,
+        Some(_) => PAUSE_FAILING_GROUP_SQL,
+    })
+    .bind(i64::from(after_failures))
+    .bind(window.as_secs_f64());
+    crate::ledger::bind_group(query, group)
 }

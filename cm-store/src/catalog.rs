@@ -4,7 +4,7 @@
 //! delegate here.
 
 use chrono::{DateTime, Utc};
-use cm_domain::Schedule;
+use cm_domain::{OverlapPolicy, RoutineKind, Schedule};
 use sqlx::{Connection as _, PgConnection};
 use uuid::Uuid;
 
@@ -13,7 +13,7 @@ pub use crate::model::{
     ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
     SyncAction, SyncedRoutine,
 };
-use crate::model::{NewRoutine, Routine, RoutineKind};
+use crate::model::{NewRoutine, Routine, RoutineRow, routines_of};
 use crate::{MIGRATOR, PgStore, StoreError};
 
 /// The group of the routine `id`, by the schema's group count.
@@ -28,14 +28,15 @@ pub(crate) async fn routine_group(
 /// Citus one shard); [`StoreError::RoutineNotFound`] when there is none.
 pub(crate) async fn lock_routine(conn: &mut PgConnection, id: Uuid) -> Result<Routine, StoreError> {
     let group = routine_group(conn, id).await?;
-    sqlx::query_as::<_, Routine>(
+    sqlx::query_as::<_, RoutineRow>(
         "SELECT * FROM routines WHERE id = $1 AND group_id = $2 FOR UPDATE",
     )
     .bind(id)
     .bind(group)
     .fetch_optional(conn)
     .await?
-    .ok_or(StoreError::RoutineNotFound(id))
+    .ok_or(StoreError::RoutineNotFound(id))?
+    .try_into()
 }
 
 /// The routines named `names` and, with a `source`, those that came from it, locked `FOR UPDATE`
@@ -74,14 +75,14 @@ async fn lock_named(
     let mut locked = Vec::with_capacity(targets.len());
     for group in targets.chunk_by(|a, b| a.0 == b.0) {
         let ids: Vec<Uuid> = group.iter().map(|(_, id)| *id).collect();
-        let rows: Vec<Routine> = sqlx::query_as(
+        let rows: Vec<RoutineRow> = sqlx::query_as(
             "SELECT * FROM routines WHERE group_id = $1 AND id = ANY($2) ORDER BY id FOR UPDATE",
         )
         .bind(group[0].0)
         .bind(&ids)
         .fetch_all(&mut *conn)
         .await?;
-        locked.extend(rows);
+        locked.extend(routines_of(rows)?);
     }
     locked.retain(|r| {
         names.contains(&r.name.as_str()) || (source.is_some() && r.source.as_deref() == source)
@@ -144,6 +145,9 @@ pub(crate) async fn insert_routine(
             routine.schedule.expression()
         )));
     }
+    if routine.kind != RoutineKind::Mission && routine.overlap != OverlapPolicy::default() {
+        return Err(StoreError::InvalidRoutine(NO_OVERLAP_FOR_MESSAGES.into()));
+    }
     let runs_left = runs_left_column(routine.runs_left)?;
     if runs_left == Some(0) {
         return Err(StoreError::InvalidRoutine(
@@ -162,11 +166,11 @@ pub(crate) async fn insert_routine(
     };
     let group = routine_group(conn, id).await?;
     take_name(conn, &routine.name, id, group).await?;
-    sqlx::query_as::<_, Routine>(
+    sqlx::query_as::<_, RoutineRow>(
         "INSERT INTO routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
-              source, group_id, runs_left)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+              source, group_id, runs_left, overlap)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
          RETURNING *",
     )
     .bind(id)
@@ -181,10 +185,16 @@ pub(crate) async fn insert_routine(
     .bind(source)
     .bind(group)
     .bind(runs_left)
+    .bind(routine.overlap.as_str())
     .fetch_one(conn)
     .await
-    .map_err(|e| name_conflict(e, &routine.name))
+    .map_err(|e| name_conflict(e, &routine.name))?
+    .try_into()
 }
+
+/// Why a message routine cannot have an overlap policy.
+const NO_OVERLAP_FOR_MESSAGES: &str =
+    "an overlap policy is for mission routines (a message routine has no run to overlap)";
 
 /// A run limit as the `runs_left` column holds it.
 fn runs_left_column(limit: Option<u32>) -> Result<Option<i32>, StoreError> {
@@ -211,7 +221,7 @@ async fn apply_update(
     let expression = update.expression.as_deref().unwrap_or(&current.schedule);
     let zone = update.zone.map_or(current.timezone.as_str(), |z| z.name());
     let runs_left = match update.runs_left {
-        Some(limit) => runs_left_column(limit)?,
+        Some(limit) => limit,
         None => current.runs_left,
     };
     // A new schedule, zone or run limit computes the next run again: a routine finished by
@@ -237,18 +247,11 @@ async fn apply_update(
         Some(action) => (action.kind, &action.payload),
         None => (current.kind, &current.payload),
     };
-    let misfire = update
-        .misfire
-        .map_or(current.misfire_policy.as_str(), |m| m.as_str());
+    let misfire = update.misfire.unwrap_or(current.misfire_policy);
     if update.overlap.is_some() && kind != RoutineKind::Mission {
-        return Err(StoreError::InvalidRoutine(
-            "an overlap policy is for mission routines (a message routine has no run to overlap)"
-                .into(),
-        ));
+        return Err(StoreError::InvalidRoutine(NO_OVERLAP_FOR_MESSAGES.into()));
     }
-    let overlap = update
-        .overlap
-        .map_or(current.overlap.as_str(), |o| o.as_str());
+    let overlap = update.overlap.unwrap_or(current.overlap);
     if name != current.name {
         take_name(conn, name, current.id, current.group_id).await?;
         sqlx::query("DELETE FROM routine_names WHERE name = $1 AND routine_id = $2")
@@ -257,7 +260,7 @@ async fn apply_update(
             .execute(&mut *conn)
             .await?;
     }
-    sqlx::query_as::<_, Routine>(
+    sqlx::query_as::<_, RoutineRow>(
         "UPDATE routines
          SET name = $2, schedule = $3, timezone = $4, kind = $5, payload = $6,
              misfire_policy = $7, next_run_at = $8, overlap = $10, runs_left = $11,
@@ -271,25 +274,27 @@ async fn apply_update(
     .bind(zone)
     .bind(kind.as_str())
     .bind(payload)
-    .bind(misfire)
+    .bind(misfire.as_str())
     .bind(next_run_at)
     .bind(current.group_id)
-    .bind(overlap)
-    .bind(runs_left)
+    .bind(overlap.as_str())
+    .bind(runs_left_column(runs_left)?)
     .fetch_one(conn)
     .await
-    .map_err(|e| name_conflict(e, name))
+    .map_err(|e| name_conflict(e, name))?
+    .try_into()
 }
 
 pub(crate) async fn get_routine_by_name(
     conn: &mut PgConnection,
     name: &str,
 ) -> Result<Routine, StoreError> {
-    sqlx::query_as::<_, Routine>("SELECT * FROM routines WHERE name = $1")
+    sqlx::query_as::<_, RoutineRow>("SELECT * FROM routines WHERE name = $1")
         .bind(name)
         .fetch_optional(&mut *conn)
         .await?
-        .ok_or_else(|| StoreError::RoutineNameNotFound(name.to_string()))
+        .ok_or_else(|| StoreError::RoutineNameNotFound(name.to_string()))?
+        .try_into()
 }
 
 pub(crate) async fn list_routines_page(
@@ -302,13 +307,15 @@ pub(crate) async fn list_routines_page(
     let limit = i64::from(limit);
     let rows = match after {
         None => {
-            sqlx::query_as::<_, Routine>("SELECT * FROM routines ORDER BY created_at, id LIMIT $1")
-                .bind(limit)
-                .fetch_all(&mut *conn)
-                .await?
+            sqlx::query_as::<_, RoutineRow>(
+                "SELECT * FROM routines ORDER BY created_at, id LIMIT $1",
+            )
+            .bind(limit)
+            .fetch_all(&mut *conn)
+            .await?
         }
         Some(cursor) => {
-            sqlx::query_as::<_, Routine>(
+            sqlx::query_as::<_, RoutineRow>(
                 "SELECT * FROM routines WHERE (created_at, id) > ($1, $2)
                  ORDER BY created_at, id LIMIT $3",
             )
@@ -319,7 +326,7 @@ pub(crate) async fn list_routines_page(
             .await?
         }
     };
-    Ok(rows)
+    routines_of(rows)
 }
 
 pub(crate) async fn update_routine(
@@ -381,8 +388,8 @@ pub(crate) async fn import_routines(
     Ok(imported)
 }
 
-/// The change that gives a stored routine `routine`'s settings. Pausing and resuming are their
-/// own commands: an import leaves them be. So is a run limit: it is set when the routine is
+/// The change that gives a stored routine `routine`'s settings (a mission's overlap policy
+/// included). Pausing and resuming are their own commands: an import leaves them be. So is a run limit: it is set when the routine is
 /// created and counts down from there, so importing the same file again does not give a routine
 /// its runs back.
 fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
@@ -395,7 +402,7 @@ fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
             kind: routine.kind,
             payload: routine.payload.clone(),
         }),
-        overlap: None,
+        overlap: (routine.kind == RoutineKind::Mission).then_some(routine.overlap),
         runs_left: None,
     }
 }
@@ -404,9 +411,10 @@ fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
 fn same_settings(stored: &Routine, routine: &NewRoutine) -> bool {
     stored.schedule == routine.schedule.expression()
         && stored.timezone == routine.schedule.zone().name()
-        && stored.misfire_policy == routine.misfire.as_str()
+        && stored.misfire_policy == routine.misfire
         && stored.kind == routine.kind
         && stored.payload == routine.payload
+        && (routine.kind != RoutineKind::Mission || stored.overlap == routine.overlap)
 }
 
 /// Deletes a routine the caller holds locked, with its requests and fires (children first, as
@@ -451,7 +459,7 @@ async fn lock_sourceless_like(
     let mut locked = Vec::with_capacity(targets.len());
     for group in targets.chunk_by(|a, b| a.0 == b.0) {
         let ids: Vec<Uuid> = group.iter().map(|(_, id)| *id).collect();
-        let rows: Vec<Routine> = sqlx::query_as(
+        let rows: Vec<RoutineRow> = sqlx::query_as(
             "SELECT * FROM routines WHERE group_id = $1 AND id = ANY($2) AND source IS NULL
              ORDER BY id FOR UPDATE",
         )
@@ -459,7 +467,7 @@ async fn lock_sourceless_like(
         .bind(&ids)
         .fetch_all(&mut *conn)
         .await?;
-        locked.extend(rows);
+        locked.extend(routines_of(rows)?);
     }
     Ok(locked)
 }
@@ -552,7 +560,7 @@ pub(crate) async fn sync_routines(
                     apply_update(&mut tx, current, &update, now).await?;
                     // A routine without a source (made by hand, or imported without --sync)
                     // joins this one.
-                    let updated = sqlx::query_as::<_, Routine>(
+                    let updated: Routine = sqlx::query_as::<_, RoutineRow>(
                         "UPDATE routines SET source = $2 WHERE id = $1 AND group_id = $3
                          RETURNING *",
                     )
@@ -560,7 +568,8 @@ pub(crate) async fn sync_routines(
                     .bind(source)
                     .bind(current.group_id)
                     .fetch_one(&mut *tx)
-                    .await?;
+                    .await?
+                    .try_into()?;
                     let action = if from.is_none() {
                         SyncAction::Adopted
                     } else {

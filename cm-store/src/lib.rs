@@ -9,8 +9,8 @@
 //!   and listing fires ([`FireLedger`]).
 //! - [`outbox`]: the message outbox ([`OutboxStore`]).
 //! - [`status`]: the bounded read-only queries of the status page ([`StatusReader`]).
-//! - [`outcome`]: a fire's outcome (a mission's is its run's) in SQL: what every count of
-//!   failures reads ([`FIRE_OUTCOME_SQL`], [`FIRE_FAILURE_SQL`]).
+//! - `outcome`: a fire's outcome (a mission's is its run's) in SQL: what every count of
+//!   failures reads.
 //! - [`autopause`]: pausing routines whose last fires all failed ([`FailingRoutines`]).
 //! - [`runs`]: mission runs watched after their launch ([`MissionRuns`]).
 //! - [`groups`]: routine groups, the hash buckets every per-routine row carries, and the
@@ -18,6 +18,8 @@
 //! - [`consumer`]: the outbox's consumer contract: leased batches in `seq` order,
 //!   acknowledgement, the backlog, pruning ([`OutboxConsumer`]).
 //! - [`pooler`]: running behind PgBouncer: what cm needs from a pooler, checked at start.
+//! - [`explain`]: how PostgreSQL plans and runs the hot statements, for the tests and
+//!   benchmarks that check each reads about what it returns.
 //!
 //! [`PgStore`] implements all four traits on a connection pool. Callers depend on the traits,
 //! so a test about the caller (the scheduler's loop) can use the `mockall` doubles behind the
@@ -45,6 +47,7 @@
 //!         kind: RoutineKind::Message,
 //!         payload: serde_json::json!({ "text": "standup in 5" }),
 //!         misfire: MisfirePolicy::FireOnce,
+//!         overlap: cm_domain::OverlapPolicy::default(),
 //!         paused: false,
 //!         runs_left: None,
 //!     })
@@ -110,13 +113,14 @@ macro_rules! on_store_conn {
 }
 
 #[macro_use]
-pub mod outcome;
+mod outcome;
 
 pub mod autopause;
 pub mod catalog;
 pub mod consumer;
 mod cursor;
 mod error;
+pub mod explain;
 pub mod failover;
 pub mod groups;
 pub mod ledger;
@@ -161,7 +165,6 @@ pub use options::{PLAN_CACHE_MODE, StoreOptions};
 #[cfg(feature = "mock")]
 pub use outbox::MockOutboxStore;
 pub use outbox::{OutboxMessage, OutboxRow, OutboxStore};
-pub use outcome::{FIRE_FAILURE_SQL, FIRE_OUTCOME_SQL};
 pub use planning::{PLAN_BATCH, PlannedRoutine, UnplannedRoutines};
 #[cfg(feature = "mock")]
 pub use routines::MockRoutineStore;

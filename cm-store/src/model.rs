@@ -3,63 +3,12 @@
 //! [`RoutineStore`](crate::RoutineStore) trait) and [`crate::catalog`] (its statements) both
 //! take them from here, so neither imports the other's types.
 
-use std::fmt;
-use std::str::FromStr;
-
 use chrono::{DateTime, Utc};
-use cm_domain::{MisfirePolicy, Schedule, Zone};
+use cm_domain::{MisfirePolicy, OverlapPolicy, RoutineKind, RoutineState, Schedule, Zone};
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::StoreError;
-
-/// What a routine does when it fires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RoutineKind {
-    /// Posts a message (the payload) through the message backend.
-    Message,
-    /// Launches a container through the mission backend.
-    Mission,
-}
-
-impl RoutineKind {
-    /// The kind as stored: `message` or `mission`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RoutineKind::Message => "message",
-            RoutineKind::Mission => "mission",
-        }
-    }
-}
-
-impl fmt::Display for RoutineKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl TryFrom<String> for RoutineKind {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
-
-impl FromStr for RoutineKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "message" => Ok(RoutineKind::Message),
-            "mission" => Ok(RoutineKind::Mission),
-            other => Err(format!(
-                "unknown routine kind {other:?} (expected message or mission)"
-            )),
-        }
-    }
-}
 
 /// A routine to create. The schedule is already parsed, so an invalid one cannot be stored.
 #[derive(Debug, Clone)]
@@ -74,6 +23,10 @@ pub struct NewRoutine {
     pub payload: Value,
     /// What to do with occurrences found late.
     pub misfire: MisfirePolicy,
+    /// What a mission's occurrence does while an earlier run is still running. A message
+    /// routine has no run to overlap: it takes the default (`forbid`), and the store refuses
+    /// another policy for one ([`StoreError::InvalidRoutine`]).
+    pub overlap: OverlapPolicy,
     /// Created paused: never due until resumed.
     pub paused: bool,
     /// A run limit: at most this many scheduled occurrences fire, then the routine is
@@ -81,8 +34,12 @@ pub struct NewRoutine {
     pub runs_left: Option<u32>,
 }
 
-/// A stored routine.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize)]
+/// A stored routine, its policies typed (the database's checks refuse any other value).
+///
+/// The schedule stays the text it was stored as, expression and zone: a routine whose stored
+/// schedule the domain refuses (written by hand, or by an older version) is still read, so an
+/// operator can see, fix or delete it; [`Routine::parsed_schedule`] parses it.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Routine {
     /// Its id.
     pub id: Uuid,
@@ -94,16 +51,15 @@ pub struct Routine {
     pub schedule: String,
     /// The IANA zone the expression is read in.
     pub timezone: String,
-    /// `message` or `mission`.
-    #[sqlx(try_from = "String")]
+    /// What it does when it fires.
     pub kind: RoutineKind,
     /// What the backend receives.
     pub payload: Value,
-    /// `fire-once`, `catch-up` or `skip`.
-    pub misfire_policy: String,
-    /// What a mission's occurrence does while an earlier run is still running: `allow`,
-    /// `forbid` (the default) or `replace`. Meaningless for messages.
-    pub overlap: String,
+    /// What to do with occurrences found late.
+    pub misfire_policy: MisfirePolicy,
+    /// What a mission's occurrence does while an earlier run is still running (`forbid` by
+    /// default). Meaningless for messages.
+    pub overlap: OverlapPolicy,
     /// Whether it is paused.
     pub paused: bool,
     /// Why cm paused it by itself (its last fires all failed); `None` when it runs or a person
@@ -121,7 +77,7 @@ pub struct Routine {
     /// hand or imported without a source.
     pub source: Option<String>,
     /// How many more scheduled occurrences it may fire (`--limit-runs`); `None` is no limit.
-    pub runs_left: Option<i32>,
+    pub runs_left: Option<u32>,
 }
 
 impl Routine {
@@ -133,38 +89,144 @@ impl Routine {
         })
     }
 
-    /// Whether the routine is *finished*: not paused, and its schedule owes nothing after
-    /// `now` (its window closed, its one instant fired, or its run limit is spent). It fires no more unless an edit
-    /// gives it occurrences again.
+    /// Whether it is active, paused or finished at `now` ([`RoutineState::of`]).
+    pub fn state(&self, now: DateTime<Utc>) -> RoutineState {
+        RoutineState::of(
+            self.paused,
+            self.next_run_at,
+            self.runs_left,
+            self.parsed_schedule().ok().as_ref(),
+            now,
+        )
+    }
+
+    /// Whether it is [`RoutineState::Finished`] at `now`.
     pub fn is_finished(&self, now: DateTime<Utc>) -> bool {
-        !self.paused
-            && self.next_run_at.is_none()
-            && (self.runs_left == Some(0)
-                || self.parsed_schedule().is_ok_and(|s| s.is_over_after(now)))
+        self.state(now) == RoutineState::Finished
     }
+}
 
-    /// `active`, `paused` or `finished` (see [`Routine::is_finished`]).
-    pub fn state(&self, now: DateTime<Utc>) -> &'static str {
-        if self.paused {
-            "paused"
-        } else if self.is_finished(now) {
-            "finished"
-        } else {
-            "active"
+/// A routine as the store prints it in JSON: its policies by their names, as stored.
+#[derive(serde::Serialize)]
+struct RoutineJson<'a> {
+    id: Uuid,
+    group_id: i16,
+    name: &'a str,
+    schedule: &'a str,
+    timezone: &'a str,
+    kind: &'static str,
+    payload: &'a Value,
+    misfire_policy: &'static str,
+    overlap: &'static str,
+    paused: bool,
+    paused_reason: Option<&'a str>,
+    next_run_at: Option<DateTime<Utc>>,
+    last_run_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    source: Option<&'a str>,
+    runs_left: Option<u32>,
+}
+
+impl serde::Serialize for Routine {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        RoutineJson {
+            id: self.id,
+            group_id: self.group_id,
+            name: &self.name,
+            schedule: &self.schedule,
+            timezone: &self.timezone,
+            kind: self.kind.as_str(),
+            payload: &self.payload,
+            misfire_policy: self.misfire_policy.as_str(),
+            overlap: self.overlap.as_str(),
+            paused: self.paused,
+            paused_reason: self.paused_reason.as_deref(),
+            next_run_at: self.next_run_at,
+            last_run_at: self.last_run_at,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            source: self.source.as_deref(),
+            runs_left: self.runs_left,
         }
+        .serialize(serializer)
     }
+}
 
-    /// The parsed misfire policy.
-    pub fn misfire(&self) -> Result<MisfirePolicy, StoreError> {
-        self.misfire_policy
+/// A row of `routines` as PostgreSQL returns it (`SELECT *`), before its policies are read.
+#[derive(sqlx::FromRow)]
+pub(crate) struct RoutineRow {
+    id: Uuid,
+    group_id: i16,
+    name: String,
+    schedule: String,
+    timezone: String,
+    kind: String,
+    payload: Value,
+    misfire_policy: String,
+    overlap: String,
+    paused: bool,
+    paused_reason: Option<String>,
+    next_run_at: Option<DateTime<Utc>>,
+    last_run_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    source: Option<String>,
+    runs_left: Option<i32>,
+}
+
+impl TryFrom<RoutineRow> for Routine {
+    type Error = StoreError;
+
+    /// The row's policies read; a value the domain does not know (the database's checks
+    /// bypassed, or written by a newer version) is [`StoreError::CorruptRoutine`], naming the
+    /// routine and the column.
+    fn try_from(r: RoutineRow) -> Result<Routine, StoreError> {
+        let corrupt = |column: &str, reason: String| StoreError::CorruptRoutine {
+            routine_id: r.id,
+            reason: format!("its {column}: {reason}"),
+        };
+        let kind = r.kind.parse().map_err(|e| corrupt("kind", e))?;
+        let misfire_policy =
+            r.misfire_policy
+                .parse()
+                .map_err(|e: cm_domain::ParseMisfirePolicyError| {
+                    corrupt("misfire_policy", e.to_string())
+                })?;
+        let overlap = r
+            .overlap
             .parse()
-            .map_err(
-                |e: cm_domain::ParseMisfirePolicyError| StoreError::CorruptRoutine {
-                    routine_id: self.id,
-                    reason: e.to_string(),
-                },
-            )
+            .map_err(|e: cm_domain::ParseOverlapPolicyError| corrupt("overlap", e.to_string()))?;
+        let runs_left = r
+            .runs_left
+            .map(u32::try_from)
+            .transpose()
+            .map_err(|e| corrupt("runs_left", e.to_string()))?;
+        Ok(Routine {
+            id: r.id,
+            group_id: r.group_id,
+            name: r.name,
+            schedule: r.schedule,
+            timezone: r.timezone,
+            kind,
+            payload: r.payload,
+            misfire_policy,
+            overlap,
+            paused: r.paused,
+            paused_reason: r.paused_reason,
+            next_run_at: r.next_run_at,
+            last_run_at: r.last_run_at,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            source: r.source,
+            runs_left,
+        })
     }
+}
+
+/// Rows of `routines`, read (see [`RoutineRow`]).
+pub(crate) fn routines_of(rows: Vec<RoutineRow>) -> Result<Vec<Routine>, StoreError> {
+    rows.into_iter().map(Routine::try_from).collect()
 }
 
 /// Where a page of `routine list` ends: the next page starts after this routine, in

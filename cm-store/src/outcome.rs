@@ -82,12 +82,68 @@ macro_rules! outcome_condition_sql {
     };
 }
 
-/// A `routine_fires` row's outcome as an SQL expression over its unqualified columns, for a
-/// caller's own queries (a report, a dashboard): `claimed`, `fired`, `failed`, `skipped`,
-/// `running`, `succeeded` or `lost`, as [`cm_domain::FireOutcome::of`] derives it.
-pub const FIRE_OUTCOME_SQL: &str = outcome_sql!("");
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, TimeDelta, Utc};
+    use cm_domain::{FireOutcome, FireStatus, RunStateName};
+    use sqlx::PgPool;
 
-/// Whether a `routine_fires` row's outcome is a failure (`failed` or `lost`), as an SQL condition
-/// over its unqualified columns; written so, it is the predicate of the ledger's index of
-/// failures, which a query with it can use.
-pub const FIRE_FAILURE_SQL: &str = failure_sql!("");
+    /// A row's outcome, over its unqualified columns.
+    const FIRE_OUTCOME_SQL: &str = outcome_sql!("");
+
+    /// Whether a row's outcome is a failure, over its unqualified columns.
+    const FIRE_FAILURE_SQL: &str = failure_sql!("");
+
+    /// Every pair of a status and a run state (or none) reads in SQL as the domain derives it.
+    #[sqlx::test(migrator = "crate::MIGRATOR")]
+    async fn the_outcome_in_sql_is_the_domain_rule(pool: PgPool) {
+        let routine = uuid::Uuid::new_v4();
+        let base: DateTime<Utc> = sqlx::query_scalar("SELECT date_trunc('minute', now())")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let runs = std::iter::once(None).chain(RunStateName::ALL.map(Some));
+        let mut expected = Vec::new();
+        for status in [
+            FireStatus::Claimed,
+            FireStatus::Fired,
+            FireStatus::Failed,
+            FireStatus::Skipped,
+        ] {
+            for run in runs.clone() {
+                let at = base + TimeDelta::minutes(expected.len() as i64);
+                sqlx::query(
+                    "INSERT INTO routine_fires
+                         (routine_id, scheduled_at, status, completed_at, error, run_state,
+                          claimant, claim_token, attempt, claimed_at, lease_expires_at)
+                     VALUES ($1, $2, $3::text,
+                             CASE WHEN $3::text = 'claimed' THEN NULL ELSE now() END,
+                             CASE WHEN $3::text IN ('failed', 'skipped') THEN 'why' END, $4,
+                             'other', gen_random_uuid(), 1, now(), now() + interval '1 minute')",
+                )
+                .bind(routine)
+                .bind(at)
+                .bind(status.as_str())
+                .bind(run.map(RunStateName::as_str))
+                .execute(&pool)
+                .await
+                .unwrap();
+                expected.push((at, FireOutcome::of(status, run)));
+            }
+        }
+        let rows: Vec<(DateTime<Utc>, String, bool)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT scheduled_at, {FIRE_OUTCOME_SQL}, {FIRE_FAILURE_SQL}
+                 FROM routine_fires ORDER BY scheduled_at"
+            )))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), expected.len());
+        for ((at, outcome, failure), (want_at, want)) in rows.iter().zip(&expected) {
+            assert_eq!(at, want_at);
+            assert_eq!(outcome, want.as_str(), "the SQL outcome at {at}");
+            assert_eq!(*failure, want.is_failure(), "the SQL failure at {at}");
+        }
+    }
+}

@@ -14,7 +14,9 @@ use cm_domain::{RoutineName, Schedule};
 use uuid::Uuid;
 
 use crate::groups::GroupId;
-use crate::model::{Routine, RoutineKind};
+use cm_domain::RoutineKind;
+
+use crate::model::{Routine, RoutineRow};
 use crate::{PgStore, StoreError};
 
 /// The most routines one pass plans.
@@ -75,7 +77,7 @@ impl UnplannedRoutines for PgStore {
         let mut planned = Vec::with_capacity(candidates.len());
         for (id, group) in candidates {
             let mut tx = self.begin().await?;
-            let row: Option<Routine> = sqlx::query_as(
+            let row: Option<RoutineRow> = sqlx::query_as(
                 "SELECT * FROM routines WHERE id = $1 AND group_id = $2 AND NOT planned
                  FOR UPDATE SKIP LOCKED",
             )
@@ -83,6 +85,7 @@ impl UnplannedRoutines for PgStore {
             .bind(group)
             .fetch_optional(&mut *tx)
             .await?;
+            let row = row.map(Routine::try_from).transpose()?;
             let Some(routine) = row else { continue };
             let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
                 .fetch_one(&mut *tx)

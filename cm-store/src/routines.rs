@@ -6,11 +6,14 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 pub use crate::model::{
-    ImportedRoutine, NewRoutine, PendingRequests, Routine, RoutineCursor, RoutineKind,
-    RoutineUpdate, SyncedRoutine,
+    ImportedRoutine, NewRoutine, PendingRequests, Routine, RoutineCursor, RoutineUpdate,
+    SyncedRoutine,
 };
+// The kind is the domain's; named here too, so callers that take it from the store still do.
+use crate::model::{RoutineRow, routines_of};
 use crate::{PgStore, StoreError};
 use crate::{catalog, tx};
+pub use cm_domain::RoutineKind;
 
 /// Creating and managing routines.
 #[cfg_attr(feature = "mock", mockall::automock)]
@@ -103,16 +106,17 @@ impl RoutineStore for PgStore {
     }
 
     async fn get_routine(&self, id: Uuid) -> Result<Routine, StoreError> {
-        on_store!(self, |e| sqlx::query_as::<_, Routine>(
+        on_store!(self, |e| sqlx::query_as::<_, RoutineRow>(
             "SELECT * FROM routines WHERE id = $1"
         )
         .bind(id)
         .fetch_optional(e))?
-        .ok_or(StoreError::RoutineNotFound(id))
+        .ok_or(StoreError::RoutineNotFound(id))?
+        .try_into()
     }
 
     async fn list_routines(&self) -> Result<Vec<Routine>, StoreError> {
-        Ok(on_store!(self, |e| sqlx::query_as::<_, Routine>(
+        routines_of(on_store!(self, |e| sqlx::query_as::<_, RoutineRow>(
             "SELECT * FROM routines ORDER BY created_at, id"
         )
         .fetch_all(e))?)

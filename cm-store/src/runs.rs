@@ -11,6 +11,9 @@ use chrono::{DateTime, Utc};
 use cm_domain::{
     FireStatus, Occurrence, OverlapDecision, OverlapPolicy, RunHolder, RunState, decide_overlap,
 };
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{FromRow, Postgres};
 use uuid::Uuid;
 
 use crate::{GroupId, PgStore, StoreError};
@@ -181,8 +184,8 @@ impl MissionRuns for PgStore {
     }
 
     async fn unfinished_runs(&self, limit: u32) -> Result<Vec<UnfinishedRun>, StoreError> {
-        let rows = on_store!(self, |e| sqlx::query_as(UNFINISHED_RUNS_SQL)
-            .bind(i64::from(limit))
+        let rows = on_store!(self, |e| unfinished_runs_query(None, limit)
+            .try_map(|row| <(Uuid, DateTime<Utc>, String)>::from_row(&row))
             .fetch_all(e))?;
         unfinished(rows)
     }
@@ -192,9 +195,8 @@ impl MissionRuns for PgStore {
         group: GroupId,
         limit: u32,
     ) -> Result<Vec<UnfinishedRun>, StoreError> {
-        let rows = on_store!(self, |e| sqlx::query_as(UNFINISHED_RUNS_IN_SQL)
-            .bind(i64::from(limit))
-            .bind(group)
+        let rows = on_store!(self, |e| unfinished_runs_query(Some(group), limit)
+            .try_map(|row| <(Uuid, DateTime<Utc>, String)>::from_row(&row))
             .fetch_all(e))?;
         unfinished(rows)
     }
@@ -463,7 +465,7 @@ impl PgStore {
 
 /// The watch pass's read. `$1` is the most runs to return. It reads `routine_fires_running_idx`
 /// in its order and stops after `$1` rows: the runs still running, never the finished ledger.
-pub const UNFINISHED_RUNS_SQL: &str = "
+const UNFINISHED_RUNS_SQL: &str = "
 SELECT routine_id, scheduled_at, status
 FROM routine_fires
 WHERE run_state = 'running'
@@ -477,6 +479,19 @@ FROM routine_fires
 WHERE run_state = 'running' AND group_id = $2
 ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
 LIMIT $1";
+
+/// The watch pass's read in `group`, or in every group, bound.
+pub(crate) fn unfinished_runs_query(
+    group: Option<GroupId>,
+    limit: u32,
+) -> Query<'static, Postgres, PgArguments> {
+    let query = sqlx::query(match group {
+        None => UNFINISHED_RUNS_SQL,
+        Some(_) => UNFINISHED_RUNS_IN_SQL,
+    })
+    .bind(i64::from(limit));
+    crate::ledger::bind_group(query, group)
+}
 
 /// The runs an unfinished-runs read returned.
 fn unfinished(rows: Vec<(Uuid, DateTime<Utc>, String)>) -> Result<Vec<UnfinishedRun>, StoreError> {

@@ -8,6 +8,7 @@ use cm_domain::{FireOutcome, FireStatus, Occurrence};
 use sqlx::FromRow;
 use uuid::Uuid;
 
+use crate::model::{RoutineRow, routines_of};
 use crate::{
     Fire, FireFilter, FireLedger, OutboxBacklog, OutboxConsumer, PgStore, Routine, RoutineStore,
     StoreError,
@@ -275,12 +276,13 @@ impl StatusReader for PgStore {
             RoutineOrder::Name => summaries_sql!("r.name"),
             RoutineOrder::NextRun => summaries_sql!("COALESCE(r.next_run_at, 'infinity')"),
         };
-        let routines: Vec<Routine> = on_store!(self, |e| sqlx::query_as(sql)
+        let routines: Vec<RoutineRow> = on_store!(self, |e| sqlx::query_as(sql)
             .bind(query.name_contains.as_deref().filter(|n| !n.is_empty()))
             .bind(query.paused)
             .bind(query.after)
             .bind(i64::from(query.limit.min(MAX_PAGE)))
             .fetch_all(e))?;
+        let routines = routines_of(routines)?;
         let ids: Vec<Uuid> = routines.iter().map(|r| r.id).collect();
         let mut fires = self.strips(&ids, query.recent_fires.min(MAX_STRIP)).await?;
         Ok(routines

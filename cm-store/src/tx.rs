@@ -53,6 +53,7 @@
 //!         kind: RoutineKind::Message,
 //!         payload: serde_json::json!({ "text": format!("good morning, {email}") }),
 //!         misfire: MisfirePolicy::FireOnce,
+//!         overlap: cm_domain::OverlapPolicy::default(),
 //!         paused: false,
 //!         runs_left: None,
 //!     };
@@ -69,7 +70,7 @@ use uuid::Uuid;
 
 use crate::StoreError;
 use crate::catalog::{self, ImportedRoutine, RoutineUpdate, SyncedRoutine, Write};
-use crate::model::{NewRoutine, Routine};
+use crate::model::{NewRoutine, Routine, RoutineRow};
 
 /// Stores a new routine; unless paused, its first run is the schedule's first occurrence after
 /// the database's clock (the transaction's start: `now()`). A name another routine has, or
@@ -119,7 +120,7 @@ pub async fn set_routine_paused(
             .next_planned_after(id, now)
             .map(|(_, planned)| planned)
     };
-    let row = sqlx::query_as::<_, Routine>(
+    let row: Routine = sqlx::query_as::<_, RoutineRow>(
         "UPDATE routines
          SET paused = $2, next_run_at = $3, paused_reason = NULL, updated_at = now()
          WHERE id = $1 AND group_id = $4 RETURNING *",
@@ -129,7 +130,8 @@ pub async fn set_routine_paused(
     .bind(next_run_at)
     .bind(group)
     .fetch_one(&mut *tx)
-    .await?;
+    .await?
+    .try_into()?;
     tx.commit().await?;
     Ok(row)
 }

@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use cm_dispatch::conformance::{EffectProbe, check_backend};
 use cm_dispatch::{MemoryDispatcher, OutboxDispatcher, RoutedDispatcher};
 use cm_domain::IdempotencyKey;
-use cm_store::{OutboxStore, PgStore, RoutineKind};
+use cm_domain::RoutineKind;
+use cm_store::{OutboxStore, PgStore};
 use serde_json::Value;
 
 struct MemoryProbe(Arc<MemoryDispatcher>);

@@ -16,8 +16,8 @@ use cm_dispatch::{
     Dispatch, DispatchError, Dispatcher, DockerDispatcher, MAX_RUN_OUTPUT, MissionRuntime,
     ProcessDispatcher, RunRef, RunReport,
 };
+use cm_domain::RoutineKind;
 use cm_domain::{IdempotencyKey, Occurrence, RunState};
-use cm_store::RoutineKind;
 use serde_json::{Value, json};
 use uuid::Uuid;
 

@@ -9,8 +9,8 @@ use chrono::{TimeZone, Utc};
 use cm_dispatch::conformance::{EffectProbe, check_backend};
 use cm_dispatch::nats::{NatsConfig, NatsConfigError};
 use cm_dispatch::{Dispatch, Dispatcher, NatsDispatcher};
+use cm_domain::RoutineKind;
 use cm_domain::{IdempotencyKey, Occurrence};
-use cm_store::RoutineKind;
 use serde_json::{Value, json};
 
 use crate::nats_proxy::{Mode, NatsProxy};

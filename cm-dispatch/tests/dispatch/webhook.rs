@@ -7,7 +7,7 @@ use cm_dispatch::conformance::check_backend;
 use cm_dispatch::webhook::{RetryPolicy, WebhookSecret};
 use cm_dispatch::{Dispatch, DispatchError, Dispatcher, WebhookDispatcher};
 use cm_domain::Occurrence;
-use cm_store::RoutineKind;
+use cm_domain::RoutineKind;
 use serde_json::json;
 
 use crate::receiver::{Answer, Receiver, SECRET};

@@ -81,6 +81,7 @@ pub(super) async fn run(
                 "task": "the bench's backfilled mission",
             }),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })

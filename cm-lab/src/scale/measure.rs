@@ -10,7 +10,8 @@ use anyhow::{Context, bail, ensure};
 use chrono::{DateTime, Datelike, TimeDelta, Timelike, Utc};
 use cm_domain::{FireCap, Lease, MisfireRules, SchedulerConfig};
 use cm_store::{
-    ClaimDueParams, FireFilter, FireLedger, InClaimEffect, InClaimWrites, PgStore, ledger::DUE_SQL,
+    ClaimDueParams, FireFilter, FireLedger, InClaimEffect, InClaimWrites, PgStore,
+    explain::HotStatement,
 };
 use sqlx::PgPool;
 
@@ -198,33 +199,44 @@ async fn idle(
     Ok(rows)
 }
 
-/// The due query's `EXPLAIN (ANALYZE, BUFFERS)`: its execution time and the buffers of its top
-/// node.
+/// The due query's `EXPLAIN (ANALYZE, BUFFERS)`: the index it reads, the buffers of its top
+/// node and its execution time, as the text plan prints them.
 async fn due_plan(pool: &PgPool) -> anyhow::Result<String> {
-    let mut tx = pool.begin().await?;
-    let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN (ANALYZE, BUFFERS) {}",
-        DUE_SQL
-            .replace("$1", "400")
-            .replace("$2", "80")
-            .replace("$3", "NULL")
-    )))
-    .fetch_all(&mut *tx)
-    .await?;
-    tx.rollback().await?;
-    let buffers = lines
-        .iter()
-        .find(|l| l.trim_start().starts_with("Buffers:"))
-        .map_or("no buffers".into(), |l| l.trim().to_string());
-    let index = if lines.iter().any(|l| l.contains("routines_due_idx")) {
+    let plan = PgStore::new(pool.clone())
+        .explain_analyze(&HotStatement::Due {
+            max_routines: 400,
+            requests: 80,
+            mission_room: None,
+            after: None,
+            group: None,
+        })
+        .await?;
+    let top = &plan[0];
+    let blocks: Vec<String> = [
+        ("hit", "Shared Hit Blocks"),
+        ("read", "Shared Read Blocks"),
+        ("dirtied", "Shared Dirtied Blocks"),
+        ("written", "Shared Written Blocks"),
+    ]
+    .iter()
+    .filter_map(|(name, key)| {
+        let n = top["Plan"][key].as_i64().unwrap_or(0);
+        (n > 0).then(|| format!("{name}={n}"))
+    })
+    .collect();
+    let buffers = if blocks.is_empty() {
+        "no buffers".to_string()
+    } else {
+        format!("Buffers: shared {}", blocks.join(" "))
+    };
+    let index = if plan.to_string().contains("\"routines_due_idx\"") {
         "routines_due_idx"
     } else {
         "NOT routines_due_idx"
     };
-    let time = lines
-        .iter()
-        .find(|l| l.starts_with("Execution Time"))
-        .map_or("".into(), |l| l.trim().to_string());
+    let time = top["Execution Time"]
+        .as_f64()
+        .map_or("".into(), |ms| format!("Execution Time: {ms:.3} ms"));
     Ok(format!("{index}, {buffers}, {time}"))
 }
 

@@ -102,7 +102,7 @@ pub(super) const ROUTINE_COLUMNS: &[&str] = &[
 /// `paused`, or why cm paused it by itself (its reason starts `paused by cm:`).
 pub(super) fn state(r: &Routine) -> String {
     match (&r.paused_reason, r.paused) {
-        (_, false) => r.state(chrono::Utc::now()).into(),
+        (_, false) => r.state(chrono::Utc::now()).as_str().into(),
         (Some(reason), true) => printable(reason),
         (None, true) => "paused".into(),
     }
@@ -129,7 +129,7 @@ pub(super) fn routine_row(r: &Routine, last: Option<&RecentFire>) -> Vec<String>
         r.id.to_string(),
         r.kind.to_string(),
         next,
-        r.misfire_policy.clone(),
+        r.misfire_policy.to_string(),
         r.timezone.clone(),
         printable(&r.schedule),
         last_outcome(last),

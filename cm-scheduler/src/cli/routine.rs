@@ -28,9 +28,9 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
         RoutineCommand::Create(args) => {
             // Everything about the input is checked before the database is touched, so bad
             // input writes nothing.
-            let (new, overlap) = operations::prepare(&args)?;
+            let new = operations::prepare(&args)?;
             let store = connect_migrated(url).await?;
-            let routine = operations::create(&store, new, overlap).await?;
+            let routine = operations::create(&store, new).await?;
             print_routine(&routine, args.json)
         }
         RoutineCommand::Update(args) => update(url, args).await,

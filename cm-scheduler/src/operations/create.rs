@@ -1,5 +1,5 @@
 //! Creating a routine: its fields checked as `routine create` and each import line are, then
-//! written with its overlap policy.
+//! written, its overlap policy with it, in one insert.
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +35,7 @@ pub(crate) fn new_routine(
         kind: action.kind,
         payload: action.payload,
         misfire,
+        overlap: OverlapPolicy::default(),
         paused: fields.paused,
         runs_left: fields.runs_left,
     })
@@ -87,30 +88,22 @@ pub fn mission_payload(
 }
 
 /// `routine create`'s flags checked, before the database is touched: the routine to create,
-/// and its overlap policy if it is a mission that names one.
-pub fn prepare(args: &CreateArgs) -> Result<(NewRoutine, Option<OverlapPolicy>), OperationError> {
+/// with the overlap policy a mission names (`forbid` when it names none).
+pub fn prepare(args: &CreateArgs) -> Result<NewRoutine, OperationError> {
     let policy = args
         .policy
         .policy(args.mission_config.as_deref())
         .map_err(refused)?;
     let fields = RoutineFields::try_from(args).map_err(refused)?;
-    let new = new_routine(&fields, None, &policy)?;
-    let overlap =
-        crate::edit::overlap("--overlap", new.kind, args.overlap.as_deref()).map_err(refused)?;
-    Ok((new, overlap))
+    let mut new = new_routine(&fields, None, &policy)?;
+    new.overlap = crate::edit::overlap("--overlap", new.kind, args.overlap.as_deref())
+        .map_err(refused)?
+        .unwrap_or_default();
+    Ok(new)
 }
 
-/// Creates `new`, giving a mission routine the `overlap` policy asked for (checked by
-/// [`crate::edit::overlap`]).
-pub async fn create(
-    store: &PgStore,
-    new: NewRoutine,
-    overlap: Option<OverlapPolicy>,
-) -> Result<Routine, OperationError> {
-    let mut routine = store.create_routine(new).await?;
-    if let Some(policy) = overlap {
-        cm_store::MissionRuns::set_overlap(store, routine.id, policy).await?;
-        routine.overlap = policy.as_str().to_owned();
-    }
-    Ok(routine)
+/// Creates `new`, its overlap policy with it, in one insert: the routine exists whole or not
+/// at all.
+pub async fn create(store: &PgStore, new: NewRoutine) -> Result<Routine, OperationError> {
+    Ok(store.create_routine(new).await?)
 }

@@ -6,8 +6,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use cm_domain::OverlapPolicy;
-use cm_store::{NewRoutine, PgStore, Routine, RoutineKind, RoutineStore, StoreError, SyncAction};
+use cm_store::{NewRoutine, PgStore, Routine, RoutineStore, StoreError, SyncAction};
 use uuid::Uuid;
 
 use super::{OperationError, new_routine, refused};
@@ -24,8 +23,6 @@ pub struct Import {
     routines: Vec<NewRoutine>,
     /// Each routine's line, by name.
     lines: HashMap<String, usize>,
-    /// Each mission routine's overlap policy, by name: its line's, `forbid` when it names none.
-    overlaps: HashMap<String, OverlapPolicy>,
 }
 
 /// A routine an import wrote, and what it did (`created`, `updated`, `adopted`, `unchanged`,
@@ -109,7 +106,6 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
         .map_err(refused)?;
     let mut routines = Vec::with_capacity(fields.len());
     let mut lines: HashMap<String, usize> = HashMap::new();
-    let mut overlaps: HashMap<String, OverlapPolicy> = HashMap::new();
     let on_line = |line: usize| {
         move |e: OperationError| match e {
             OperationError::Refused(what) => at_line(line, &what),
@@ -117,13 +113,13 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
         }
     };
     for f in &fields {
-        let routine = new_routine(f, Some(&root), &policy).map_err(on_line(f.line))?;
-        let chosen = crate::edit::overlap("\"overlap\"", routine.kind, f.overlap.as_deref())
+        let mut routine = new_routine(f, Some(&root), &policy).map_err(on_line(f.line))?;
+        // A mission's overlap policy is written with it, in the import's one transaction:
+        // its line's, `forbid` when it names none.
+        routine.overlap = crate::edit::overlap("\"overlap\"", routine.kind, f.overlap.as_deref())
             .map_err(refused)
-            .map_err(on_line(f.line))?;
-        if routine.kind == RoutineKind::Mission {
-            overlaps.insert(routine.name.clone(), chosen.unwrap_or_default());
-        }
+            .map_err(on_line(f.line))?
+            .unwrap_or_default();
         if let Some(first) = lines.insert(routine.name.clone(), f.line) {
             return Err(at_line(
                 f.line,
@@ -140,7 +136,6 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
         source,
         routines,
         lines,
-        overlaps,
     })
 }
 
@@ -153,19 +148,6 @@ impl Import {
             "{}a routine named {name:?} already exists (--upsert updates it)",
             at(line)
         ))
-    }
-
-    /// Gives an imported mission routine the overlap policy its line asked for; returns
-    /// whether that changed it.
-    async fn set_overlap(&self, store: &PgStore, routine: &Routine) -> Result<bool, StoreError> {
-        let Some(&policy) = self.overlaps.get(&routine.name) else {
-            return Ok(false);
-        };
-        if routine.overlap == policy.as_str() {
-            return Ok(false);
-        }
-        cm_store::MissionRuns::set_overlap(store, routine.id, policy).await?;
-        Ok(true)
     }
 }
 
@@ -182,15 +164,13 @@ pub async fn import(
         }
         other => other?,
     };
-    let mut written = Vec::with_capacity(imported.len());
-    for one in imported {
-        import.set_overlap(store, &one.routine).await?;
-        written.push(Written {
+    Ok(imported
+        .into_iter()
+        .map(|one| Written {
             action: if one.created { "created" } else { "updated" },
             routine: one.routine,
-        });
-    }
-    Ok(written)
+        })
+        .collect())
 }
 
 /// Makes the routines of `source` match the file, as `crontab FILE` replaces a table: creates
@@ -200,21 +180,15 @@ pub async fn sync(
     import: &Import,
     source: &str,
 ) -> Result<Vec<Written>, OperationError> {
-    let mut written = Vec::new();
-    for synced in store.sync_routines(source, &import.routines).await? {
-        let mut action = synced.action;
-        if action != SyncAction::Deleted
-            && import.set_overlap(store, &synced.routine).await?
-            && action == SyncAction::Unchanged
-        {
-            action = SyncAction::Updated;
-        }
-        written.push(Written {
-            action: action.as_str(),
+    Ok(store
+        .sync_routines(source, &import.routines)
+        .await?
+        .into_iter()
+        .map(|synced| Written {
+            action: synced.action.as_str(),
             routine: synced.routine,
-        });
-    }
-    Ok(written)
+        })
+        .collect())
 }
 
 /// What [`import`] (or [`sync`], with a source) would do, worked out by the store under the

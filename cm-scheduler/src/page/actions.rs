@@ -205,8 +205,8 @@ fn edit_of<'a>(routine: &Routine, field: &impl Fn(&str) -> Option<&'a str>) -> E
         name: None,
         schedule: changed("schedule", &routine.schedule),
         timezone: changed("timezone", &routine.timezone),
-        misfire: changed("misfire", &routine.misfire_policy),
-        overlap: changed("overlap", &routine.overlap)
+        misfire: changed("misfire", routine.misfire_policy.as_str()),
+        overlap: changed("overlap", routine.overlap.as_str())
             .filter(|_| routine.kind == cm_store::RoutineKind::Mission),
         message: field("message").filter(|m| !m.is_empty()),
     }
@@ -304,14 +304,14 @@ pub(super) fn edit_form(status: &StatusPage, r: &Routine, back: &str) -> Markup 
                 label for="edit-misfire" { "Misfire policy" }
                 select id="edit-misfire" name="misfire" {
                     @for policy in ["fire-once", "catch-up", "skip"] {
-                        option value=(policy) selected[r.misfire_policy == policy] { (policy) }
+                        option value=(policy) selected[r.misfire_policy.as_str() == policy] { (policy) }
                     }
                 }
                 @if mission {
                     label for="edit-overlap" { "Overlap" }
                     select id="edit-overlap" name="overlap" {
                         @for policy in ["forbid", "allow", "replace", "buffer-one", "buffer-all"] {
-                            option value=(policy) selected[r.overlap == policy] { (policy) }
+                            option value=(policy) selected[r.overlap.as_str() == policy] { (policy) }
                         }
                     }
                 } @else {

@@ -34,6 +34,7 @@ async fn an_abandoned_occurrence_keeps_the_last_attempts_error(pool: PgPool) {
             kind: RoutineKind::Message,
             payload: json!({ "text": "hello" }),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })

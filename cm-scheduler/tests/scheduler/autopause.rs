@@ -24,6 +24,7 @@ fn every_second(name: &str, kind: RoutineKind) -> NewRoutine {
         kind,
         payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
         misfire: MisfirePolicy::FireOnce,
+        overlap: cm_domain::OverlapPolicy::default(),
         paused: false,
         runs_left: None,
     }

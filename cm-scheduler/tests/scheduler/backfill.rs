@@ -51,6 +51,7 @@ async fn routine(store: &PgStore, name: &str, schedule: &str, kind: RoutineKind)
             kind,
             payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })

@@ -31,6 +31,7 @@ async fn due_yearly(store: &PgStore, pool: &PgPool, n: usize, kind: RoutineKind)
                 kind,
                 payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
                 misfire: MisfirePolicy::FireOnce,
+                overlap: cm_domain::OverlapPolicy::default(),
                 paused: false,
                 runs_left: None,
             })
@@ -209,6 +210,7 @@ async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(po
                 kind: RoutineKind::Message,
                 payload: json!({ "text": "hello" }),
                 misfire: MisfirePolicy::CatchUp,
+                overlap: cm_domain::OverlapPolicy::default(),
                 paused: false,
                 runs_left: None,
             })

@@ -51,6 +51,7 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
                 kind: RoutineKind::Message,
                 payload: json!({ "text": format!("every second {i}") }),
                 misfire: MisfirePolicy::FireOnce,
+                overlap: cm_domain::OverlapPolicy::default(),
                 paused: false,
                 runs_left: None,
             })

@@ -320,6 +320,7 @@ async fn the_page_shows_routines_fires_failures_and_missions_but_no_message_or_s
             kind,
             payload,
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })
@@ -462,6 +463,7 @@ async fn every_minute(store: &PgStore, name: &str, paused: bool) -> cm_store::Ro
             kind: RoutineKind::Message,
             payload: json!({ "text": "hello" }),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused,
             runs_left: None,
         })
@@ -947,6 +949,7 @@ async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool)
             kind: RoutineKind::Message,
             payload: json!({ "text": "old words" }),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })
@@ -959,6 +962,7 @@ async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool)
             kind: RoutineKind::Mission,
             payload: json!({ "repository": "https://git.example.com/team/audit.git" }),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })
@@ -1108,14 +1112,14 @@ async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool)
     assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
     assert_eq!(
         store.get_routine(audit.id).await.unwrap().overlap,
-        "replace"
+        cm_domain::OverlapPolicy::Replace
     );
     let (status, _, body) =
         submit(&state, "/routines/audit/edit", &[("overlap", "sometimes")]).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(
         store.get_routine(audit.id).await.unwrap().overlap,
-        "replace"
+        cm_domain::OverlapPolicy::Replace
     );
 }
 

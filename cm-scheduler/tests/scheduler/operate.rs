@@ -317,6 +317,7 @@ fn every_second(name: &str, kind: RoutineKind, zone: &str) -> NewRoutine {
             }
         },
         misfire: MisfirePolicy::FireOnce,
+        overlap: cm_domain::OverlapPolicy::default(),
         paused: false,
         runs_left: None,
     }
@@ -681,6 +682,7 @@ async fn long_names_wrap_and_actions_stay_in_view_at_1280_px() {
                 kind,
                 payload,
                 misfire: MisfirePolicy::FireOnce,
+                overlap: cm_domain::OverlapPolicy::default(),
                 paused: false,
                 runs_left: None,
             })

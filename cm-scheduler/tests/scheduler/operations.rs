@@ -17,10 +17,11 @@ async fn a_routine_is_found_by_id_or_name_and_acted_on(pool: PgPool) {
         kind: RoutineKind::Message,
         payload: json!({ "text": "hello" }),
         misfire: MisfirePolicy::FireOnce,
+        overlap: Default::default(),
         paused: false,
         runs_left: None,
     };
-    let created = operations::create(&store, new, None).await.unwrap();
+    let created = operations::create(&store, new).await.unwrap();
     let by_name = operations::find(&store, " nightly ").await.unwrap();
     let by_id = operations::find(&store, &created.id.to_string())
         .await

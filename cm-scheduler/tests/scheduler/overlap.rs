@@ -221,6 +221,7 @@ async fn a_run_that_ends_is_counted_once_however_many_schedulers_watch_it(pool: 
             kind: RoutineKind::Mission,
             payload: serde_json::json!({"repository": "https://git.example.com/r.git", "task": "t"}),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })

@@ -93,6 +93,7 @@ async fn a_slow_target_never_delays_other_routines(pool: PgPool) {
                 kind: RoutineKind::Message,
                 payload: json!({ "text": format!("routine {i}") }),
                 misfire: MisfirePolicy::FireOnce,
+                overlap: cm_domain::OverlapPolicy::default(),
                 paused: false,
                 runs_left: None,
             })

@@ -2,9 +2,10 @@
 //! renames old duplicates deterministically), routines by name, pages in creation order,
 //! updates under the row's lock, all-or-nothing imports, and pending requests.
 
-use cm_domain::{MisfirePolicy, Schedule, Zone};
+use cm_domain::{MisfirePolicy, OverlapPolicy, Schedule, Zone};
 use cm_store::{
-    PgStore, RoutineAction, RoutineCursor, RoutineKind, RoutineStore, RoutineUpdate, StoreError,
+    NewRoutine, PgStore, RoutineAction, RoutineCursor, RoutineKind, RoutineStore, RoutineUpdate,
+    StoreError, SyncAction,
 };
 use sqlx::PgPool;
 use sqlx::error::ErrorKind;
@@ -201,6 +202,79 @@ async fn an_import_writes_everything_or_nothing(pool: PgPool) {
     );
     assert_eq!(written[1].routine.id, existing.id);
     assert_eq!(written[1].routine.schedule, "0 0 * * *");
+}
+
+/// A mission routine named `name`, yearly, with the overlap policy `overlap`.
+fn mission(name: &str, overlap: OverlapPolicy) -> NewRoutine {
+    NewRoutine {
+        kind: RoutineKind::Mission,
+        payload: serde_json::json!({ "image": "busybox" }),
+        overlap,
+        ..message(name, YEARLY)
+    }
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_overlap_policy_is_written_with_the_routine_and_an_import_is_all_or_nothing(
+    pool: PgPool,
+) {
+    let store = PgStore::new(pool.clone());
+    // Created with its policy by the one insert: no later statement touched the row.
+    let created = store
+        .create_routine(mission("replacing", OverlapPolicy::Replace))
+        .await
+        .unwrap();
+    assert_eq!(created.overlap, OverlapPolicy::Replace);
+    let stored = store.get_routine(created.id).await.unwrap();
+    assert_eq!(stored.overlap, OverlapPolicy::Replace);
+    assert_eq!(stored.updated_at, stored.created_at);
+
+    // An import where one routine is invalid (a message routine has no run to overlap) writes
+    // none of them.
+    let invalid = NewRoutine {
+        overlap: OverlapPolicy::Allow,
+        ..message("talker", YEARLY)
+    };
+    let batch = [mission("buffered", OverlapPolicy::BufferOne), invalid];
+    let err = store.import_routines(&batch, false).await.unwrap_err();
+    assert!(matches!(err, StoreError::InvalidRoutine(_)), "{err:?}");
+    assert_eq!(names(&pool).await, ["replacing"], "nothing was written");
+
+    // A valid import writes each mission's policy, and an upsert changes it.
+    let batch = [
+        mission("buffered", OverlapPolicy::BufferAll),
+        message("talker", YEARLY),
+    ];
+    let written = store.import_routines(&batch, false).await.unwrap();
+    assert_eq!(
+        written[0].routine.overlap.to_string(),
+        OverlapPolicy::BufferAll.as_str()
+    );
+    let again = [mission("buffered", OverlapPolicy::Allow)];
+    let updated = store.import_routines(&again, true).await.unwrap();
+    assert_eq!(
+        updated[0].routine.overlap.to_string(),
+        OverlapPolicy::Allow.as_str()
+    );
+
+    // A sync tells a changed policy from an unchanged one.
+    let file = [mission("synced", OverlapPolicy::Forbid)];
+    let action = |synced: Vec<cm_store::SyncedRoutine>| synced[0].action;
+    assert_eq!(
+        action(store.sync_routines("f", &file).await.unwrap()),
+        SyncAction::Created
+    );
+    assert_eq!(
+        action(store.sync_routines("f", &file).await.unwrap()),
+        SyncAction::Unchanged
+    );
+    let changed = [mission("synced", OverlapPolicy::Replace)];
+    let synced = store.sync_routines("f", &changed).await.unwrap();
+    assert_eq!(synced[0].action, SyncAction::Updated);
+    assert_eq!(
+        synced[0].routine.overlap.to_string(),
+        OverlapPolicy::Replace.as_str()
+    );
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]

@@ -1,8 +1,8 @@
 //! The store on a real Citus cluster (a coordinator and workers), beside plain PostgreSQL: the
 //! schema distributed by `group_id` (`PgStore::distribute_on_citus`), then the claim, settle,
 //! reaper and outbox consumer through it, every claim statement routed to one shard (on Citus a
-//! claim kept in a group runs the per-table statements `SHARD_*_SQL` in place of the
-//! one-statement claim), and no two-phase commit during a claim: none recorded by the
+//! claim kept in a group runs per-table statements, `PgStore::explain_claim_on_one_shard`, in
+//! place of the one-statement claim), and no two-phase commit during a claim: none recorded by the
 //! coordinator, and no `PREPARE TRANSACTION` in the workers' own logs.
 //!
 //! `CM_TEST_CITUS_URL` names the coordinator (`.ci/citus` prints it). Each test makes a database
@@ -19,6 +19,7 @@ use chrono::TimeDelta;
 use cm_domain::{
     ClaimOutcome, FireStatus, MisfirePolicy, Occurrence, OverlapPolicy, RunState, Settlement,
 };
+use cm_store::explain::HotStatement;
 use cm_store::{
     FailingRoutines, FireLedger, FireSettle, GroupDirectory, GroupId, MissionRuns, NewRoutine,
     OutboxAck, OutboxConsumer, OutboxTake, PgStore, RoutineStore, RunTake, RunUpdate,
@@ -481,117 +482,45 @@ async fn claims_settles_reaps_and_consumes_per_group_on_citus() {
 async fn every_claim_statement_is_one_task_on_citus() {
     let db = CitusDb::create().await;
     let group: GroupId = 3;
-    let ids = vec![Uuid::new_v4()];
-    let at = vec![chrono::Utc::now()];
-    let now = chrono::Utc::now();
-    let explain = |sql: &str| sqlx::AssertSqlSafe(format!("EXPLAIN {sql}"));
-    let mut plans: Vec<(&str, Vec<String>)> = Vec::new();
-    plans.push((
-        "due",
-        sqlx::query_scalar(explain(cm_store::ledger::DUE_GROUP_SQL))
-            .bind(10_i64)
-            .bind(2_i64)
-            .bind(Some(1_i64))
-            .bind(group)
-            .fetch_all(&db.pool)
-            .await
-            .unwrap(),
-    ));
-    plans.push((
-        "due, resumed",
-        sqlx::query_scalar(explain(cm_store::ledger::DUE_GROUP_AFTER_SQL))
-            .bind(10_i64)
-            .bind(2_i64)
-            .bind(Some(1_i64))
-            .bind(now)
-            .bind(ids[0])
-            .bind(group)
-            .fetch_all(&db.pool)
-            .await
-            .unwrap(),
-    ));
-    plans.push((
-        "requests",
-        sqlx::query_scalar(explain(cm_store::ledger::TAKE_GROUP_REQUESTS_SQL))
-            .bind(10_i64)
-            .bind(Some(1_i64))
-            .bind(group)
-            .fetch_all(&db.pool)
-            .await
-            .unwrap(),
-    ));
-    let advance = |q: sqlx::query::QueryScalar<'static, _, String, _>| {
-        q.bind(ids.clone())
-            .bind(vec![Some(now)])
-            .bind(vec![true])
-            .bind(vec![true])
+    let after = cm_store::DueCursor {
+        next_run_at: chrono::Utc::now(),
+        routine_id: Uuid::new_v4(),
     };
-    plans.push((
-        "claim",
-        sqlx::query_scalar(explain(cm_store::ledger::SHARD_CLAIM_SQL))
-            .bind(ids.clone())
-            .bind(at.clone())
-            .bind("a")
-            .bind(Uuid::new_v4())
-            .bind(30.0_f64)
-            .bind(vec!["schedule"])
-            .bind(now)
-            .bind(vec![1_i64])
-            .bind(true)
-            .bind(false)
-            .bind(group)
-            .bind(vec![None::<chrono::DateTime<chrono::Utc>>])
-            .fetch_all(&db.pool)
-            .await
-            .unwrap(),
-    ));
-    plans.push((
-        "outbox",
-        sqlx::query_scalar(explain(cm_store::ledger::SHARD_OUTBOX_SQL))
-            .bind(ids.clone())
-            .bind(at.clone())
-            .bind(vec![1_i64])
-            .bind(vec!["key"])
-            .bind(group)
-            .fetch_all(&db.pool)
-            .await
-            .unwrap(),
-    ));
-    plans.push((
-        "routines",
-        sqlx::query_scalar(explain(cm_store::ledger::SHARD_ROUTINES_SQL))
-            .bind(ids.clone())
-            .bind(group)
-            .fetch_all(&db.pool)
-            .await
-            .unwrap(),
-    ));
-    plans.push((
-        "advance",
-        advance(sqlx::query_scalar(explain(
-            cm_store::ledger::ADVANCE_GROUP_SQL,
-        )))
-        .bind(now)
-        .bind(group)
-        .bind(vec![1_i32])
-        .fetch_all(&db.pool)
-        .await
-        .unwrap(),
-    ));
+    let due = |after| HotStatement::Due {
+        max_routines: 10,
+        requests: 2,
+        mission_room: Some(1),
+        after,
+        group: Some(group),
+    };
+    let reap = cm_store::ReapParams {
+        claimant: "a".into(),
+        lease: cm_domain::Lease::new(Duration::from_secs(30)).unwrap(),
+        limit: 10,
+        group: Some(group),
+    };
+    let mut plans: Vec<(&str, String)> = Vec::new();
+    for (name, statement) in [
+        ("due", due(None)),
+        ("due, resumed", due(Some(after))),
+        (
+            "requests",
+            HotStatement::TakeRequests {
+                limit: 10,
+                missions: Some(1),
+                group: Some(group),
+            },
+        ),
+    ] {
+        plans.push((name, db.store.explain(&statement).await.unwrap()));
+    }
+    plans.extend(db.store.explain_claim_on_one_shard(group).await.unwrap());
     plans.push((
         "reaper",
-        sqlx::query_scalar(explain(cm_store::ledger::REAP_GROUP_SQL))
-            .bind(10_i64)
-            .bind("a")
-            .bind(Uuid::new_v4())
-            .bind(30.0_f64)
-            .bind(group)
-            .fetch_all(&db.pool)
-            .await
-            .unwrap(),
+        db.store.explain(&HotStatement::Reap(reap)).await.unwrap(),
     ));
     for (name, plan) in &plans {
-        let text = plan.join("\n");
+        let text = plan;
         let tasks: Vec<&str> = text
             .lines()
             .filter_map(|l| l.trim().strip_prefix("Task Count: "))

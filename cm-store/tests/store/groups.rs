@@ -86,6 +86,7 @@ async fn names_stay_unique_through_their_own_table(pool: PgPool) {
             kind: cm_store::RoutineKind::Message,
             payload: serde_json::json!({}),
             misfire: MisfirePolicy::FireOnce,
+            overlap: cm_domain::OverlapPolicy::default(),
             paused: false,
             runs_left: None,
         })

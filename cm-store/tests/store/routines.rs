@@ -17,6 +17,7 @@ fn new_routine(name: &str, expr: &str, zone: &str) -> NewRoutine {
         kind: RoutineKind::Mission,
         payload: serde_json::json!({ "repo": "cm", "task": name }),
         misfire: MisfirePolicy::CatchUp,
+        overlap: cm_domain::OverlapPolicy::default(),
         paused: false,
         runs_left: None,
     }
@@ -39,8 +40,7 @@ async fn a_created_routine_is_stored_as_given(pool: PgPool) {
         created.payload,
         serde_json::json!({ "repo": "cm", "task": "standup" })
     );
-    assert_eq!(created.misfire_policy, "catch-up");
-    assert_eq!(created.misfire().unwrap(), MisfirePolicy::CatchUp);
+    assert_eq!(created.misfire_policy, MisfirePolicy::CatchUp);
     assert!(!created.paused);
     assert_eq!(created.last_run_at, None);
     // The first run is the schedule's first occurrence after the database's clock at creation.

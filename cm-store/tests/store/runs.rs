@@ -134,15 +134,13 @@ async fn the_watch_read_uses_the_running_index(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    // The statement is the crate's own constant with its limit written in.
-    let plan: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN {}",
-        cm_store::runs::UNFINISHED_RUNS_SQL.replace("$1", "100")
-    )))
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    let plan: String = plan.into_iter().map(|(l,)| l + "\n").collect();
+    let plan = PgStore::new(pool.clone())
+        .explain(&cm_store::explain::HotStatement::UnfinishedRuns {
+            limit: 100,
+            group: None,
+        })
+        .await
+        .unwrap();
     assert!(plan.contains("routine_fires_running_idx"), "{plan}");
 }
 

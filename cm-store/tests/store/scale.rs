@@ -1,14 +1,16 @@
 //! The hot queries at scale: the tick's due query, the reaper, the `fires` listing and the
 //! automatic pause read on the order of the rows they return, not of the table. Each test builds a large table with one
-//! `INSERT … SELECT generate_series`, runs the store's own statement under `EXPLAIN (ANALYZE,
-//! BUFFERS, FORMAT JSON)` in a transaction it rolls back, and reads the plan: how many rows the
+//! `INSERT … SELECT generate_series`, has the store explain its own statement
+//! (`PgStore::explain_analyze`: `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` in a transaction it
+//! rolls back), and reads the plan: how many rows the
 //! scans produced and how many buffers the statement touched. Without the right index each of
 //! them reads the whole group (100,000 rows, thousands of buffers).
 
-use cm_domain::FireOutcome;
-use cm_store::autopause::PAUSE_FAILING_SQL;
-use cm_store::ledger::{DUE_AFTER_SQL, DUE_SQL, REAP_SQL, list_fires_statement};
-use cm_store::{FireCursor, FireFilter, FireLedger, PgStore};
+use std::time::Duration;
+
+use cm_domain::{FireOutcome, Lease};
+use cm_store::explain::HotStatement;
+use cm_store::{DueCursor, FireCursor, FireFilter, FireLedger, PgStore, ReapParams};
 use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -86,27 +88,26 @@ impl Plan {
     }
 }
 
-/// Runs `sql` with `bind` applied under EXPLAIN ANALYZE in a transaction that is rolled back, so
+/// Has the store explain `statement` under EXPLAIN ANALYZE, in a transaction it rolls back, so
 /// a statement that locks or writes leaves nothing behind.
-async fn explain<F>(pool: &PgPool, sql: &str, bind: F) -> Plan
-where
-    F: for<'q> FnOnce(
-        sqlx::query::QueryScalar<'q, sqlx::Postgres, Value, sqlx::postgres::PgArguments>,
-    ) -> sqlx::query::QueryScalar<
-        'q,
-        sqlx::Postgres,
-        Value,
-        sqlx::postgres::PgArguments,
-    >,
-{
-    let text = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}");
-    let mut tx = pool.begin().await.unwrap();
-    let plan = bind(sqlx::query_scalar(sqlx::AssertSqlSafe(text)))
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
-    Plan(plan)
+async fn explain(pool: &PgPool, statement: HotStatement) -> Plan {
+    Plan(
+        PgStore::new(pool.clone())
+            .explain_analyze(&statement)
+            .await
+            .unwrap(),
+    )
+}
+
+/// The due walk of a claim of `LIMIT` routines, resumed `after` a cursor or whole.
+fn due_walk(after: Option<DueCursor>) -> HotStatement {
+    HotStatement::Due {
+        max_routines: LIMIT as u32,
+        requests: (LIMIT / 5) as usize,
+        mission_room: None,
+        after,
+        group: None,
+    }
 }
 
 /// Inserts one routine per row of `generate_series(1, ROWS)`, all due at the same instant an
@@ -163,10 +164,7 @@ async fn ledger_rows(pool: &PgPool, rows: i64, status: &str, lease_secs: f64) ->
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn the_due_query_reads_the_limit_not_the_group_sharing_an_instant(pool: PgPool) {
     routines_sharing_one_instant(&pool).await;
-    let plan = explain(&pool, DUE_SQL, |q| {
-        q.bind(LIMIT).bind(LIMIT / 5).bind(None::<i64>)
-    })
-    .await;
+    let plan = explain(&pool, due_walk(None)).await;
     plan.assert_reads_about_the_limit("due query");
 }
 
@@ -184,14 +182,11 @@ async fn the_resumed_due_query_starts_at_its_cursor(pool: PgPool) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    let plan = explain(&pool, DUE_AFTER_SQL, |q| {
-        q.bind(LIMIT)
-            .bind(LIMIT / 5)
-            .bind(None::<i64>)
-            .bind(at)
-            .bind(id)
-    })
-    .await;
+    let after = DueCursor {
+        next_run_at: at,
+        routine_id: id,
+    };
+    let plan = explain(&pool, due_walk(Some(after))).await;
     plan.assert_reads_about_the_limit("resumed due query");
 }
 
@@ -211,13 +206,13 @@ async fn the_reaper_reads_the_expired_claims_not_the_live_ones(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
-    let plan = explain(&pool, REAP_SQL, |q| {
-        q.bind(LIMIT)
-            .bind("reaper")
-            .bind(Uuid::new_v4())
-            .bind(60.0_f64)
-    })
-    .await;
+    let reap = ReapParams {
+        claimant: "reaper".into(),
+        lease: Lease::new(Duration::from_secs(60)).unwrap(),
+        limit: LIMIT as u32,
+        group: None,
+    };
+    let plan = explain(&pool, HotStatement::Reap(reap)).await;
     plan.assert_reads_about_the_limit("reaper");
     assert_eq!(
         plan.0[0]["Plan"]["Actual Rows"].as_f64(),
@@ -234,13 +229,13 @@ async fn explain_listing(
     outcome: Option<FireOutcome>,
     after: Option<FireCursor>,
 ) -> Plan {
-    explain(pool, list_fires_statement(outcome), move |q| {
-        q.bind(routine)
-            .bind(after.map(|c| c.scheduled_at))
-            .bind(after.map(|c| c.routine_id))
-            .bind(LIMIT)
-    })
-    .await
+    let filter = FireFilter {
+        routine_id: routine,
+        outcome,
+        limit: LIMIT as u32,
+        after,
+    };
+    explain(pool, HotStatement::ListFires(filter)).await
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
@@ -394,7 +389,12 @@ async fn the_automatic_pause_reads_the_fires_since_the_update_not_the_history(po
         .execute(&pool)
         .await
         .unwrap();
-    let plan = explain(&pool, PAUSE_FAILING_SQL, |q| q.bind(5_i64).bind(3600.0_f64)).await;
+    let pause = HotStatement::PauseFailing {
+        after_failures: 5,
+        window: Duration::from_secs(3600),
+        group: None,
+    };
+    let plan = explain(&pool, pause).await;
     plan.assert_reads_about_the_limit("automatic pause");
     assert_eq!(
         plan.0[0]["Plan"]["Actual Rows"].as_f64(),

@@ -48,6 +48,7 @@ pub async fn create_named(
     store
         .create_routine(NewRoutine {
             misfire: policy,
+            overlap: cm_domain::OverlapPolicy::default(),
             ..message(name, expr)
         })
         .await
@@ -63,6 +64,7 @@ pub fn message(name: &str, expr: &str) -> NewRoutine {
         kind: RoutineKind::Message,
         payload: serde_json::json!({ "text": name }),
         misfire: MisfirePolicy::FireOnce,
+        overlap: cm_domain::OverlapPolicy::default(),
         paused: false,
         runs_left: None,
     }

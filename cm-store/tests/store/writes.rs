@@ -341,7 +341,7 @@ async fn a_sql_mission_is_checked_when_planned(pool: PgPool) {
     store.plan_routines(None, 100).await.unwrap();
     let good = store.get_routine(ids[0]).await.unwrap();
     assert!(!good.paused && good.next_run_at.is_some(), "{good:?}");
-    assert_eq!(good.overlap, "replace");
+    assert_eq!(good.overlap, cm_domain::OverlapPolicy::Replace);
     let refused = store.get_routine(ids[1]).await.unwrap();
     assert!(refused.paused, "{refused:?}");
     assert!(
@@ -398,5 +398,5 @@ async fn the_sql_example_writes_an_account_and_its_routines(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(account, report.id);
-    assert_eq!(report.misfire_policy, "skip");
+    assert_eq!(report.misfire_policy, cm_domain::MisfirePolicy::Skip);
 }

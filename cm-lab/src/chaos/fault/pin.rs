@@ -22,10 +22,10 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 const RECOVERY: Duration = Duration::from_secs(60);
 
 /// How many routines the measured due query locks, as a tick under the default cap would.
-const DUE_LIMIT: &str = "100";
+const DUE_LIMIT: u32 = 100;
 
 /// How many requests it takes at most: a fifth of the routines, as a claim does.
-const DUE_REQUESTS: &str = "20";
+const DUE_REQUESTS: usize = 20;
 
 /// One sample.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -77,17 +77,15 @@ impl Pin {
             )
             .fetch_one(pool)
             .await?;
-            let mut tx = pool.begin().await?;
-            let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
-                cm_store::ledger::DUE_SQL
-                    .replace("$1", DUE_LIMIT)
-                    .replace("$2", DUE_REQUESTS)
-                    .replace("$3", "NULL")
-            )))
-            .fetch_one(&mut *tx)
-            .await?;
-            tx.rollback().await?;
+            let plan = cm_store::PgStore::new(pool.clone())
+                .explain_analyze(&cm_store::explain::HotStatement::Due {
+                    max_routines: DUE_LIMIT,
+                    requests: DUE_REQUESTS,
+                    mission_room: None,
+                    after: None,
+                    group: None,
+                })
+                .await?;
             let (dead_routines, dead_fires): (i64, i64) = sqlx::query_as(
                 "SELECT COALESCE(sum(n_dead_tup) FILTER (WHERE relname = 'routines'), 0)::bigint,
                         COALESCE(sum(n_dead_tup) FILTER (WHERE relname = 'routine_fires'), 0)::bigint

@@ -21,6 +21,7 @@
 use std::process::{Command, ExitCode};
 
 mod cargo_env;
+mod rooms;
 mod testrun;
 mod tidy;
 

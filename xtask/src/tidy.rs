@@ -214,6 +214,199 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_engine_knows_nothing_of_the_application() {
+        // The loop is what a service embeds: it takes a store, a dispatcher and a validated
+        // configuration, and knows nothing of flags, HTTP, the page or the operations built
+        // around it in the same crate.
+        let mut files = Vec::new();
+        rust_files(&root().join("cm-scheduler/src/engine"), &mut files);
+        assert!(
+            files.len() > 5,
+            "no file of the engine found: the search is broken"
+        );
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for module in [
+                "http",
+                "page",
+                "service",
+                "operations",
+                "flags",
+                "import",
+                "edit",
+                "bounded",
+            ] {
+                let needle = format!("crate::{module}");
+                assert!(!text.contains(&needle), "{} names {needle}", file.display());
+            }
+        }
+    }
+
+    #[test]
+    fn cm_dispatch_does_no_logging() {
+        // What a backend met goes back in its `Receipt` or its `DispatchError`, and the
+        // scheduler decides what to log (through its scrubber); a log line written here would
+        // bypass both, and could carry a target's URL or a header.
+        let mut files = Vec::new();
+        rust_files(&root().join("cm-dispatch/src"), &mut files);
+        assert!(files.len() > 10, "found only {} files", files.len());
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for needle in [
+                "tracing::",
+                "log::",
+                "println!",
+                "eprintln!",
+                "print!(",
+                "dbg!",
+            ] {
+                assert!(
+                    !text.contains(needle),
+                    "{} contains {needle:?}",
+                    file.display()
+                );
+            }
+        }
+        let direct = cargo_tree(&[
+            "--package",
+            "cm-dispatch",
+            "--all-features",
+            "--edges",
+            "normal",
+            "--depth",
+            "1",
+        ]);
+        for line in direct.lines().skip(1) {
+            let name = line.split_whitespace().next().unwrap_or("");
+            assert!(
+                name != "tracing" && name != "log",
+                "cm-dispatch depends on {name} directly:\n{direct}"
+            );
+        }
+    }
+
+    /// The workspace's crates each product crate depends on, through any path, in a normal
+    /// build with every feature.
+    fn workspace_dependencies(package: &str) -> BTreeSet<String> {
+        let tree = cargo_tree(&["--package", package, "--all-features", "--edges", "normal"]);
+        let found: BTreeSet<String> = tree
+            .lines()
+            .skip(1)
+            .filter(|l| l.contains(" (/"))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect();
+        assert!(
+            tree.lines().next().is_some_and(|l| l.starts_with(package)),
+            "the tree was not read: {tree}"
+        );
+        found
+    }
+
+    #[test]
+    fn the_crates_depend_downward_only() {
+        // cm-domain below cm-store below cm-dispatch below cm-scheduler: a sibling service
+        // imports the lower crates without the engine, its HTTP stack or its backends' clients.
+        let allowed: [(&str, &[&str]); 4] = [
+            ("cm-domain", &[]),
+            ("cm-store", &["cm-domain", "cm-workspace-hack"]),
+            (
+                "cm-dispatch",
+                &["cm-domain", "cm-store", "cm-workspace-hack"],
+            ),
+            (
+                "cm-scheduler",
+                &["cm-domain", "cm-store", "cm-dispatch", "cm-workspace-hack"],
+            ),
+        ];
+        for (package, may) in allowed {
+            let found = workspace_dependencies(package);
+            let extra: Vec<&String> = found
+                .iter()
+                .filter(|d| !may.contains(&d.as_str()))
+                .collect();
+            assert!(
+                extra.is_empty(),
+                "{package} depends on {extra:?}, above it or beside it"
+            );
+        }
+    }
+
+    #[test]
+    fn only_cm_store_depends_on_the_database_driver() {
+        // Every statement goes through cm-store's traits; a crate above it with sqlx of its own
+        // could send one. Tests may (a dev-dependency), product code may not.
+        for package in ["cm-domain", "cm-dispatch", "cm-scheduler"] {
+            let direct = cargo_tree(&[
+                "--package",
+                package,
+                "--all-features",
+                "--edges",
+                "normal",
+                "--depth",
+                "1",
+            ]);
+            let names: Vec<&str> = direct
+                .lines()
+                .filter_map(|l| l.split_whitespace().next())
+                .collect();
+            assert!(names.len() > 3, "the tree was not read: {direct}");
+            assert!(
+                !names.iter().any(|n| *n == "sqlx" || n.starts_with("sqlx-")),
+                "{package} depends on sqlx directly:\n{direct}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_stores_sql_is_private() {
+        // The statements are the store's to change: a caller names what it wants done (a trait
+        // method, an `explain::HotStatement`), never a statement's text.
+        let mut files = Vec::new();
+        rust_files(&root().join("cm-store/src"), &mut files);
+        let mut constants = 0;
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let in_sql_folder = file
+                .strip_prefix(root())
+                .unwrap()
+                .components()
+                .any(|c| c.as_os_str() == "sql");
+            for line in text.lines() {
+                let line = line.trim_start();
+                let is_sql = line.contains("_SQL");
+                if is_sql && (line.contains("const ") || line.contains("static ")) {
+                    constants += 1;
+                }
+                let public = [
+                    "pub const ",
+                    "pub static ",
+                    "pub use ",
+                    "pub fn ",
+                    "pub mod ",
+                ]
+                .iter()
+                .any(|p| line.starts_with(p));
+                // A folder of statements (`ledger/sql/`) re-exports them by glob; it and its
+                // module stay crate-private too.
+                let names_sql = is_sql
+                    || line.contains("sql::")
+                    || line.starts_with("pub mod sql")
+                    || in_sql_folder;
+                assert!(
+                    !(public && names_sql),
+                    "{}: `{line}` makes a statement public",
+                    file.display()
+                );
+            }
+        }
+        assert!(
+            constants > 20,
+            "only {constants} statements found: the search is broken"
+        );
+    }
+
     /// Each third-party package's feature sets (one per build it takes part in: for the target,
     /// for build scripts and proc macros) in the build that `args` select.
     fn features(args: &[&str]) -> BTreeMap<String, BTreeSet<String>> {

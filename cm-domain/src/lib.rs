@@ -15,7 +15,8 @@
 //!   [`ClaimOutcome`] (Fresh, Retry, InFlight or Settled), and a dispatch result into a
 //!   [`Settlement`].
 //! - [`tick`]: which of the due occurrences one tick fires under the cap, and where each routine's
-//!   clock moves to ([`plan_tick`]).
+//!   clock moves to ([`plan_claim`]; [`plan_tick`] is it with no
+//!   routine limited).
 //! - [`config`]: validated scheduler settings ([`SchedulerConfig`]), so a dispatch can never
 //!   outlive its lease.
 //! - [`occurrence`]: one scheduled instant of a routine and its [`IdempotencyKey`].

@@ -1,7 +1,7 @@
 //! Every SQL statement cm sends to PostgreSQL, and the migrations that make its schema.
 //!
 //! One file tree holds the whole conversation with the database, so a reviewer can read every
-//! statement the system runs in one place. The crate is split by table:
+//! statement the system runs in one place. The crate is split by what each part does:
 //!
 //! - [`routines`]: creating, reading, pausing and deleting routines ([`RoutineStore`]).
 //! - [`catalog`]: finding routines by name, paging through them, editing and importing them.
@@ -20,8 +20,15 @@
 //! - [`pooler`]: running behind PgBouncer: what cm needs from a pooler, checked at start.
 //! - [`explain`]: how PostgreSQL plans and runs the hot statements, for the tests and
 //!   benchmarks that check each reads about what it returns.
+//! - [`tx`]: every routine write as a function over the caller's connection, so another service
+//!   creates its routines inside its own transaction.
+//! - `planning`: the routines the SQL functions of the `cm` schema wrote, planned or paused
+//!   ([`UnplannedRoutines`]).
+//! - [`failover`]: multi-host URLs and `target_session_attrs`, read as libpq reads them.
+//! - `model`: the routine types every part above shares ([`Routine`], [`NewRoutine`]).
+//! - `options`: pool size and the statement, lock and idle timeouts ([`StoreOptions`]).
 //!
-//! [`PgStore`] implements all four traits on a connection pool. Callers depend on the traits,
+//! [`PgStore`] implements every trait above on a connection pool. Callers depend on the traits,
 //! so a test about the caller (the scheduler's loop) can use the `mockall` doubles behind the
 //! `mock` feature instead of a database.
 //!

@@ -3,7 +3,7 @@
 //!
 //! # The claim
 //!
-//! [`FireLedger::claim_due`] is one transaction of (usually) two statements:
+//! [`FireLedger::claim_due`] is one transaction of (usually) four statements, `BEGIN` and `COMMIT` among them:
 //!
 //! 1. one statement reads the database's clock (`now()` is fixed for the whole transaction),
 //!    takes the due requests (occurrences asked for by hand; those of missions no more than

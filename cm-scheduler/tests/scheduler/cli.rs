@@ -70,6 +70,13 @@ pub(crate) fn run(mut command: Command) -> Run {
     }
 }
 
+/// `routine create --name NAME --schedule SCHEDULE`, then `rest`.
+pub(crate) fn create_args<'a>(name: &'a str, schedule: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["routine", "create", "--name", name, "--schedule", schedule];
+    args.extend_from_slice(rest);
+    args
+}
+
 /// Asserts that `args` succeed and returns what they printed.
 pub(crate) fn ok(url: &str, args: &[&str]) -> String {
     let out = cm(url, args);

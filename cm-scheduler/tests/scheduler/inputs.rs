@@ -8,7 +8,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cli::{BIN, MissionFiles, NOWHERE, Run, check_fails, created_id, ok, run};
+use crate::cli::{BIN, MissionFiles, NOWHERE, Run, check_fails, create_args, created_id, ok, run};
 use crate::crash::{SchedulerProcess, eventually};
 use crate::support::{TestDb, cm_scheduler};
 
@@ -19,18 +19,10 @@ fn mission_with(extra: &str) -> String {
 }
 
 fn create_mission(name: &str, path: &str) -> Vec<String> {
-    [
-        "routine",
-        "create",
-        "--name",
-        name,
-        "--schedule",
-        "0 9 * * *",
-        "--mission",
-        path,
-    ]
-    .map(str::to_owned)
-    .to_vec()
+    create_args(name, "0 9 * * *", &["--mission", path])
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
 }
 
 fn refs(args: &[String]) -> Vec<&str> {
@@ -353,16 +345,7 @@ async fn message_text_is_bounded_and_names_hold_no_invisible_characters() {
     for name in ["pay\u{202e}lor", "zero\u{200b}width", "bom\u{feff}"] {
         check_fails(
             &db.url,
-            &[
-                "routine",
-                "create",
-                "--name",
-                name,
-                "--schedule",
-                "0 9 * * *",
-                "--message",
-                "x",
-            ],
+            &create_args(name, "0 9 * * *", &["--message", "x"]),
             2,
             "invisible",
         );

@@ -101,17 +101,7 @@ impl Running {
         {
             return (0, String::new());
         }
-        let text = String::from_utf8_lossy(&response);
-        let code = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (code, body)
+        crate::support::status_and_body(&response)
     }
 
     /// Waits until `path` answers `code` with a body containing `fragment`; returns the body.

@@ -9,7 +9,7 @@ use chrono::{DateTime, Duration, Timelike, Utc};
 use sqlx::Connection as _;
 use uuid::Uuid;
 
-use crate::cli::{MissionFiles, NOWHERE, check_fails, cm, created_id, ok, run};
+use crate::cli::{MissionFiles, NOWHERE, check_fails, cm, create_args, created_id, ok, run};
 use crate::support::{SERVER, TestDb, cm_scheduler, drop_database};
 
 impl TestDb {
@@ -94,18 +94,7 @@ pub(crate) fn case(args: &[&str], fragment: &str) -> (Vec<String>, String) {
 pub(crate) fn create(url: &str, name: &str, schedule: &str, zone: &str) -> Uuid {
     created_id(&ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            name,
-            "--schedule",
-            schedule,
-            "--timezone",
-            zone,
-            "--message",
-            "hi",
-        ],
+        &create_args(name, schedule, &["--timezone", zone, "--message", "hi"]),
     ))
 }
 

@@ -158,6 +158,21 @@ pub async fn eventually_within<T>(
     poll(patience, probe, Option::is_some).await.ok().flatten()
 }
 
+/// An HTTP/1.1 answer read to its end: the status code (0 when there is none) and the body.
+pub fn status_and_body(response: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(response);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
+}
+
 /// No test starts the binary but through [`cm_scheduler`]: a command built another way would
 /// inherit the test's `DATABASE_URL`, or fall back to the binary's default database.
 #[test]

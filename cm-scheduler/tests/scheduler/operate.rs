@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use cm_domain::{MisfirePolicy, Schedule};
 use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,7 +15,9 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::browser::Browser;
-use crate::support::{SERVER, TestDb, cm_scheduler, drop_database, eventually_within, poll};
+use crate::support::{
+    SERVER, TestDb, cm_scheduler, drop_database, eventually_within, new_routine, poll,
+};
 /// How long any awaited state may take to appear.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -296,21 +297,13 @@ async fn fired_count(pool: &sqlx::PgPool) -> i64 {
 }
 
 fn every_second(name: &str, kind: RoutineKind, zone: &str) -> NewRoutine {
-    NewRoutine {
-        name: name.into(),
-        schedule: Schedule::parse("* * * * * *", zone).unwrap(),
-        kind,
-        payload: match kind {
-            RoutineKind::Message => json!({ "text": "payload text not to show" }),
-            RoutineKind::Mission => {
-                json!({ "repository": "https://git.example.com/team/audit.git", "task": "audit" })
-            }
-        },
-        misfire: MisfirePolicy::FireOnce,
-        overlap: cm_domain::OverlapPolicy::default(),
-        paused: false,
-        runs_left: None,
-    }
+    let payload = match kind {
+        RoutineKind::Message => json!({ "text": "payload text not to show" }),
+        RoutineKind::Mission => {
+            json!({ "repository": "https://git.example.com/team/audit.git", "task": "audit" })
+        }
+    };
+    new_routine(name, "* * * * * *", zone, kind, payload)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -666,16 +659,7 @@ async fn long_names_wrap_and_actions_stay_in_view_at_1280_px() {
         ),
     ] {
         let routine = store
-            .create_routine(NewRoutine {
-                name: name.into(),
-                schedule: Schedule::parse(schedule, "Europe/Berlin").unwrap(),
-                kind,
-                payload,
-                misfire: MisfirePolicy::FireOnce,
-                overlap: cm_domain::OverlapPolicy::default(),
-                paused: false,
-                runs_left: None,
-            })
+            .create_routine(new_routine(name, schedule, "Europe/Berlin", kind, payload))
             .await
             .unwrap();
         // A full strip of fires in the messages' rows: the table at its widest. The mission

@@ -208,23 +208,22 @@ async fn a_run_that_ends_is_counted_once_however_many_schedulers_watch_it(pool: 
     use std::sync::Arc;
 
     use cm_dispatch::runtime::MockMissionRuntime;
-    use cm_domain::{MisfirePolicy, RunState, RunStateName, Schedule};
+    use cm_domain::{RunState, RunStateName};
     use cm_scheduler::Stats;
     use cm_scheduler::runs::RunWatch;
-    use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+    use cm_store::{PgStore, RoutineKind, RoutineStore};
+
+    use crate::support::new_routine;
 
     let store = PgStore::new(pool.clone());
     let routine = store
-        .create_routine(NewRoutine {
-            name: "watched".into(),
-            schedule: Schedule::parse("* * * * *", "UTC").unwrap(),
-            kind: RoutineKind::Mission,
-            payload: serde_json::json!({"repository": "https://git.example.com/r.git", "task": "t"}),
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
-            paused: false,
-            runs_left: None,
-        })
+        .create_routine(new_routine(
+            "watched",
+            "* * * * *",
+            "UTC",
+            RoutineKind::Mission,
+            serde_json::json!({"repository": "https://git.example.com/r.git", "task": "t"}),
+        ))
         .await
         .unwrap();
     // A launched mission whose run is running.

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use cm_dispatch::fakes::wait::gave_up;
 pub use cm_dispatch::fakes::wait::{PATIENCE, poll, wait_until};
+use cm_domain::{MisfirePolicy, OverlapPolicy, Schedule};
+use cm_store::{NewRoutine, RoutineKind};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
@@ -156,6 +158,28 @@ pub async fn eventually_within<T>(
     probe: impl AsyncFnMut() -> Option<T>,
 ) -> Option<T> {
     poll(patience, probe, Option::is_some).await.ok().flatten()
+}
+
+/// A routine to create: `name`, on `cron` in `zone`, of `kind` with `payload`; misfires fire
+/// once, the default overlap, not paused, no run limit. A test that needs another setting says
+/// only that one (`NewRoutine { paused: true, ..new_routine(..) }`).
+pub fn new_routine(
+    name: impl Into<String>,
+    cron: &str,
+    zone: &str,
+    kind: RoutineKind,
+    payload: serde_json::Value,
+) -> NewRoutine {
+    NewRoutine {
+        name: name.into(),
+        schedule: Schedule::parse(cron, zone).unwrap(),
+        kind,
+        payload,
+        misfire: MisfirePolicy::FireOnce,
+        overlap: OverlapPolicy::default(),
+        paused: false,
+        runs_left: None,
+    }
 }
 
 /// An HTTP/1.1 answer read to its end: the status code (0 when there is none) and the body.

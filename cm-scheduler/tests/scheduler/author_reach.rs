@@ -122,16 +122,7 @@ async fn repositories_reaching_the_scheduler_or_a_metadata_service_are_refused_i
     check_fails(&db.url, &["routine", "import", &import], 2, "loopback");
     let id = created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "r",
-            "--schedule",
-            "0 9 * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args("r", "0 9 * * *", &["--message", "hi"]),
     ));
     check_fails(
         &db.url,

@@ -26,6 +26,7 @@ use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
+use crate::cli::create_args;
 use crate::support::{TestDb, cm_scheduler, poll};
 
 /// The settings both schedulers of a crash test run with: a short lease so the takeover comes
@@ -49,16 +50,7 @@ impl TestDb {
     fn create_routine(&self, schedule: &str) -> Uuid {
         let out = cli(
             &self.url,
-            &[
-                "routine",
-                "create",
-                "--name",
-                "crash",
-                "--schedule",
-                schedule,
-                "--message",
-                "tick",
-            ],
+            &create_args("crash", schedule, &["--message", "tick"]),
         );
         assert!(
             out.status.success(),

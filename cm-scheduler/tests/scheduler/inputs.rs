@@ -67,16 +67,7 @@ async fn a_mission_env_that_would_steer_its_runner_is_refused_everywhere() {
     // Update: an existing message routine cannot become such a mission.
     let id = created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "r",
-            "--schedule",
-            "0 9 * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args("r", "0 9 * * *", &["--message", "hi"]),
     ));
     let bad = files.write("bad.json", &mission_with(r#""env": {"BASH_ENV": "x"}"#));
     check_fails(
@@ -230,33 +221,17 @@ fn endless_files_are_refused_at_their_limit_at_once() {
         .expect("writing a sparse file");
     let cases: &[(&[&str], &str)] = &[
         (
-            &[
-                "routine",
-                "create",
-                "--name",
-                "m",
-                "--schedule",
-                "0 9 * * *",
-                "--mission",
-                &huge,
-            ],
+            &create_args("m", "0 9 * * *", &["--mission", &huge]),
             "256 KiB",
         ),
         (&["routine", "import", "/dev/zero"], "1 MiB"),
         (&["routine", "import", "--crontab", "/dev/zero"], "1 MiB"),
         (
-            &[
-                "routine",
-                "create",
-                "--name",
+            &create_args(
                 "m",
-                "--schedule",
                 "0 9 * * *",
-                "--message",
-                "x",
-                "--mission-config",
-                "/dev/zero",
-            ],
+                &["--message", "x", "--mission-config", "/dev/zero"],
+            ),
             "256 KiB",
         ),
         (
@@ -378,17 +353,7 @@ async fn a_stored_mission_that_would_steer_its_runner_fails_at_dispatch_and_runs
     let good = files.write("good.json", &mission_with(r#""env": {"TZ": "UTC"}"#));
     let id = created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "m",
-            "--schedule",
-            "* * * * * *",
-            "--mission",
-            &good,
-            "--paused",
-        ],
+        &create_args("m", "* * * * * *", &["--mission", &good, "--paused"]),
     ));
     // What an older version, or a write around the CLI, could have stored.
     sqlx::query(

@@ -504,16 +504,7 @@ async fn names_are_unique_printable_handles() {
     let missing = Uuid::new_v4().to_string();
     let create = |name: &str, fragment: &str| {
         case(
-            &[
-                "routine",
-                "create",
-                "--name",
-                name,
-                "--schedule",
-                "* * * * *",
-                "--message",
-                "x",
-            ],
+            &create_args(name, "* * * * *", &["--message", "x"]),
             fragment,
         )
     };
@@ -595,18 +586,16 @@ async fn show_prints_settings_next_runs_requests_and_fires() {
     let url = db.url.as_str();
     let id = created_id(&ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
+        &create_args(
             "standup",
-            "--schedule",
             "0 9 * * *",
-            "--timezone",
-            "Europe/Berlin",
-            "--message",
-            "standup\u{1b}[2J in 5",
-        ],
+            &[
+                "--timezone",
+                "Europe/Berlin",
+                "--message",
+                "standup\u{1b}[2J in 5",
+            ],
+        ),
     ));
     db.fire(
         id,

@@ -10,7 +10,7 @@ use cm_dispatch::fakes::docker::FakeDocker;
 use cm_dispatch::fakes::kubernetes::FakeKubernetes;
 use uuid::Uuid;
 
-use crate::cli::{MissionFiles, created_id, ok};
+use crate::cli::{MissionFiles, create_args, created_id, ok};
 use crate::crash::SchedulerProcess;
 use crate::support::{TestDb, cm_scheduler};
 
@@ -25,18 +25,11 @@ fn replace_routine(db: &TestDb, files: &MissionFiles, schedule: &str) -> Uuid {
     );
     created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
+        &create_args(
             "replaced",
-            "--schedule",
             schedule,
-            "--mission",
-            &mission,
-            "--overlap",
-            "replace",
-        ],
+            &["--mission", &mission, "--overlap", "replace"],
+        ),
     ))
 }
 

@@ -264,14 +264,7 @@ impl SchedulerProcess {
 
 impl Drop for SchedulerProcess {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        // A failing test keeps the log for whoever reads its output.
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_file(&self.log);
-        }
+        crate::support::end_scheduler(&mut self.child, &self.log);
     }
 }
 

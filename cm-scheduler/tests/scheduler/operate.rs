@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::browser::Browser;
+use crate::crash::eventually;
 use crate::support::{
     SERVER, TestDb, cm_scheduler, drop_database, eventually_within, new_routine, poll,
 };
@@ -142,18 +143,8 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_file(&self.log);
-        }
+        crate::support::end_scheduler(&mut self.child, &self.log);
     }
-}
-
-async fn eventually<T>(probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
-    eventually_within(PATIENCE, probe).await
 }
 
 /// A TCP forwarder to the shared PostgreSQL. Closed, it hangs up on every connection, new and

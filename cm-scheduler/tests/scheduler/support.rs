@@ -182,6 +182,18 @@ pub fn new_routine(
     }
 }
 
+/// Ends a scheduler process the test started, if it still runs, and removes its log file unless
+/// the test is failing: a failing test keeps the log for whoever reads its output.
+pub fn end_scheduler(child: &mut std::process::Child, log: &std::path::Path) {
+    if matches!(child.try_wait(), Ok(None)) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    if !std::thread::panicking() {
+        let _ = std::fs::remove_file(log);
+    }
+}
+
 /// An HTTP/1.1 answer read to its end: the status code (0 when there is none) and the body.
 pub fn status_and_body(response: &[u8]) -> (u16, String) {
     let text = String::from_utf8_lossy(response);

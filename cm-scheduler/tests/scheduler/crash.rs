@@ -17,7 +17,6 @@
 //! be independent of that, the tests end those orphaned backends with `pg_terminate_backend`
 //! after the SIGKILL and before releasing the lock.
 
-use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -200,20 +199,14 @@ impl SchedulerProcess {
         env: &[(&str, &str)],
     ) -> SchedulerProcess {
         let log = std::env::temp_dir().join(format!("{}-{instance_id}.log", db.name));
-        let file = File::create(&log).expect("creating the scheduler's log file");
-        let child = cm_scheduler()
+        let mut command = cm_scheduler();
+        command
             .arg("--database-url")
             .arg(&db.url)
             .args(["run", "--instance-id", instance_id])
             .args(settings)
-            .args(args)
-            .envs(env.iter().copied())
-            .env("RUST_LOG", "info,sqlx=warn")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("sharing the log file"))
-            .stderr(file)
-            .spawn()
-            .expect("starting cm-scheduler run");
+            .args(args);
+        let child = crate::support::spawn_logged(&mut command, env, &log);
         SchedulerProcess { child, log }
     }
 

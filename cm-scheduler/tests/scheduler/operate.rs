@@ -2,7 +2,6 @@
 //! and goes away mid-run (through a TCP forwarder the test opens and closes, never stopping the
 //! shared server), and the status page loaded in headless Chromium.
 
-use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -43,8 +42,8 @@ impl Running {
             .port();
         let addr = format!("127.0.0.1:{port}");
         let log = std::env::temp_dir().join(format!("cm-operate-{}.log", Uuid::new_v4().simple()));
-        let file = File::create(&log).expect("creating the log file");
-        let child = cm_scheduler()
+        let mut command = cm_scheduler();
+        command
             .args(["--database-url", url, "run", "--listen", &addr])
             .args([
                 "--tick-interval",
@@ -54,14 +53,8 @@ impl Running {
                 "--dispatch-timeout",
                 "2s",
             ])
-            .args(extra)
-            .envs(env.iter().copied())
-            .env("RUST_LOG", "info,sqlx=warn")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("sharing the log file"))
-            .stderr(file)
-            .spawn()
-            .expect("starting cm-scheduler run");
+            .args(extra);
+        let child = crate::support::spawn_logged(&mut command, env, &log);
         Running { child, log, addr }
     }
 

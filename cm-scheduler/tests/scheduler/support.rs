@@ -182,6 +182,24 @@ pub fn new_routine(
     }
 }
 
+/// Starts `command` (a `cm-scheduler run`) with `env` added and `RUST_LOG=info,sqlx=warn`, its
+/// output going to the file `log`: a pipe nobody drains would block the process once full.
+pub fn spawn_logged(
+    command: &mut std::process::Command,
+    env: &[(&str, &str)],
+    log: &std::path::Path,
+) -> std::process::Child {
+    let file = std::fs::File::create(log).expect("creating the scheduler's log file");
+    command
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "info,sqlx=warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().expect("sharing the log file"))
+        .stderr(file)
+        .spawn()
+        .expect("starting cm-scheduler run")
+}
+
 /// Ends a scheduler process the test started, if it still runs, and removes its log file unless
 /// the test is failing: a failing test keeps the log for whoever reads its output.
 pub fn end_scheduler(child: &mut std::process::Child, log: &std::path::Path) {

@@ -109,6 +109,15 @@ pub(super) fn spread(start: Instant, duration: Duration, count: u32) -> Vec<Inst
         .collect()
 }
 
+/// Each of `done` as `"{again} 1.23 s after {cause}"`, comma-separated: how long each restart
+/// took to answer again.
+pub(super) fn back_after(done: &[Duration], again: &str, cause: &str) -> String {
+    done.iter()
+        .map(|d| format!("{again} {:.2} s after {cause}", d.as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The application name of the run's own connections, so faults that act on "every other
 /// connection" leave them alone.
 pub(super) const OWN_APPLICATION: &str = "cm-chaos";

@@ -20,6 +20,13 @@ pub(super) struct Findings {
 }
 
 impl Findings {
+    /// Findings of one summary line `label  text` and no problem.
+    pub fn one(label: &str, text: String) -> Self {
+        let mut f = Findings::default();
+        f.line(label, text);
+        f
+    }
+
     /// Adds a summary line `label  text`.
     pub fn line(&mut self, label: &str, text: String) {
         self.lines.push((label.to_string(), text));

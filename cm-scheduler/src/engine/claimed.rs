@@ -7,16 +7,31 @@ use std::time::{Duration, Instant, SystemTime};
 
 use cm_domain::trace::TraceParent;
 use cm_domain::{ClaimAction, ClaimOutcome, FireOrigin, FireStatus, Settlement};
-use cm_store::{FireSettle, TickClaim};
+use cm_store::{FireSettle, StoreError, TickClaim};
 use tokio::task::JoinSet;
 use tracing::{debug, error, info, warn};
 
 use super::fire_job::{FireJob, FireResult, completed, note_unsettled, panic_text, unwritten};
 use super::room::Places;
-use super::{FIRES, Scheduler, TickReport};
+use super::{FIRES, Scheduler, TickError, TickReport};
 use crate::completer::Completer;
 use crate::counters::add;
 use crate::traces::{AttemptFacts, ClaimWindow};
+
+/// Runs one claim statement (a claim of what is due, or a takeover of expired claims), noting
+/// when it ran on the wall clock: what it took, and its window.
+pub(super) async fn timed_claim(
+    claim: impl Future<Output = Result<TickClaim, StoreError>>,
+) -> Result<(TickClaim, ClaimWindow), TickError> {
+    let began = SystemTime::now();
+    let claim = claim.await.map_err(TickError::Claim)?;
+    let window = ClaimWindow {
+        began,
+        ended: SystemTime::now(),
+        fires: claim.fires.len(),
+    };
+    Ok((claim, window))
+}
 
 impl Scheduler {
     /// Acts on what a claim returned: counts what the claim settled itself, starts a dispatch

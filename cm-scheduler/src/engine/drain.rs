@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use cm_domain::{FireCap, MisfireRules};
 use cm_store::{ClaimDueParams, DueCursor, GroupId, TickClaim};
@@ -12,13 +12,13 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
+use super::claimed::timed_claim;
 use super::fire_job::FireResult;
 use super::room::ClaimRoom;
 use super::{GROUP_WIDTH, Scheduler, TickError, TickReport, collect};
 use crate::completer::Completer;
 use crate::counters::add;
 use crate::outages::each_group;
-use crate::traces::ClaimWindow;
 
 /// The largest batch one claim of a drain takes (or the cap, if larger). A tick's first claim
 /// takes the cap, or twice what the previous tick claimed if that was more than the cap (up to
@@ -174,17 +174,7 @@ impl Scheduler {
                 after,
                 group,
             };
-            let began = SystemTime::now();
-            let claim = self
-                .ledger
-                .claim_due(&params)
-                .await
-                .map_err(TickError::Claim)?;
-            let window = ClaimWindow {
-                began,
-                ended: SystemTime::now(),
-                fires: claim.fires.len(),
-            };
+            let (claim, window) = timed_claim(self.ledger.claim_due(&params)).await?;
             self.stats.tick_succeeded();
             let (more_due, resume_after) = (claim.more_due, claim.resume_after);
             self.note_owed_per_routine(&claim);

@@ -2,19 +2,18 @@
 //! again, or abandoned after too many attempts.
 
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use cm_store::{GroupId, ReapParams};
 use tokio::task::JoinSet;
 use tracing::warn;
 
+use super::claimed::timed_claim;
 use super::fire_job::FireResult;
 use super::room::Places;
 use super::{GROUP_WIDTH, Scheduler, TickError, TickReport, collect};
 use crate::completer::Completer;
 use crate::counters::add;
 use crate::outages::each_group;
-use crate::traces::ClaimWindow;
 
 impl Scheduler {
     /// Takes over expired claims and starts their dispatches: across every group at once, or,
@@ -75,17 +74,7 @@ impl Scheduler {
             limit: u32::try_from(limit).unwrap_or(u32::MAX),
             group,
         };
-        let began = SystemTime::now();
-        let claim = self
-            .ledger
-            .reap_expired(&params)
-            .await
-            .map_err(TickError::Claim)?;
-        let window = ClaimWindow {
-            began,
-            ended: SystemTime::now(),
-            fires: claim.fires.len(),
-        };
+        let (claim, window) = timed_claim(self.ledger.reap_expired(&params)).await?;
         add(&self.stats.reaped, claim.fires.len() as u64);
         for fire in &claim.fires {
             warn!(

@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{PATIENCE, wait_until};
+use crate::support::{PATIENCE, new_routine, wait_until};
 use async_trait::async_trait;
 use cm_dispatch::{Dispatch, DispatchError, Dispatcher, Receipt};
-use cm_domain::{Lease, MisfirePolicy, Schedule, SchedulerConfig};
+use cm_domain::{Lease, SchedulerConfig};
 use cm_scheduler::Scheduler;
-use cm_store::{FireFilter, FireLedger, NewRoutine, PgStore, RoutineKind, RoutineStore};
+use cm_store::{FireFilter, FireLedger, PgStore, RoutineKind, RoutineStore};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -28,16 +28,13 @@ impl Dispatcher for Panics {
 async fn an_abandoned_occurrence_keeps_the_last_attempts_error(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let routine = store
-        .create_routine(NewRoutine {
-            name: "poison".into(),
-            schedule: Schedule::parse("0 0 1 1 *", "UTC").unwrap(),
-            kind: RoutineKind::Message,
-            payload: json!({ "text": "hello" }),
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
-            paused: false,
-            runs_left: None,
-        })
+        .create_routine(new_routine(
+            "poison",
+            "0 0 1 1 *",
+            "UTC",
+            RoutineKind::Message,
+            json!({ "text": "hello" }),
+        ))
         .await
         .unwrap();
     // Due now.

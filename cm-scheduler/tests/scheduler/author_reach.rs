@@ -5,7 +5,7 @@
 //! and at dispatch for a routine stored around the command line (settled `failed`, nothing
 //! launched).
 
-use crate::cli::{MissionFiles, Run, check_fails, created_id, ok, run};
+use crate::cli::{MissionFiles, Run, check_fails, create_args, created_id, ok, run};
 use crate::crash::{SchedulerProcess, eventually};
 use crate::support::{TestDb, cm_scheduler};
 
@@ -16,20 +16,10 @@ fn create(name: &str, path: &str, extra: &[&str]) -> Vec<String> {
 
 /// [`create`] on `schedule`.
 fn create_on(schedule: &str, name: &str, path: &str, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "routine",
-        "create",
-        "--name",
-        name,
-        "--schedule",
-        schedule,
-        "--mission",
-        path,
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    args.extend(extra.iter().map(|a| a.to_string()));
-    args
+    create_args(name, schedule, &[&["--mission", path], extra].concat())
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
 }
 
 fn refs(args: &[String]) -> Vec<&str> {
@@ -132,16 +122,7 @@ async fn repositories_reaching_the_scheduler_or_a_metadata_service_are_refused_i
     check_fails(&db.url, &["routine", "import", &import], 2, "loopback");
     let id = created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "r",
-            "--schedule",
-            "0 9 * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args("r", "0 9 * * *", &["--message", "hi"]),
     ));
     check_fails(
         &db.url,

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{PATIENCE, poll};
+use crate::support::{PATIENCE, new_routine, poll};
 use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
-use cm_domain::{Lease, MisfirePolicy, Schedule, SchedulerConfig};
+use cm_domain::{Lease, SchedulerConfig};
 use cm_scheduler::Scheduler;
 use cm_store::{
     FailingRoutines, FireFilter, FireLedger, NewRoutine, PgStore, RoutineKind, RoutineStore,
@@ -18,16 +18,13 @@ use sqlx::PgPool;
 const AFTER: u32 = 3;
 
 fn every_second(name: &str, kind: RoutineKind) -> NewRoutine {
-    NewRoutine {
-        name: name.into(),
-        schedule: Schedule::parse("* * * * * *", "UTC").unwrap(),
+    new_routine(
+        name,
+        "* * * * * *",
+        "UTC",
         kind,
-        payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
-        misfire: MisfirePolicy::FireOnce,
-        overlap: cm_domain::OverlapPolicy::default(),
-        paused: false,
-        runs_left: None,
-    }
+        json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
+    )
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]

@@ -3,6 +3,7 @@
 //! than the rate and the in-flight room leave, while an every-second message routine beside it
 //! keeps firing every second.
 
+use crate::support::new_routine;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,9 +13,9 @@ use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use cm_dispatch::{
     Dispatch, DispatchError, Dispatcher, OutboxDispatcher, Receipt, RoutedDispatcher,
 };
-use cm_domain::{Lease, MisfirePolicy, Schedule, SchedulerConfig};
+use cm_domain::{Lease, SchedulerConfig};
 use cm_scheduler::Scheduler;
-use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+use cm_store::{PgStore, RoutineKind, RoutineStore};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -45,16 +46,13 @@ impl Dispatcher for SlowRuntime {
 
 async fn routine(store: &PgStore, name: &str, schedule: &str, kind: RoutineKind) -> Uuid {
     store
-        .create_routine(NewRoutine {
-            name: name.into(),
-            schedule: Schedule::parse(schedule, "UTC").unwrap(),
+        .create_routine(new_routine(
+            name,
+            schedule,
+            "UTC",
             kind,
-            payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
-            paused: false,
-            runs_left: None,
-        })
+            json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
+        ))
         .await
         .unwrap()
         .id

@@ -12,6 +12,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection};
 use uuid::Uuid;
 
+use crate::cli::create_args;
 use crate::crash::SchedulerProcess;
 use crate::support::{TestDb, cm_scheduler};
 
@@ -69,16 +70,11 @@ async fn two_schedulers_share_the_groups(db: &TestDb, args: &[&str]) {
     for n in 0..40 {
         cli(
             &db.url,
-            &[
-                "routine",
-                "create",
-                "--name",
+            &create_args(
                 &format!("every second {n}"),
-                "--schedule",
                 "* * * * * *",
-                "--message",
-                "hello",
-            ],
+                &["--message", "hello"],
+            ),
         );
     }
     let mut a = SchedulerProcess::start_with(db, "groups-a", args, &[]);
@@ -311,16 +307,11 @@ async fn a_stopped_schedulers_groups_are_taken_over(db: &TestDb, args: &[&str]) 
     for n in 0..40 {
         cli(
             &db.url,
-            &[
-                "routine",
-                "create",
-                "--name",
+            &create_args(
                 &format!("every second {n}"),
-                "--schedule",
                 "* * * * * *",
-                "--message",
-                "hello",
-            ],
+                &["--message", "hello"],
+            ),
         );
     }
     let mut a = SchedulerProcess::start_with(db, "takeover-a", args, &[]);

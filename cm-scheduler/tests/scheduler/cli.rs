@@ -38,6 +38,17 @@ pub(crate) fn cm(url: &str, args: &[&str]) -> Run {
 /// Runs `command` to completion, killing it if it takes more than a minute: a command that
 /// should have been refused (say `run` with bad settings) would otherwise hang the suite.
 pub(crate) fn run(mut command: Command) -> Run {
+    run_within(&mut command, Duration::from_secs(60)).unwrap_or_else(|| {
+        panic!(
+            "cm-scheduler {:?} did not finish within a minute",
+            command.get_args().collect::<Vec<_>>()
+        )
+    })
+}
+
+/// Runs `command` for at most `patience`: what it did, or `None` when it was still running (it
+/// is killed then).
+pub(crate) fn run_within(command: &mut Command, patience: Duration) -> Option<Run> {
     let child = command
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
@@ -48,26 +59,30 @@ pub(crate) fn run(mut command: Command) -> Run {
     let pid = child.id();
     let (sender, receiver) = mpsc::channel();
     std::thread::spawn(move || sender.send(child.wait_with_output()));
-    match receiver.recv_timeout(Duration::from_secs(60)) {
+    match receiver.recv_timeout(patience) {
         Ok(output) => {
             let output = output.expect("waiting for cm-scheduler");
-            Run {
+            Some(Run {
                 code: output.status.code(),
                 stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
                 stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-            }
+            })
         }
         Err(_) => {
             let _ = Command::new("kill")
                 .arg("-KILL")
                 .arg(pid.to_string())
                 .status();
-            panic!(
-                "cm-scheduler {:?} did not finish within a minute",
-                command.get_args().collect::<Vec<_>>()
-            );
+            None
         }
     }
+}
+
+/// `routine create --name NAME --schedule SCHEDULE`, then `rest`.
+pub(crate) fn create_args<'a>(name: &'a str, schedule: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["routine", "create", "--name", name, "--schedule", schedule];
+    args.extend_from_slice(rest);
+    args
 }
 
 /// Asserts that `args` succeed and returns what they printed.
@@ -391,18 +406,11 @@ async fn routine_commands_create_show_pause_resume_and_delete() {
 
     let out = cm(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
+        &create_args(
             "n",
-            "--schedule",
             "0 9 * * MON-FRI",
-            "--timezone",
-            "Europe/Berlin",
-            "--message",
-            "hi",
-        ],
+            &["--timezone", "Europe/Berlin", "--message", "hi"],
+        ),
     );
     assert_eq!((out.code, out.stderr.as_str()), (Some(0), ""), "{out:?}");
     let id = created_id(&out.stdout);
@@ -507,17 +515,7 @@ async fn routine_commands_create_show_pause_resume_and_delete() {
 
     let paused_id = created_id(&ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "p",
-            "--schedule",
-            "*/5 * * * *",
-            "--message",
-            "later",
-            "--paused",
-        ],
+        &create_args("p", "*/5 * * * *", &["--message", "later", "--paused"]),
     ));
     let row = db.routine(paused_id).await.unwrap();
     assert_eq!(
@@ -552,16 +550,7 @@ async fn mission_routines_store_the_file_as_their_payload() {
 
     let id = created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "lint",
-            "--schedule",
-            "0 3 * * *",
-            "--mission",
-            &mission,
-        ],
+        &create_args("lint", "0 3 * * *", &["--mission", &mission]),
     ));
     let row = db.routine(id).await.expect("the created routine is stored");
     assert_eq!(row.kind, "mission");
@@ -577,17 +566,7 @@ async fn mission_routines_store_the_file_as_their_payload() {
     // `--json` prints the stored routine instead of its id.
     let printed: serde_json::Value = serde_json::from_str(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "lint2",
-            "--schedule",
-            "0 4 * * *",
-            "--mission",
-            &mission,
-            "--json",
-        ],
+        &create_args("lint2", "0 4 * * *", &["--mission", &mission, "--json"]),
     ))
     .expect("create --json prints JSON");
     assert_eq!(
@@ -613,16 +592,7 @@ async fn trigger_and_backfill_go_through_the_ledger() {
     let url = db.url.as_str();
     let id = created_id(&ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "hourly",
-            "--schedule",
-            "0 * * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args("hourly", "0 * * * *", &["--message", "hi"]),
     ));
     let id = id.to_string();
 

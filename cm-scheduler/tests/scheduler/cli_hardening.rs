@@ -4,23 +4,14 @@
 use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
 use uuid::Uuid;
 
-use crate::cli::{check_fails, created_id, ok};
+use crate::cli::{check_fails, create_args, created_id, ok};
 use crate::support::TestDb;
 
 /// Creates an hourly message routine and returns its id.
 fn hourly(url: &str) -> String {
     created_id(&ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "hourly",
-            "--schedule",
-            "0 * * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args("hourly", "0 * * * *", &["--message", "hi"]),
     ))
     .to_string()
 }

@@ -17,7 +17,6 @@
 //! be independent of that, the tests end those orphaned backends with `pg_terminate_backend`
 //! after the SIGKILL and before releasing the lock.
 
-use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
@@ -26,6 +25,7 @@ use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
+use crate::cli::create_args;
 use crate::support::{TestDb, cm_scheduler, poll};
 
 /// The settings both schedulers of a crash test run with: a short lease so the takeover comes
@@ -49,16 +49,7 @@ impl TestDb {
     fn create_routine(&self, schedule: &str) -> Uuid {
         let out = cli(
             &self.url,
-            &[
-                "routine",
-                "create",
-                "--name",
-                "crash",
-                "--schedule",
-                schedule,
-                "--message",
-                "tick",
-            ],
+            &create_args("crash", schedule, &["--message", "tick"]),
         );
         assert!(
             out.status.success(),
@@ -208,20 +199,14 @@ impl SchedulerProcess {
         env: &[(&str, &str)],
     ) -> SchedulerProcess {
         let log = std::env::temp_dir().join(format!("{}-{instance_id}.log", db.name));
-        let file = File::create(&log).expect("creating the scheduler's log file");
-        let child = cm_scheduler()
+        let mut command = cm_scheduler();
+        command
             .arg("--database-url")
             .arg(&db.url)
             .args(["run", "--instance-id", instance_id])
             .args(settings)
-            .args(args)
-            .envs(env.iter().copied())
-            .env("RUST_LOG", "info,sqlx=warn")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("sharing the log file"))
-            .stderr(file)
-            .spawn()
-            .expect("starting cm-scheduler run");
+            .args(args);
+        let child = crate::support::spawn_logged(&mut command, env, &log);
         SchedulerProcess { child, log }
     }
 
@@ -272,14 +257,7 @@ impl SchedulerProcess {
 
 impl Drop for SchedulerProcess {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        // A failing test keeps the log for whoever reads its output.
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_file(&self.log);
-        }
+        crate::support::end_scheduler(&mut self.child, &self.log);
     }
 }
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::cli::{MissionFiles, NOWHERE, created_id, ok, run};
+use crate::cli::{MissionFiles, NOWHERE, create_args, created_id, ok, run};
 use crate::support::{SERVER, TestDb, cm_scheduler, eventually_within};
 
 /// A distinctive password: finding it in a mission's output can only mean it leaked.
@@ -34,16 +34,7 @@ async fn the_url_is_read_from_a_file_and_given_once() {
     let file = files.write("database-url", &format!("{}\n", db.url));
     ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "n",
-            "--schedule",
-            "0 3 * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args("n", "0 3 * * *", &["--message", "hi"]),
     );
 
     // From the flag and from the environment, the trailing newline dropped.

@@ -6,10 +6,10 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::{PATIENCE, poll};
+use crate::support::{PATIENCE, new_routine, poll};
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
-use cm_domain::{FireCap, Lease, MisfirePolicy, Schedule, SchedulerConfig};
+use cm_domain::{FireCap, Lease, MisfirePolicy, SchedulerConfig};
 use cm_scheduler::Scheduler;
 use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
 use serde_json::json;
@@ -25,16 +25,13 @@ async fn due_yearly(store: &PgStore, pool: &PgPool, n: usize, kind: RoutineKind)
     let jan1 = Utc.with_ymd_and_hms(now.year(), 1, 1, 0, 0, 0).unwrap();
     for i in 0..n {
         let routine = store
-            .create_routine(NewRoutine {
-                name: format!("{kind:?} {i}").to_lowercase(),
-                schedule: Schedule::parse("0 0 1 1 *", "UTC").unwrap(),
+            .create_routine(new_routine(
+                format!("{kind:?} {i}").to_lowercase(),
+                "0 0 1 1 *",
+                "UTC",
                 kind,
-                payload: json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
-                misfire: MisfirePolicy::FireOnce,
-                overlap: cm_domain::OverlapPolicy::default(),
-                paused: false,
-                runs_left: None,
-            })
+                json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
+            ))
             .await
             .unwrap();
         sqlx::query("UPDATE routines SET next_run_at = $2 WHERE id = $1")
@@ -205,14 +202,14 @@ async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(po
     for i in 0..30 {
         store
             .create_routine(NewRoutine {
-                name: format!("every second {i}"),
-                schedule: Schedule::parse("* * * * * *", "UTC").unwrap(),
-                kind: RoutineKind::Message,
-                payload: json!({ "text": "hello" }),
                 misfire: MisfirePolicy::CatchUp,
-                overlap: cm_domain::OverlapPolicy::default(),
-                paused: false,
-                runs_left: None,
+                ..new_routine(
+                    format!("every second {i}"),
+                    "* * * * * *",
+                    "UTC",
+                    RoutineKind::Message,
+                    json!({ "text": "hello" }),
+                )
             })
             .await
             .unwrap();

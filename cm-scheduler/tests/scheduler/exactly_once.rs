@@ -6,15 +6,16 @@
 //! routines' row locks and the ledger's primary key. The figures are printed (run with
 //! `--nocapture`) so they can be quoted.
 
+use crate::support::new_routine;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use cm_dispatch::OutboxDispatcher;
-use cm_domain::{FireCap, Lease, MisfirePolicy, Occurrence, Schedule, SchedulerConfig};
+use cm_domain::{FireCap, Lease, Occurrence, SchedulerConfig};
 use cm_scheduler::{RunSummary, Scheduler, Stats};
-use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+use cm_store::{PgStore, RoutineKind, RoutineStore};
 use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
@@ -40,21 +41,17 @@ struct Span {
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
     let setup = PgStore::new(pool.clone());
-    let every_second = Schedule::parse("* * * * * *", "UTC").unwrap();
     // Each routine's first occurrence as its creation computed it: the ledger must start there.
     let mut first_due = HashMap::new();
     for i in 0..ROUTINES {
         let routine = setup
-            .create_routine(NewRoutine {
-                name: format!("race-{i}"),
-                schedule: every_second.clone(),
-                kind: RoutineKind::Message,
-                payload: json!({ "text": format!("every second {i}") }),
-                misfire: MisfirePolicy::FireOnce,
-                overlap: cm_domain::OverlapPolicy::default(),
-                paused: false,
-                runs_left: None,
-            })
+            .create_routine(new_routine(
+                format!("race-{i}"),
+                "* * * * * *",
+                "UTC",
+                RoutineKind::Message,
+                json!({ "text": format!("every second {i}") }),
+            ))
             .await
             .unwrap();
         first_due.insert(routine.id, routine.next_run_at.unwrap());

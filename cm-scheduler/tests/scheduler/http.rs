@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::{PATIENCE, wait_until};
+use crate::support::{PATIENCE, new_routine, wait_until};
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode, header};
 use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
-use cm_domain::{MisfirePolicy, Schedule, SchedulerConfig};
+use cm_domain::SchedulerConfig;
 use cm_scheduler::health::{Health, Readiness};
 use cm_scheduler::http::{readiness, router};
 use cm_scheduler::http_state::{BearerToken, HttpState, StatusPage};
@@ -314,16 +314,13 @@ async fn the_page_shows_routines_fires_failures_and_missions_but_no_message_or_s
 ) {
     let store = PgStore::new(pool);
     let create = |name: &str, kind, payload| {
-        store.create_routine(NewRoutine {
-            name: name.into(),
-            schedule: Schedule::parse("30 2 * * *", "America/New_York").unwrap(),
+        store.create_routine(new_routine(
+            name,
+            "30 2 * * *",
+            "America/New_York",
             kind,
             payload,
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
-            paused: false,
-            runs_left: None,
-        })
+        ))
     };
     let message = create(
         "daily-digest",
@@ -458,14 +455,14 @@ async fn the_page_shows_routines_fires_failures_and_missions_but_no_message_or_s
 async fn every_minute(store: &PgStore, name: &str, paused: bool) -> cm_store::Routine {
     store
         .create_routine(NewRoutine {
-            name: name.into(),
-            schedule: Schedule::parse("* * * * *", "UTC").unwrap(),
-            kind: RoutineKind::Message,
-            payload: json!({ "text": "hello" }),
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
             paused,
-            runs_left: None,
+            ..new_routine(
+                name,
+                "* * * * *",
+                "UTC",
+                RoutineKind::Message,
+                json!({ "text": "hello" }),
+            )
         })
         .await
         .unwrap()
@@ -943,29 +940,23 @@ async fn submit(
 async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let digest = store
-        .create_routine(NewRoutine {
-            name: "digest".into(),
-            schedule: Schedule::parse("0 9 * * *", "Europe/Berlin").unwrap(),
-            kind: RoutineKind::Message,
-            payload: json!({ "text": "old words" }),
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
-            paused: false,
-            runs_left: None,
-        })
+        .create_routine(new_routine(
+            "digest",
+            "0 9 * * *",
+            "Europe/Berlin",
+            RoutineKind::Message,
+            json!({ "text": "old words" }),
+        ))
         .await
         .unwrap();
     let audit = store
-        .create_routine(NewRoutine {
-            name: "audit".into(),
-            schedule: Schedule::parse("0 3 * * *", "UTC").unwrap(),
-            kind: RoutineKind::Mission,
-            payload: json!({ "repository": "https://git.example.com/team/audit.git" }),
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
-            paused: false,
-            runs_left: None,
-        })
+        .create_routine(new_routine(
+            "audit",
+            "0 3 * * *",
+            "UTC",
+            RoutineKind::Mission,
+            json!({ "repository": "https://git.example.com/team/audit.git" }),
+        ))
         .await
         .unwrap();
     let (stats, metrics) = recorded_stats(|_| {});

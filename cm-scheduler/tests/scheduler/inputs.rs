@@ -8,7 +8,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cli::{BIN, MissionFiles, NOWHERE, Run, check_fails, created_id, ok, run};
+use crate::cli::{BIN, MissionFiles, NOWHERE, Run, check_fails, create_args, created_id, ok, run};
 use crate::crash::{SchedulerProcess, eventually};
 use crate::support::{TestDb, cm_scheduler};
 
@@ -19,18 +19,10 @@ fn mission_with(extra: &str) -> String {
 }
 
 fn create_mission(name: &str, path: &str) -> Vec<String> {
-    [
-        "routine",
-        "create",
-        "--name",
-        name,
-        "--schedule",
-        "0 9 * * *",
-        "--mission",
-        path,
-    ]
-    .map(str::to_owned)
-    .to_vec()
+    create_args(name, "0 9 * * *", &["--mission", path])
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
 }
 
 fn refs(args: &[String]) -> Vec<&str> {
@@ -75,16 +67,7 @@ async fn a_mission_env_that_would_steer_its_runner_is_refused_everywhere() {
     // Update: an existing message routine cannot become such a mission.
     let id = created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "r",
-            "--schedule",
-            "0 9 * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args("r", "0 9 * * *", &["--message", "hi"]),
     ));
     let bad = files.write("bad.json", &mission_with(r#""env": {"BASH_ENV": "x"}"#));
     check_fails(
@@ -238,33 +221,17 @@ fn endless_files_are_refused_at_their_limit_at_once() {
         .expect("writing a sparse file");
     let cases: &[(&[&str], &str)] = &[
         (
-            &[
-                "routine",
-                "create",
-                "--name",
-                "m",
-                "--schedule",
-                "0 9 * * *",
-                "--mission",
-                &huge,
-            ],
+            &create_args("m", "0 9 * * *", &["--mission", &huge]),
             "256 KiB",
         ),
         (&["routine", "import", "/dev/zero"], "1 MiB"),
         (&["routine", "import", "--crontab", "/dev/zero"], "1 MiB"),
         (
-            &[
-                "routine",
-                "create",
-                "--name",
+            &create_args(
                 "m",
-                "--schedule",
                 "0 9 * * *",
-                "--message",
-                "x",
-                "--mission-config",
-                "/dev/zero",
-            ],
+                &["--message", "x", "--mission-config", "/dev/zero"],
+            ),
             "256 KiB",
         ),
         (
@@ -353,16 +320,7 @@ async fn message_text_is_bounded_and_names_hold_no_invisible_characters() {
     for name in ["pay\u{202e}lor", "zero\u{200b}width", "bom\u{feff}"] {
         check_fails(
             &db.url,
-            &[
-                "routine",
-                "create",
-                "--name",
-                name,
-                "--schedule",
-                "0 9 * * *",
-                "--message",
-                "x",
-            ],
+            &create_args(name, "0 9 * * *", &["--message", "x"]),
             2,
             "invisible",
         );
@@ -395,17 +353,7 @@ async fn a_stored_mission_that_would_steer_its_runner_fails_at_dispatch_and_runs
     let good = files.write("good.json", &mission_with(r#""env": {"TZ": "UTC"}"#));
     let id = created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "m",
-            "--schedule",
-            "* * * * * *",
-            "--mission",
-            &good,
-            "--paused",
-        ],
+        &create_args("m", "* * * * * *", &["--mission", &good, "--paused"]),
     ));
     // What an older version, or a write around the CLI, could have stored.
     sqlx::query(

@@ -8,7 +8,7 @@ use cm_dispatch::fakes::kubernetes::{CreateFault, FakeKubernetes};
 use cm_domain::{IdempotencyKey, Occurrence};
 use uuid::Uuid;
 
-use crate::cli::{MissionFiles, NOWHERE, check_fails, created_id, ok};
+use crate::cli::{MissionFiles, NOWHERE, check_fails, create_args, created_id, ok};
 use crate::crash::{FireRow, SchedulerProcess, eventually, retried_by, taken_over_by_b};
 use crate::support::{TestDb, cm_scheduler};
 
@@ -546,16 +546,7 @@ async fn under_forbid_an_occurrence_due_while_a_run_is_running_is_skipped_naming
     // --overlap is refused for a message routine, and writes nothing.
     let message = created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "msg",
-            "--schedule",
-            "0 9 * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args("msg", "0 9 * * *", &["--message", "hi"]),
     ));
     check_fails(
         &db.url,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::cli::{MissionFiles, created_id, ok};
+use crate::cli::{MissionFiles, create_args, created_id, ok};
 use crate::support::{TestDb, cm_scheduler, eventually_within, wait_until_blocking};
 
 /// The image `.ci/dockerd` imports.
@@ -210,20 +210,18 @@ pub(crate) fn routine(
     );
     created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
+        &create_args(
             name,
-            "--schedule",
             schedule,
-            "--mission",
-            &mission,
-            "--overlap",
-            overlap,
-            "--mission-env-allow",
-            "NAP,CODE",
-        ],
+            &[
+                "--mission",
+                &mission,
+                "--overlap",
+                overlap,
+                "--mission-env-allow",
+                "NAP,CODE",
+            ],
+        ),
     ))
 }
 
@@ -600,17 +598,7 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
     if stream.write_all(request.as_bytes()).is_err() || stream.read_to_end(&mut response).is_err() {
         return (0, String::new());
     }
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (code, body)
+    crate::support::status_and_body(&response)
 }
 
 /// The value of the counter sample `sample` (`name{labels}`) in a Prometheus text page.

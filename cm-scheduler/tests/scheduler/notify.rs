@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cli::{NOWHERE, ok};
+use crate::cli::{NOWHERE, create_args, ok};
 use crate::support::{PATIENCE, TestDb, cm_scheduler, poll_blocking, wait_until_blocking};
 
 /// A socket the test listens on, in a directory of its own, removed at the end.
@@ -111,16 +111,7 @@ async fn ready_after_the_first_good_tick_watchdog_from_the_loop_stopping_on_sigt
     let db = TestDb::new().await;
     ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "every-second",
-            "--schedule",
-            "* * * * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args("every-second", "* * * * * *", &["--message", "hi"]),
     );
     let supervisor = Supervisor::new();
     // Ticks 3 s apart, a watchdog of 1 s: the loop pings every half second while it waits for

@@ -2,12 +2,10 @@
 //! and goes away mid-run (through a TCP forwarder the test opens and closes, never stopping the
 //! shared server), and the status page loaded in headless Chromium.
 
-use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
-use cm_domain::{MisfirePolicy, Schedule};
 use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,7 +14,10 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::browser::Browser;
-use crate::support::{SERVER, TestDb, cm_scheduler, drop_database, eventually_within, poll};
+use crate::crash::eventually;
+use crate::support::{
+    SERVER, TestDb, cm_scheduler, drop_database, eventually_within, new_routine, poll,
+};
 /// How long any awaited state may take to appear.
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -41,8 +42,8 @@ impl Running {
             .port();
         let addr = format!("127.0.0.1:{port}");
         let log = std::env::temp_dir().join(format!("cm-operate-{}.log", Uuid::new_v4().simple()));
-        let file = File::create(&log).expect("creating the log file");
-        let child = cm_scheduler()
+        let mut command = cm_scheduler();
+        command
             .args(["--database-url", url, "run", "--listen", &addr])
             .args([
                 "--tick-interval",
@@ -52,14 +53,8 @@ impl Running {
                 "--dispatch-timeout",
                 "2s",
             ])
-            .args(extra)
-            .envs(env.iter().copied())
-            .env("RUST_LOG", "info,sqlx=warn")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("sharing the log file"))
-            .stderr(file)
-            .spawn()
-            .expect("starting cm-scheduler run");
+            .args(extra);
+        let child = crate::support::spawn_logged(&mut command, env, &log);
         Running { child, log, addr }
     }
 
@@ -101,17 +96,7 @@ impl Running {
         {
             return (0, String::new());
         }
-        let text = String::from_utf8_lossy(&response);
-        let code = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (code, body)
+        crate::support::status_and_body(&response)
     }
 
     /// Waits until `path` answers `code` with a body containing `fragment`; returns the body.
@@ -151,18 +136,8 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_file(&self.log);
-        }
+        crate::support::end_scheduler(&mut self.child, &self.log);
     }
-}
-
-async fn eventually<T>(probe: impl AsyncFnMut() -> Option<T>) -> Option<T> {
-    eventually_within(PATIENCE, probe).await
 }
 
 /// A TCP forwarder to the shared PostgreSQL. Closed, it hangs up on every connection, new and
@@ -306,21 +281,13 @@ async fn fired_count(pool: &sqlx::PgPool) -> i64 {
 }
 
 fn every_second(name: &str, kind: RoutineKind, zone: &str) -> NewRoutine {
-    NewRoutine {
-        name: name.into(),
-        schedule: Schedule::parse("* * * * * *", zone).unwrap(),
-        kind,
-        payload: match kind {
-            RoutineKind::Message => json!({ "text": "payload text not to show" }),
-            RoutineKind::Mission => {
-                json!({ "repository": "https://git.example.com/team/audit.git", "task": "audit" })
-            }
-        },
-        misfire: MisfirePolicy::FireOnce,
-        overlap: cm_domain::OverlapPolicy::default(),
-        paused: false,
-        runs_left: None,
-    }
+    let payload = match kind {
+        RoutineKind::Message => json!({ "text": "payload text not to show" }),
+        RoutineKind::Mission => {
+            json!({ "repository": "https://git.example.com/team/audit.git", "task": "audit" })
+        }
+    };
+    new_routine(name, "* * * * * *", zone, kind, payload)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -676,16 +643,7 @@ async fn long_names_wrap_and_actions_stay_in_view_at_1280_px() {
         ),
     ] {
         let routine = store
-            .create_routine(NewRoutine {
-                name: name.into(),
-                schedule: Schedule::parse(schedule, "Europe/Berlin").unwrap(),
-                kind,
-                payload,
-                misfire: MisfirePolicy::FireOnce,
-                overlap: cm_domain::OverlapPolicy::default(),
-                paused: false,
-                runs_left: None,
-            })
+            .create_routine(new_routine(name, schedule, "Europe/Berlin", kind, payload))
             .await
             .unwrap();
         // A full strip of fires in the messages' rows: the table at its widest. The mission

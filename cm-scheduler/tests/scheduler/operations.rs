@@ -1,26 +1,23 @@
 //! The operations the command line and the status page share, against a real database: a
 //! routine found by its id or its name, paused, resumed, triggered, edited and deleted.
 
-use cm_domain::{MisfirePolicy, Schedule};
+use crate::support::new_routine;
 use cm_scheduler::edit::{Edit, NOTHING_TO_CHANGE};
 use cm_scheduler::operations::{self, Change, OperationError, Updated};
-use cm_store::{NewRoutine, PgStore, RoutineKind, StoreError};
+use cm_store::{PgStore, RoutineKind, StoreError};
 use serde_json::json;
 use sqlx::PgPool;
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn a_routine_is_found_by_id_or_name_and_acted_on(pool: PgPool) {
     let store = PgStore::new(pool);
-    let new = NewRoutine {
-        name: "nightly".into(),
-        schedule: Schedule::parse("0 3 * * *", "UTC").unwrap(),
-        kind: RoutineKind::Message,
-        payload: json!({ "text": "hello" }),
-        misfire: MisfirePolicy::FireOnce,
-        overlap: Default::default(),
-        paused: false,
-        runs_left: None,
-    };
+    let new = new_routine(
+        "nightly",
+        "0 3 * * *",
+        "UTC",
+        RoutineKind::Message,
+        json!({ "text": "hello" }),
+    );
     let created = operations::create(&store, new).await.unwrap();
     let by_name = operations::find(&store, " nightly ").await.unwrap();
     let by_id = operations::find(&store, &created.id.to_string())

@@ -9,7 +9,7 @@ use chrono::{DateTime, Duration, Timelike, Utc};
 use sqlx::Connection as _;
 use uuid::Uuid;
 
-use crate::cli::{MissionFiles, NOWHERE, check_fails, cm, created_id, ok, run};
+use crate::cli::{MissionFiles, NOWHERE, check_fails, cm, create_args, created_id, ok, run};
 use crate::support::{SERVER, TestDb, cm_scheduler, drop_database};
 
 impl TestDb {
@@ -94,18 +94,7 @@ pub(crate) fn case(args: &[&str], fragment: &str) -> (Vec<String>, String) {
 pub(crate) fn create(url: &str, name: &str, schedule: &str, zone: &str) -> Uuid {
     created_id(&ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            name,
-            "--schedule",
-            schedule,
-            "--timezone",
-            zone,
-            "--message",
-            "hi",
-        ],
+        &create_args(name, schedule, &["--timezone", zone, "--message", "hi"]),
     ))
 }
 
@@ -515,16 +504,7 @@ async fn names_are_unique_printable_handles() {
     let missing = Uuid::new_v4().to_string();
     let create = |name: &str, fragment: &str| {
         case(
-            &[
-                "routine",
-                "create",
-                "--name",
-                name,
-                "--schedule",
-                "* * * * *",
-                "--message",
-                "x",
-            ],
+            &create_args(name, "* * * * *", &["--message", "x"]),
             fragment,
         )
     };
@@ -606,18 +586,16 @@ async fn show_prints_settings_next_runs_requests_and_fires() {
     let url = db.url.as_str();
     let id = created_id(&ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
+        &create_args(
             "standup",
-            "--schedule",
             "0 9 * * *",
-            "--timezone",
-            "Europe/Berlin",
-            "--message",
-            "standup\u{1b}[2J in 5",
-        ],
+            &[
+                "--timezone",
+                "Europe/Berlin",
+                "--message",
+                "standup\u{1b}[2J in 5",
+            ],
+        ),
     ));
     db.fire(
         id,

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::cli::{BIN, NOWHERE, check_fails, cm, ok};
+use crate::cli::{BIN, NOWHERE, check_fails, cm, create_args, ok};
 use crate::operator::create;
 use crate::support::{PATIENCE, TestDb, cm_scheduler, wait_until_blocking};
 
@@ -207,16 +207,7 @@ async fn a_plain_import_then_a_sync_of_the_edited_crontab_converges_and_a_dry_ru
     // command, which no sync may take.
     ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "disk by hand",
-            "--schedule",
-            "*/15 * * * *",
-            "--message",
-            "check-disk",
-        ],
+        &create_args("disk by hand", "*/15 * * * *", &["--message", "check-disk"]),
     );
     let v2 = "MAILTO=ops@example.invalid\n*/10 * * * * check-disk\n0 3 * * * rotate-logs\n\
               @hourly ping\n";
@@ -398,17 +389,7 @@ async fn listings_keep_creation_order_and_show_why_a_routine_is_paused() {
     // --json is one object a line everywhere.
     for args in [
         &["routine", "show", "job-03", "--json"][..],
-        &[
-            "routine",
-            "create",
-            "--name",
-            "j",
-            "--schedule",
-            "@daily",
-            "--message",
-            "m",
-            "--json",
-        ][..],
+        &create_args("j", "@daily", &["--message", "m", "--json"])[..],
     ] {
         let out = ok(url, args);
         assert_eq!(out.lines().count(), 1, "{args:?}: {out}");

@@ -7,11 +7,10 @@
 //! whether `create`, `update` or `import` gives it.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::cli::{MissionFiles, Run, cm, created_id, ok};
+use crate::cli::{MissionFiles, Run, cm, create_args, created_id, ok, run_within};
 use crate::operator::{case, check_refused};
 use crate::support::{TestDb, cm_scheduler};
 
@@ -22,36 +21,9 @@ const MISSION: &str = r#"{"repository": "https://git.example.com/team/repo.git",
 /// running, that is hanging) and how long it took.
 fn timed(url: &str, args: &[&str], patience: Duration) -> (Option<Run>, Duration) {
     let started = Instant::now();
-    let child = cm_scheduler()
-        .env_remove("RUST_LOG")
-        .arg("--database-url")
-        .arg(url)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting cm-scheduler");
-    let pid = child.id();
-    let (sender, receiver) = mpsc::channel();
-    std::thread::spawn(move || sender.send(child.wait_with_output()));
-    let run = match receiver.recv_timeout(patience) {
-        Ok(output) => {
-            let output = output.expect("waiting for cm-scheduler");
-            Some(Run {
-                code: output.status.code(),
-                stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-            })
-        }
-        Err(_) => {
-            let _ = Command::new("kill")
-                .arg("-KILL")
-                .arg(pid.to_string())
-                .status();
-            None
-        }
-    };
+    let mut command = cm_scheduler();
+    command.arg("--database-url").arg(url).args(args);
+    let run = run_within(&mut command, patience);
     (run, started.elapsed())
 }
 
@@ -248,30 +220,12 @@ async fn overlap_is_refused_on_a_message_routine_by_create_as_by_update_and_impo
     let mission = files.path("m.json");
     let note = created_id(&ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "note",
-            "--schedule",
-            "0 3 * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args("note", "0 3 * * *", &["--message", "hi"]),
     ))
     .to_string();
     let job = created_id(&ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "job",
-            "--schedule",
-            "0 3 * * *",
-            "--mission",
-            &mission,
-        ],
+        &create_args("job", "0 3 * * *", &["--mission", &mission]),
     ))
     .to_string();
     let message_line = files.write(
@@ -282,18 +236,7 @@ async fn overlap_is_refused_on_a_message_routine_by_create_as_by_update_and_impo
         &db,
         &[
             case(
-                &[
-                    "routine",
-                    "create",
-                    "--name",
-                    "m",
-                    "--schedule",
-                    "0 3 * * *",
-                    "--message",
-                    "m",
-                    "--overlap",
-                    "allow",
-                ],
+                &create_args("m", "0 3 * * *", &["--message", "m", "--overlap", "allow"]),
                 "--overlap is for mission routines",
             ),
             case(
@@ -323,18 +266,11 @@ async fn overlap_is_refused_on_a_message_routine_by_create_as_by_update_and_impo
     // A mission routine takes it, from create and from update.
     ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
+        &create_args(
             "m",
-            "--schedule",
             "0 3 * * *",
-            "--mission",
-            &mission,
-            "--overlap",
-            "allow",
-        ],
+            &["--mission", &mission, "--overlap", "allow"],
+        ),
     );
     assert_eq!(db.stored("m").await["overlap"], "allow");
     ok(url, &["routine", "update", &job, "--overlap", "replace"]);

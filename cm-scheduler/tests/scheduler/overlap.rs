@@ -10,7 +10,7 @@ use cm_dispatch::fakes::docker::FakeDocker;
 use cm_dispatch::fakes::kubernetes::FakeKubernetes;
 use uuid::Uuid;
 
-use crate::cli::{MissionFiles, created_id, ok};
+use crate::cli::{MissionFiles, create_args, created_id, ok};
 use crate::crash::SchedulerProcess;
 use crate::support::{TestDb, cm_scheduler};
 
@@ -25,18 +25,11 @@ fn replace_routine(db: &TestDb, files: &MissionFiles, schedule: &str) -> Uuid {
     );
     created_id(&ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
+        &create_args(
             "replaced",
-            "--schedule",
             schedule,
-            "--mission",
-            &mission,
-            "--overlap",
-            "replace",
-        ],
+            &["--mission", &mission, "--overlap", "replace"],
+        ),
     ))
 }
 
@@ -208,23 +201,22 @@ async fn a_run_that_ends_is_counted_once_however_many_schedulers_watch_it(pool: 
     use std::sync::Arc;
 
     use cm_dispatch::runtime::MockMissionRuntime;
-    use cm_domain::{MisfirePolicy, RunState, RunStateName, Schedule};
+    use cm_domain::{RunState, RunStateName};
     use cm_scheduler::Stats;
     use cm_scheduler::runs::RunWatch;
-    use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+    use cm_store::{PgStore, RoutineKind, RoutineStore};
+
+    use crate::support::new_routine;
 
     let store = PgStore::new(pool.clone());
     let routine = store
-        .create_routine(NewRoutine {
-            name: "watched".into(),
-            schedule: Schedule::parse("* * * * *", "UTC").unwrap(),
-            kind: RoutineKind::Mission,
-            payload: serde_json::json!({"repository": "https://git.example.com/r.git", "task": "t"}),
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
-            paused: false,
-            runs_left: None,
-        })
+        .create_routine(new_routine(
+            "watched",
+            "* * * * *",
+            "UTC",
+            RoutineKind::Mission,
+            serde_json::json!({"repository": "https://git.example.com/r.git", "task": "t"}),
+        ))
         .await
         .unwrap();
     // A launched mission whose run is running.

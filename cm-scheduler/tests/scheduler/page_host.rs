@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use crate::cli::{MissionFiles, NOWHERE, check_fails, ok};
+use crate::cli::{MissionFiles, NOWHERE, check_fails, create_args, ok};
 use crate::operate::Running;
 use crate::support::TestDb;
 
@@ -51,17 +51,7 @@ async fn request(
     .await
     .expect("the scheduler answered within 10 s")
     .expect("reading the answer");
-    let response = String::from_utf8_lossy(&response);
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
+    crate::support::status_and_body(&response)
 }
 
 /// The form token the page writes into its forms.
@@ -85,16 +75,7 @@ async fn is_paused(db: &TestDb, name: &str) -> bool {
 fn daily(db: &TestDb, name: &str) {
     ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            name,
-            "--schedule",
-            "0 3 * * *",
-            "--message",
-            "hi",
-        ],
+        &create_args(name, "0 3 * * *", &["--message", "hi"]),
     );
 }
 

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use chrono::{DateTime, SecondsFormat, Timelike, Utc};
 use uuid::Uuid;
 
-use crate::cli::{check_fails, ok};
+use crate::cli::{check_fails, create_args, ok};
 use crate::support::{PATIENCE, TestDb, run_quietly, wait_until};
 
 fn rfc(at: DateTime<Utc>) -> String {
@@ -270,20 +270,18 @@ async fn a_run_limit_fires_exactly_that_many_under_two_schedulers_and_kills() {
     let url = db.url.as_str();
     ok(
         url,
-        &[
-            "routine",
-            "create",
-            "--name",
+        &create_args(
             "five",
-            "--schedule",
             "* * * * * *",
-            "--misfire",
-            "catch-up",
-            "--limit-runs",
-            "5",
-            "--message",
-            "hi",
-        ],
+            &[
+                "--misfire",
+                "catch-up",
+                "--limit-runs",
+                "5",
+                "--message",
+                "hi",
+            ],
+        ),
     );
     check_fails(
         url,

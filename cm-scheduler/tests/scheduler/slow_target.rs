@@ -3,6 +3,7 @@
 //! and every other routine at once. Every occurrence of the other routines must be delivered
 //! on time while the slow one is still waiting for its answer.
 
+use crate::support::new_routine;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,9 +16,9 @@ use chrono::{DateTime, Utc};
 use cm_dispatch::WebhookDispatcher;
 use cm_dispatch::fakes::standard_webhooks::signature_valid;
 use cm_dispatch::webhook::WebhookSecret;
-use cm_domain::{FireCap, Lease, MisfirePolicy, Schedule, SchedulerConfig};
+use cm_domain::{FireCap, Lease, Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
-use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+use cm_store::{PgStore, RoutineKind, RoutineStore};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -87,16 +88,13 @@ async fn a_slow_target_never_delays_other_routines(pool: PgPool) {
     let mut routines = Vec::new();
     for i in 0..4 {
         let routine = store
-            .create_routine(NewRoutine {
-                name: format!("routine-{i}"),
-                schedule: every_second.clone(),
-                kind: RoutineKind::Message,
-                payload: json!({ "text": format!("routine {i}") }),
-                misfire: MisfirePolicy::FireOnce,
-                overlap: cm_domain::OverlapPolicy::default(),
-                paused: false,
-                runs_left: None,
-            })
+            .create_routine(new_routine(
+                format!("routine-{i}"),
+                "* * * * * *",
+                "UTC",
+                RoutineKind::Message,
+                json!({ "text": format!("routine {i}") }),
+            ))
             .await
             .unwrap();
         routines.push(routine.id);

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use cm_dispatch::fakes::wait::gave_up;
 pub use cm_dispatch::fakes::wait::{PATIENCE, poll, wait_until};
+use cm_domain::{MisfirePolicy, OverlapPolicy, Schedule};
+use cm_store::{NewRoutine, RoutineKind};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
 use uuid::Uuid;
@@ -156,6 +158,73 @@ pub async fn eventually_within<T>(
     probe: impl AsyncFnMut() -> Option<T>,
 ) -> Option<T> {
     poll(patience, probe, Option::is_some).await.ok().flatten()
+}
+
+/// A routine to create: `name`, on `cron` in `zone`, of `kind` with `payload`; misfires fire
+/// once, the default overlap, not paused, no run limit. A test that needs another setting says
+/// only that one (`NewRoutine { paused: true, ..new_routine(..) }`).
+pub fn new_routine(
+    name: impl Into<String>,
+    cron: &str,
+    zone: &str,
+    kind: RoutineKind,
+    payload: serde_json::Value,
+) -> NewRoutine {
+    NewRoutine {
+        name: name.into(),
+        schedule: Schedule::parse(cron, zone).unwrap(),
+        kind,
+        payload,
+        misfire: MisfirePolicy::FireOnce,
+        overlap: OverlapPolicy::default(),
+        paused: false,
+        runs_left: None,
+    }
+}
+
+/// Starts `command` (a `cm-scheduler run`) with `env` added and `RUST_LOG=info,sqlx=warn`, its
+/// output going to the file `log`: a pipe nobody drains would block the process once full.
+pub fn spawn_logged(
+    command: &mut std::process::Command,
+    env: &[(&str, &str)],
+    log: &std::path::Path,
+) -> std::process::Child {
+    let file = std::fs::File::create(log).expect("creating the scheduler's log file");
+    command
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "info,sqlx=warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone().expect("sharing the log file"))
+        .stderr(file)
+        .spawn()
+        .expect("starting cm-scheduler run")
+}
+
+/// Ends a scheduler process the test started, if it still runs, and removes its log file unless
+/// the test is failing: a failing test keeps the log for whoever reads its output.
+pub fn end_scheduler(child: &mut std::process::Child, log: &std::path::Path) {
+    if matches!(child.try_wait(), Ok(None)) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    if !std::thread::panicking() {
+        let _ = std::fs::remove_file(log);
+    }
+}
+
+/// An HTTP/1.1 answer read to its end: the status code (0 when there is none) and the body.
+pub fn status_and_body(response: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(response);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (code, body)
 }
 
 /// No test starts the binary but through [`cm_scheduler`]: a command built another way would

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 
 use cm_dispatch::fakes::standard_webhooks::signature_valid;
 
-use crate::cli::ok;
+use crate::cli::{create_args, ok};
 use crate::crash::SchedulerProcess;
 use crate::support::{TestDb, cm_scheduler, eventually_within};
 
@@ -94,16 +94,7 @@ async fn a_webhook_carries_the_traceparent_the_ledger_names() {
 
     ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "traced",
-            "--schedule",
-            "* * * * * *",
-            "--message",
-            "hello",
-        ],
+        &create_args("traced", "* * * * * *", &["--message", "hello"]),
     );
     let mut scheduler = SchedulerProcess::start_with(&db, "trace", &hook.args(), &[]);
     let fires: Vec<serde_json::Value> = eventually_within(Duration::from_secs(30), async || {
@@ -248,16 +239,7 @@ async fn traced_run(
     let (endpoint, exported) = otlp_receiver().await;
     ok(
         &db.url,
-        &[
-            "routine",
-            "create",
-            "--name",
-            "traced",
-            "--schedule",
-            "* * * * * *",
-            "--message",
-            "hello",
-        ],
+        &create_args("traced", "* * * * * *", &["--message", "hello"]),
     );
     let mut args = vec!["--otlp-endpoint", endpoint.as_str()];
     args.extend_from_slice(backend);

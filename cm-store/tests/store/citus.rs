@@ -16,9 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use cm_domain::{
-    ClaimOutcome, FireStatus, MisfirePolicy, Occurrence, OverlapPolicy, RunState, Settlement,
-};
+use cm_domain::{ClaimOutcome, FireStatus, MisfirePolicy, OverlapPolicy, RunState, Settlement};
 use cm_store::explain::HotStatement;
 use cm_store::{
     FailingRoutines, FireLedger, FireSettle, GroupDirectory, GroupId, MissionRuns, NewRoutine,
@@ -29,7 +27,8 @@ use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::support::{
-    YEARLY, create, fire_of, message, outbox_params, params, reap_params, set_next_run, token_of,
+    YEARLY, create, fire_of, message, outbox_params, page_summaries, params, reap_params,
+    set_next_run, token_of, unfinished_occurrences,
 };
 
 /// A database of its own on the Citus cluster, migrated and distributed; dropped by
@@ -843,14 +842,7 @@ async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
     // A retry of the holder finds the run its own.
     assert_eq!(db.store.take_run(*first).await.unwrap(), RunTake::Launch);
 
-    let mut unfinished: Vec<Occurrence> = db
-        .store
-        .unfinished_runs(10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.occurrence)
-        .collect();
+    let mut unfinished = unfinished_occurrences(&db.store).await;
     unfinished.sort();
     let mut expected = fires.clone();
     expected.sort();
@@ -902,15 +894,7 @@ async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
     let ids: Vec<Uuid> = fires.iter().map(|o| o.routine_id).collect();
     let last = db.store.last_fires(&ids).await.unwrap();
     assert_eq!(last.len(), ids.len());
-    let summaries = db
-        .store
-        .routine_summaries(&cm_store::RoutineQuery {
-            limit: 10,
-            recent_fires: 5,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let summaries = page_summaries(&db.store).await;
     assert_eq!(summaries.len(), routines.len());
     let rate = db.store.fire_rate().await.unwrap();
     let failed_in_chart: u64 = rate.minutes.iter().map(|m| m.failed).sum();

@@ -13,7 +13,7 @@ use cm_store::{
 use sqlx::PgPool;
 use std::time::Duration;
 
-use crate::support::{Seed, create, seed_fire};
+use crate::support::{Seed, create, failed_fires, page_summaries, seed_fire};
 
 /// The occurrence `minute` minutes into the last hour of `routine`'s fires: recent enough for
 /// the minute chart and the automatic pause's window.
@@ -118,13 +118,7 @@ async fn a_mission_whose_runs_exit_3_is_failing_everywhere_and_paused(pool: PgPo
         fired_with_run(&store, &pool, occurrence, RunState::exited(3, "")).await;
     }
 
-    let failed = store
-        .list_fires(&FireFilter {
-            outcome: Some(FireOutcome::Failed),
-            ..FireFilter::default()
-        })
-        .await
-        .unwrap();
+    let failed = failed_fires(&store).await;
     assert_eq!(
         failed.len(),
         3,
@@ -145,14 +139,7 @@ async fn a_mission_whose_runs_exit_3_is_failing_everywhere_and_paused(pool: PgPo
         .fold((0, 0), |(a, b), m| (a + m.fired, b + m.failed));
     assert_eq!((fired, failed), (0, 3), "the chart counts the runs failed");
 
-    let summaries = store
-        .routine_summaries(&cm_store::RoutineQuery {
-            limit: 10,
-            recent_fires: 5,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let summaries = page_summaries(&store).await;
     let last = summaries[0].last_fire().unwrap();
     assert_eq!(last.outcome(), FireOutcome::Failed);
     assert_eq!(last.error.as_deref(), Some("exit code 3"));

@@ -7,7 +7,7 @@ use cm_store::{MissionRuns, PgStore, RunUpdate};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{Seed, create, fire_of, lock_waiters, seed_fire};
+use crate::support::{Seed, create, fire_of, lock_waiters, seed_fire, unfinished_occurrences};
 
 /// The occurrence `minute` minutes into a fixed hour of `routine`.
 fn minute_of(routine: &cm_store::Routine, minute: i64) -> Occurrence {
@@ -102,13 +102,7 @@ async fn runs_are_begun_watched_and_recorded_once(pool: PgPool) {
     );
     assert_eq!(fire_of(&store, not_launched).await.run_state, None);
     assert_eq!(fire_of(&store, message).await.run_state, None);
-    let left: Vec<Occurrence> = store
-        .unfinished_runs(10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.occurrence)
-        .collect();
+    let left = unfinished_occurrences(&store).await;
     assert_eq!(left, [launching]);
 
     // A lost run keeps its reason.

@@ -15,6 +15,8 @@ use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::support::failed_fires;
+
 /// How many rows each test builds: the group a statement must not read whole.
 const ROWS: i64 = 100_000;
 
@@ -281,13 +283,7 @@ async fn every_listing_of_fires_reads_a_page_not_the_ledger(pool: PgPool) {
         let what = format!("fires routine {routine:?} status {status:?} after {after:?}");
         plan.assert_reads_about_the_limit(&what);
     }
-    let failed = store
-        .list_fires(&FireFilter {
-            outcome: Some(FireOutcome::Failed),
-            ..FireFilter::default()
-        })
-        .await
-        .unwrap();
+    let failed = failed_fires(&store).await;
     assert_eq!(failed.len(), 100);
     assert!(failed.iter().all(|f| f.status == "failed"));
 }

@@ -7,10 +7,13 @@ use std::fmt::Debug;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Datelike, TimeDelta, TimeZone, Timelike, Utc};
-use cm_domain::{ClaimToken, FireCap, Lease, MisfirePolicy, MisfireRules, Occurrence, Schedule};
+use cm_domain::{
+    ClaimToken, FireCap, FireOutcome, Lease, MisfirePolicy, MisfireRules, Occurrence, Schedule,
+};
 use cm_store::{
-    ClaimDueParams, Fire, FireFilter, FireLedger, InClaimEffect, InClaimWrites, NewRoutine,
-    PgStore, ReapParams, Routine, RoutineKind, RoutineStore,
+    ClaimDueParams, Fire, FireFilter, FireLedger, InClaimEffect, InClaimWrites, MissionRuns,
+    NewRoutine, PgStore, ReapParams, Routine, RoutineKind, RoutineQuery, RoutineStore,
+    RoutineSummary, StatusReader,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -269,6 +272,40 @@ pub async fn ledger(store: &PgStore, routine_id: Uuid) -> Vec<Fire> {
         .unwrap();
     fires.reverse();
     fires
+}
+
+/// The failed ledger rows, newest first (what `fires --status failed` lists).
+pub async fn failed_fires(store: &PgStore) -> Vec<Fire> {
+    store
+        .list_fires(&FireFilter {
+            outcome: Some(FireOutcome::Failed),
+            ..FireFilter::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// The occurrences whose mission runs the watch still asks about (at most ten).
+pub async fn unfinished_occurrences(store: &PgStore) -> Vec<Occurrence> {
+    store
+        .unfinished_runs(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.occurrence)
+        .collect()
+}
+
+/// The routine summaries of the status page's first page: ten routines, five recent fires each.
+pub async fn page_summaries(store: &PgStore) -> Vec<RoutineSummary> {
+    store
+        .routine_summaries(&RoutineQuery {
+            limit: 10,
+            recent_fires: 5,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
 }
 
 /// The one ledger row of an occurrence.

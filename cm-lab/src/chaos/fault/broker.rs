@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Chaos, Fault};
+use super::{Chaos, Fault, back_after};
 use crate::chaos::backend::nats::NatsServer;
 use crate::chaos::report::Findings;
 
@@ -55,19 +55,13 @@ impl Fault for BrokerRestarts {
     }
 
     fn findings(&self) -> Findings {
-        let mut f = Findings::default();
-        f.line(
+        Findings::one(
             "broker restarts",
             format!(
                 "{} SIGKILLs of nats-server, each started again on its store ({})",
                 self.done.len(),
-                self.done
-                    .iter()
-                    .map(|d| format!("listening again {:.2} s after the kill", d.as_secs_f64()))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                back_after(&self.done, "listening again", "the kill")
             ),
-        );
-        f
+        )
     }
 }

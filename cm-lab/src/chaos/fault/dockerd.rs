@@ -8,7 +8,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Chaos, Fault};
+use super::{Chaos, Fault, back_after};
 use crate::chaos::backend::docker::Dockerd;
 use crate::chaos::report::Findings;
 
@@ -58,19 +58,13 @@ impl Fault for DockerdRestarts {
     }
 
     fn findings(&self) -> Findings {
-        let mut f = Findings::default();
-        f.line(
+        Findings::one(
             "dockerd restarts",
             format!(
                 "{} restarts of the run's dockerd ({})",
                 self.done.len(),
-                self.done
-                    .iter()
-                    .map(|d| format!("answering again {:.2} s after the SIGTERM", d.as_secs_f64()))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                back_after(&self.done, "answering again", "the SIGTERM")
             ),
-        );
-        f
+        )
     }
 }

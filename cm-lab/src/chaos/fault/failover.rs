@@ -233,8 +233,7 @@ impl Fault for Failover {
     }
 
     fn findings(&self) -> Findings {
-        let mut f = Findings::default();
-        f.line(
+        let mut f = Findings::one(
             "failover",
             format!(
                 "{} replication, {} to {}: primary killed at {}; new primary forwarded to {} after the kill; standby {} behind at the kill",

@@ -75,15 +75,13 @@ impl Fault for HeldKill {
     }
 
     fn findings(&self) -> Findings {
-        let mut f = Findings::default();
-        f.line(
+        Findings::one(
             "held kill",
             match &self.killed {
                 Some(id) => format!("{id} SIGKILLed while its delivery's answer was held"),
                 None => "no delivery's answer was held while the fault looked".to_string(),
             },
-        );
-        f
+        )
     }
 }
 

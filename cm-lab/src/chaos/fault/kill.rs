@@ -84,15 +84,13 @@ impl Fault for Kills {
     }
 
     fn findings(&self) -> Findings {
-        let mut f = Findings::default();
-        f.line(
+        Findings::one(
             "kills",
             format!(
                 "{} SIGKILLs ({} aimed just after a whole second), {} restarted under the same instance id",
                 self.kills, self.aimed_kills, self.same_id_restarts
             ),
-        );
-        f
+        )
     }
 }
 

@@ -61,8 +61,7 @@ impl Fault for ReceiverOutage {
     }
 
     fn findings(&self) -> Findings {
-        let mut f = Findings::default();
-        f.line(
+        Findings::one(
             "receiver outage",
             format!(
                 "{} s of 503 to every request{}",
@@ -73,7 +72,6 @@ impl Fault for ReceiverOutage {
                     " (cut short by the end of the chaos)"
                 }
             ),
-        );
-        f
+        )
     }
 }

@@ -119,22 +119,20 @@ impl Fault for Restarts {
     }
 
     fn findings(&self) -> Findings {
-        let mut f = Findings::default();
         let outages = self
             .done
             .iter()
             .map(|(mode, d)| format!("{mode:?} {:.1} s", d.as_secs_f64()))
             .collect::<Vec<_>>()
             .join(", ");
-        f.line(
+        Findings::one(
             "db restarts",
             if outages.is_empty() {
                 "0".to_string()
             } else {
                 format!("{} ({outages})", self.done.len())
             },
-        );
-        f
+        )
     }
 }
 

@@ -63,16 +63,14 @@ impl Fault for Terminations {
     }
 
     fn findings(&self) -> Findings {
-        let mut f = Findings::default();
-        f.line(
+        Findings::one(
             "backends cut",
             format!(
                 "{} pg_terminate_backend passes ({} connections)",
                 self.cut.len(),
                 self.cut.iter().sum::<i64>()
             ),
-        );
-        f
+        )
     }
 }
 

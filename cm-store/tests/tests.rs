@@ -116,3 +116,12 @@ mod writes;
 // Multi-host URLs: the first host that qualifies, refusals named, a read-only host reported.
 #[path = "store/failover.rs"]
 mod failover;
+
+// Checks at insert in the SQL functions, refusals naming the field; `cm.update_routine`.
+#[path = "store/sql_checks.rs"]
+mod sql_checks;
+
+// Least privilege: `cm_writer` only calls functions; definer functions on a pinned path; the
+// deploy role file.
+#[path = "store/privileges.rs"]
+mod privileges;

@@ -1,6 +1,6 @@
 //! Routines written through SQL (`cm.create_routine`) by a service in any language: the
 //! scheduler's planning pass gives a valid one its first run and it fires; one whose cron
-//! expression cm cannot read is paused with the reason, counted, and fires nothing.
+//! schedule only cm's Rust refuses is paused with the reason, counted, and fires nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +37,8 @@ async fn a_routine_written_through_sql_fires_once_planned_and_a_bad_one_never(po
     let store = PgStore::new(pool.clone());
     let messages = Arc::new(MemoryDispatcher::new());
     let good = create(&pool, "every second", "* * * * * *").await;
-    let bad = create(&pool, "bad", "61 * * * * *").await;
+    // SQL takes this schedule; only cm's Rust sees that its jitter is longer than its interval.
+    let bad = create(&pool, "bad", "* * * * * * jitter 5s").await;
 
     // A scheduler that does not plan never fires them: unplanned is never due.
     let unplanned = scheduler(&store, &messages);

@@ -1,0 +1,309 @@
+//! Checks at insert: the SQL functions refuse in the caller's transaction what `routine create`
+//! and `routine update` refuse (a bad cron field, zone, clause, a schedule already over, a name
+//! the CLI would not keep), with SQLSTATE 22023 and a message naming what is wrong; and
+//! `cm.update_routine` changes a routine and has it planned again.
+
+use cm_store::{PgStore, RoutineStore, UnplannedRoutines};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::support::db_now;
+
+/// Creates a message routine through `cm.create_routine`.
+async fn create(pool: &PgPool, name: &str, schedule: &str, zone: &str) -> Result<Uuid, String> {
+    sqlx::query_scalar("SELECT cm.create_routine($1, $2, $3, 'hello')")
+        .bind(name)
+        .bind(schedule)
+        .bind(zone)
+        .fetch_one(pool)
+        .await
+        .map_err(refusal)
+}
+
+/// An error as `SQLSTATE: message`.
+fn refusal(err: sqlx::Error) -> String {
+    match err.as_database_error() {
+        Some(db) => format!("{}: {}", db.code().unwrap_or_default(), db.message()),
+        None => panic!("not a database error: {err}"),
+    }
+}
+
+/// Asserts that `result` is a refusal with SQLSTATE 22023 whose message holds `words`.
+#[track_caller]
+fn check_refused<T: std::fmt::Debug>(what: &str, result: Result<T, String>, words: &str) {
+    let err = result.expect_err(what);
+    assert!(
+        err.starts_with("22023: ") && err.contains(words),
+        "{what}: {err:?} does not say {words:?}"
+    );
+}
+
+async fn routine_count(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM routines")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A bad schedule or zone is an error at insert naming the field (SQLSTATE 22023), not a
+/// routine paused later; `@at` in the past and a window already closed are refused as
+/// `routine create` refuses them; and nothing is written.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_bad_schedule_or_zone_is_refused_at_insert_naming_the_field(pool: PgPool) {
+    for (schedule, zone, words) in [
+        (
+            "61 * * * *",
+            "UTC",
+            "minute field \"61\": 61 is out of range 0-59",
+        ),
+        ("0 24 * * *", "UTC", "hour field \"24\""),
+        ("0 0 0 * *", "UTC", "day-of-month field \"0\""),
+        ("0 0 1 FOO *", "UTC", "month field \"FOO\": unknown name"),
+        ("0 0 1 13 *", "UTC", "month field \"13\""),
+        ("0 0 * * 8", "UTC", "day-of-week field \"8\""),
+        (
+            "0 0 * * MONDAY",
+            "UTC",
+            "day-of-week field \"MONDAY\": unknown name",
+        ),
+        (
+            "*/0 * * * *",
+            "UTC",
+            "minute field \"*/0\": step 0 is not allowed",
+        ),
+        (
+            "*/61 * * * *",
+            "UTC",
+            "minute field \"*/61\": step 61 is larger",
+        ),
+        ("5/10 * * * *", "UTC", "a step needs `*` or a range"),
+        (
+            "0 */x * * *",
+            "UTC",
+            "hour field \"*/x\": step \"x\" is not a number",
+        ),
+        (
+            "5-1 * * * *",
+            "UTC",
+            "minute field \"5-1\": range 5-1 runs backwards",
+        ),
+        ("60 * * * * *", "UTC", "second field \"60\""),
+        ("0 0 L * *", "UTC", "day-of-month field \"L\""),
+        ("0 0 * * MON#2", "UTC", "day-of-week field \"MON#2\""),
+        ("0 0 1,,2 * *", "UTC", "empty list item"),
+        ("0\u{3000}0 * * *", "UTC", "unexpected character"),
+        ("* * * *", "UTC", "found 4"),
+        ("0 9 30 2 *", "UTC", "never occurs in month"),
+        ("@reboot", "UTC", "@reboot is not supported"),
+        ("@fortnightly", "UTC", "unknown macro"),
+        ("@daily *", "UTC", "stands alone"),
+        ("@every 90x", "UTC", "@every 90x"),
+        ("@every 1h offset 2h", "UTC", "offset must be shorter"),
+        ("@every 400d", "UTC", "longer than 366 days"),
+        ("@at tomorrow", "UTC", "@at \"tomorrow\": not a time"),
+        (
+            "@at 2020-01-01T00:00:00Z",
+            "UTC",
+            "has no occurrence after now",
+        ),
+        (
+            "0 9 * * * until 2020-06-01",
+            "Europe/Berlin",
+            "has no occurrence after now",
+        ),
+        (
+            "0 9 * * * except 0 9 * * 8",
+            "UTC",
+            "except \"0 9 * * 8\": invalid cron expression: day-of-week field",
+        ),
+        ("0 9 * * * jitter soon", "UTC", "jitter \"soon\""),
+        (
+            "0 9 * * * from 2030-01-01 until 2029-01-01",
+            "UTC",
+            "before it starts",
+        ),
+        (
+            "0 9 * * * until 2099-01-01 from 2030-01-01",
+            "UTC",
+            "in the order except, jitter, from, until",
+        ),
+        ("@at 2099-01-01 jitter 2d", "UTC", "at most a day"),
+        (
+            "0 9 * * *",
+            "Mars/Olympus",
+            "time zone: unknown time zone \"Mars/Olympus\"",
+        ),
+        ("0 9 * * *", "+02:00", "time zone"),
+        ("0 9 * * *", "UTC+2", "time zone"),
+        ("0 9 * * *", "CEST", "time zone"),
+        ("0 9 * * *", "europe/berlin", "time zone"),
+        ("0 9 * * *", "posix/Europe/Berlin", "time zone"),
+    ] {
+        check_refused(
+            &format!("{schedule:?} in {zone:?}"),
+            create(&pool, "refused", schedule, zone).await,
+            words,
+        );
+    }
+    assert_eq!(routine_count(&pool).await, 0);
+
+    // What cm takes, SQL takes.
+    for (i, (schedule, zone)) in [
+        ("0 9 * * MON-FRI", "Europe/Berlin"),
+        ("*/20 * * * * *", "UTC"),
+        ("0 0 * * FRI-SUN", "Etc/GMT+5"),
+        ("0 0 1 JAN,jul *", "America/New_York"),
+        ("5,10,15-20/5 1 * * *", "UTC"),
+        ("@MIDNIGHT", "UTC"),
+        ("@every 90m offset 15m", "UTC"),
+        ("@at 2099-12-24T15:30", "Europe/Berlin"),
+        (
+            "0 9 * * * except 0 0 25 12 * jitter 5m from 2026-01-01 until 2099-01-01",
+            "Europe/Berlin",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        create(&pool, &format!("taken {i}"), schedule, zone)
+            .await
+            .unwrap_or_else(|e| panic!("{schedule:?} in {zone:?}: {e}"));
+    }
+    let store = PgStore::new(pool.clone());
+    let planned = store.plan_routines(None, 100).await.unwrap();
+    assert!(planned.iter().all(|p| p.refused.is_none()), "{planned:?}");
+}
+
+/// Names are trimmed and refused as the CLI's `RoutineName` trims and refuses them: Unicode
+/// whitespace around a name goes, an invisible or bidirectional character is refused.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn names_are_trimmed_and_refused_as_the_cli_does(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let id = create(&pool, "\u{a0}\u{3000} nightly \u{3000}", "@daily", "UTC")
+        .await
+        .unwrap();
+    assert_eq!(store.get_routine(id).await.unwrap().name, "nightly");
+    for (name, words) in [
+        ("a\u{202e}b", "U+202E"),
+        ("zero\u{200b}width", "U+200B"),
+        ("line\nbreak", "control character"),
+        ("\u{3000}", "must not be empty"),
+        ("01a23b2c867973d6ad8bba3769a234da", "looks like an id"),
+    ] {
+        check_refused(name, create(&pool, name, "@daily", "UTC").await, words);
+    }
+    let long = "n".repeat(201);
+    check_refused(
+        "long",
+        create(&pool, &long, "@daily", "UTC").await,
+        "at most 200",
+    );
+    let payload = "x".repeat(cm_domain::MAX_MESSAGE_BYTES + 1);
+    let big: Result<Uuid, String> =
+        sqlx::query_scalar("SELECT cm.create_routine('big', '@daily', 'UTC', $1)")
+            .bind(payload)
+            .fetch_one(&pool)
+            .await
+            .map_err(refusal);
+    check_refused("big", big, "at most 262144");
+    let unknown: Result<Uuid, String> = sqlx::query_scalar(
+        "SELECT cm.create_mission_routine('m', '@daily', 'UTC', '{\"task\": \"t\", \"image\": \"x\"}')",
+    )
+    .fetch_one(&pool)
+    .await
+    .map_err(refusal);
+    check_refused("mission", unknown, "mission field \"image\": unknown field");
+}
+
+/// `cm.update_routine` changes what `routine update` changes, with the same checks as at
+/// insert; a new schedule is planned again (no next run until the next pass, then the new
+/// schedule's); a refused change leaves the routine as it was.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn update_routine_checks_the_change_and_plans_it_again(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let id = create(&pool, "report", "0 9 * * *", "UTC").await.unwrap();
+    store.plan_routines(None, 10).await.unwrap();
+    let before = store.get_routine(id).await.unwrap();
+    assert!(before.next_run_at.is_some());
+
+    let update = |args: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(format!(
+                "SELECT cm.update_routine($1, {args})"
+            )))
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .map_err(refusal)
+        }
+    };
+    for (args, words) in [
+        ("schedule => '0 9 * 13 *'", "month field \"13\""),
+        ("timezone => 'Mars/Olympus'", "time zone"),
+        (
+            "schedule => '@at 2020-01-01'",
+            "has no occurrence after now",
+        ),
+        ("name => '\u{202e}x'", "U+202E"),
+        ("message => ''", "must not be empty"),
+        ("overlap => 'allow'", "for mission routines"),
+        ("misfire => 'sometimes'", "fire-once, catch-up or skip"),
+        (
+            "message => 'a', mission => '{}'",
+            "at most one of message and mission",
+        ),
+    ] {
+        check_refused(args, update(args).await, words);
+    }
+    assert_eq!(store.get_routine(id).await.unwrap(), before);
+
+    assert!(
+        update("name => ' weekly report ', schedule => '0 9 * * MON', timezone => 'Europe/Berlin', message => 'weekly', misfire => 'skip'")
+            .await
+            .unwrap()
+    );
+    let changed = store.get_routine(id).await.unwrap();
+    assert_eq!(
+        (
+            changed.name.as_str(),
+            changed.schedule.as_str(),
+            changed.timezone.as_str(),
+            changed.payload["text"].as_str(),
+            changed.misfire_policy,
+            changed.next_run_at,
+        ),
+        (
+            "weekly report",
+            "0 9 * * MON",
+            "Europe/Berlin",
+            Some("weekly"),
+            cm_domain::MisfirePolicy::Skip,
+            None
+        )
+    );
+    // Its old name is free, its new one taken.
+    create(&pool, "report", "@daily", "UTC").await.unwrap();
+    let taken = create(&pool, "weekly report", "@daily", "UTC").await;
+    assert!(taken.unwrap_err().starts_with("23505"));
+
+    let planned = store.plan_routines(None, 10).await.unwrap();
+    assert!(
+        planned.iter().any(|p| p.id == id && p.refused.is_none()),
+        "{planned:?}"
+    );
+    let next = store.get_routine(id).await.unwrap().next_run_at.unwrap();
+    let schedule = cm_domain::Schedule::parse("0 9 * * MON", "Europe/Berlin").unwrap();
+    assert_eq!(schedule.next_after(db_now(&pool).await), Some(next));
+
+    // A message change alone keeps the plan.
+    assert!(update("message => 'again'").await.unwrap());
+    assert_eq!(store.get_routine(id).await.unwrap().next_run_at, Some(next));
+    // No such routine.
+    let missing: bool = sqlx::query_scalar("SELECT cm.update_routine($1, message => 'x')")
+        .bind(Uuid::new_v4())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(!missing);
+}

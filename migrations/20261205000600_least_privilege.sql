@@ -1,0 +1,72 @@
+-- Least privilege: a role `cm_writer` that may only call cm's functions.
+--
+-- An application's role granted `cm_writer` (`GRANT cm_writer TO app;`) creates, updates,
+-- pauses, resumes, triggers, reads back and deletes routines through the functions of schema
+-- `cm`, and cannot write cm's tables (it holds no privilege on them at all): every check the
+-- functions make at insert holds for everything it writes.
+--
+-- For that every function of schema `cm` is SECURITY DEFINER: it runs as its owner, the role
+-- that ran `cm-scheduler migrate` (so that role should own cm's schema and be no superuser;
+-- deploy/postgres/roles.sql makes one). A SECURITY DEFINER function must not look anything up
+-- on a path its caller controls: its path is pinned. `SET search_path FROM CURRENT` pins the
+-- path the migration runs under; when that path does not name `pg_temp` (the old layout's
+-- `"$user", public`), PostgreSQL searches the caller's temporary schema *first*, and a caller's
+-- temporary table `routine_names` or `cm_settings` would stand in for cm's. So, in that case,
+-- the path is set here, before the functions are pinned, to `pg_catalog` (nothing shadows the
+-- built-in functions), the tables' schema, `cm`, then `pg_temp` last. `"$user"` is left out: in
+-- a SECURITY DEFINER function it is the owner's name. A path that names `pg_temp` already (the
+-- layout where migrations run under `cm, pg_catalog, pg_temp`) is kept as it is.
+--
+-- EXECUTE on cm's functions is revoked from PUBLIC, now and for the functions later migrations
+-- create; `cm_writer` gets USAGE on schema `cm` and EXECUTE on the write and read functions,
+-- nothing else. The helpers (`cm.insert_unplanned`, `cm.checked_*`, …) stay the owner's, so no
+-- caller writes a routine past the checks of the function that calls them.
+--
+-- Roles are the cluster's, shared by every database: the role is created only if missing, and
+-- two migrations creating it at once (two databases migrated together) both succeed. A
+-- migrating role without CREATEROLE works when an administrator made `cm_writer` first.
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'cm_writer') THEN
+        BEGIN
+            CREATE ROLE cm_writer NOLOGIN;
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN
+            -- Another migration created it between the check and the create.
+            NULL;
+        END;
+    END IF;
+END
+$$;
+
+DO $$
+DECLARE
+    path TEXT := current_setting('search_path');
+    tables TEXT := (SELECT relnamespace::regnamespace::text FROM pg_class
+                    WHERE oid = 'routines'::regclass);
+    f REGPROCEDURE;
+BEGIN
+    IF path !~ 'pg_temp' THEN
+        path := 'pg_catalog, ' || tables || CASE WHEN tables = 'cm' THEN '' ELSE ', cm' END
+            || ', pg_temp';
+    END IF;
+    PERFORM set_config('search_path', path, true);
+    FOR f IN SELECT p.oid FROM pg_proc p WHERE p.pronamespace = 'cm'::regnamespace LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path FROM CURRENT', f);
+    END LOOP;
+END
+$$;
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA cm FROM PUBLIC;
+ALTER DEFAULT PRIVILEGES IN SCHEMA cm REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
+
+GRANT USAGE ON SCHEMA cm TO cm_writer;
+GRANT EXECUTE ON FUNCTION
+    cm.create_routine(TEXT, TEXT, TEXT, TEXT, TEXT, BOOLEAN),
+    cm.create_mission_routine(TEXT, TEXT, TEXT, JSONB, TEXT, TEXT, BOOLEAN),
+    cm.update_routine(UUID, TEXT, TEXT, TEXT, TEXT, JSONB, TEXT, TEXT),
+    cm.set_routine_paused(UUID, BOOLEAN),
+    cm.trigger_routine(UUID),
+    cm.delete_routine(UUID),
+    cm.get_routine(UUID)
+TO cm_writer;

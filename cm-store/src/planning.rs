@@ -1,7 +1,9 @@
 //! Planning the routines written through SQL (`cm.create_routine`, `cm.create_mission_routine`,
-//! `cm.set_routine_paused` to resume). SQL checks what it can when it writes the row; what only
-//! cm's Rust reads (the cron expression, the IANA zone, the name's invisible characters, a
-//! mission's fields) is checked here, and the row is `planned = false`, never due, until then.
+//! `cm.update_routine`, `cm.set_routine_paused` to resume). SQL checks what it can when it
+//! writes the row (the name, the zone, every cron field and clause, the payload's shape); what
+//! only cm's Rust reads (a jitter longer than the schedule's interval, exclusions that leave
+//! nothing, a mission's fields) is checked here, and the row is `planned = false`, never due,
+//! until then. Rows written past the functions, by the tables' owner, are checked here whole.
 //! A pass takes each unplanned routine with its row locked (`SKIP LOCKED`: two schedulers plan
 //! different rows, and a caller's uncommitted write is not seen at all) and either gives it its
 //! first run, from the schedule and the database's clock, or pauses it with the reason, so a

@@ -41,6 +41,11 @@
 //!   instant, the nominal one plus the offset. `J` is at most the schedule's shortest interval
 //!   (checked over its first [`JITTER_CHECKED_OCCURRENCES`] occurrences), so planned instants
 //!   keep the occurrences' order; for a one-shot, at most a day.
+//!
+//! Every check a schedule's clauses need when it is parsed (finding its first occurrence, the
+//! jitter check) counts the candidates its rule gives against one budget,
+//! [`MAX_CHECKED_CANDIDATES`]; a schedule whose exclusions drop so many of them that the checks
+//! would pass it is refused, so no schedule costs more than that to parse.
 
 use chrono::{DateTime, LocalResult, NaiveDate, NaiveDateTime, TimeDelta, TimeZone, Timelike, Utc};
 use croner::Cron;
@@ -57,6 +62,13 @@ pub(crate) const MAX_EXCLUDED_IN_A_ROW: usize = 20_000;
 
 /// How many occurrences of a schedule the jitter check measures gaps over.
 pub const JITTER_CHECKED_OCCURRENCES: usize = 500;
+
+/// The budget of a schedule's checks when it is parsed: how many candidates (instants its rule
+/// gives, before its window and exclusions keep or drop them) finding its first occurrence and
+/// the jitter check may look at together. A schedule whose checks need more is refused
+/// ([`crate::ScheduleError::TooCostly`]), so parsing any schedule costs at most this many
+/// candidates, whoever writes it and wherever it is read.
+pub const MAX_CHECKED_CANDIDATES: usize = 100_000;
 
 /// The longest jitter a one-shot (`@at`) takes: a day.
 pub const MAX_ONE_SHOT_JITTER_SECONDS: i64 = 86_400;

@@ -1,6 +1,8 @@
 //! cm-domain's integration tests, one binary (`autotests = false` in the manifest): an index of
 //! the modules below, one line each saying what the module proves.
 
+// A schedule's checks look at no more candidates than their budget; costlier ones are refused.
+mod check_budget;
 // Jitter: ticks owe exactly what `runs_from_clock` lists, once, offsets inside the jitter.
 mod jitter_properties;
 // The claim protocol's invariants hold after every step of schedulers that crash at any step.

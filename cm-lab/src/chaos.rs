@@ -473,6 +473,12 @@ fn exercise(
             length,
         )));
     }
+    if options.poison_routine {
+        faults.push(Box::new(fault::poison::Poison::new(
+            start,
+            options.duration,
+        )));
+    }
     if let Backend::Webhook(webhook) = &backend {
         faults.push(Box::new(fault::held::HeldKill::new(
             webhook.held_answers(),

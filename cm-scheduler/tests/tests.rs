@@ -37,6 +37,9 @@ mod cli_reference;
 // `fires` pages by cursor; a backfill past the retention is refused.
 #[path = "scheduler/cli_hardening.rs"]
 mod cli_hardening;
+// A schedule too costly to check: refused by the CLI, set aside from SQL, the others fire on time.
+#[path = "scheduler/containment.rs"]
+mod containment;
 // Batched and inline settles against a ledger double: retried, split row by row, flushed.
 #[path = "scheduler/completer.rs"]
 mod completer;

@@ -138,6 +138,7 @@ mod planning;
 pub mod pooler;
 pub mod routines;
 pub mod runs;
+mod schedules;
 pub mod status;
 pub mod tx;
 
@@ -231,6 +232,8 @@ pub struct PgStore {
     /// ([`StoreOptions::begin_statement`]); `None` on direct connections, whose settings were
     /// set at connect.
     begin: Option<std::sync::Arc<str>>,
+    /// The schedules the claim and the planning pass parsed, by their text (`schedules.rs`).
+    schedules: std::sync::Arc<schedules::ScheduleCache>,
 }
 
 impl PgStore {
@@ -244,6 +247,7 @@ impl PgStore {
             citus: std::sync::Arc::default(),
             follow: None,
             begin: None,
+            schedules: std::sync::Arc::default(),
         }
     }
 

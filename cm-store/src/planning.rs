@@ -10,6 +10,8 @@
 //! refused routine fires nothing and says why in `routine show`, `routine list` and the status
 //! page.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use cm_domain::{RoutineName, Schedule};
@@ -19,6 +21,7 @@ use crate::groups::GroupId;
 use cm_domain::RoutineKind;
 
 use crate::model::{Routine, RoutineRow};
+use crate::schedules::Parsed;
 use crate::{PgStore, StoreError};
 
 /// The most routines one pass plans.
@@ -60,9 +63,9 @@ impl UnplannedRoutines for PgStore {
     ) -> Result<Vec<PlannedRoutine>, StoreError> {
         // An unlocked read of the candidates (on Citus, one shard with a group, or every shard
         // without), then each locked by its own statement naming its group.
-        let candidates: Vec<(Uuid, GroupId)> = match group {
+        let candidates: Vec<(Uuid, GroupId, String, String)> = match group {
             Some(group) => on_store!(self, |e| sqlx::query_as(
-                "SELECT id, group_id FROM routines
+                "SELECT id, group_id, schedule, timezone FROM routines
                  WHERE NOT planned AND group_id = $1 ORDER BY id LIMIT $2",
             )
             .bind(group)
@@ -70,14 +73,22 @@ impl UnplannedRoutines for PgStore {
             .fetch_all(e))?,
             None => on_store!(self, |e| {
                 sqlx::query_as(
-                "SELECT id, group_id FROM routines WHERE NOT planned ORDER BY group_id, id LIMIT $1",
-            )
-            .bind(i64::from(limit))
-            .fetch_all(e)
+                    "SELECT id, group_id, schedule, timezone FROM routines
+                 WHERE NOT planned ORDER BY group_id, id LIMIT $1",
+                )
+                .bind(i64::from(limit))
+                .fetch_all(e)
             })?,
         };
+        // Each schedule is parsed before any transaction is opened, off the scheduler's loops
+        // (`schedules.rs`); the locked row's text, if it changed since, is parsed again there.
+        let texts: Vec<(&str, &str)> = candidates
+            .iter()
+            .map(|(_, _, schedule, zone)| (schedule.as_str(), zone.as_str()))
+            .collect();
+        self.schedules.parse_all(&texts).await;
         let mut planned = Vec::with_capacity(candidates.len());
-        for (id, group) in candidates {
+        for (id, group, _, _) in candidates {
             let mut tx = self.begin().await?;
             let row: Option<RoutineRow> = sqlx::query_as(
                 "SELECT * FROM routines WHERE id = $1 AND group_id = $2 AND NOT planned
@@ -92,7 +103,11 @@ impl UnplannedRoutines for PgStore {
             let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
                 .fetch_one(&mut *tx)
                 .await?;
-            let outcome = match check(&routine) {
+            let schedule = self
+                .schedules
+                .parse(&routine.schedule, &routine.timezone)
+                .await;
+            let outcome = match check(&routine, schedule) {
                 Ok(schedule) => {
                     let next = (!routine.paused)
                         .then(|| schedule.next_planned_after(id, now).map(|(_, at)| at))
@@ -140,13 +155,17 @@ impl UnplannedRoutines for PgStore {
     }
 }
 
-/// The routine's schedule, when everything SQL could not check reads: its name, expression and
-/// zone, and its payload as its kind needs it. Else the reason, as the pause keeps it.
-fn check(routine: &Routine) -> Result<Schedule, String> {
-    let refused = |what: String| format!("refused when planned: {what}");
+/// The routine's schedule (`schedule`, its parse), when everything SQL could not check reads:
+/// its name, expression and zone, and its payload as its kind needs it. Else the reason, as the
+/// pause keeps it.
+fn check(routine: &Routine, schedule: Parsed) -> Result<Arc<Schedule>, String> {
+    // The reason is kept in `paused_reason`, bounded like an error the ledger keeps.
+    let refused = |what: String| {
+        let reason = format!("refused when planned: {what}");
+        cm_domain::ErrorText::new(reason).as_str().to_owned()
+    };
     RoutineName::parse(&routine.name).map_err(|e| refused(e.to_string()))?;
-    let schedule = Schedule::parse(&routine.schedule, &routine.timezone)
-        .map_err(|e| refused(e.to_string()))?;
+    let schedule = schedule.map_err(refused)?;
     match routine.kind {
         RoutineKind::Message => {
             let text = routine.payload.get("text").and_then(|t| t.as_str());

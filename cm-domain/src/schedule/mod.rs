@@ -135,6 +135,19 @@ pub enum ScheduleError {
         /// What is wrong, naming the clause.
         reason: String,
     },
+    /// The schedule's checks (its first occurrence, its jitter against its intervals) would
+    /// look at more than [`crate::rules::MAX_CHECKED_CANDIDATES`] candidates: its exclusions
+    /// drop too many of its rule's instants between the occurrences they keep.
+    #[error(
+        "invalid schedule: too costly to check: {what} looks at more than {} candidates \
+         (its exclusions drop too many of its rule's instants; write the rule closer to \
+         what it keeps)",
+        crate::rules::MAX_CHECKED_CANDIDATES
+    )]
+    TooCostly {
+        /// Which check ran out of its budget.
+        what: &'static str,
+    },
     /// The expression passed cm's checks but the cron engine refused it.
     #[error("invalid cron expression: {0}")]
     Invalid(String),
@@ -154,6 +167,8 @@ pub struct Schedule {
     bounds: Bounds,
     /// Its `jitter` clause: each occurrence comes due up to this much later.
     jitter: Option<TimeDelta>,
+    /// How many candidates its checks looked at when it was parsed.
+    checked_candidates: usize,
 }
 
 impl Schedule {
@@ -211,19 +226,30 @@ impl Schedule {
                 })?,
             )),
         };
-        let schedule = Schedule {
+        let mut schedule = Schedule {
             expression: expression.to_owned(),
             zone,
             rule,
             bounds,
             jitter,
+            checked_candidates: 0,
         };
+        // Every check below counts the candidates it looks at against one budget.
+        let mut spent = 0;
+        let budget = crate::rules::MAX_CHECKED_CANDIDATES;
+        let too_costly = |what| move |_| ScheduleError::TooCostly { what };
         // The calendar check is exact, so this is a second line of defence: it catches a
         // disagreement with croner, and a window or exclusions that leave nothing, before a
         // routine is stored that would never come due.
         if let Rule::Cron { .. } | Rule::Every { .. } = schedule.rule {
             let reference = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single();
-            if reference.and_then(|r| schedule.next_after(r)).is_none() {
+            let first = match reference {
+                Some(r) => schedule
+                    .next_after_counted(r, &mut spent, budget)
+                    .map_err(too_costly("finding its first occurrence"))?,
+                None => None,
+            };
+            if first.is_none() {
                 let bounded =
                     schedule.bounds.end.is_some() || !schedule.bounds.exclusions.is_empty();
                 return Err(ScheduleError::NeverFires {
@@ -235,15 +261,27 @@ impl Schedule {
                     .to_owned(),
                 });
             }
-        } else if schedule.next_after(schedule.start_search()).is_none() {
+        } else if schedule
+            .next_after_counted(schedule.start_search(), &mut spent, budget)
+            .map_err(too_costly("finding its one instant"))?
+            .is_none()
+        {
             return Err(ScheduleError::NeverFires {
                 reason: "its one instant is outside its window or excluded".to_owned(),
             });
         }
         if let Some(jitter) = schedule.jitter {
-            schedule.check_jitter(jitter)?;
+            schedule.check_jitter(jitter, &mut spent)?;
         }
+        schedule.checked_candidates = spent;
         Ok(schedule)
+    }
+
+    /// How many candidates (instants its rule gave, before its window and exclusions kept or
+    /// dropped them) its checks looked at when it was parsed: never more than
+    /// [`crate::rules::MAX_CHECKED_CANDIDATES`].
+    pub fn checked_candidates(&self) -> usize {
+        self.checked_candidates
     }
 
     /// An instant before every occurrence a one-shot can have.

@@ -23,6 +23,18 @@ impl Schedule {
     /// Occurrences are whole seconds. `None` also covers instants whose local date is outside
     /// the years 2 to 4998, which the cron engine does not search.
     pub fn next_after(&self, instant: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.next_after_counted(instant, &mut 0, usize::MAX)
+            .unwrap_or(None)
+    }
+
+    /// [`Schedule::next_after`], adding each candidate the rule gives to `spent`; `Err` (with
+    /// nothing found) once `spent` would pass `limit`.
+    pub(crate) fn next_after_counted(
+        &self,
+        instant: DateTime<Utc>,
+        spent: &mut usize,
+        limit: usize,
+    ) -> Result<Option<DateTime<Utc>>, OverBudget> {
         // Converting the far ends of chrono's range to a zone can overflow, and croner searches
         // no further than the year 5000; no schedule runs there, so those instants are
         // answered before any conversion.
@@ -33,18 +45,24 @@ impl Schedule {
         };
         for _ in 0..crate::rules::MAX_EXCLUDED_IN_A_ROW {
             if !(2..=4998).contains(&from.year()) {
-                return None;
+                return Ok(None);
             }
-            let next = self.rule_after(from)?;
+            if *spent >= limit {
+                return Err(OverBudget);
+            }
+            *spent += 1;
+            let Some(next) = self.rule_after(from) else {
+                return Ok(None);
+            };
             if self.bounds.end.is_some_and(|end| next > end) {
-                return None;
+                return Ok(None);
             }
             match self.bounds.excluded_through(next, self.zone) {
-                None => return Some(next),
+                None => return Ok(Some(next)),
                 Some(through) => from = through,
             }
         }
-        None
+        Ok(None)
     }
 
     /// The rule's first instant strictly after `instant`, window and exclusions aside.
@@ -68,6 +86,10 @@ impl Schedule {
         }
     }
 }
+
+/// A walk that would look at more candidates than it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OverBudget;
 
 /// The occurrences of a schedule after an instant; see [`Schedule::occurrences_after`].
 #[derive(Debug, Clone)]

@@ -15,8 +15,13 @@ impl Schedule {
     /// Refuses a jitter longer than the schedule's shortest interval (measured over its first
     /// [`crate::rules::JITTER_CHECKED_OCCURRENCES`] occurrences from its start, or from
     /// 2000-01-01), or for a one-shot longer than a day: planned instants then keep the
-    /// occurrences' order.
-    pub(super) fn check_jitter(&self, jitter: TimeDelta) -> Result<(), ScheduleError> {
+    /// occurrences' order. The candidates the walk looks at are added to `spent`, within
+    /// [`crate::rules::MAX_CHECKED_CANDIDATES`].
+    pub(super) fn check_jitter(
+        &self,
+        jitter: TimeDelta,
+        spent: &mut usize,
+    ) -> Result<(), ScheduleError> {
         let refuse = |reason: String| Err(ScheduleError::Rule { reason });
         if let Rule::At(_) = self.rule {
             if jitter > TimeDelta::seconds(crate::rules::MAX_ONE_SHOT_JITTER_SECONDS) {
@@ -33,13 +38,19 @@ impl Schedule {
             .or_else(|| Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single())
             .unwrap_or(DateTime::<Utc>::MIN_UTC)
             - TimeDelta::milliseconds(1);
-        let shortest = self
-            .occurrences_after(from)
-            .take(crate::rules::JITTER_CHECKED_OCCURRENCES)
-            .collect::<Vec<_>>()
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .min();
+        let mut occurrences = Vec::with_capacity(crate::rules::JITTER_CHECKED_OCCURRENCES);
+        let mut cursor = from;
+        while occurrences.len() < crate::rules::JITTER_CHECKED_OCCURRENCES {
+            let next = self
+                .next_after_counted(cursor, spent, crate::rules::MAX_CHECKED_CANDIDATES)
+                .map_err(|_| ScheduleError::TooCostly {
+                    what: "the jitter check over its first occurrences",
+                })?;
+            let Some(next) = next else { break };
+            occurrences.push(next);
+            cursor = next;
+        }
+        let shortest = occurrences.windows(2).map(|w| w[1] - w[0]).min();
         match shortest {
             Some(shortest) if jitter > shortest => refuse(format!(
                 "jitter {} is longer than the schedule's shortest interval, {}",

@@ -27,6 +27,7 @@ pub(super) mod kill;
 pub(super) mod moves;
 pub(super) mod outage;
 pub(super) mod pin;
+pub(super) mod poison;
 pub(super) mod restart;
 pub(super) mod starve;
 pub(super) mod terminate;

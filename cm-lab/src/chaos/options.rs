@@ -18,7 +18,7 @@ pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-u
                           [--receiver-outage SECONDS]
                           [--mission-backend docker [--dockerd-restarts N] [--refuse-stops]]
                           [--citus-workers VERSION/NAME,VERSION/NAME... [--worker-outage SECONDS] [--shard-moves N]]
-                          [--pooler URL]";
+                          [--pooler URL] [--poison-routine]";
 
 /// The routines of a `--mission-backend docker` run when `--routines` is not given: each fires
 /// a container every second on the run's one engine.
@@ -117,6 +117,10 @@ pub(super) struct Options {
     /// database part replaced by the run's, `--pooled`); the harness's own connections, the
     /// migrations and the routines' creation stay direct.
     pub pooler: Option<String>,
+    /// A routine whose schedule is too costly to check is written through SQL
+    /// (`cm.create_routine`) a third of the way in: it must be set aside with its reason while
+    /// the others keep firing (on in `--short`).
+    pub poison_routine: bool,
 }
 
 impl Options {
@@ -149,11 +153,13 @@ impl Options {
             worker_outage: None,
             shard_moves: 0,
             pooler: None,
+            poison_routine: false,
         }
     }
 
     /// `--short`, the run CI makes on every change: under two minutes in all, with every kind
-    /// of crash (SIGKILLs, one PostgreSQL restart, the schedulers' connections terminated).
+    /// of crash (SIGKILLs, one PostgreSQL restart, the schedulers' connections terminated) and
+    /// a poison routine written through SQL.
     pub fn short(self) -> Self {
         Options {
             routines: 10,
@@ -161,6 +167,7 @@ impl Options {
             duration: Duration::from_secs(40),
             db_restarts: 1,
             terminate_backends: 2,
+            poison_routine: true,
             ..self
         }
     }
@@ -181,6 +188,9 @@ impl Options {
             self.db_restarts,
             self.terminate_backends
         );
+        if self.poison_routine {
+            c += " --poison-routine";
+        }
         if self.backend != MessageBackend::Outbox {
             c += &format!(" --message-backend {}", self.backend.name());
         }
@@ -325,6 +335,7 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
                 options.worker_outage = Some(seconds(flag, value(&mut it, flag)?)?);
             }
             "--pooler" => options.pooler = Some(value(&mut it, flag)?.to_string()),
+            "--poison-routine" => options.poison_routine = true,
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?} (see --help)"),
         }
@@ -612,6 +623,7 @@ mod tests {
                 routines: 10,
                 duration: Duration::from_secs(40),
                 db_restarts: 0,
+                poison_routine: true,
                 ..Options::defaults(7)
             }
         );

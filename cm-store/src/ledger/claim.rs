@@ -18,7 +18,7 @@ use uuid::Uuid;
 use super::advance::{Advance, resume_after};
 use super::citus::claim_rows_on_one_shard;
 use super::claimed::{ClaimedRow, mark_unwritten_messages};
-use super::due::{DueRow, DueSet, due_query, split_due_rows, take_requests};
+use super::due::{DueRoutine, DueRow, DueSet, due_query, split_due_rows, take_requests};
 use super::sql::{
     ADVANCE_GROUP_SQL, ADVANCE_SQL, BUFFER_SKIPS_SQL, CLAIM_GROUP_SQL, CLAIM_GROUP_WITH_OUTBOX_SQL,
     CLAIM_SQL, CLAIM_WITH_OUTBOX_SQL, PAUSE_GROUP_UNUSABLE_SQL, PAUSE_UNUSABLE_SQL,
@@ -219,17 +219,24 @@ pub(super) async fn claim_due(
     // `skipped`, naming the newest, which is.
     let mut skipped_by_buffer: Vec<(Uuid, DateTime<Utc>, DateTime<Utc>)> = Vec::new();
     // Parsing an expression costs far more than walking it, and many routines share one
-    // (every hour, every minute): each distinct (expression, zone) is parsed once a claim.
-    let mut parsed: HashMap<(&str, &str), Result<cm_domain::Schedule, String>> = HashMap::new();
+    // (every hour, every minute): each distinct (expression, zone) is parsed once, kept in the
+    // store's cache, and parsed off the scheduler's loops (on a blocking thread) when it is not
+    // there. Every parse is bounded by the schedule's budget of candidates; a text past it is
+    // refused, and its routine set aside below, while the others are claimed.
+    let texts: Vec<(&str, &str)> = due
+        .iter()
+        .map(|r| (r.schedule.as_str(), r.timezone.as_str()))
+        .collect();
+    let parsed = store.schedules.parse_all(&texts).await;
+    let schedule_of = |routine: &DueRoutine| -> Result<&cm_domain::Schedule, String> {
+        match parsed.get(&(routine.schedule.clone(), routine.timezone.clone())) {
+            Some(Ok(schedule)) => Ok(schedule.as_ref()),
+            Some(Err(reason)) => Err(reason.clone()),
+            None => Err("its schedule could not be parsed".to_owned()),
+        }
+    };
     for routine in &due {
-        let schedule = parsed
-            .entry((routine.schedule.as_str(), routine.timezone.as_str()))
-            .or_insert_with(|| {
-                cm_domain::Schedule::parse(&routine.schedule, &routine.timezone)
-                    .map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .map_err(Clone::clone);
+        let schedule = schedule_of(routine);
         let policy = routine
             .misfire_policy
             .parse::<cm_domain::MisfirePolicy>()
@@ -343,10 +350,7 @@ pub(super) async fn claim_due(
         let jittered: HashMap<Uuid, &cm_domain::Schedule> = due
             .iter()
             .filter_map(|r| {
-                let schedule = parsed
-                    .get(&(r.schedule.as_str(), r.timezone.as_str()))?
-                    .as_ref()
-                    .ok()?;
+                let schedule = schedule_of(r).ok()?;
                 schedule.jitter().map(|_| (r.id, schedule))
             })
             .collect();
@@ -382,12 +386,20 @@ pub(super) async fn claim_due(
 
     if !unusable.is_empty() {
         let ids: Vec<Uuid> = unusable.iter().map(|u| u.routine_id).collect();
+        let reasons: Vec<String> = unusable
+            .iter()
+            .map(|u| {
+                let reason = format!("refused when claimed: {}", u.reason);
+                cm_domain::ErrorText::new(reason).as_str().to_owned()
+            })
+            .collect();
         let query = sqlx::query(match params.group {
             None => PAUSE_UNUSABLE_SQL,
             Some(_) => PAUSE_GROUP_UNUSABLE_SQL,
         })
         .bind(&ids)
-        .bind(now);
+        .bind(now)
+        .bind(&reasons);
         bind_group(query, params.group).execute(&mut *tx).await?;
     }
     tx.commit().await?;

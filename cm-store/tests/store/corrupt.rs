@@ -1,6 +1,7 @@
 //! A stored routine the domain refuses (its schedule or zone rewritten by hand, or by an older
-//! version) is reported by the tick, paused so it stops coming due, and does not keep the other
-//! due routines from being claimed.
+//! version) is reported by the tick, paused with its reason so it stops coming due, and does not
+//! keep the other due routines from being claimed. So is one whose schedule is too costly to
+//! check (written before schedules had a budget): the claim refuses it within the budget.
 
 use cm_domain::{ClaimOutcome, MisfirePolicy, Occurrence};
 use cm_store::{FireLedger, PgStore, RoutineStore, StoreError};
@@ -14,6 +15,16 @@ async fn a_corrupt_routine_is_reported_paused_and_skipped(pool: PgPool) {
     let (bad_schedule, _) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
     let (healthy, due) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
     let (bad_zone, _) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
+    let (costly, _) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
+    sqlx::query("UPDATE routines SET schedule = $2 WHERE id = $1")
+        .bind(costly.id)
+        .bind(
+            "* * * * * * except 1-59 * * * * * except * 1-59 * * * * \
+             except * * 1-4,6-9,11-14,16-19,21-23 * * * jitter 1s",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
     sqlx::query("UPDATE routines SET schedule = 'every other tuesday' WHERE id = $1")
         .bind(bad_schedule.id)
         .execute(&pool)
@@ -37,7 +48,7 @@ async fn a_corrupt_routine_is_reported_paused_and_skipped(pool: PgPool) {
         .map(|u| (u.routine_id, u.reason.clone()))
         .collect();
     reported.sort();
-    let mut expected_ids = vec![bad_schedule.id, bad_zone.id];
+    let mut expected_ids = vec![bad_schedule.id, bad_zone.id, costly.id];
     expected_ids.sort();
     assert_eq!(
         reported.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
@@ -52,11 +63,19 @@ async fn a_corrupt_routine_is_reported_paused_and_skipped(pool: PgPool) {
     };
     assert!(reason_of(bad_zone.id).contains("Mars/Olympus_Mons"));
     assert!(!reason_of(bad_schedule.id).is_empty());
+    assert!(
+        reason_of(costly.id).contains("too costly to check"),
+        "{}",
+        reason_of(costly.id)
+    );
 
     // They were paused, with no next run, and nothing was written for them.
-    for id in [bad_schedule.id, bad_zone.id] {
+    for id in [bad_schedule.id, bad_zone.id, costly.id] {
         let routine = store.get_routine(id).await.unwrap();
         assert!(routine.paused);
+        let kept = routine.paused_reason.as_deref().unwrap_or_default();
+        assert!(kept.starts_with("refused when claimed: "), "{kept:?}");
+        assert!(kept.contains(&reason_of(id)), "{kept:?}");
         assert_eq!(routine.next_run_at, None);
         assert!(ledger(&store, id).await.is_empty());
         // Reading it back names the routine as corrupt, rather than failing obscurely.

@@ -493,16 +493,18 @@ pub(crate) const BUFFER_SKIPS_SQL: &str = "INSERT INTO routine_fires
               AS t(routine_id, scheduled_at, error, group_id)
          ON CONFLICT DO NOTHING";
 
-/// Pauses the due routines `$1` a claim could not read, as of its clock `$2`, so they stop
-/// coming due.
-pub(crate) const PAUSE_UNUSABLE_SQL: &str =
-    "UPDATE routines SET paused = true, next_run_at = NULL, updated_at = $2
-                     WHERE id = ANY($1)";
+/// Pauses the due routines `$1` a claim could not read, as of its clock `$2`, each with its
+/// reason (`$3`, kept in `paused_reason`), so they stop coming due.
+pub(crate) const PAUSE_UNUSABLE_SQL: &str = "UPDATE routines AS r
+     SET paused = true, next_run_at = NULL, updated_at = $2, paused_reason = u.reason
+     FROM UNNEST($1::uuid[], $3::text[]) AS u(id, reason)
+     WHERE r.id = u.id";
 
-/// [`PAUSE_UNUSABLE_SQL`] within the group `$3`.
-pub(crate) const PAUSE_GROUP_UNUSABLE_SQL: &str =
-    "UPDATE routines SET paused = true, next_run_at = NULL, updated_at = $2
-                     WHERE id = ANY($1) AND group_id = $3";
+/// [`PAUSE_UNUSABLE_SQL`] within the group `$4`.
+pub(crate) const PAUSE_GROUP_UNUSABLE_SQL: &str = "UPDATE routines AS r
+     SET paused = true, next_run_at = NULL, updated_at = $2, paused_reason = u.reason
+     FROM UNNEST($1::uuid[], $3::text[]) AS u(id, reason)
+     WHERE r.id = u.id AND r.group_id = $4";
 
 /// Which of the outbox numbers `$1` have a message.
 pub(crate) const WRITTEN_SEQS_SQL: &str = "SELECT seq FROM outbox_messages WHERE seq = ANY($1)";

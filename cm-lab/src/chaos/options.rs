@@ -562,6 +562,7 @@ mod tests {
                 worker_outage: None,
                 shard_moves: 0,
                 pooler: None,
+                poison_routine: false,
             }
         );
         assert!(options.forwarded());

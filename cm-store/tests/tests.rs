@@ -116,3 +116,8 @@ mod writes;
 // Multi-host URLs: the first host that qualifies, refusals named, a read-only host reported.
 #[path = "store/failover.rs"]
 mod failover;
+
+// cm lives in its schema: a database migrated into `public` moved there, a sibling's own
+// migrations and `routines` beside it, and no search path changing what cm reads or migrates.
+#[path = "store/schema.rs"]
+mod schema;

@@ -56,7 +56,7 @@ async fn record_buffer_skips(
             )
         })
         .collect();
-    sqlx::query(BUFFER_SKIPS_SQL)
+    crate::schema::query(BUFFER_SKIPS_SQL)
         .bind(&ids)
         .bind(&instants)
         .bind(&errors)
@@ -145,7 +145,7 @@ async fn claim_rows(
     } else {
         Vec::new()
     };
-    let query = sqlx::query(statement)
+    let query = crate::schema::query(statement)
         .bind(&ids)
         .bind(&instants)
         .bind(&params.claimant)
@@ -326,7 +326,7 @@ pub(super) async fn claim_due(
                 None => ADVANCE_SQL,
                 Some(_) => ADVANCE_GROUP_SQL,
             };
-            let query = advance.bind(sqlx::query(statement)).bind(now);
+            let query = advance.bind(crate::schema::query(statement)).bind(now);
             advance
                 .bind_claimed(bind_group(query, params.group))
                 .execute(&mut *tx)
@@ -382,7 +382,7 @@ pub(super) async fn claim_due(
 
     if !unusable.is_empty() {
         let ids: Vec<Uuid> = unusable.iter().map(|u| u.routine_id).collect();
-        let query = sqlx::query(match params.group {
+        let query = crate::schema::query(match params.group {
             None => PAUSE_UNUSABLE_SQL,
             Some(_) => PAUSE_GROUP_UNUSABLE_SQL,
         })

@@ -14,12 +14,12 @@ async fn a_corrupt_routine_is_reported_paused_and_skipped(pool: PgPool) {
     let (bad_schedule, _) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
     let (healthy, due) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
     let (bad_zone, _) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
-    sqlx::query("UPDATE routines SET schedule = 'every other tuesday' WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET schedule = 'every other tuesday' WHERE id = $1")
         .bind(bad_schedule.id)
         .execute(&pool)
         .await
         .unwrap();
-    sqlx::query("UPDATE routines SET timezone = 'Mars/Olympus_Mons' WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET timezone = 'Mars/Olympus_Mons' WHERE id = $1")
         .bind(bad_zone.id)
         .execute(&pool)
         .await

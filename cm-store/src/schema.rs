@@ -134,7 +134,11 @@ impl Schema {
             rest = &rest[at + 3..];
         }
         out.push_str(rest);
-        out
+        // The migration that created the schema names it bare.
+        out.replace(
+            "CREATE SCHEMA IF NOT EXISTS cm;",
+            &format!("CREATE SCHEMA IF NOT EXISTS {};", self.0),
+        )
     }
 }
 
@@ -288,6 +292,10 @@ mod tests {
             "current_setting('cm.group_count', true)",
         );
         check("SELECT mcm.x, r.cm.y", "SELECT mcm.x, r.cm.y");
+        check(
+            "CREATE SCHEMA IF NOT EXISTS cm;",
+            "CREATE SCHEMA IF NOT EXISTS other;",
+        );
         let cm = Schema::parse("cm").unwrap();
         assert_eq!(cm.rewrite("FROM cm.routines"), "FROM cm.routines");
     }

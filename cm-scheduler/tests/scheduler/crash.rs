@@ -115,7 +115,7 @@ impl TestDb {
         sqlx::query_scalar(
             "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::text::regclass",
         )
-        .bind(table)
+        .bind(format!("cm.{table}"))
         .fetch_one(&self.pool)
         .await
         .expect("reading pg_locks")

@@ -319,7 +319,12 @@ mod tests {
             ),
             (
                 "cm-dispatch",
-                &["cm-domain", "cm-migrations", "cm-store", "cm-workspace-hack"],
+                &[
+                    "cm-domain",
+                    "cm-migrations",
+                    "cm-store",
+                    "cm-workspace-hack",
+                ],
             ),
             (
                 "cm-scheduler",

@@ -264,7 +264,7 @@ fn create_routines(
     // The schedulers are not running yet, so each next_run_at is the routine's first occurrence.
     let firsts: Vec<(Uuid, DateTime<Utc>)> = rt.block_on(
         sqlx::query_as(
-            "SELECT id, next_run_at FROM routines WHERE id = ANY($1) AND next_run_at IS NOT NULL",
+            "SELECT id, next_run_at FROM cm.routines WHERE id = ANY($1) AND next_run_at IS NOT NULL",
         )
         .bind(&ids)
         .fetch_all(pool),
@@ -530,7 +530,7 @@ fn exercise(
     let drain_start = Instant::now();
     report.drained_in = loop {
         let claimed: i64 = rt.block_on(
-            sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE status = 'claimed'")
+            sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE status = 'claimed'")
                 .fetch_one(&chaos.pool),
         )?;
         if claimed == 0 {

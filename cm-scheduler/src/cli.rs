@@ -104,6 +104,11 @@ pub fn main() -> ExitCode {
         secrets::register(&secret);
     }
     database::set_pooled(cli.pooled);
+    // Before any statement: every statement and migration names this schema.
+    if let Err(e) = cm_store::Schema::set(&cli.schema) {
+        eprintln!("cm-scheduler: {e}");
+        return ExitCode::from(2);
+    }
     match runtime.block_on(execute(cli, &url)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Input(message)) => {

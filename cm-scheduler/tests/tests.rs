@@ -127,3 +127,8 @@ mod sql_writes;
 // A webhook carries the `traceparent` that `fires` names; spans reach an OTLP receiver.
 #[path = "scheduler/trace.rs"]
 mod trace;
+
+// cm in its own schema: `run` with a search path that names cm first, or public alone, and a
+// whole scheduler in a schema set with --schema.
+#[path = "scheduler/schema.rs"]
+mod schema;

@@ -221,7 +221,7 @@ mod tests {
             "the first consumer did not die"
         );
         assert_eq!(count(&pool, "SELECT count(*) FROM mails").await, 3);
-        let unacked = "SELECT count(*) FROM outbox_messages WHERE acked_at IS NULL";
+        let unacked = "SELECT count(*) FROM cm.outbox_messages WHERE acked_at IS NULL";
         assert_eq!(
             count(&pool, unacked).await,
             3,
@@ -244,7 +244,7 @@ mod tests {
             }
         );
         let delivered: Vec<i32> =
-            sqlx::query_scalar("SELECT deliveries FROM outbox_messages ORDER BY seq")
+            sqlx::query_scalar("SELECT deliveries FROM cm.outbox_messages ORDER BY seq")
                 .fetch_all(&pool)
                 .await
                 .unwrap();

@@ -143,7 +143,7 @@ mod tests {
     async fn count(pool: &PgPool, table: &str) -> i64 {
         let sql = match table {
             "users" => "SELECT count(*) FROM users",
-            _ => "SELECT count(*) FROM routines",
+            _ => "SELECT count(*) FROM cm.routines",
         };
         sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
     }
@@ -172,7 +172,7 @@ mod tests {
         .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
         let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM routines WHERE name = 'digest for not-an-address'",
+            "SELECT count(*) FROM cm.routines WHERE name = 'digest for not-an-address'",
         )
         .fetch_one(&pool)
         .await

@@ -71,7 +71,7 @@ macro_rules! pause_failing_sql {
         concat!(
             "
 WITH recent AS (
-    SELECT DISTINCT routine_id FROM routine_fires
+    SELECT DISTINCT routine_id FROM cm.routine_fires
     WHERE ",
             failure_sql!(""),
             " AND scheduled_at > now() - make_interval(secs => $2)",
@@ -82,7 +82,7 @@ failing AS (
     SELECT r.id,
            left(format('paused by cm: its last %s fires failed; the latest: %s', $1, last.error),
                 1000) AS reason
-    FROM routines r
+    FROM cm.routines r
     JOIN recent ON recent.routine_id = r.id
     CROSS JOIN LATERAL (
         SELECT count(*) AS fires,
@@ -93,7 +93,7 @@ failing AS (
             failure_reason_sql!("f."),
             " ORDER BY f.claimed_at DESC, f.scheduled_at DESC))[1] AS error
         FROM (SELECT status, error, run_state, run_reason, claimed_at, scheduled_at
-              FROM routine_fires
+              FROM cm.routine_fires
               WHERE routine_id = r.id AND claimed_at >= r.updated_at
                 AND (status = 'failed' OR (status = 'fired' AND run_state IS NULL)
                      OR run_state IN ('succeeded', 'failed', 'lost'))",
@@ -107,7 +107,7 @@ failing AS (
             "
     FOR UPDATE OF r SKIP LOCKED
 )
-UPDATE routines r
+UPDATE cm.routines r
 SET paused = true, next_run_at = NULL, updated_at = now(), paused_reason = failing.reason
 FROM failing
 WHERE r.id = failing.id AND NOT r.paused",
@@ -173,7 +173,7 @@ pub(crate) fn pause_failing_query(
     after_failures: u32,
     window: Duration,
 ) -> Query<'static, Postgres, PgArguments> {
-    let query = sqlx::query(match group {
+    let query = crate::schema::query(match group {
         None => PAUSE_FAILING_SQL,
         Some(_) => PAUSE_FAILING_GROUP_SQL,
     })

@@ -28,8 +28,8 @@ pub(crate) async fn routine_group(
 /// Citus one shard); [`StoreError::RoutineNotFound`] when there is none.
 pub(crate) async fn lock_routine(conn: &mut PgConnection, id: Uuid) -> Result<Routine, StoreError> {
     let group = routine_group(conn, id).await?;
-    sqlx::query_as::<_, RoutineRow>(
-        "SELECT * FROM routines WHERE id = $1 AND group_id = $2 FOR UPDATE",
+    crate::schema::query_as::<_, RoutineRow>(
+        "SELECT * FROM cm.routines WHERE id = $1 AND group_id = $2 FOR UPDATE",
     )
     .bind(id)
     .bind(group)
@@ -52,19 +52,22 @@ async fn lock_named(
     source: Option<&str>,
 ) -> Result<Vec<Routine>, StoreError> {
     if let Some(source) = source {
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('cm.source:' || $1, 0))")
-            .bind(source)
-            .execute(&mut *conn)
-            .await?;
+        crate::schema::query(
+            "SELECT pg_advisory_xact_lock(hashtextextended('cm.source:' || $1, 0))",
+        )
+        .bind(source)
+        .execute(&mut *conn)
+        .await?;
     }
-    let mut targets: Vec<(GroupId, Uuid)> =
-        sqlx::query_as("SELECT group_id, routine_id FROM routine_names WHERE name = ANY($1)")
-            .bind(names)
-            .fetch_all(&mut *conn)
-            .await?;
+    let mut targets: Vec<(GroupId, Uuid)> = crate::schema::query_as(
+        "SELECT group_id, routine_id FROM cm.routine_names WHERE name = ANY($1)",
+    )
+    .bind(names)
+    .fetch_all(&mut *conn)
+    .await?;
     if let Some(source) = source {
         let from_source: Vec<(GroupId, Uuid)> =
-            sqlx::query_as("SELECT group_id, id FROM routines WHERE source = $1")
+            crate::schema::query_as("SELECT group_id, id FROM cm.routines WHERE source = $1")
                 .bind(source)
                 .fetch_all(&mut *conn)
                 .await?;
@@ -75,8 +78,8 @@ async fn lock_named(
     let mut locked = Vec::with_capacity(targets.len());
     for group in targets.chunk_by(|a, b| a.0 == b.0) {
         let ids: Vec<Uuid> = group.iter().map(|(_, id)| *id).collect();
-        let rows: Vec<RoutineRow> = sqlx::query_as(
-            "SELECT * FROM routines WHERE group_id = $1 AND id = ANY($2) ORDER BY id FOR UPDATE",
+        let rows: Vec<RoutineRow> = crate::schema::query_as(
+            "SELECT * FROM cm.routines WHERE group_id = $1 AND id = ANY($2) ORDER BY id FOR UPDATE",
         )
         .bind(group[0].0)
         .bind(&ids)
@@ -99,13 +102,15 @@ async fn take_name(
     id: Uuid,
     group: GroupId,
 ) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO routine_names (name, routine_id, group_id) VALUES ($1, $2, $3)")
-        .bind(name)
-        .bind(id)
-        .bind(group)
-        .execute(conn)
-        .await
-        .map_err(|e| name_conflict(e, name))?;
+    crate::schema::query(
+        "INSERT INTO cm.routine_names (name, routine_id, group_id) VALUES ($1, $2, $3)",
+    )
+    .bind(name)
+    .bind(id)
+    .bind(group)
+    .execute(conn)
+    .await
+    .map_err(|e| name_conflict(e, name))?;
     Ok(())
 }
 
@@ -166,8 +171,8 @@ pub(crate) async fn insert_routine(
     };
     let group = routine_group(conn, id).await?;
     take_name(conn, &routine.name, id, group).await?;
-    sqlx::query_as::<_, RoutineRow>(
-        "INSERT INTO routines
+    crate::schema::query_as::<_, RoutineRow>(
+        "INSERT INTO cm.routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
               source, group_id, runs_left, overlap)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
@@ -208,7 +213,9 @@ fn runs_left_column(limit: Option<u32>) -> Result<Option<i32>, StoreError> {
 }
 
 pub(crate) async fn db_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, StoreError> {
-    Ok(sqlx::query_scalar("SELECT now()").fetch_one(conn).await?)
+    Ok(crate::schema::query_scalar("SELECT now()")
+        .fetch_one(conn)
+        .await?)
 }
 
 /// Applies `update` to `current`, a row the caller holds locked, at the database instant `now`.
@@ -254,14 +261,14 @@ async fn apply_update(
     let overlap = update.overlap.unwrap_or(current.overlap);
     if name != current.name {
         take_name(conn, name, current.id, current.group_id).await?;
-        sqlx::query("DELETE FROM routine_names WHERE name = $1 AND routine_id = $2")
+        crate::schema::query("DELETE FROM cm.routine_names WHERE name = $1 AND routine_id = $2")
             .bind(&current.name)
             .bind(current.id)
             .execute(&mut *conn)
             .await?;
     }
-    sqlx::query_as::<_, RoutineRow>(
-        "UPDATE routines
+    crate::schema::query_as::<_, RoutineRow>(
+        "UPDATE cm.routines
          SET name = $2, schedule = $3, timezone = $4, kind = $5, payload = $6,
              misfire_policy = $7, next_run_at = $8, overlap = $10, runs_left = $11,
              updated_at = now()
@@ -289,7 +296,7 @@ pub(crate) async fn get_routine_by_name(
     conn: &mut PgConnection,
     name: &str,
 ) -> Result<Routine, StoreError> {
-    sqlx::query_as::<_, RoutineRow>("SELECT * FROM routines WHERE name = $1")
+    crate::schema::query_as::<_, RoutineRow>("SELECT * FROM cm.routines WHERE name = $1")
         .bind(name)
         .fetch_optional(&mut *conn)
         .await?
@@ -307,16 +314,16 @@ pub(crate) async fn list_routines_page(
     let limit = i64::from(limit);
     let rows = match after {
         None => {
-            sqlx::query_as::<_, RoutineRow>(
-                "SELECT * FROM routines ORDER BY created_at, id LIMIT $1",
+            crate::schema::query_as::<_, RoutineRow>(
+                "SELECT * FROM cm.routines ORDER BY created_at, id LIMIT $1",
             )
             .bind(limit)
             .fetch_all(&mut *conn)
             .await?
         }
         Some(cursor) => {
-            sqlx::query_as::<_, RoutineRow>(
-                "SELECT * FROM routines WHERE (created_at, id) > ($1, $2)
+            crate::schema::query_as::<_, RoutineRow>(
+                "SELECT * FROM cm.routines WHERE (created_at, id) > ($1, $2)
                  ORDER BY created_at, id LIMIT $3",
             )
             .bind(cursor.created_at)
@@ -422,12 +429,12 @@ fn same_settings(stored: &Routine, routine: &NewRoutine) -> bool {
 pub(crate) async fn delete_locked(conn: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
     let group = routine_group(conn, id).await?;
     for statement in [
-        "DELETE FROM routine_requests WHERE routine_id = $1 AND group_id = $2",
-        "DELETE FROM routine_fires WHERE routine_id = $1 AND group_id = $2",
-        "DELETE FROM routines WHERE id = $1 AND group_id = $2",
-        "DELETE FROM routine_names WHERE routine_id = $1 AND group_id = $2",
+        "DELETE FROM cm.routine_requests WHERE routine_id = $1 AND group_id = $2",
+        "DELETE FROM cm.routine_fires WHERE routine_id = $1 AND group_id = $2",
+        "DELETE FROM cm.routines WHERE id = $1 AND group_id = $2",
+        "DELETE FROM cm.routine_names WHERE routine_id = $1 AND group_id = $2",
     ] {
-        sqlx::query(statement)
+        crate::schema::query(statement)
             .bind(id)
             .bind(group)
             .execute(&mut *conn)
@@ -445,8 +452,8 @@ async fn lock_sourceless_like(
     held: &[Routine],
 ) -> Result<Vec<Routine>, StoreError> {
     let payloads = serde_json::Value::Array(routines.iter().map(|r| r.payload.clone()).collect());
-    let mut targets: Vec<(GroupId, Uuid)> = sqlx::query_as(
-        "SELECT group_id, id FROM routines
+    let mut targets: Vec<(GroupId, Uuid)> = crate::schema::query_as(
+        "SELECT group_id, id FROM cm.routines
          WHERE source IS NULL AND starts_with(name, $2 || ': ')
            AND payload IN (SELECT value FROM jsonb_array_elements($1::jsonb))",
     )
@@ -459,8 +466,8 @@ async fn lock_sourceless_like(
     let mut locked = Vec::with_capacity(targets.len());
     for group in targets.chunk_by(|a, b| a.0 == b.0) {
         let ids: Vec<Uuid> = group.iter().map(|(_, id)| *id).collect();
-        let rows: Vec<RoutineRow> = sqlx::query_as(
-            "SELECT * FROM routines WHERE group_id = $1 AND id = ANY($2) AND source IS NULL
+        let rows: Vec<RoutineRow> = crate::schema::query_as(
+            "SELECT * FROM cm.routines WHERE group_id = $1 AND id = ANY($2) AND source IS NULL
              ORDER BY id FOR UPDATE",
         )
         .bind(group[0].0)
@@ -560,8 +567,8 @@ pub(crate) async fn sync_routines(
                     apply_update(&mut tx, current, &update, now).await?;
                     // A routine without a source (made by hand, or imported without --sync)
                     // joins this one.
-                    let updated: Routine = sqlx::query_as::<_, RoutineRow>(
-                        "UPDATE routines SET source = $2 WHERE id = $1 AND group_id = $3
+                    let updated: Routine = crate::schema::query_as::<_, RoutineRow>(
+                        "UPDATE cm.routines SET source = $2 WHERE id = $1 AND group_id = $3
                          RETURNING *",
                     )
                     .bind(current.id)
@@ -599,13 +606,14 @@ pub(crate) async fn pending_requests(
     id: Uuid,
     limit: u32,
 ) -> Result<PendingRequests, StoreError> {
-    let total: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM routine_requests WHERE routine_id = $1")
-            .bind(id)
-            .fetch_one(&mut *conn)
-            .await?;
-    let oldest = sqlx::query_as::<_, PendingRequest>(
-        "SELECT scheduled_at, requested_at FROM routine_requests
+    let total: i64 = crate::schema::query_scalar(
+        "SELECT count(*) FROM cm.routine_requests WHERE routine_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&mut *conn)
+    .await?;
+    let oldest = crate::schema::query_as::<_, PendingRequest>(
+        "SELECT scheduled_at, requested_at FROM cm.routine_requests
          WHERE routine_id = $1 ORDER BY scheduled_at LIMIT $2",
     )
     .bind(id)
@@ -622,8 +630,8 @@ impl PgStore {
     /// At most `limit` routine names starting with `prefix`, in name order (what a shell
     /// completes a routine's name from).
     pub async fn routine_names(&self, prefix: &str, limit: u32) -> Result<Vec<String>, StoreError> {
-        Ok(on_store!(self, |e| sqlx::query_scalar(
-            "SELECT name FROM routines WHERE starts_with(name, $1) ORDER BY name LIMIT $2",
+        Ok(on_store!(self, |e| crate::schema::query_scalar(
+            "SELECT name FROM cm.routines WHERE starts_with(name, $1) ORDER BY name LIMIT $2",
         )
         .bind(prefix)
         .bind(i64::from(limit))
@@ -668,8 +676,8 @@ impl PgStore {
         &self,
         ids: &[Uuid],
     ) -> Result<std::collections::HashMap<Uuid, String>, StoreError> {
-        let rows: Vec<(Uuid, String)> = on_store!(self, |e| sqlx::query_as(
-            "SELECT id, name FROM routines WHERE id = ANY($1)"
+        let rows: Vec<(Uuid, String)> = on_store!(self, |e| crate::schema::query_as(
+            "SELECT id, name FROM cm.routines WHERE id = ANY($1)"
         )
         .bind(ids)
         .fetch_all(e))?;
@@ -712,16 +720,16 @@ impl PgStore {
     /// [`StoreError::SchemaMissing`] or [`StoreError::SchemaOutdated`] otherwise.
     pub async fn check_schema(&self) -> Result<(), StoreError> {
         let (has_routines, has_migrations): (bool, bool) = on_store!(self, |e| {
-            sqlx::query_as(
-            "SELECT to_regclass('routines') IS NOT NULL, to_regclass('_sqlx_migrations') IS NOT NULL",
+            crate::schema::query_as(
+            "SELECT to_regclass('cm.routines') IS NOT NULL, to_regclass('cm.migrations') IS NOT NULL",
         )
         .fetch_one(e)
         })?;
         if !has_routines || !has_migrations {
             return Err(StoreError::SchemaMissing);
         }
-        let applied: Option<i64> = on_store!(self, |e| sqlx::query_scalar(
-            "SELECT max(version) FROM _sqlx_migrations WHERE success"
+        let applied: Option<i64> = on_store!(self, |e| crate::schema::query_scalar(
+            "SELECT max(version) FROM cm.migrations WHERE success"
         )
         .fetch_one(e))?;
         let expected = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);

@@ -151,10 +151,10 @@ macro_rules! take_sql {
     ($group:literal, $outer:literal) => {
         concat!(
             "
-UPDATE outbox_messages o
+UPDATE cm.outbox_messages o
 SET leased_by = $1, lease_expires_at = now() + make_interval(secs => $3),
     deliveries = o.deliveries + 1, lease_token = $4
-FROM (SELECT seq, group_id FROM outbox_messages
+FROM (SELECT seq, group_id FROM cm.outbox_messages
       WHERE acked_at IS NULL
         AND (lease_expires_at IS NULL OR lease_expires_at <= now())",
             $group,
@@ -183,7 +183,7 @@ const PRUNE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '1s'";
 #[async_trait]
 impl OutboxConsumer for PgStore {
     async fn outbox_take(&self, take: &OutboxTake) -> Result<Vec<OutboxDelivery>, StoreError> {
-        let query = sqlx::query_as(match take.group {
+        let query = crate::schema::query_as(match take.group {
             None => TAKE_SQL,
             Some(_) => TAKE_GROUP_SQL,
         })
@@ -204,8 +204,8 @@ impl OutboxConsumer for PgStore {
     async fn outbox_ack(&self, consumer: &str, acks: &[OutboxAck]) -> Result<u64, StoreError> {
         let seqs: Vec<i64> = acks.iter().map(|a| a.seq).collect();
         let tokens: Vec<Uuid> = acks.iter().map(|a| a.lease_token).collect();
-        Ok(on_store!(self, |e| sqlx::query(
-            "UPDATE outbox_messages o
+        Ok(on_store!(self, |e| crate::schema::query(
+            "UPDATE cm.outbox_messages o
              SET acked_at = now(), acked_by = $1, leased_by = NULL, lease_expires_at = NULL
              FROM UNNEST($2::bigint[], $3::uuid[]) AS a(seq, lease_token)
              WHERE o.seq = a.seq AND o.acked_at IS NULL
@@ -220,20 +220,20 @@ impl OutboxConsumer for PgStore {
 
     async fn outbox_backlog(&self, limit: u32) -> Result<OutboxBacklog, StoreError> {
         let mut tx = self.begin().await?;
-        let (pending, leased, oldest): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(
+        let (pending, leased, oldest): (i64, i64, Option<DateTime<Utc>>) = crate::schema::query_as(
             "SELECT count(*),
                     count(*) FILTER (WHERE lease_expires_at > now()),
                     min(created_at)
-             FROM outbox_messages WHERE acked_at IS NULL",
+             FROM cm.outbox_messages WHERE acked_at IS NULL",
         )
         .fetch_one(&mut *tx)
         .await?;
-        let messages = sqlx::query_as(
+        let messages = crate::schema::query_as(
             "SELECT seq, routine_id, scheduled_at, idempotency_key, attempt, payload, created_at,
                     deliveries,
                     CASE WHEN lease_expires_at > now() THEN leased_by END AS leased_by,
                     CASE WHEN lease_expires_at > now() THEN lease_expires_at END AS lease_expires_at
-             FROM outbox_messages WHERE acked_at IS NULL ORDER BY seq LIMIT $1",
+             FROM cm.outbox_messages WHERE acked_at IS NULL ORDER BY seq LIMIT $1",
         )
         .bind(i64::from(limit))
         .fetch_all(&mut *tx)
@@ -267,8 +267,8 @@ macro_rules! prune_acked_sql {
     ($group:literal) => {
         concat!(
             "
-DELETE FROM outbox_messages
-WHERE (seq, group_id) IN (SELECT seq, group_id FROM outbox_messages
+DELETE FROM cm.outbox_messages
+WHERE (seq, group_id) IN (SELECT seq, group_id FROM cm.outbox_messages
                           WHERE acked_at IS NOT NULL
                             AND acked_at < now() - make_interval(secs => $1)
                             AND scheduled_at < now() - make_interval(secs => $1)",
@@ -294,10 +294,12 @@ impl PgStore {
         // inside the scheduler's loop: if something holds the table locked, this pass waits at
         // most PRUNE_LOCK_TIMEOUT and prunes nothing, leaving the rows to the next pass.
         let mut tx = self.begin().await?;
-        sqlx::query(PRUNE_LOCK_TIMEOUT).execute(&mut *tx).await?;
+        crate::schema::query(PRUNE_LOCK_TIMEOUT)
+            .execute(&mut *tx)
+            .await?;
         let query = match group {
-            None => sqlx::query(prune_acked_sql!("")),
-            Some(_) => sqlx::query(prune_acked_sql!(" AND group_id = $3")),
+            None => crate::schema::query(prune_acked_sql!("")),
+            Some(_) => crate::schema::query(prune_acked_sql!(" AND group_id = $3")),
         }
         .bind(retention.as_secs_f64())
         .bind(i64::from(limit));

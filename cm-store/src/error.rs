@@ -40,6 +40,20 @@ pub enum StoreError {
         /// The newest migration this build embeds.
         expected: i64,
     },
+    /// A schema name cm cannot use (see [`crate::Schema::parse`]).
+    #[error(
+        "invalid schema name {0:?}: a lowercase identifier (letters, digits, `_`; not beginning \
+         with a digit or `pg_`; at most 63 bytes)"
+    )]
+    InvalidSchema(String),
+    /// The process's schema was already set (or used) and another was asked for.
+    #[error("the schema is already {current:?}; a process serves one schema, not also {wanted:?}")]
+    SchemaAlreadySet {
+        /// The schema in use.
+        current: String,
+        /// The schema asked for.
+        wanted: String,
+    },
     /// The database URL cannot be read (a multi-host list or `target_session_attrs` libpq would
     /// refuse, or one cm does not support).
     #[error("invalid database URL: {0}")]

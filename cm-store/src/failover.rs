@@ -176,10 +176,11 @@ pub(crate) async fn qualifies(
     if target == TargetSessionAttrs::Any {
         return Ok(Ok(()));
     }
-    let (recovery, read_only): (bool, String) =
-        sqlx::query_as("SELECT pg_is_in_recovery(), current_setting('transaction_read_only')")
-            .fetch_one(&mut *conn)
-            .await?;
+    let (recovery, read_only): (bool, String) = crate::schema::query_as(
+        "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     Ok(match target {
         TargetSessionAttrs::Primary if recovery => Err("is in recovery (a standby)".into()),
         TargetSessionAttrs::ReadWrite if recovery => {

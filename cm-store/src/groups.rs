@@ -32,7 +32,7 @@ pub fn group_of(id: Uuid, group_count: u16) -> GroupId {
 
 /// The schema's group count, as the migration recorded it.
 pub(crate) async fn stored_group_count(conn: &mut PgConnection) -> Result<u16, StoreError> {
-    let count: i16 = sqlx::query_scalar("SELECT group_count FROM cm_settings")
+    let count: i16 = crate::schema::query_scalar("SELECT group_count FROM cm.cm_settings")
         .fetch_one(conn)
         .await?;
     Ok(u16::try_from(count).unwrap_or(1).max(1))
@@ -43,14 +43,14 @@ pub(crate) async fn stored_group_count(conn: &mut PgConnection) -> Result<u16, S
 /// worker is down, so the engine does not use it there (it claims in each group it may claim
 /// in, one shard per statement).
 const DUE_GROUPS_SQL: &str = "
-SELECT group_id FROM routines WHERE next_run_at <= now() GROUP BY group_id
+SELECT group_id FROM cm.routines WHERE next_run_at <= now() GROUP BY group_id
 UNION
-SELECT group_id FROM routine_requests WHERE scheduled_at <= now() GROUP BY group_id
+SELECT group_id FROM cm.routine_requests WHERE scheduled_at <= now() GROUP BY group_id
 ORDER BY 1";
 
 /// The groups with a claim whose lease ran out (for the reaper).
 const EXPIRED_GROUPS_SQL: &str = "
-SELECT group_id FROM routine_fires
+SELECT group_id FROM cm.routine_fires
 WHERE status = 'claimed' AND lease_expires_at <= now()
 GROUP BY group_id
 ORDER BY 1";
@@ -106,16 +106,16 @@ pub trait GroupDirectory: Send + Sync {
 /// renewal and the take may not both write one row in one statement.
 const LEASE_GROUPS_SQL: &str = "
 WITH present AS (
-    INSERT INTO group_holders (holder, expires_at) VALUES ($1, $2)
+    INSERT INTO cm.group_holders (holder, expires_at) VALUES ($1, $2)
     ON CONFLICT (holder) DO UPDATE SET expires_at = excluded.expires_at
     RETURNING 1
 ),
 renewed AS (
-    UPDATE group_leases SET expires_at = $2 WHERE holder = $1 AND group_id <> ALL($4)
+    UPDATE cm.group_leases SET expires_at = $2 WHERE holder = $1 AND group_id <> ALL($4)
     RETURNING group_id
 ),
 taken AS (
-    INSERT INTO group_leases (group_id, holder, expires_at)
+    INSERT INTO cm.group_leases (group_id, holder, expires_at)
     SELECT g, $1, $2 FROM UNNEST($4::smallint[]) AS g
     ON CONFLICT (group_id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
     WHERE group_leases.expires_at <= $3 OR group_leases.holder = $1
@@ -126,14 +126,14 @@ SELECT group_id FROM renewed UNION SELECT group_id FROM taken ORDER BY 1";
 /// Who holds which group, live now, and for how long yet (in seconds).
 const LIVE_LEASES_SQL: &str = "
 SELECT group_id, holder, extract(epoch FROM expires_at - now())::float8
-FROM group_leases WHERE expires_at > now() ORDER BY group_id";
+FROM cm.group_leases WHERE expires_at > now() ORDER BY group_id";
 
 /// The node holding the shard of group `$1` (the shards of every per-routine table are
 /// co-located with `routines`'), from the coordinator's metadata.
 const GROUP_NODE_SQL: &str = "
 SELECT n.nodename || ':' || n.nodeport
 FROM pg_dist_placement p JOIN pg_dist_node n ON n.groupid = p.groupid
-WHERE p.shardid = get_shard_id_for_distribution_column('routines', $1::smallint)
+WHERE p.shardid = get_shard_id_for_distribution_column('cm.routines', $1::smallint)
 ORDER BY n.nodeid LIMIT 1";
 
 /// A live group lease ([`GroupDirectory::live_group_leases`]).
@@ -176,55 +176,57 @@ struct CitusTable {
 /// name).
 const CITUS_TABLES: &[CitusTable] = &[
     CitusTable {
-        table: "cm_settings",
+        table: "cm.cm_settings",
         placement: Placement::Reference,
         colocate_with: None,
         drop_trigger: None,
     },
     CitusTable {
-        table: "group_leases",
+        table: "cm.group_leases",
         placement: Placement::Coordinator,
         colocate_with: None,
         drop_trigger: None,
     },
     CitusTable {
-        table: "group_holders",
+        table: "cm.group_holders",
         placement: Placement::Coordinator,
         colocate_with: None,
         drop_trigger: None,
     },
     CitusTable {
-        table: "routine_names",
+        table: "cm.routine_names",
         placement: Placement::Distributed("name"),
         colocate_with: None,
         drop_trigger: None,
     },
     CitusTable {
-        table: "routines",
+        table: "cm.routines",
         placement: Placement::Distributed("group_id"),
         colocate_with: None,
-        drop_trigger: Some("DROP TRIGGER IF EXISTS routines_fill_group_id ON routines"),
+        drop_trigger: Some("DROP TRIGGER IF EXISTS routines_fill_group_id ON cm.routines"),
     },
     CitusTable {
-        table: "routine_fires",
+        table: "cm.routine_fires",
         placement: Placement::Distributed("group_id"),
-        colocate_with: Some("routines"),
-        drop_trigger: Some("DROP TRIGGER IF EXISTS routine_fires_fill_group_id ON routine_fires"),
-    },
-    CitusTable {
-        table: "routine_requests",
-        placement: Placement::Distributed("group_id"),
-        colocate_with: Some("routines"),
+        colocate_with: Some("cm.routines"),
         drop_trigger: Some(
-            "DROP TRIGGER IF EXISTS routine_requests_fill_group_id ON routine_requests",
+            "DROP TRIGGER IF EXISTS routine_fires_fill_group_id ON cm.routine_fires",
         ),
     },
     CitusTable {
-        table: "outbox_messages",
+        table: "cm.routine_requests",
         placement: Placement::Distributed("group_id"),
-        colocate_with: Some("routines"),
+        colocate_with: Some("cm.routines"),
         drop_trigger: Some(
-            "DROP TRIGGER IF EXISTS outbox_messages_fill_group_id ON outbox_messages",
+            "DROP TRIGGER IF EXISTS routine_requests_fill_group_id ON cm.routine_requests",
+        ),
+    },
+    CitusTable {
+        table: "cm.outbox_messages",
+        placement: Placement::Distributed("group_id"),
+        colocate_with: Some("cm.routines"),
+        drop_trigger: Some(
+            "DROP TRIGGER IF EXISTS outbox_messages_fill_group_id ON cm.outbox_messages",
         ),
     },
 ];
@@ -233,11 +235,11 @@ const CITUS_TABLES: &[CitusTable] = &[
 /// messages of one group), which only Citus needs: plain PostgreSQL claims across the groups
 /// (migration `20261202000301`).
 const CITUS_INDEXES: [&str; 3] = [
-    "CREATE INDEX IF NOT EXISTS routines_group_due_idx ON routines (group_id, next_run_at, id) \
+    "CREATE INDEX IF NOT EXISTS routines_group_due_idx ON cm.routines (group_id, next_run_at, id) \
      WHERE next_run_at IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS routine_fires_group_lease_idx \
-     ON routine_fires (group_id, lease_expires_at) WHERE status = 'claimed'",
-    "CREATE INDEX IF NOT EXISTS outbox_messages_group_pending_idx ON outbox_messages (group_id, seq) \
+     ON cm.routine_fires (group_id, lease_expires_at) WHERE status = 'claimed'",
+    "CREATE INDEX IF NOT EXISTS outbox_messages_group_pending_idx ON cm.outbox_messages (group_id, seq) \
      WHERE acked_at IS NULL",
 ];
 
@@ -251,7 +253,7 @@ impl PgStore {
     /// how many tables it distributed.
     pub async fn distribute_on_citus(&self) -> Result<usize, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        let citus: bool = sqlx::query_scalar(
+        let citus: bool = crate::schema::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')",
         )
         .fetch_one(&mut *conn)
@@ -265,22 +267,22 @@ impl PgStore {
         // Every walk names its group on Citus: the per-group indexes, before the tables are
         // distributed (each shard gets them) or, on a schema distributed already, propagated.
         for index in CITUS_INDEXES {
-            sqlx::query(index).execute(&mut *conn).await?;
+            crate::schema::query(index).execute(&mut *conn).await?;
         }
         let mut distributed = 0;
         for spec in CITUS_TABLES {
-            let done: bool = sqlx::query_scalar(
+            let done: bool = crate::schema::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass)",
             )
-            .bind(spec.table)
+            .bind(crate::schema::sql(spec.table))
             .fetch_one(&mut *conn)
             .await?;
             if spec.placement == Placement::Coordinator {
                 // A schema distributed by an earlier cm made these reference tables: brought
                 // back to the coordinator, rows and all.
                 if done {
-                    sqlx::query("SELECT undistribute_table($1)")
-                        .bind(spec.table)
+                    crate::schema::query("SELECT undistribute_table($1)")
+                        .bind(crate::schema::sql(spec.table))
                         .execute(&mut *conn)
                         .await?;
                 }
@@ -290,24 +292,25 @@ impl PgStore {
                 continue;
             }
             if let Some(drop) = spec.drop_trigger {
-                sqlx::query(drop).execute(&mut *conn).await?;
+                crate::schema::query(drop).execute(&mut *conn).await?;
             }
             let query = match (spec.placement, spec.colocate_with) {
                 (Placement::Coordinator, _) => continue,
                 (Placement::Reference, _) => {
-                    sqlx::query("SELECT create_reference_table($1)").bind(spec.table)
+                    crate::schema::query("SELECT create_reference_table($1)")
+                        .bind(crate::schema::sql(spec.table))
                 }
                 (Placement::Distributed(column), None) => {
-                    sqlx::query("SELECT create_distributed_table($1, $2)")
-                        .bind(spec.table)
+                    crate::schema::query("SELECT create_distributed_table($1, $2)")
+                        .bind(crate::schema::sql(spec.table))
                         .bind(column)
                 }
-                (Placement::Distributed(column), Some(with)) => {
-                    sqlx::query("SELECT create_distributed_table($1, $2, colocate_with => $3)")
-                        .bind(spec.table)
-                        .bind(column)
-                        .bind(with)
-                }
+                (Placement::Distributed(column), Some(with)) => crate::schema::query(
+                    "SELECT create_distributed_table($1, $2, colocate_with => $3)",
+                )
+                .bind(crate::schema::sql(spec.table))
+                .bind(column)
+                .bind(crate::schema::sql(with)),
             };
             query.execute(&mut *conn).await?;
             distributed += 1;
@@ -337,12 +340,17 @@ impl GroupDirectory for PgStore {
     }
 
     async fn due_groups(&self) -> Result<Vec<GroupId>, StoreError> {
-        Ok(on_store!(self, |e| sqlx::query_scalar(DUE_GROUPS_SQL).fetch_all(e))?)
+        Ok(on_store!(self, |e| crate::schema::query_scalar(
+            DUE_GROUPS_SQL
+        )
+        .fetch_all(e))?)
     }
 
     async fn expired_groups(&self) -> Result<Vec<GroupId>, StoreError> {
-        Ok(on_store!(self, |e| sqlx::query_scalar(EXPIRED_GROUPS_SQL)
-            .fetch_all(e))?)
+        Ok(on_store!(self, |e| crate::schema::query_scalar(
+            EXPIRED_GROUPS_SQL
+        )
+        .fetch_all(e))?)
     }
 
     async fn lease_groups(
@@ -353,17 +361,19 @@ impl GroupDirectory for PgStore {
     ) -> Result<Vec<GroupId>, StoreError> {
         let now = self.ping().await?;
         let until = now + chrono::TimeDelta::from_std(lease).unwrap_or(chrono::TimeDelta::MAX);
-        Ok(on_store!(self, |e| sqlx::query_scalar(LEASE_GROUPS_SQL)
-            .bind(holder)
-            .bind(until)
-            .bind(now)
-            .bind(wanted)
-            .fetch_all(e))?)
+        Ok(on_store!(self, |e| crate::schema::query_scalar(
+            LEASE_GROUPS_SQL
+        )
+        .bind(holder)
+        .bind(until)
+        .bind(now)
+        .bind(wanted)
+        .fetch_all(e))?)
     }
 
     async fn release_groups(&self, holder: &str, groups: &[GroupId]) -> Result<(), StoreError> {
-        on_store!(self, |e| sqlx::query(
-            "DELETE FROM group_leases WHERE holder = $1 AND group_id = ANY($2)"
+        on_store!(self, |e| crate::schema::query(
+            "DELETE FROM cm.group_leases WHERE holder = $1 AND group_id = ANY($2)"
         )
         .bind(holder)
         .bind(groups)
@@ -377,8 +387,8 @@ impl GroupDirectory for PgStore {
 
     async fn live_holders(&self) -> Result<Vec<String>, StoreError> {
         let now = self.ping().await?;
-        Ok(on_store!(self, |e| sqlx::query_scalar(
-            "SELECT holder FROM group_holders WHERE expires_at > $1 ORDER BY 1"
+        Ok(on_store!(self, |e| crate::schema::query_scalar(
+            "SELECT holder FROM cm.group_holders WHERE expires_at > $1 ORDER BY 1"
         )
         .bind(now)
         .fetch_all(e))?)
@@ -386,7 +396,8 @@ impl GroupDirectory for PgStore {
 
     async fn live_group_leases(&self) -> Result<Vec<LiveLease>, StoreError> {
         let rows: Vec<(GroupId, String, f64)> =
-            on_store!(self, |e| sqlx::query_as(LIVE_LEASES_SQL).fetch_all(e))?;
+            on_store!(self, |e| crate::schema::query_as(LIVE_LEASES_SQL)
+                .fetch_all(e))?;
         Ok(rows
             .into_iter()
             .map(|(group, holder, seconds)| LiveLease {
@@ -401,8 +412,10 @@ impl GroupDirectory for PgStore {
         if !self.is_citus().await? {
             return Ok(None);
         }
-        Ok(on_store!(self, |e| sqlx::query_scalar(GROUP_NODE_SQL)
-            .bind(group)
-            .fetch_optional(e))?)
+        Ok(on_store!(self, |e| crate::schema::query_scalar(
+            GROUP_NODE_SQL
+        )
+        .bind(group)
+        .fetch_optional(e))?)
     }
 }

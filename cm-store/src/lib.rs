@@ -24,6 +24,8 @@
 //!   creates its routines inside its own transaction.
 //! - `planning`: the routines the SQL functions of the `cm` schema wrote, planned or paused
 //!   ([`UnplannedRoutines`]).
+//! - [`schema`]: the schema cm's objects live in (`cm` unless set), and the migrations applied
+//!   into it; `relocate` moves a database migrated into `public` before.
 //! - [`failover`]: multi-host URLs and `target_session_attrs`, read as libpq reads them.
 //! - `model`: the routine types every part above shares ([`Routine`], [`NewRoutine`]).
 //! - `options`: pool size and the statement, lock and idle timeouts ([`StoreOptions`]).
@@ -136,9 +138,11 @@ mod options;
 pub mod outbox;
 mod planning;
 pub mod pooler;
+mod relocate;
 pub mod routines;
 pub mod runs;
 mod schedules;
+pub mod schema;
 pub mod status;
 pub mod tx;
 
@@ -180,18 +184,23 @@ pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
 #[cfg(feature = "mock")]
 pub use runs::MockMissionRuns;
 pub use runs::{MAX_RUN_OUTPUT, MissionRuns, RunRecord, RunTake, RunUpdate, UnfinishedRun};
+pub use schema::Schema;
 pub use status::{
     FailedFire, FireDetail, FireRate, MinuteCount, OpenClaims, RecentFire, RoutineOrder,
     RoutineQuery, RoutineSummary, StatusReader,
 };
 
-/// The schema's migrations, embedded in the binary.
-pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+/// The migrations of the process's schema ([`Schema::current`], `cm` unless set), built on first
+/// use from those `cm-migrations` embeds (see [`schema::migrator`]): applied into the schema with a
+/// pinned search path, recorded in `<schema>.migrations`. [`PgStore::migrate`] runs them, after
+/// moving a database migrated before cm had a schema of its own.
+pub static MIGRATOR: std::sync::LazyLock<Migrator> =
+    std::sync::LazyLock::new(|| schema::migrator(Schema::current()));
 
 /// [`MIGRATOR`] without its session-level lock, for [`PgStore::migrate`] through a pooler,
 /// which takes the lock itself.
 static UNLOCKED_MIGRATOR: std::sync::LazyLock<Migrator> = std::sync::LazyLock::new(|| {
-    let mut migrator = sqlx::migrate!("../migrations");
+    let mut migrator = schema::migrator(Schema::current());
     migrator.set_locking(false);
     migrator
 });
@@ -460,8 +469,12 @@ impl PgStore {
         &self.pool
     }
 
-    /// Applies every migration not yet applied. Safe to run from several processes at once:
-    /// the migrator serialises them with an advisory lock.
+    /// Applies every migration not yet applied, into the process's schema ([`Schema`]). Safe to
+    /// run from several processes at once: the migrator serialises them with an advisory lock.
+    ///
+    /// A database migrated before cm had a schema of its own (cm's tables in `public`, its
+    /// migrations in `public._sqlx_migrations`) is first moved into `cm`, in one transaction
+    /// under the same lock, leaving a sibling's migrations where they are.
     ///
     /// sqlx's migrator holds a session-level lock, which a transaction pooler would leave on
     /// whichever server connection took it (and release, or not, on another). Through a pooler
@@ -469,6 +482,7 @@ impl PgStore {
     /// transaction of its own held open while the migrations run on other connections of the
     /// pool; it excludes the session-level one of a migrator on a direct connection.
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        relocate::from_public(self, migration_lock_id).await?;
         if self.begin.is_none() {
             MIGRATOR.run(&self.pool).await?;
             return Ok(());
@@ -476,16 +490,16 @@ impl PgStore {
         let mut lock = self.begin().await?;
         // The lock waits for another process's migrations, and is held idle while this one's
         // run: none of the store's timeouts applies to it.
-        sqlx::raw_sql(
+        crate::schema::raw_sql(
             "SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; \
              SET LOCAL idle_in_transaction_session_timeout = 0",
         )
         .execute(&mut *lock)
         .await?;
-        let database: String = sqlx::query_scalar("SELECT current_database()")
+        let database: String = crate::schema::query_scalar("SELECT current_database()")
             .fetch_one(&mut *lock)
             .await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        crate::schema::query("SELECT pg_advisory_xact_lock($1)")
             .bind(migration_lock_id(&database))
             .execute(&mut *lock)
             .await?;
@@ -496,8 +510,9 @@ impl PgStore {
 
     /// Whether the database answers, and its clock.
     pub async fn ping(&self) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
-        on_store!(self, |e| sqlx::query_scalar("SELECT now()").fetch_one(e))
-            .map_err(StoreError::from)
+        on_store!(self, |e| crate::schema::query_scalar("SELECT now()")
+            .fetch_one(e))
+        .map_err(StoreError::from)
     }
 }
 

@@ -57,10 +57,10 @@ pub trait OutboxStore: Send + Sync {
 #[async_trait]
 impl OutboxStore for PgStore {
     async fn outbox_insert(&self, message: &OutboxMessage) -> Result<bool, StoreError> {
-        let inserted = on_store!(self, |e| sqlx::query(
-            "INSERT INTO outbox_messages
+        let inserted = on_store!(self, |e| crate::schema::query(
+            "INSERT INTO cm.outbox_messages
                  (routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
-             SELECT $1, $2, $3, $4, $5, cm_group_of($1, group_count) FROM cm_settings
+             SELECT $1, $2, $3, $4, $5, cm.cm_group_of($1, group_count) FROM cm.cm_settings
              ON CONFLICT DO NOTHING",
         )
         .bind(message.occurrence.routine_id)
@@ -74,9 +74,9 @@ impl OutboxStore for PgStore {
     }
 
     async fn outbox_read(&self, after_seq: i64, limit: u32) -> Result<Vec<OutboxRow>, StoreError> {
-        Ok(on_store!(self, |e| sqlx::query_as(
+        Ok(on_store!(self, |e| crate::schema::query_as(
             "SELECT seq, routine_id, scheduled_at, idempotency_key, attempt, payload, created_at
-             FROM outbox_messages WHERE seq > $1 ORDER BY seq LIMIT $2",
+             FROM cm.outbox_messages WHERE seq > $1 ORDER BY seq LIMIT $2",
         )
         .bind(after_seq)
         .bind(i64::from(limit))
@@ -88,9 +88,9 @@ impl OutboxStore for PgStore {
         let Some(occurrence) = IdempotencyKey::parse_occurrence(key.as_str()) else {
             return Ok(None);
         };
-        Ok(on_store!(self, |e| sqlx::query_as(
+        Ok(on_store!(self, |e| crate::schema::query_as(
             "SELECT seq, routine_id, scheduled_at, idempotency_key, attempt, payload, created_at
-             FROM outbox_messages WHERE routine_id = $1 AND scheduled_at = $2",
+             FROM cm.outbox_messages WHERE routine_id = $1 AND scheduled_at = $2",
         )
         .bind(occurrence.routine_id)
         .bind(occurrence.scheduled_at)

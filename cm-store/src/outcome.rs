@@ -98,7 +98,7 @@ mod tests {
     #[sqlx::test(migrator = "crate::MIGRATOR")]
     async fn the_outcome_in_sql_is_the_domain_rule(pool: PgPool) {
         let routine = uuid::Uuid::new_v4();
-        let base: DateTime<Utc> = sqlx::query_scalar("SELECT date_trunc('minute', now())")
+        let base: DateTime<Utc> = crate::schema::query_scalar("SELECT date_trunc('minute', now())")
             .fetch_one(&pool)
             .await
             .unwrap();
@@ -112,8 +112,8 @@ mod tests {
         ] {
             for run in runs.clone() {
                 let at = base + TimeDelta::minutes(expected.len() as i64);
-                sqlx::query(
-                    "INSERT INTO routine_fires
+                crate::schema::query(
+                    "INSERT INTO cm.routine_fires
                          (routine_id, scheduled_at, status, completed_at, error, run_state,
                           claimant, claim_token, attempt, claimed_at, lease_expires_at)
                      VALUES ($1, $2, $3::text,
@@ -134,7 +134,7 @@ mod tests {
         let rows: Vec<(DateTime<Utc>, String, bool)> =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "SELECT scheduled_at, {FIRE_OUTCOME_SQL}, {FIRE_FAILURE_SQL}
-                 FROM routine_fires ORDER BY scheduled_at"
+                 FROM cm.routine_fires ORDER BY scheduled_at"
             )))
             .fetch_all(&pool)
             .await

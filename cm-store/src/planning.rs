@@ -64,16 +64,16 @@ impl UnplannedRoutines for PgStore {
         // An unlocked read of the candidates (on Citus, one shard with a group, or every shard
         // without), then each locked by its own statement naming its group.
         let candidates: Vec<(Uuid, GroupId, String, String)> = match group {
-            Some(group) => on_store!(self, |e| sqlx::query_as(
-                "SELECT id, group_id, schedule, timezone FROM routines
+            Some(group) => on_store!(self, |e| crate::schema::query_as(
+                "SELECT id, group_id, schedule, timezone FROM cm.routines
                  WHERE NOT planned AND group_id = $1 ORDER BY id LIMIT $2",
             )
             .bind(group)
             .bind(i64::from(limit))
             .fetch_all(e))?,
             None => on_store!(self, |e| {
-                sqlx::query_as(
-                    "SELECT id, group_id, schedule, timezone FROM routines
+                crate::schema::query_as(
+                    "SELECT id, group_id, schedule, timezone FROM cm.routines
                  WHERE NOT planned ORDER BY group_id, id LIMIT $1",
                 )
                 .bind(i64::from(limit))
@@ -90,8 +90,8 @@ impl UnplannedRoutines for PgStore {
         let mut planned = Vec::with_capacity(candidates.len());
         for (id, group, _, _) in candidates {
             let mut tx = self.begin().await?;
-            let row: Option<RoutineRow> = sqlx::query_as(
-                "SELECT * FROM routines WHERE id = $1 AND group_id = $2 AND NOT planned
+            let row: Option<RoutineRow> = crate::schema::query_as(
+                "SELECT * FROM cm.routines WHERE id = $1 AND group_id = $2 AND NOT planned
                  FOR UPDATE SKIP LOCKED",
             )
             .bind(id)
@@ -100,7 +100,7 @@ impl UnplannedRoutines for PgStore {
             .await?;
             let row = row.map(Routine::try_from).transpose()?;
             let Some(routine) = row else { continue };
-            let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+            let now: DateTime<Utc> = crate::schema::query_scalar("SELECT now()")
                 .fetch_one(&mut *tx)
                 .await?;
             let schedule = self
@@ -112,8 +112,8 @@ impl UnplannedRoutines for PgStore {
                     let next = (!routine.paused)
                         .then(|| schedule.next_planned_after(id, now).map(|(_, at)| at))
                         .flatten();
-                    sqlx::query(
-                        "UPDATE routines SET planned = true, next_run_at = $3, updated_at = now()
+                    crate::schema::query(
+                        "UPDATE cm.routines SET planned = true, next_run_at = $3, updated_at = now()
                          WHERE id = $1 AND group_id = $2",
                     )
                     .bind(id)
@@ -129,8 +129,8 @@ impl UnplannedRoutines for PgStore {
                     }
                 }
                 Err(reason) => {
-                    sqlx::query(
-                        "UPDATE routines
+                    crate::schema::query(
+                        "UPDATE cm.routines
                          SET planned = true, paused = true, next_run_at = NULL,
                              paused_reason = $3, updated_at = now()
                          WHERE id = $1 AND group_id = $2",

@@ -57,7 +57,7 @@ impl PgStore {
         // The settings, read in a transaction begun as the store begins its own, with a simple
         // query: no prepared statement, so a pooler that loses those cannot hide this answer.
         let mut tx = self.begin_on(first).await?;
-        let row = sqlx::raw_sql("SELECT current_setting('plan_cache_mode')")
+        let row = crate::schema::raw_sql("SELECT current_setting('plan_cache_mode')")
             .fetch_one(&mut *tx)
             .await?;
         let plan_cache_mode: String = row.try_get(0)?;
@@ -80,7 +80,7 @@ impl PgStore {
                 (&mut *first, "SELECT $1::int4", 1),
                 (&mut *second, "SELECT -$1::int4", -1),
             ] {
-                let got: i32 = sqlx::query_scalar(sql)
+                let got: i32 = crate::schema::query_scalar(sql)
                     .bind(round)
                     .fetch_one(&mut *conn)
                     .await

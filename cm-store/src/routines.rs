@@ -106,8 +106,8 @@ impl RoutineStore for PgStore {
     }
 
     async fn get_routine(&self, id: Uuid) -> Result<Routine, StoreError> {
-        on_store!(self, |e| sqlx::query_as::<_, RoutineRow>(
-            "SELECT * FROM routines WHERE id = $1"
+        on_store!(self, |e| crate::schema::query_as::<_, RoutineRow>(
+            "SELECT * FROM cm.routines WHERE id = $1"
         )
         .bind(id)
         .fetch_optional(e))?
@@ -116,10 +116,12 @@ impl RoutineStore for PgStore {
     }
 
     async fn list_routines(&self) -> Result<Vec<Routine>, StoreError> {
-        routines_of(on_store!(self, |e| sqlx::query_as::<_, RoutineRow>(
-            "SELECT * FROM routines ORDER BY created_at, id"
-        )
-        .fetch_all(e))?)
+        routines_of(on_store!(self, |e| {
+            crate::schema::query_as::<_, RoutineRow>(
+                "SELECT * FROM cm.routines ORDER BY created_at, id",
+            )
+            .fetch_all(e)
+        })?)
     }
 
     async fn get_routine_by_name(&self, name: &str) -> Result<Routine, StoreError> {

@@ -144,7 +144,7 @@ pub trait MissionRuns: Send + Sync {
 impl MissionRuns for PgStore {
     async fn begin_run(&self, occurrence: Occurrence) -> Result<(), StoreError> {
         let group = self.group_of_routine(occurrence.routine_id).await?;
-        on_store!(self, |e| sqlx::query(BEGIN_RUN_SQL)
+        on_store!(self, |e| crate::schema::query(BEGIN_RUN_SQL)
             .bind(occurrence.routine_id)
             .bind(occurrence.scheduled_at)
             .bind(group)
@@ -159,8 +159,8 @@ impl MissionRuns for PgStore {
     ) -> Result<bool, StoreError> {
         let group = self.group_of_routine(routine_id).await?;
         let updated = on_store!(self, |e| {
-            sqlx::query(
-            "UPDATE routines SET overlap = $2, updated_at = now() WHERE id = $1 AND group_id = $3",
+            crate::schema::query(
+            "UPDATE cm.routines SET overlap = $2, updated_at = now() WHERE id = $1 AND group_id = $3",
         )
         .bind(routine_id)
         .bind(policy.as_str())
@@ -240,8 +240,8 @@ impl MissionRuns for PgStore {
             .output
             .as_deref()
             .map(|o| output_tail(o).replace('\0', ""));
-        on_store!(self, |e| sqlx::query(
-            "UPDATE routine_fires
+        on_store!(self, |e| crate::schema::query(
+            "UPDATE cm.routine_fires
              SET run_output = $4, run_started_at = $5, run_finished_at = $6
              WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3",
         )
@@ -280,16 +280,19 @@ impl PgStore {
         // The deciders of one routine take turns here, and each reads the holder after its turn
         // began (READ COMMITTED: each statement sees what committed before it), so two never
         // both find the run free. The routine's row is only read.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('cm.run:' || $1::text, 0))")
-            .bind(occurrence.routine_id)
-            .execute(&mut *tx)
-            .await?;
-        let policy: Option<String> =
-            sqlx::query_scalar("SELECT overlap FROM routines WHERE id = $1 AND group_id = $2")
-                .bind(occurrence.routine_id)
-                .bind(group)
-                .fetch_optional(&mut *tx)
-                .await?;
+        crate::schema::query(
+            "SELECT pg_advisory_xact_lock(hashtextextended('cm.run:' || $1::text, 0))",
+        )
+        .bind(occurrence.routine_id)
+        .execute(&mut *tx)
+        .await?;
+        let policy: Option<String> = crate::schema::query_scalar(
+            "SELECT overlap FROM cm.routines WHERE id = $1 AND group_id = $2",
+        )
+        .bind(occurrence.routine_id)
+        .bind(group)
+        .fetch_optional(&mut *tx)
+        .await?;
         // A routine deleted since its claim: its fire went with it; nothing may launch.
         let Some(policy) = policy else {
             return Ok(RunTake::Gone);
@@ -303,11 +306,12 @@ impl PgStore {
                         reason: e.to_string(),
                     },
                 )?;
-        let held: Option<(DateTime<Utc>, String, Option<String>)> = sqlx::query_as(HOLDER_SQL)
-            .bind(occurrence.routine_id)
-            .bind(group)
-            .fetch_optional(&mut *tx)
-            .await?;
+        let held: Option<(DateTime<Utc>, String, Option<String>)> =
+            crate::schema::query_as(HOLDER_SQL)
+                .bind(occurrence.routine_id)
+                .bind(group)
+                .fetch_optional(&mut *tx)
+                .await?;
         let holder = match &held {
             None => RunHolder::Free,
             Some((at, _, _)) if *at == occurrence.scheduled_at => RunHolder::Free,
@@ -327,7 +331,7 @@ impl PgStore {
             }
             _ => {}
         }
-        let begun = sqlx::query(BEGIN_RUN_SQL)
+        let begun = crate::schema::query(BEGIN_RUN_SQL)
             .bind(occurrence.routine_id)
             .bind(occurrence.scheduled_at)
             .bind(group)
@@ -340,8 +344,8 @@ impl PgStore {
             return Ok(RunTake::Gone);
         }
         if policy != OverlapPolicy::Allow {
-            sqlx::query(
-                "UPDATE routine_fires SET holds_run = (scheduled_at = $2)
+            crate::schema::query(
+                "UPDATE cm.routine_fires SET holds_run = (scheduled_at = $2)
                  WHERE routine_id = $1 AND group_id = $3
                    AND (holds_run OR scheduled_at = $2)",
             )
@@ -369,14 +373,14 @@ fn holder_state(status: &str, run: Option<&str>) -> RunHolder {
 
 /// The fire that holds a routine's run (`$1` the routine, `$2` its group), if one does.
 const HOLDER_SQL: &str = "
-SELECT scheduled_at, status, run_state FROM routine_fires
+SELECT scheduled_at, status, run_state FROM cm.routine_fires
 WHERE routine_id = $1 AND group_id = $2 AND holds_run
 ORDER BY scheduled_at DESC
 LIMIT 1";
 
 /// Begins a run: `$1`/`$2` the occurrence, a fire still `claimed`, `$3` its routine's group.
 const BEGIN_RUN_SQL: &str = "
-UPDATE routine_fires SET run_state = 'running', run_exit_code = NULL, run_reason = NULL,
+UPDATE cm.routine_fires SET run_state = 'running', run_exit_code = NULL, run_reason = NULL,
     run_checked_at = now()
 WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3 AND status = 'claimed'";
 
@@ -384,7 +388,7 @@ WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3 AND status = 'clai
 macro_rules! record_runs_sql {
     ($tail:literal) => {
         concat!(
-            "UPDATE routine_fires AS f
+            "UPDATE cm.routine_fires AS f
              SET run_state = t.state, run_exit_code = t.exit_code, run_reason = t.reason,
                  run_checked_at = now()
              FROM UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $4::int[], $5::text[])
@@ -433,7 +437,7 @@ impl PgStore {
         // updates nothing, so only the pass that ended a run returns it.
         // With a group, the statement names it as a constant (not `$6 IS NULL OR ...`), so
         // Citus plans it on that group's shard alone.
-        let query = sqlx::query_as(match group {
+        let query = crate::schema::query_as(match group {
             None => record_runs_sql!(""),
             Some(_) => record_runs_sql!(" AND f.group_id = $6"),
         })
@@ -467,7 +471,7 @@ impl PgStore {
 /// in its order and stops after `$1` rows: the runs still running, never the finished ledger.
 const UNFINISHED_RUNS_SQL: &str = "
 SELECT routine_id, scheduled_at, status
-FROM routine_fires
+FROM cm.routine_fires
 WHERE run_state = 'running'
 ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
 LIMIT $1";
@@ -475,7 +479,7 @@ LIMIT $1";
 /// The same in the group `$2`.
 const UNFINISHED_RUNS_IN_SQL: &str = "
 SELECT routine_id, scheduled_at, status
-FROM routine_fires
+FROM cm.routine_fires
 WHERE run_state = 'running' AND group_id = $2
 ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
 LIMIT $1";
@@ -485,7 +489,7 @@ pub(crate) fn unfinished_runs_query(
     group: Option<GroupId>,
     limit: u32,
 ) -> Query<'static, Postgres, PgArguments> {
-    let query = sqlx::query(match group {
+    let query = crate::schema::query(match group {
         None => UNFINISHED_RUNS_SQL,
         Some(_) => UNFINISHED_RUNS_IN_SQL,
     })

@@ -209,7 +209,7 @@ pub trait StatusReader: Send + Sync {
 macro_rules! summaries_sql {
     ($key:literal) => {
         concat!(
-            "SELECT r.* FROM routines r
+            "SELECT r.* FROM cm.routines r
              WHERE ($1::text IS NULL OR strpos(lower(r.name), lower($1)) > 0)
                AND ($2::bool IS NULL OR r.paused = $2)
                AND ($3::uuid IS NULL
@@ -217,7 +217,7 @@ macro_rules! summaries_sql {
             $key,
             ", r.id) > (SELECT ",
             $key,
-            ", r.id FROM routines r WHERE r.id = $3))
+            ", r.id FROM cm.routines r WHERE r.id = $3))
              ORDER BY ",
             $key,
             ", r.id
@@ -234,16 +234,16 @@ impl PgStore {
         Ok(if ids.is_empty() || strip == 0 {
             Vec::new()
         } else {
-            on_store!(self, |e| sqlx::query_as(concat!(
+            on_store!(self, |e| crate::schema::query_as(concat!(
                 "SELECT r.id AS routine_id, f.scheduled_at, f.status, f.completed_at, f.error,
                             f.run_state, f.run_exit_code
-                     FROM routines r
+                     FROM cm.routines r
                      CROSS JOIN LATERAL (
                          SELECT scheduled_at, status, completed_at, run_state, run_exit_code,
                                 left(COALESCE(",
                 failure_reason_sql!(""),
                 ", error), 300) AS error
-                     FROM routine_fires
+                     FROM cm.routine_fires
                      WHERE routine_id = r.id AND group_id = r.group_id
                      ORDER BY scheduled_at DESC
                      LIMIT $2) f
@@ -276,7 +276,7 @@ impl StatusReader for PgStore {
             RoutineOrder::Name => summaries_sql!("r.name"),
             RoutineOrder::NextRun => summaries_sql!("COALESCE(r.next_run_at, 'infinity')"),
         };
-        let routines: Vec<RoutineRow> = on_store!(self, |e| sqlx::query_as(sql)
+        let routines: Vec<RoutineRow> = on_store!(self, |e| crate::schema::query_as(sql)
             .bind(query.name_contains.as_deref().filter(|n| !n.is_empty()))
             .bind(query.paused)
             .bind(query.after)
@@ -329,11 +329,11 @@ impl StatusReader for PgStore {
     }
 
     async fn fire(&self, occurrence: Occurrence) -> Result<Option<FireDetail>, StoreError> {
-        let row: Option<DetailRow> = on_store!(self, |e| sqlx::query_as(
+        let row: Option<DetailRow> = on_store!(self, |e| crate::schema::query_as(
             "SELECT routine_id, scheduled_at, status, origin, claimant, attempt, claimed_at,
                     lease_expires_at, completed_at, error, receipt, run_state, run_exit_code,
                     run_reason, run_started_at, run_finished_at, run_output
-             FROM routine_fires WHERE routine_id = $1 AND scheduled_at = $2",
+             FROM cm.routine_fires WHERE routine_id = $1 AND scheduled_at = $2",
         )
         .bind(occurrence.routine_id)
         .bind(occurrence.scheduled_at)
@@ -345,8 +345,8 @@ impl StatusReader for PgStore {
     }
 
     async fn fire_count(&self, id: Uuid) -> Result<u64, StoreError> {
-        let count: i64 = on_store!(self, |e| sqlx::query_scalar(
-            "SELECT count(*) FROM routine_fires WHERE routine_id = $1"
+        let count: i64 = on_store!(self, |e| crate::schema::query_scalar(
+            "SELECT count(*) FROM cm.routine_fires WHERE routine_id = $1"
         )
         .bind(id)
         .fetch_one(e))?;
@@ -355,15 +355,15 @@ impl StatusReader for PgStore {
 
     async fn recent_failures(&self, limit: u32) -> Result<Vec<FailedFire>, StoreError> {
         // Newest first through `routine_fires_failures_idx`, which holds the failures only.
-        Ok(on_store!(self, |e| sqlx::query_as(concat!(
+        Ok(on_store!(self, |e| crate::schema::query_as(concat!(
             "SELECT f.routine_id, r.name AS routine_name, f.scheduled_at, f.completed_at,
                     f.attempt, f.run_exit_code, ",
             failure_reason_sql!("f."),
             " AS error, ",
             outcome_sql!("f."),
             " AS outcome
-             FROM routine_fires f
-             JOIN routines r ON r.id = f.routine_id AND r.group_id = f.group_id
+             FROM cm.routine_fires f
+             JOIN cm.routines r ON r.id = f.routine_id AND r.group_id = f.group_id
              WHERE ",
             failure_sql!("f."),
             "
@@ -375,9 +375,9 @@ impl StatusReader for PgStore {
     }
 
     async fn open_claims(&self, claimant: &str) -> Result<OpenClaims, StoreError> {
-        let (mine, all): (i64, i64) = on_store!(self, |e| sqlx::query_as(
+        let (mine, all): (i64, i64) = on_store!(self, |e| crate::schema::query_as(
             "SELECT count(*) FILTER (WHERE claimant = $1), count(*)
-             FROM routine_fires WHERE status = 'claimed'",
+             FROM cm.routine_fires WHERE status = 'claimed'",
         )
         .bind(claimant)
         .fetch_one(e))?;
@@ -390,11 +390,12 @@ impl StatusReader for PgStore {
     async fn fire_rate(&self) -> Result<FireRate, StoreError> {
         // Read through the (status, scheduled_at) index: an hour of settled fires, no more.
         let mut tx = self.begin().await?;
-        let until: DateTime<Utc> = sqlx::query_scalar("SELECT date_trunc('minute', now())")
-            .fetch_one(&mut *tx)
-            .await?;
+        let until: DateTime<Utc> =
+            crate::schema::query_scalar("SELECT date_trunc('minute', now())")
+                .fetch_one(&mut *tx)
+                .await?;
         let since = until - chrono::Duration::minutes(RATE_MINUTES as i64 - 1);
-        let rows: Vec<(DateTime<Utc>, i64, i64)> = sqlx::query_as(concat!(
+        let rows: Vec<(DateTime<Utc>, i64, i64)> = crate::schema::query_as(concat!(
             "SELECT date_trunc('minute', scheduled_at) AS minute,
                     count(*) FILTER (WHERE NOT ",
             failure_sql!(""),
@@ -402,7 +403,7 @@ impl StatusReader for PgStore {
                     count(*) FILTER (WHERE ",
             failure_sql!(""),
             ")
-             FROM routine_fires
+             FROM cm.routine_fires
              WHERE status IN ('fired', 'failed') AND scheduled_at >= $1
                AND scheduled_at < $2 + interval '1 minute'
              GROUP BY 1"

@@ -43,7 +43,7 @@
 //! async fn sign_up(pool: &PgPool, email: &str) -> Result<uuid::Uuid, Box<dyn std::error::Error>> {
 //!     let mut tx = pool.begin().await?;
 //!     let user: uuid::Uuid =
-//!         sqlx::query_scalar("INSERT INTO users (email) VALUES ($1) RETURNING id")
+//!         crate::schema::query_scalar("INSERT INTO users (email) VALUES ($1) RETURNING id")
 //!             .bind(email)
 //!             .fetch_one(&mut *tx)
 //!             .await?;
@@ -120,8 +120,8 @@ pub async fn set_routine_paused(
             .next_planned_after(id, now)
             .map(|(_, planned)| planned)
     };
-    let row: Routine = sqlx::query_as::<_, RoutineRow>(
-        "UPDATE routines
+    let row: Routine = crate::schema::query_as::<_, RoutineRow>(
+        "UPDATE cm.routines
          SET paused = $2, next_run_at = $3, paused_reason = NULL, updated_at = now()
          WHERE id = $1 AND group_id = $4 RETURNING *",
     )
@@ -148,21 +148,22 @@ pub async fn request_occurrences(
     let mut tx = conn.begin().await?;
     let group = catalog::routine_group(&mut tx, id).await?;
     // Lock the routine so a concurrent delete cannot slip between the check and the insert.
-    let exists: Option<Uuid> =
-        sqlx::query_scalar("SELECT id FROM routines WHERE id = $1 AND group_id = $2 FOR SHARE")
-            .bind(id)
-            .bind(group)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let exists: Option<Uuid> = crate::schema::query_scalar(
+        "SELECT id FROM cm.routines WHERE id = $1 AND group_id = $2 FOR SHARE",
+    )
+    .bind(id)
+    .bind(group)
+    .fetch_optional(&mut *tx)
+    .await?;
     if exists.is_none() {
         return Err(StoreError::RoutineNotFound(id));
     }
-    let requested = sqlx::query(
-        "INSERT INTO routine_requests (routine_id, scheduled_at, origin, group_id)
+    let requested = crate::schema::query(
+        "INSERT INTO cm.routine_requests (routine_id, scheduled_at, origin, group_id)
          SELECT $1, t.scheduled_at, 'backfill', $3
          FROM UNNEST($2::timestamptz[]) AS t(scheduled_at)
          WHERE NOT EXISTS (
-             SELECT 1 FROM routine_fires f
+             SELECT 1 FROM cm.routine_fires f
              WHERE f.routine_id = $1 AND f.scheduled_at = t.scheduled_at
                AND f.group_id = $3)
          ON CONFLICT DO NOTHING",
@@ -186,16 +187,17 @@ pub async fn trigger_routine(
 ) -> Result<DateTime<Utc>, StoreError> {
     let mut tx = conn.begin().await?;
     let group = catalog::routine_group(&mut tx, id).await?;
-    let now: Option<DateTime<Utc>> =
-        sqlx::query_scalar("SELECT now() FROM routines WHERE id = $1 AND group_id = $2 FOR SHARE")
-            .bind(id)
-            .bind(group)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let now: Option<DateTime<Utc>> = crate::schema::query_scalar(
+        "SELECT now() FROM cm.routines WHERE id = $1 AND group_id = $2 FOR SHARE",
+    )
+    .bind(id)
+    .bind(group)
+    .fetch_optional(&mut *tx)
+    .await?;
     let now = now.ok_or(StoreError::RoutineNotFound(id))?;
     // Two triggers in the same microsecond name the same occurrence, and fire once.
-    sqlx::query(
-        "INSERT INTO routine_requests (routine_id, scheduled_at, origin, group_id)
+    crate::schema::query(
+        "INSERT INTO cm.routine_requests (routine_id, scheduled_at, origin, group_id)
          VALUES ($1, $2, 'trigger', $3)
          ON CONFLICT DO NOTHING",
     )
@@ -221,12 +223,13 @@ pub async fn delete_routine(conn: &mut PgConnection, id: Uuid) -> Result<(), Sto
     // before.
     let mut tx = conn.begin().await?;
     let group = catalog::routine_group(&mut tx, id).await?;
-    let locked: Option<Uuid> =
-        sqlx::query_scalar("SELECT id FROM routines WHERE id = $1 AND group_id = $2 FOR UPDATE")
-            .bind(id)
-            .bind(group)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let locked: Option<Uuid> = crate::schema::query_scalar(
+        "SELECT id FROM cm.routines WHERE id = $1 AND group_id = $2 FOR UPDATE",
+    )
+    .bind(id)
+    .bind(group)
+    .fetch_optional(&mut *tx)
+    .await?;
     if locked.is_none() {
         return Err(StoreError::RoutineNotFound(id));
     }

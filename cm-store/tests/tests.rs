@@ -125,3 +125,8 @@ mod sql_checks;
 // deploy role file.
 #[path = "store/privileges.rs"]
 mod privileges;
+
+// cm lives in its schema: a database migrated into `public` moved there, a sibling's own
+// migrations and `routines` beside it, and no search path changing what cm reads or migrates.
+#[path = "store/schema.rs"]
+mod schema;

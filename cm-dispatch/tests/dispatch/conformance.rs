@@ -75,7 +75,7 @@ impl EffectProbe for OutboxProbe {
     }
     async fn stall(&self) -> Result<(), String> {
         let mut tx = self.store.pool().begin().await.map_err(|e| e.to_string())?;
-        sqlx::query("LOCK TABLE outbox_messages IN ACCESS EXCLUSIVE MODE")
+        sqlx::query("LOCK TABLE cm.outbox_messages IN ACCESS EXCLUSIVE MODE")
             .execute(&mut *tx)
             .await
             .map_err(|e| e.to_string())?;
@@ -90,7 +90,7 @@ impl EffectProbe for OutboxProbe {
         );
         for statement in [
             function,
-            "CREATE TRIGGER conformance_refuse BEFORE INSERT ON outbox_messages \
+            "CREATE TRIGGER conformance_refuse BEFORE INSERT ON cm.outbox_messages \
              FOR EACH ROW EXECUTE FUNCTION conformance_refuse()"
                 .to_string(),
         ] {
@@ -106,7 +106,7 @@ impl EffectProbe for OutboxProbe {
         if let Some(tx) = self.lock.lock().await.take() {
             tx.rollback().await.map_err(|e| e.to_string())?;
         }
-        sqlx::query("DROP TRIGGER IF EXISTS conformance_refuse ON outbox_messages")
+        sqlx::query("DROP TRIGGER IF EXISTS conformance_refuse ON cm.outbox_messages")
             .execute(self.store.pool())
             .await
             .map_err(|e| e.to_string())?;

@@ -126,7 +126,7 @@ pub(super) async fn run(
     let mut drained_at: Option<(Instant, DateTime<Utc>)> = None;
     let result = loop {
         let (settled, db_now): (i64, DateTime<Utc>) = sqlx::query_as(
-            "SELECT count(*), now() FROM routine_fires WHERE routine_id = $1 AND status <> 'claimed'",
+            "SELECT count(*), now() FROM cm.routine_fires WHERE routine_id = $1 AND status <> 'claimed'",
         )
         .bind(mission.id)
         .fetch_one(pool)
@@ -165,7 +165,7 @@ pub(super) async fn run(
         "SELECT count(*),
                 percentile_disc(ARRAY[0.5, 0.99, 1.0]) WITHIN GROUP (
                     ORDER BY extract(epoch FROM f.claimed_at - f.scheduled_at)::float8 * 1000)
-         FROM routine_fires f JOIN routines r ON r.id = f.routine_id AND r.group_id = f.group_id
+         FROM cm.routine_fires f JOIN cm.routines r ON r.id = f.routine_id AND r.group_id = f.group_id
          WHERE r.kind = 'message' AND f.scheduled_at >= $1 AND f.scheduled_at <= $2",
     )
     .bind(start)
@@ -184,10 +184,10 @@ pub(super) async fn run(
                      SELECT count(*) OVER (ORDER BY claimed_at
                                            RANGE BETWEEN CURRENT ROW
                                                  AND interval '999 milliseconds' FOLLOWING) AS n
-                     FROM routine_fires WHERE routine_id = $1) w),
+                     FROM cm.routine_fires WHERE routine_id = $1) w),
                 count(*) FILTER (WHERE status <> 'fired'),
                 count(*) FILTER (WHERE attempt > 1)
-         FROM routine_fires WHERE routine_id = $1",
+         FROM cm.routine_fires WHERE routine_id = $1",
     )
     .bind(mission.id)
     .fetch_one(pool)

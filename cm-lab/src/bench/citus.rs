@@ -70,7 +70,7 @@ pub(super) async fn describe(url: &str) -> anyhow::Result<String> {
     .fetch_one(&mut conn)
     .await?;
     let shards: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'routines'::regclass",
+        "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'cm.routines'::regclass",
     )
     .fetch_one(&mut conn)
     .await?;

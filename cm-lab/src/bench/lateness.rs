@@ -180,7 +180,7 @@ async fn percentiles(
         "WITH f AS (
              SELECT extract(epoch FROM claimed_at - scheduled_at)::float8 * 1000 AS claim_ms,
                     extract(epoch FROM completed_at - scheduled_at)::float8 * 1000 AS settle_ms
-             FROM routine_fires
+             FROM cm.routine_fires
              -- Without a stalled routine both are NULL and every row counts; with one, $2
              -- says whether to take its rows or everyone else's.
              WHERE (routine_id = $1) IS NOT DISTINCT FROM $2)

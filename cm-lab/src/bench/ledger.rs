@@ -33,16 +33,16 @@ pub(super) async fn create_routines(
     // the routines' clocks are ones the engine itself would set.
     let (first, groups): (DateTime<Utc>, i16) = sqlx::query_as(
         "SELECT date_trunc('second', now()) + make_interval(secs => $1),
-                (SELECT group_count FROM cm_settings)",
+                (SELECT group_count FROM cm.cm_settings)",
     )
     .bind(f64::from(seconds_ahead))
     .fetch_one(pool)
     .await?;
     // One statement for any count.
     let made = sqlx::query(
-        "INSERT INTO routines
+        "INSERT INTO cm.routines
              (id, group_id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at)
-         SELECT g.id, cm_group_of(g.id, $3), 'bench ' || g.i, '* * * * * *', 'UTC', 'message',
+         SELECT g.id, cm.cm_group_of(g.id, $3), 'bench ' || g.i, '* * * * * *', 'UTC', 'message',
                 jsonb_build_object('text', 'bench message ' || g.i), 'catch-up', $2
          FROM (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $1) AS i) g",
     )
@@ -72,7 +72,7 @@ pub(super) async fn put_clocks_back(
             .bind(f64::from(backlog))
             .fetch_one(&mut *tx)
             .await?;
-    sqlx::query("UPDATE routines SET next_run_at = $1")
+    sqlx::query("UPDATE cm.routines SET next_run_at = $1")
         .bind(start)
         .execute(&mut *tx)
         .await?;
@@ -88,7 +88,7 @@ pub(super) async fn fired_between(
     to: DateTime<Utc>,
 ) -> anyhow::Result<(i64, i64)> {
     Ok(sqlx::query_as(
-        "SELECT count(*), count(DISTINCT claim_token) FROM routine_fires
+        "SELECT count(*), count(DISTINCT claim_token) FROM cm.routine_fires
          WHERE status = 'fired' AND completed_at > $1 AND completed_at <= $2",
     )
     .bind(from)
@@ -99,13 +99,11 @@ pub(super) async fn fired_between(
 
 /// Fires per claimant, in the claimants' order.
 pub(super) async fn fires_by_claimant(pool: &PgPool) -> anyhow::Result<Vec<i64>> {
-    Ok(
-        sqlx::query_scalar(
-            "SELECT count(*) FROM routine_fires GROUP BY claimant ORDER BY claimant",
-        )
-        .fetch_all(pool)
-        .await?,
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM cm.routine_fires GROUP BY claimant ORDER BY claimant",
     )
+    .fetch_all(pool)
+    .await?)
 }
 
 /// What the ledger holds after a run, and what would be wrong with it.
@@ -171,14 +169,14 @@ pub(super) async fn check(
 ) -> anyhow::Result<LedgerCheck> {
     let (fires, claimed, failed, gaps): (i64, i64, i64, i64) = sqlx::query_as(
         "SELECT
-             (SELECT count(*) FROM routine_fires),
-             (SELECT count(*) FROM routine_fires WHERE status = 'claimed'),
-             (SELECT count(*) FROM routine_fires WHERE status = 'failed'),
-             (SELECT count(*) FROM routines r
+             (SELECT count(*) FROM cm.routine_fires),
+             (SELECT count(*) FROM cm.routine_fires WHERE status = 'claimed'),
+             (SELECT count(*) FROM cm.routine_fires WHERE status = 'failed'),
+             (SELECT count(*) FROM cm.routines r
               LEFT JOIN (SELECT group_id, routine_id, count(*) AS n,
                                 count(*) FILTER (WHERE scheduled_at < $1) AS early,
                                 max(scheduled_at) AS last
-                         FROM routine_fires GROUP BY group_id, routine_id) f
+                         FROM cm.routine_fires GROUP BY group_id, routine_id) f
                 ON f.group_id = r.group_id AND f.routine_id = r.id
               WHERE coalesce(f.n, 0) <> extract(epoch FROM r.next_run_at - $1)::bigint
                  OR coalesce(f.early, 0) > 0
@@ -189,12 +187,12 @@ pub(super) async fn check(
     .await?;
     let (missing_outbox, orphan_outbox): (i64, i64) = sqlx::query_as(
         "SELECT
-             (SELECT count(*) FROM routine_fires f WHERE f.status = 'fired' AND NOT EXISTS (
-                  SELECT 1 FROM outbox_messages o
+             (SELECT count(*) FROM cm.routine_fires f WHERE f.status = 'fired' AND NOT EXISTS (
+                  SELECT 1 FROM cm.outbox_messages o
                   WHERE o.group_id = f.group_id AND o.routine_id = f.routine_id
                     AND o.scheduled_at = f.scheduled_at)),
-             (SELECT count(*) FROM outbox_messages o WHERE NOT EXISTS (
-                  SELECT 1 FROM routine_fires f
+             (SELECT count(*) FROM cm.outbox_messages o WHERE NOT EXISTS (
+                  SELECT 1 FROM cm.routine_fires f
                   WHERE f.group_id = o.group_id AND f.routine_id = o.routine_id
                     AND f.scheduled_at = o.scheduled_at AND f.status = 'fired'))",
     )
@@ -214,7 +212,7 @@ pub(super) async fn check(
 /// The routine the lateness runs stall: the first by name, so the choice is stable.
 pub(super) async fn first_routine(pool: &PgPool) -> anyhow::Result<Uuid> {
     Ok(
-        sqlx::query_scalar("SELECT id FROM routines ORDER BY name, id LIMIT 1")
+        sqlx::query_scalar("SELECT id FROM cm.routines ORDER BY name, id LIMIT 1")
             .fetch_one(pool)
             .await?,
     )
@@ -237,20 +235,20 @@ mod tests {
         // Each routine fires its first 4 occurrences, with outbox rows, and its clock moves on.
         sqlx::query(
             "WITH f AS (
-                 INSERT INTO routine_fires (routine_id, scheduled_at, claimant, claim_token,
+                 INSERT INTO cm.routine_fires (routine_id, scheduled_at, claimant, claim_token,
                                             lease_expires_at, status, completed_at)
                  SELECT r.id, $1 + make_interval(secs => s), 'bench-a', gen_random_uuid(),
                         now(), 'fired', now()
-                 FROM routines r, generate_series(0, 3) AS s
+                 FROM cm.routines r, generate_series(0, 3) AS s
                  RETURNING routine_id, scheduled_at)
-             INSERT INTO outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload)
+             INSERT INTO cm.outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload)
              SELECT routine_id, scheduled_at, routine_id || '/' || scheduled_at, 1, '{}' FROM f",
         )
         .bind(start)
         .execute(&pool)
         .await
         .unwrap();
-        sqlx::query("UPDATE routines SET next_run_at = $1 + interval '4 s'")
+        sqlx::query("UPDATE cm.routines SET next_run_at = $1 + interval '4 s'")
             .bind(start)
             .execute(&pool)
             .await
@@ -276,21 +274,21 @@ mod tests {
         // One fault of each kind, each counted on its own line.
         let routine = first_routine(&pool).await.unwrap();
         sqlx::query(
-            "INSERT INTO outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload)
+            "INSERT INTO cm.outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload)
              SELECT routine_id, scheduled_at, routine_id || '/' || scheduled_at, 1, '{}'
-             FROM routine_fires",
+             FROM cm.routine_fires",
         )
         .execute(&pool)
         .await
         .unwrap();
         for statement in [
             // A lost occurrence: the clock of one routine moves past a second with no row.
-            "UPDATE routines SET next_run_at = next_run_at + interval '1 s' WHERE id = $1",
+            "UPDATE cm.routines SET next_run_at = next_run_at + interval '1 s' WHERE id = $1",
             // A row left claimed.
-            "UPDATE routine_fires SET status = 'claimed', completed_at = NULL
-             WHERE routine_id <> $1 AND scheduled_at = (SELECT min(scheduled_at) FROM routine_fires)",
+            "UPDATE cm.routine_fires SET status = 'claimed', completed_at = NULL
+             WHERE routine_id <> $1 AND scheduled_at = (SELECT min(scheduled_at) FROM cm.routine_fires)",
             // A message without a fired row.
-            "INSERT INTO outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload)
+            "INSERT INTO cm.outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload)
              VALUES ($1, '2001-01-01T00:00:00Z', 'orphan', 1, '{}')",
         ] {
             sqlx::query(statement)

@@ -338,8 +338,8 @@ async fn wait_for_shared_groups(pool: &PgPool, fleet: &mut Fleet) -> anyhow::Res
     loop {
         fleet.alive()?;
         let (holders, fewest, groups): (i64, i64, i64) = sqlx::query_as(
-            "SELECT count(*), coalesce(min(n), 0), (SELECT group_count::bigint FROM cm_settings)
-             FROM (SELECT count(*) AS n FROM group_leases WHERE expires_at > now()
+            "SELECT count(*), coalesce(min(n), 0), (SELECT group_count::bigint FROM cm.cm_settings)
+             FROM (SELECT count(*) AS n FROM cm.group_leases WHERE expires_at > now()
                    GROUP BY holder) held",
         )
         .fetch_one(pool)
@@ -374,15 +374,15 @@ async fn drain(
         fleet.alive()?;
         let (now, owed): (DateTime<Utc>, i64) = sqlx::query_as(
             "SELECT now(),
-                    (SELECT count(*) FROM routines WHERE next_run_at < now() - interval '1 s')
-                  + (SELECT count(*) FROM routine_fires
+                    (SELECT count(*) FROM cm.routines WHERE next_run_at < now() - interval '1 s')
+                  + (SELECT count(*) FROM cm.routine_fires
                      WHERE status = 'claimed' AND scheduled_at < now() - interval '1 s')",
         )
         .fetch_one(pool)
         .await?;
         if owed == 0 {
             let last: Option<DateTime<Utc>> = sqlx::query_scalar(
-                "SELECT max(completed_at) FROM routine_fires
+                "SELECT max(completed_at) FROM cm.routine_fires
                  WHERE status = 'fired' AND completed_at > $1
                    AND scheduled_at < $2 - interval '1 s'",
             )

@@ -133,9 +133,12 @@ pub(super) fn drop_on_workers(
 const CHECKED_TABLES: [&str; 3] = ["routines", "routine_fires", "outbox_messages"];
 
 /// A pool on the chaos database at `url` that reads coordinator-local copies of the ledger
-/// tables (schema `chaos_check`, first on its search path), made now that nothing writes them:
-/// the checks join the ledger with arrays and with itself on keys without `group_id`, which
-/// Citus refuses on distributed tables, and they are about what was written, not about how.
+/// tables, made now that nothing writes them: the checks join the ledger with arrays and with
+/// itself on keys without `group_id`, which Citus refuses on distributed tables, and they are
+/// about what was written, not about how. The checks name cm's tables with their schema
+/// (`cm.routine_fires`), so the copies are made in `chaos_check` and the schemas then swap
+/// names: `cm` holds the copies, `cm_distributed` the distributed tables. The database is
+/// dropped after the run.
 pub(super) fn checking_pool(
     rt: &tokio::runtime::Runtime,
     url: &str,
@@ -143,14 +146,15 @@ pub(super) fn checking_pool(
     let mut statements = vec!["CREATE SCHEMA IF NOT EXISTS chaos_check".to_string()];
     for table in CHECKED_TABLES {
         statements.push(format!(
-            "CREATE TABLE chaos_check.{table} AS SELECT * FROM public.{table}"
+            "CREATE TABLE chaos_check.{table} AS SELECT * FROM cm.{table}"
         ));
     }
+    statements.push("ALTER SCHEMA cm RENAME TO cm_distributed".to_string());
+    statements.push("ALTER SCHEMA chaos_check RENAME TO cm".to_string());
     rt.block_on(execute(url, &statements))?;
     let options = url
         .parse::<sqlx::postgres::PgConnectOptions>()?
-        .application_name(crate::chaos::fault::OWN_APPLICATION)
-        .options([("search_path", "chaos_check, public")]);
+        .application_name(crate::chaos::fault::OWN_APPLICATION);
     Ok(rt.block_on(
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(2)

@@ -87,7 +87,7 @@ impl Chaos<'_> {
     pub fn first_fire_after(&self, at: DateTime<Utc>) -> anyhow::Result<Option<Duration>> {
         let first: Option<DateTime<Utc>> = self.rt.block_on(
             sqlx::query_scalar(
-                "SELECT min(completed_at) FROM routine_fires WHERE completed_at > $1",
+                "SELECT min(completed_at) FROM cm.routine_fires WHERE completed_at > $1",
             )
             .bind(at)
             .fetch_one(&self.pool),

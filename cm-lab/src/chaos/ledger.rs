@@ -140,7 +140,7 @@ pub(super) async fn check_ledger(
     let spans: Vec<Span> = sqlx::query_as(
         "SELECT b.id, b.first, count(f.scheduled_at), max(f.scheduled_at)
          FROM UNNEST($1::uuid[], $2::timestamptz[]) AS b(id, first)
-         LEFT JOIN routine_fires f ON f.routine_id = b.id
+         LEFT JOIN cm.routine_fires f ON f.routine_id = b.id
          GROUP BY b.id, b.first",
     )
     .bind(&ids)
@@ -162,10 +162,10 @@ pub(super) async fn check_ledger(
     let missing: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
         "SELECT b.id, s.at
          FROM UNNEST($1::uuid[], $2::timestamptz[]) AS b(id, first)
-         CROSS JOIN LATERAL (SELECT max(scheduled_at) AS last FROM routine_fires
+         CROSS JOIN LATERAL (SELECT max(scheduled_at) AS last FROM cm.routine_fires
                              WHERE routine_id = b.id) l
          CROSS JOIN LATERAL generate_series(b.first, l.last, interval '1 second') AS s(at)
-         WHERE NOT EXISTS (SELECT 1 FROM routine_fires f
+         WHERE NOT EXISTS (SELECT 1 FROM cm.routine_fires f
                            WHERE f.routine_id = b.id AND f.scheduled_at = s.at)
          ORDER BY s.at, b.id",
     )
@@ -182,7 +182,7 @@ pub(super) async fn check_ledger(
 
     ledger.unexpected_rows = sqlx::query_scalar(
         "SELECT count(*)
-         FROM routine_fires f
+         FROM cm.routine_fires f
          LEFT JOIN UNNEST($1::uuid[], $2::timestamptz[]) AS b(id, first) ON b.id = f.routine_id
          WHERE b.id IS NULL OR f.scheduled_at < b.first
             OR date_trunc('second', f.scheduled_at) <> f.scheduled_at",
@@ -200,7 +200,7 @@ pub(super) async fn check_ledger(
                     count(*) FILTER (WHERE status = 'failed'),
                     count(*) FILTER (WHERE attempt > 1),
                     COALESCE(max(attempt), 0)::bigint
-             FROM routine_fires",
+             FROM cm.routine_fires",
         )
         .fetch_one(pool)
         .await?;
@@ -213,7 +213,7 @@ pub(super) async fn check_ledger(
 
     let odd: Vec<(Uuid, DateTime<Utc>, String, i32, String, String)> = sqlx::query_as(
         "SELECT routine_id, scheduled_at, status, attempt, claimant, COALESCE(error, '')
-         FROM routine_fires WHERE status <> 'fired'
+         FROM cm.routine_fires WHERE status <> 'fired'
          ORDER BY scheduled_at, routine_id LIMIT 20",
     )
     .fetch_all(pool)
@@ -259,7 +259,7 @@ impl FireRow {
 pub(super) async fn fire_rows(pool: &PgPool) -> anyhow::Result<Vec<FireRow>> {
     let rows: Vec<(Uuid, DateTime<Utc>, String, i32, String)> = sqlx::query_as(
         "SELECT routine_id, scheduled_at, status, attempt, COALESCE(error, '')
-         FROM routine_fires ORDER BY scheduled_at, routine_id",
+         FROM cm.routine_fires ORDER BY scheduled_at, routine_id",
     )
     .fetch_all(pool)
     .await?;
@@ -298,7 +298,7 @@ pub(super) mod tests {
         let id = Uuid::new_v4();
         let first: DateTime<Utc> = "2026-01-01T00:00:00Z".parse().unwrap();
         sqlx::query(
-            "INSERT INTO routines (id, name, schedule, kind, payload, misfire_policy)
+            "INSERT INTO cm.routines (id, name, schedule, kind, payload, misfire_policy)
              VALUES ($1, 'check', '* * * * * *', 'message', '{}', 'catch-up')",
         )
         .bind(id)
@@ -306,7 +306,7 @@ pub(super) mod tests {
         .await
         .unwrap();
         sqlx::query(
-            "INSERT INTO routine_fires
+            "INSERT INTO cm.routine_fires
                  (routine_id, scheduled_at, status, completed_at, claimant, claim_token, attempt,
                   lease_expires_at)
              SELECT $1, $2 + make_interval(secs => s::double precision), 'fired', now(), 'test',
@@ -334,13 +334,13 @@ pub(super) mod tests {
         assert!(clean.problems().is_empty(), "{:?}", clean.problems());
         assert_eq!(fire_rows(&pool).await.unwrap().len(), 5);
 
-        sqlx::query("DELETE FROM routine_fires WHERE scheduled_at = $1")
+        sqlx::query("DELETE FROM cm.routine_fires WHERE scheduled_at = $1")
             .bind(at(2))
             .execute(&pool)
             .await
             .unwrap();
         sqlx::query(
-            "UPDATE routine_fires SET status = 'claimed', completed_at = NULL
+            "UPDATE cm.routine_fires SET status = 'claimed', completed_at = NULL
              WHERE scheduled_at = $1",
         )
         .bind(at(3))

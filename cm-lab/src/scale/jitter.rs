@@ -48,7 +48,7 @@ pub(super) async fn jitter(
         .await?;
     let started = Instant::now();
     load::add_due_routines(pool, routines, "@at 2000-01-01T00:00:00Z", far).await?;
-    let ids: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM routines ORDER BY id")
+    let ids: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM cm.routines ORDER BY id")
         .fetch_all(pool)
         .await?;
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
@@ -64,7 +64,7 @@ pub(super) async fn jitter(
         let planned: Vec<DateTime<Utc>> =
             chunk.iter().map(|id| schedule.planned(*id, at)).collect();
         sqlx::query(
-            "UPDATE routines r SET schedule = $1, next_run_at = t.planned
+            "UPDATE cm.routines r SET schedule = $1, next_run_at = t.planned
              FROM UNNEST($2::uuid[], $3::timestamptz[]) AS t(id, planned)
              WHERE r.id = t.id",
         )
@@ -74,7 +74,7 @@ pub(super) async fn jitter(
         .execute(pool)
         .await?;
     }
-    sqlx::query("ANALYZE routines").execute(pool).await?;
+    sqlx::query("ANALYZE cm.routines").execute(pool).await?;
     let ready: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     ensure!(
         ready < at,
@@ -100,7 +100,7 @@ pub(super) async fn jitter(
 
     let per_second: Vec<(i64, i64)> = sqlx::query_as(
         "SELECT floor(extract(epoch FROM claimed_at - $1))::bigint AS s, count(*)
-         FROM routine_fires GROUP BY 1 ORDER BY 1",
+         FROM cm.routine_fires GROUP BY 1 ORDER BY 1",
     )
     .bind(at)
     .fetch_all(pool)
@@ -111,7 +111,7 @@ pub(super) async fn jitter(
                 percentile_cont(0.5) WITHIN GROUP (ORDER BY l),
                 percentile_cont(0.99) WITHIN GROUP (ORDER BY l), max(l)
          FROM (SELECT *, extract(epoch FROM claimed_at - planned_at)::float8 AS l
-               FROM routine_fires) f",
+               FROM cm.routine_fires) f",
     )
     .fetch_one(pool)
     .await?;

@@ -31,7 +31,7 @@ pub(super) async fn add_parked_routines(pool: &PgPool, from: u32, to: u32) -> an
         return Ok(());
     }
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO routines
+        "INSERT INTO cm.routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at)
          SELECT {ROUTINE_ID}, 'scale ' || i, '0 0 * * * *', 'UTC', 'message',
                 jsonb_build_object('text', 'scale message ' || i), 'catch-up',
@@ -92,7 +92,7 @@ async fn add_due(
 ) -> anyhow::Result<DateTime<Utc>> {
     let done: DateTime<Utc> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH added AS (
-             INSERT INTO routines
+             INSERT INTO cm.routines
                  (id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at)
              SELECT {ROUTINE_ID}, 'scale ' || i, $2, 'UTC', {kind_and_payload}, 'catch-up', $3
              FROM generate_series(0, $1::bigint - 1) AS i
@@ -127,7 +127,7 @@ pub(super) async fn set_clocks(
 ) -> anyhow::Result<DateTime<Utc>> {
     Ok(sqlx::query_scalar(
         "WITH moved AS (
-             UPDATE routines SET schedule = $1, timezone = 'UTC', next_run_at = $2
+             UPDATE cm.routines SET schedule = $1, timezone = 'UTC', next_run_at = $2
              RETURNING 1)
          SELECT clock_timestamp() FROM (SELECT count(*) FROM moved) c",
     )
@@ -155,7 +155,7 @@ pub(super) async fn add_settled_fires(
     while at < to {
         let until = (at + CHUNK).min(to);
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO routine_fires
+            "INSERT INTO cm.routine_fires
                  (routine_id, scheduled_at, claimed_at, completed_at, status, error, claimant,
                   claim_token, attempt, lease_expires_at)
              SELECT {id}, s.at, s.at, s.at + interval '50 ms',

@@ -364,8 +364,8 @@ async fn drain(
             *peak = vm_hwm_kib(pid)?;
         }
         let (settled, owed): (i64, i64) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM routine_fires WHERE status <> 'claimed'),
-                    (SELECT count(*) FROM routines WHERE next_run_at <= now())",
+            "SELECT (SELECT count(*) FROM cm.routine_fires WHERE status <> 'claimed'),
+                    (SELECT count(*) FROM cm.routines WHERE next_run_at <= now())",
         )
         .fetch_one(pool)
         .await?;
@@ -381,8 +381,8 @@ async fn drain(
     let (fires, fired, outbox, first, last): (i64, i64, i64, DateTime<Utc>, DateTime<Utc>) =
         sqlx::query_as(
             "SELECT count(*), count(*) FILTER (WHERE status = 'fired'),
-                    (SELECT count(*) FROM outbox_messages), min(claimed_at), max(completed_at)
-             FROM routine_fires",
+                    (SELECT count(*) FROM cm.outbox_messages), min(claimed_at), max(completed_at)
+             FROM cm.routine_fires",
         )
         .fetch_one(pool)
         .await?;
@@ -582,11 +582,11 @@ async fn burst(
     let (fires, fired, outbox, last, p50, p99, max): (i64, i64, i64, DateTime<Utc>, f64, f64, f64) =
         sqlx::query_as(
             "SELECT count(*), count(*) FILTER (WHERE status = 'fired'),
-                    (SELECT count(*) FROM outbox_messages), max(completed_at),
+                    (SELECT count(*) FROM cm.outbox_messages), max(completed_at),
                     percentile_cont(0.5) WITHIN GROUP (ORDER BY l),
                     percentile_cont(0.99) WITHIN GROUP (ORDER BY l), max(l)
              FROM (SELECT *, extract(epoch FROM completed_at - scheduled_at)::float8 AS l
-                   FROM routine_fires) f",
+                   FROM cm.routine_fires) f",
         )
         .fetch_one(pool)
         .await?;
@@ -612,7 +612,7 @@ pub(super) async fn drained_after(pool: &PgPool, at: DateTime<Utc>) -> anyhow::R
         return Ok(false);
     }
     let owed: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT 1 FROM routines WHERE next_run_at <= now() LIMIT 1) d",
+        "SELECT count(*) FROM (SELECT 1 FROM cm.routines WHERE next_run_at <= now() LIMIT 1) d",
     )
     .fetch_one(pool)
     .await?;
@@ -746,12 +746,12 @@ async fn every_second(
     let (fires, fired, outbox, owed, p50, p99, max): (i64, i64, i64, i64, f64, f64, f64) =
         sqlx::query_as(
             "SELECT count(*), count(*) FILTER (WHERE status = 'fired'),
-                    (SELECT count(*) FROM outbox_messages),
-                    (SELECT sum(extract(epoch FROM next_run_at - $1))::bigint FROM routines),
+                    (SELECT count(*) FROM cm.outbox_messages),
+                    (SELECT sum(extract(epoch FROM next_run_at - $1))::bigint FROM cm.routines),
                     percentile_cont(0.5) WITHIN GROUP (ORDER BY l),
                     percentile_cont(0.99) WITHIN GROUP (ORDER BY l), max(l)
              FROM (SELECT *, extract(epoch FROM completed_at - scheduled_at)::float8 AS l
-                   FROM routine_fires) f",
+                   FROM cm.routine_fires) f",
         )
         .bind(at)
         .fetch_one(pool)
@@ -978,7 +978,7 @@ async fn retention(options: &Options, store: &PgStore, fire_rate: f64) -> anyhow
     let pool = store.pool();
     let seconds = options.sizes.phase_seconds;
     let past: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM routine_fires
+        "SELECT count(*) FROM cm.routine_fires
          WHERE completed_at < now() - make_interval(secs => $1)",
     )
     .bind(RETENTION.as_secs_f64())
@@ -1009,7 +1009,7 @@ async fn retention(options: &Options, store: &PgStore, fire_rate: f64) -> anyhow
     let [before, during, between, paced, after] =
         [before, during, between, paced, after].map(|c| c.expect("claims ran"));
     let owed: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM routines WHERE next_run_at < now() - interval '1 s'",
+        "SELECT count(*) FROM cm.routines WHERE next_run_at < now() - interval '1 s'",
     )
     .fetch_one(pool)
     .await?;

@@ -153,7 +153,7 @@ async fn burst(
     loop {
         fleet.alive()?;
         let fired: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE status = 'fired'")
+            sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE status = 'fired'")
                 .fetch_one(pool)
                 .await?;
         if fired == expected {

@@ -40,6 +40,17 @@ pub struct Cli {
     /// docs/guide/deploying.md, "Behind PgBouncer", says what to configure.
     #[arg(long, env = "CM_DATABASE_POOLED", global = true)]
     pub pooled: bool,
+    /// The schema cm's tables, functions and migrations table live in (`migrate` creates it):
+    /// a lowercase identifier. Nothing of cm's is in `public`, so a service's own tables and
+    /// migrations share the database. docs/guide/deploying.md, "Sharing a database".
+    #[arg(
+        long,
+        env = "CM_SCHEMA",
+        global = true,
+        default_value = cm_store::schema::DEFAULT_SCHEMA,
+        value_name = "NAME"
+    )]
+    pub schema: String,
     /// The command.
     #[command(subcommand)]
     pub command: Command,

@@ -38,7 +38,7 @@ async fn an_abandoned_occurrence_keeps_the_last_attempts_error(pool: PgPool) {
         .await
         .unwrap();
     // Due now.
-    sqlx::query("UPDATE routines SET next_run_at = now() - interval '1 second' WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET next_run_at = now() - interval '1 second' WHERE id = $1")
         .bind(routine.id)
         .execute(&pool)
         .await

@@ -329,7 +329,7 @@ async fn stored_routines_outside_the_rules_fail_at_dispatch_and_run_nothing() {
             &db.url,
             &refs(&create_on("* * * * * *", name, &good, &["--paused"])),
         ));
-        sqlx::query("UPDATE routines SET payload = $2::jsonb WHERE id = $1")
+        sqlx::query("UPDATE cm.routines SET payload = $2::jsonb WHERE id = $1")
             .bind(id)
             .bind(&payload)
             .execute(&db.pool)
@@ -358,7 +358,7 @@ async fn stored_routines_outside_the_rules_fail_at_dispatch_and_run_nothing() {
     for (name, id) in &ids {
         let failed: Option<String> = eventually(async || {
             sqlx::query_scalar(
-                "SELECT error FROM routine_fires WHERE routine_id = $1 AND status = 'failed' \
+                "SELECT error FROM cm.routine_fires WHERE routine_id = $1 AND status = 'failed' \
                  LIMIT 1",
             )
             .bind(id)
@@ -377,7 +377,7 @@ async fn stored_routines_outside_the_rules_fail_at_dispatch_and_run_nothing() {
         assert!(error.contains(expected), "{name}: {error}");
     }
     let fired: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE status = 'fired'")
+        sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE status = 'fired'")
             .fetch_one(&db.pool)
             .await
             .unwrap();

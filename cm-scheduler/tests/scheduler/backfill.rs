@@ -74,7 +74,7 @@ async fn slots_missing(
     behind: TimeDelta,
 ) -> i64 {
     let (now, fired): (DateTime<Utc>, i64) = sqlx::query_as(
-        "SELECT now(), count(*) FROM routine_fires
+        "SELECT now(), count(*) FROM cm.routine_fires
          WHERE routine_id = $1 AND scheduled_at >= $2 AND scheduled_at <= now() - $3",
     )
     .bind(routine)
@@ -168,7 +168,7 @@ async fn a_mission_backfill_drains_at_the_launch_rate_beside_an_every_second_rou
     while Instant::now() < patience {
         worst_missing = worst_missing.max(slots_missing(&pool, every_second, from, behind).await);
         launched = sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM routine_fires WHERE routine_id = $1 AND status <> 'claimed'",
+            "SELECT count(*) FROM cm.routine_fires WHERE routine_id = $1 AND status <> 'claimed'",
         )
         .bind(mission)
         .fetch_one(&pool)
@@ -197,12 +197,13 @@ async fn a_mission_backfill_drains_at_the_launch_rate_beside_an_every_second_rou
         "a slot of the every-second routine never fired"
     );
     // Each backfilled mission launched once, on its first claim.
-    let outcomes: Vec<(String, i32, String)> =
-        sqlx::query_as("SELECT status, attempt, origin FROM routine_fires WHERE routine_id = $1")
-            .bind(mission)
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let outcomes: Vec<(String, i32, String)> = sqlx::query_as(
+        "SELECT status, attempt, origin FROM cm.routine_fires WHERE routine_id = $1",
+    )
+    .bind(mission)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     assert_eq!(outcomes.len(), MISSIONS);
     for outcome in &outcomes {
         assert_eq!(
@@ -213,7 +214,7 @@ async fn a_mission_backfill_drains_at_the_launch_rate_beside_an_every_second_rou
     assert_eq!(runtime.reached.lock().unwrap().len(), MISSIONS);
     // Claimed, and launched, no faster than the rate.
     let claimed: Vec<DateTime<Utc>> =
-        sqlx::query_scalar("SELECT claimed_at FROM routine_fires WHERE routine_id = $1")
+        sqlx::query_scalar("SELECT claimed_at FROM cm.routine_fires WHERE routine_id = $1")
             .bind(mission)
             .fetch_all(&pool)
             .await

@@ -92,7 +92,7 @@ async fn two_schedulers_share_the_groups(db: &TestDb, args: &[&str]) {
     let (fires, distinct, unsettled): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*), count(DISTINCT (routine_id, scheduled_at)),
                 count(*) FILTER (WHERE status = 'claimed')
-         FROM routine_fires",
+         FROM cm.routine_fires",
     )
     .fetch_one(&db.pool)
     .await
@@ -103,7 +103,7 @@ async fn two_schedulers_share_the_groups(db: &TestDb, args: &[&str]) {
         (summary(&log_a, "fired") + summary(&log_b, "fired")) as i64,
         fires
     );
-    let holders: i64 = sqlx::query_scalar("SELECT count(DISTINCT holder) FROM group_holders")
+    let holders: i64 = sqlx::query_scalar("SELECT count(DISTINCT holder) FROM cm.group_holders")
         .fetch_one(&db.pool)
         .await
         .unwrap();
@@ -198,9 +198,9 @@ async fn two_schedulers_claim_per_group_on_plain_postgresql() {
 /// The groups with routines that `holder` leases live now.
 async fn leased_by(db: &TestDb, holder: &str) -> Vec<i16> {
     sqlx::query_scalar(
-        "SELECT l.group_id FROM group_leases l
+        "SELECT l.group_id FROM cm.group_leases l
          WHERE l.holder = $1 AND l.expires_at > now()
-           AND l.group_id IN (SELECT DISTINCT group_id FROM routines)
+           AND l.group_id IN (SELECT DISTINCT group_id FROM cm.routines)
          ORDER BY 1",
     )
     .bind(holder)
@@ -215,7 +215,7 @@ async fn fired_in_all(db: &TestDb, claimant: &str, groups: &[i16], since: DateTi
     let deadline = std::time::Instant::now() + Duration::from_secs(40);
     loop {
         let firsts: Vec<(i16, DateTime)> = sqlx::query_as(
-            "SELECT group_id, min(claimed_at) FROM routine_fires
+            "SELECT group_id, min(claimed_at) FROM cm.routine_fires
              WHERE claimant = $1 AND claimed_at > $2 AND group_id = ANY($3)
              GROUP BY group_id",
         )
@@ -260,7 +260,7 @@ async fn holds_groups(db: &TestDb, holder: &str, log: impl Fn() -> String) -> Ve
 /// When `holder`'s live lease on each of `groups` runs out, by the database's clock.
 async fn lease_ends(db: &TestDb, holder: &str, groups: &[i16]) -> Vec<(i16, DateTime)> {
     sqlx::query_as(
-        "SELECT group_id, expires_at FROM group_leases
+        "SELECT group_id, expires_at FROM cm.group_leases
          WHERE holder = $1 AND expires_at > now() AND group_id = ANY($2)
          ORDER BY 1",
     )
@@ -279,7 +279,7 @@ async fn first_claims(
     since: DateTime,
 ) -> Vec<(i16, DateTime)> {
     sqlx::query_as(
-        "SELECT group_id, min(claimed_at) FROM routine_fires
+        "SELECT group_id, min(claimed_at) FROM cm.routine_fires
          WHERE claimant = $1 AND claimed_at > $2 AND group_id = ANY($3)
          GROUP BY group_id ORDER BY 1",
     )

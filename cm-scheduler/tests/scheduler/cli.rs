@@ -153,7 +153,7 @@ fn check_next(expr: &str, zone: &str, after: &str, expected: &[&str]) {
 impl TestDb {
     pub(crate) async fn count(&self, table: &str) -> i64 {
         // The table names are the test's own constants, never input.
-        sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+        sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM cm.{table}")))
             .fetch_one(&self.pool)
             .await
             .expect("counting rows")
@@ -161,7 +161,7 @@ impl TestDb {
 
     /// How many fires are `fired`.
     pub(crate) async fn fired(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE status = 'fired'")
+        sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE status = 'fired'")
             .fetch_one(&self.pool)
             .await
             .expect("counting fired rows")
@@ -171,7 +171,7 @@ impl TestDb {
         sqlx::query_as(
             "SELECT name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
                     created_at, next_run_at > now() AS in_future
-             FROM routines WHERE id = $1",
+             FROM cm.routines WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(&self.pool)
@@ -710,7 +710,7 @@ async fn trigger_and_backfill_go_through_the_ledger() {
     assert_eq!(fired, Ok(4));
     assert_eq!(db.count("routine_requests").await, 0);
     let triggered_fired: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM routine_fires WHERE scheduled_at = $1 AND status = 'fired'",
+        "SELECT count(*) FROM cm.routine_fires WHERE scheduled_at = $1 AND status = 'fired'",
     )
     .bind(triggered)
     .fetch_one(&db.pool)
@@ -772,7 +772,7 @@ async fn outbox_shows_what_consumers_have_not_acknowledged() {
     assert_eq!(empty.lines().next(), Some("pending 0  leased 0  oldest -"));
     for (minute, acked) in [(0, true), (1, false), (2, false)] {
         sqlx::query(
-            "INSERT INTO outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload, acked_at)
+            "INSERT INTO cm.outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload, acked_at)
              VALUES ($1, '2026-01-01T00:00:00Z'::timestamptz + make_interval(mins => $2), $3, 1, '{}',
                      CASE WHEN $4 THEN now() END)",
         )

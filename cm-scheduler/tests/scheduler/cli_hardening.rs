@@ -66,7 +66,7 @@ async fn a_backfill_reaching_past_the_retention_exits_2_and_writes_nothing() {
 }
 
 async fn requests(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM routine_requests")
+    sqlx::query_scalar("SELECT count(*) FROM cm.routine_requests")
         .fetch_one(&db.pool)
         .await
         .unwrap()
@@ -79,7 +79,7 @@ async fn fires_pages_through_a_cursor() {
     let id: Uuid = hourly(url).parse().unwrap();
     // Five settled fires, an hour apart.
     sqlx::query(
-        "INSERT INTO routine_fires
+        "INSERT INTO cm.routine_fires
              (routine_id, scheduled_at, status, completed_at, claimant, claim_token, lease_expires_at)
          SELECT $1, date_trunc('hour', now()) - make_interval(hours => i), 'fired', now(), 'test',
                 gen_random_uuid(), now()

@@ -77,7 +77,7 @@ impl TestDb {
         sqlx::query_as(
             "SELECT routine_id, scheduled_at, status, claimant, attempt, error, claimed_at,
                     lease_expires_at
-             FROM routine_fires ORDER BY scheduled_at",
+             FROM cm.routine_fires ORDER BY scheduled_at",
         )
         .fetch_all(&self.pool)
         .await
@@ -85,10 +85,12 @@ impl TestDb {
     }
 
     async fn outbox(&self) -> Vec<OutboxRow> {
-        sqlx::query_as("SELECT routine_id, scheduled_at, attempt FROM outbox_messages ORDER BY seq")
-            .fetch_all(&self.pool)
-            .await
-            .expect("reading outbox_messages")
+        sqlx::query_as(
+            "SELECT routine_id, scheduled_at, attempt FROM cm.outbox_messages ORDER BY seq",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .expect("reading outbox_messages")
     }
 
     /// Starts a transaction holding `table` in EXCLUSIVE mode: writers wait, readers do not.
@@ -100,7 +102,7 @@ impl TestDb {
             .expect("beginning the lock transaction");
         // The table names are the test's own constants, never input.
         sqlx::query(AssertSqlSafe(format!(
-            "LOCK TABLE {table} IN EXCLUSIVE MODE"
+            "LOCK TABLE cm.{table} IN EXCLUSIVE MODE"
         )))
         .execute(&mut *tx)
         .await
@@ -113,7 +115,7 @@ impl TestDb {
         sqlx::query_scalar(
             "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::text::regclass",
         )
-        .bind(table)
+        .bind(format!("cm.{table}"))
         .fetch_one(&self.pool)
         .await
         .expect("reading pg_locks")

@@ -34,7 +34,7 @@ async fn due_yearly(store: &PgStore, pool: &PgPool, n: usize, kind: RoutineKind)
             ))
             .await
             .unwrap();
-        sqlx::query("UPDATE routines SET next_run_at = $2 WHERE id = $1")
+        sqlx::query("UPDATE cm.routines SET next_run_at = $2 WHERE id = $1")
             .bind(routine.id)
             .bind(jan1)
             .execute(pool)
@@ -78,10 +78,11 @@ async fn a_full_claim_is_followed_at_once_so_one_tick_drains_what_is_due(pool: P
     assert!(report.claims > 1, "{report:?}");
     // The batch grows while claims come back full (5, 10, 20, ...), so 200 take a few claims.
     assert!(report.claims <= 8, "{report:?}");
-    let due: i64 = sqlx::query_scalar("SELECT count(*) FROM routines WHERE next_run_at <= now()")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let due: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM cm.routines WHERE next_run_at <= now()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(due, 0);
 }
 
@@ -117,7 +118,7 @@ async fn missions_reach_the_runtime_at_no_more_than_the_launch_rate(pool: PgPool
         PATIENCE,
         async || {
             sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM routine_fires f JOIN routines r ON r.id = f.routine_id
+                "SELECT count(*) FROM cm.routine_fires f JOIN cm.routines r ON r.id = f.routine_id
                  WHERE r.kind = 'mission' AND f.status = 'fired'",
             )
             .fetch_one(&pool)
@@ -137,8 +138,8 @@ async fn missions_reach_the_runtime_at_no_more_than_the_launch_rate(pool: PgPool
     // Claimed (and launched) at most RATE in any second; the rest waited unclaimed, so each
     // claim's lease started when it was claimed, not when it came due.
     let claimed: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT f.claimed_at, f.lease_expires_at FROM routine_fires f
-         JOIN routines r ON r.id = f.routine_id WHERE r.kind = 'mission' ORDER BY f.claimed_at",
+        "SELECT f.claimed_at, f.lease_expires_at FROM cm.routine_fires f
+         JOIN cm.routines r ON r.id = f.routine_id WHERE r.kind = 'mission' ORDER BY f.claimed_at",
     )
     .fetch_all(&pool)
     .await
@@ -216,7 +217,7 @@ async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(po
     }
     // The first ten owe 41 occurrences each, the rest 3; the clocks before the drain.
     let before: Vec<(uuid::Uuid, DateTime<Utc>)> = sqlx::query_as(
-        "UPDATE routines
+        "UPDATE cm.routines
          SET next_run_at = date_trunc('second', now())
              - make_interval(secs => CASE WHEN split_part(name, ' ', 3)::int < 10 THEN 40 ELSE 2 END)
          RETURNING id, next_run_at",
@@ -239,7 +240,7 @@ async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(po
     for (id, was) in before {
         let (clock, fires): (DateTime<Utc>, i64) = sqlx::query_as(
             "SELECT r.next_run_at, count(f.*)
-             FROM routines r LEFT JOIN routine_fires f ON f.routine_id = r.id
+             FROM cm.routines r LEFT JOIN cm.routine_fires f ON f.routine_id = r.id
                   AND f.status = 'fired'
              WHERE r.id = $1 GROUP BY r.next_run_at",
         )
@@ -255,7 +256,7 @@ async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(po
     assert!(owed >= 10 * 41 + 20 * 3, "{owed}");
     assert_eq!(report.fired as i64, owed, "{report:?}");
     assert_eq!(messages.calls().len() as i64, owed);
-    let all: i64 = sqlx::query_scalar("SELECT count(*) FROM routine_fires")
+    let all: i64 = sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires")
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -273,13 +274,13 @@ async fn a_held_forbid_mission_among_2000_messages_keeps_the_drains_batches_grow
     due_yearly(&store, &pool, 1, RoutineKind::Mission).await;
     // Its fire of last year holds its run, still running.
     let held = sqlx::query(
-        "INSERT INTO routine_fires
+        "INSERT INTO cm.routine_fires
              (routine_id, group_id, scheduled_at, status, completed_at, claimant, claim_token,
               attempt, claimed_at, lease_expires_at, run_state, holds_run)
          SELECT id, group_id, next_run_at - interval '1 year', 'fired', now(), 'earlier',
                 gen_random_uuid(), 1, now() - interval '1 hour', now() - interval '1 hour',
                 'running', true
-         FROM routines WHERE kind = 'mission'",
+         FROM cm.routines WHERE kind = 'mission'",
     )
     .execute(&pool)
     .await
@@ -314,7 +315,7 @@ async fn a_held_forbid_mission_among_2000_messages_keeps_the_drains_batches_grow
     );
 
     let batches: Vec<i64> = sqlx::query_scalar(
-        "SELECT count(*) FROM routine_fires WHERE claimant <> 'earlier'
+        "SELECT count(*) FROM cm.routine_fires WHERE claimant <> 'earlier'
          GROUP BY claim_token ORDER BY min(claimed_at)",
     )
     .fetch_all(&pool)

@@ -109,7 +109,7 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
     // With every scheduler stopped, each routine's clock must sit exactly one second past the
     // last occurrence the ledger holds: the clock never moved past an unrecorded occurrence.
     let clocks: HashMap<Uuid, Option<DateTime<Utc>>> =
-        sqlx::query_as("SELECT id, next_run_at FROM routines")
+        sqlx::query_as("SELECT id, next_run_at FROM cm.routines")
             .fetch_all(&pool)
             .await
             .unwrap()
@@ -124,7 +124,7 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
                 count(*) AS rows,
                 count(*) FILTER (WHERE status = 'fired') AS fired,
                 count(*) FILTER (WHERE attempt = 1) AS first_attempts
-         FROM routine_fires GROUP BY routine_id",
+         FROM cm.routine_fires GROUP BY routine_id",
     )
     .fetch_all(&pool)
     .await
@@ -163,10 +163,10 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
     let (series, absent): (i64, i64) = sqlx::query_as(
         "WITH spans AS (
              SELECT routine_id, min(scheduled_at) AS lo, max(scheduled_at) AS hi
-             FROM routine_fires GROUP BY routine_id)
+             FROM cm.routine_fires GROUP BY routine_id)
          SELECT count(*),
                 count(*) FILTER (WHERE NOT EXISTS (
-                    SELECT 1 FROM routine_fires f
+                    SELECT 1 FROM cm.routine_fires f
                     WHERE f.routine_id = s.routine_id AND f.scheduled_at = at))
          FROM spans s, generate_series(s.lo, s.hi, interval '1 second') AS at",
     )
@@ -178,7 +178,7 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
     let (rows, distinct, unsettled): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*), count(DISTINCT (routine_id, scheduled_at)),
                 count(*) FILTER (WHERE status <> 'fired')
-         FROM routine_fires",
+         FROM cm.routine_fires",
     )
     .fetch_one(&pool)
     .await
@@ -188,12 +188,12 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
 
     // Exactly one outbox message per fired occurrence, and none without one.
     let (messages, fired_without_one, orphans): (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM outbox_messages),
-                (SELECT count(*) FROM routine_fires f WHERE f.status = 'fired' AND
-                    (SELECT count(*) FROM outbox_messages o
+        "SELECT (SELECT count(*) FROM cm.outbox_messages),
+                (SELECT count(*) FROM cm.routine_fires f WHERE f.status = 'fired' AND
+                    (SELECT count(*) FROM cm.outbox_messages o
                      WHERE o.routine_id = f.routine_id AND o.scheduled_at = f.scheduled_at) <> 1),
-                (SELECT count(*) FROM outbox_messages o WHERE NOT EXISTS (
-                    SELECT 1 FROM routine_fires f
+                (SELECT count(*) FROM cm.outbox_messages o WHERE NOT EXISTS (
+                    SELECT 1 FROM cm.routine_fires f
                     WHERE f.routine_id = o.routine_id AND f.scheduled_at = o.scheduled_at
                       AND f.status = 'fired'))",
     )
@@ -203,7 +203,7 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
     assert_eq!((messages, fired_without_one, orphans), (rows, 0, 0));
     // Each message carries its occurrence's key and was written by the first attempt.
     let keys: Vec<(Uuid, DateTime<Utc>, String, i32)> = sqlx::query_as(
-        "SELECT routine_id, scheduled_at, idempotency_key, attempt FROM outbox_messages",
+        "SELECT routine_id, scheduled_at, idempotency_key, attempt FROM cm.outbox_messages",
     )
     .fetch_all(&pool)
     .await
@@ -216,7 +216,7 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
 
     // The work was shared: every claim names the scheduler that made it.
     let claimants: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT claimant, count(*) FROM routine_fires GROUP BY claimant ORDER BY claimant",
+        "SELECT claimant, count(*) FROM cm.routine_fires GROUP BY claimant ORDER BY claimant",
     )
     .fetch_all(&pool)
     .await
@@ -234,7 +234,7 @@ async fn four_schedulers_fire_every_occurrence_exactly_once(pool: PgPool) {
                 max(l), max(s)
          FROM (SELECT extract(epoch FROM claimed_at - scheduled_at)::float8 AS l,
                       extract(epoch FROM completed_at - scheduled_at)::float8 AS s
-               FROM routine_fires) t",
+               FROM cm.routine_fires) t",
     )
     .fetch_one(&pool)
     .await

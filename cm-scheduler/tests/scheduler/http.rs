@@ -589,7 +589,7 @@ async fn the_index_filters_sorts_and_pictures_the_fires(pool: PgPool) {
     every_minute(&store, "cleanup", false).await;
     // Fires of the last minutes: two fired and one failed for zeta, one running.
     sqlx::query(
-        "INSERT INTO routine_fires (routine_id, scheduled_at, status, claimant, claim_token, attempt,
+        "INSERT INTO cm.routine_fires (routine_id, scheduled_at, status, claimant, claim_token, attempt,
                                     claimed_at, lease_expires_at, completed_at, error)
          SELECT $1, now() - make_interval(mins => m), s, 'test', gen_random_uuid(), 1, now(),
                 now() + interval '1 minute', CASE WHEN s <> 'claimed' THEN now() END,
@@ -696,7 +696,7 @@ async fn the_index_filters_sorts_and_pictures_the_fires(pool: PgPool) {
 async fn stored_text_is_shown_with_invisible_characters_escaped(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let r = every_minute(&store, "payroll", false).await;
-    sqlx::query("UPDATE routines SET name = $2 WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET name = $2 WHERE id = $1")
         .bind(r.id)
         .bind("pay\u{202e}lor\u{200b}x")
         .execute(&pool)
@@ -720,7 +720,7 @@ async fn a_pause_reason_is_said_once_and_kept_short_in_the_table(pool: PgPool) {
         "paused by cm: its last 5 fires failed; the latest: {}",
         "x".repeat(400)
     );
-    sqlx::query("UPDATE routines SET paused_reason = $2 WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET paused_reason = $2 WHERE id = $1")
         .bind(r.id)
         .bind(&reason)
         .execute(&pool)
@@ -1160,11 +1160,12 @@ async fn the_page_deletes_a_routine_after_saying_how_many_fires_go(pool: PgPool)
         (StatusCode::SEE_OTHER, "/?done=deleted&of=standup")
     );
     assert!(store.get_routine(standup.id).await.is_err());
-    let fires: i64 = sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE routine_id = $1")
-        .bind(standup.id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let fires: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE routine_id = $1")
+            .bind(standup.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(fires, 0);
     assert!(
         store.get_routine(keep.id).await.is_ok(),

@@ -76,7 +76,7 @@ async fn a_mission_env_that_would_steer_its_runner_is_refused_everywhere() {
         2,
         "\"env.BASH_ENV\"",
     );
-    let kind: String = sqlx::query_scalar("SELECT kind FROM routines WHERE id = $1")
+    let kind: String = sqlx::query_scalar("SELECT kind FROM cm.routines WHERE id = $1")
         .bind(id)
         .fetch_one(&db.pool)
         .await
@@ -357,7 +357,7 @@ async fn a_stored_mission_that_would_steer_its_runner_fails_at_dispatch_and_runs
     ));
     // What an older version, or a write around the CLI, could have stored.
     sqlx::query(
-        "UPDATE routines SET payload = jsonb_set(payload, '{env}', jsonb_build_object('BASH_ENV', $2::text))
+        "UPDATE cm.routines SET payload = jsonb_set(payload, '{env}', jsonb_build_object('BASH_ENV', $2::text))
          WHERE id = $1",
     )
     .bind(id)
@@ -383,7 +383,7 @@ async fn a_stored_mission_that_would_steer_its_runner_fails_at_dispatch_and_runs
     );
     let failed: Option<String> = eventually(async || {
         sqlx::query_scalar(
-            "SELECT error FROM routine_fires WHERE routine_id = $1 AND status = 'failed' LIMIT 1",
+            "SELECT error FROM cm.routine_fires WHERE routine_id = $1 AND status = 'failed' LIMIT 1",
         )
         .bind(id)
         .fetch_optional(&db.pool)
@@ -395,7 +395,7 @@ async fn a_stored_mission_that_would_steer_its_runner_fails_at_dispatch_and_runs
     let error = failed.unwrap_or_else(|| panic!("no failed fire: {}", scheduler.log()));
     assert!(error.contains("env.BASH_ENV"), "{error}");
     let fired: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM routine_fires WHERE routine_id = $1 AND status = 'fired'",
+        "SELECT count(*) FROM cm.routine_fires WHERE routine_id = $1 AND status = 'fired'",
     )
     .bind(id)
     .fetch_one(&db.pool)

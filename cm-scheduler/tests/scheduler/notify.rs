@@ -137,7 +137,7 @@ async fn ready_after_the_first_good_tick_watchdog_from_the_loop_stopping_on_sigt
         "{before_ready:?}"
     );
     assert!(ready.says("STATUS=ticking"), "{ready:?}");
-    let fires: i64 = sqlx::query_scalar("SELECT count(*) FROM routine_fires")
+    let fires: i64 = sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires")
         .fetch_one(&db.pool)
         .await
         .unwrap();

@@ -274,7 +274,7 @@ impl Drop for DropOnExit {
 }
 
 async fn fired_count(pool: &sqlx::PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE status = 'fired'")
+    sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE status = 'fired'")
         .fetch_one(pool)
         .await
         .unwrap_or(0)
@@ -423,7 +423,7 @@ async fn the_status_page_in_a_real_browser() {
     let settled = eventually(async || {
         let (fired, failed): (i64, i64) = sqlx::query_as(
             "SELECT count(*) FILTER (WHERE status = 'fired'), count(*) FILTER (WHERE status = 'failed')
-             FROM routine_fires",
+             FROM cm.routine_fires",
         )
         .fetch_one(&db.pool)
         .await
@@ -521,7 +521,7 @@ async fn another_site(page: String) -> String {
 }
 
 async fn is_paused(pool: &sqlx::PgPool, name: &str) -> bool {
-    sqlx::query_scalar("SELECT paused FROM routines WHERE name = $1")
+    sqlx::query_scalar("SELECT paused FROM cm.routines WHERE name = $1")
         .bind(name)
         .fetch_one(pool)
         .await
@@ -676,11 +676,12 @@ async fn long_names_wrap_and_actions_stay_in_view_at_1280_px() {
     let base = format!("http://{}", scheduler.addr);
     scheduler.await_answer("/", 200, "standup").await;
     let fired = eventually_within(PATIENCE, async || {
-        let settled: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE completed_at IS NOT NULL")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
+        let settled: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM cm.routine_fires WHERE completed_at IS NOT NULL",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
         (settled > 2 * STRIP_FIRES).then_some(())
     })
     .await;

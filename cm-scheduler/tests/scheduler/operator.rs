@@ -16,9 +16,9 @@ impl TestDb {
     /// Every row of the tables a command could write, to compare before and after a refusal.
     async fn snapshot(&self) -> Vec<serde_json::Value> {
         sqlx::query_scalar(
-            "SELECT to_jsonb(r) FROM routines r
-             UNION ALL (SELECT to_jsonb(f) FROM routine_fires f)
-             UNION ALL (SELECT to_jsonb(q) FROM routine_requests q)
+            "SELECT to_jsonb(r) FROM cm.routines r
+             UNION ALL (SELECT to_jsonb(f) FROM cm.routine_fires f)
+             UNION ALL (SELECT to_jsonb(q) FROM cm.routine_requests q)
              ORDER BY 1",
         )
         .fetch_all(&self.pool)
@@ -27,7 +27,7 @@ impl TestDb {
     }
 
     pub(crate) async fn stored(&self, name: &str) -> serde_json::Value {
-        sqlx::query_scalar("SELECT to_jsonb(r) FROM routines r WHERE name = $1")
+        sqlx::query_scalar("SELECT to_jsonb(r) FROM cm.routines r WHERE name = $1")
             .bind(name)
             .fetch_one(&self.pool)
             .await
@@ -44,7 +44,7 @@ impl TestDb {
     /// Writes a settled fire of `routine` at `at`, as a scheduler would have.
     async fn fire(&self, routine: Uuid, at: DateTime<Utc>, error: Option<&str>) {
         sqlx::query(
-            "INSERT INTO routine_fires
+            "INSERT INTO cm.routine_fires
                  (routine_id, scheduled_at, status, error, claimant, claim_token,
                   lease_expires_at, completed_at)
              VALUES ($1, $2, CASE WHEN $3::text IS NULL THEN 'fired' ELSE 'failed' END, $3,
@@ -61,7 +61,7 @@ impl TestDb {
     /// Creates `count` routines named `bulk-N` directly in the database.
     async fn bulk(&self, count: i64) {
         sqlx::query(
-            "INSERT INTO routines (id, name, schedule, kind, payload, next_run_at, created_at)
+            "INSERT INTO cm.routines (id, name, schedule, kind, payload, next_run_at, created_at)
              SELECT gen_random_uuid(), 'bulk-' || n, '0 0 1 1 *', 'message', '{\"text\": \"x\"}',
                     now() + interval '1 year', now() - make_interval(secs => ($1 - n)::float8)
              FROM generate_series(1, $1::int) AS n",

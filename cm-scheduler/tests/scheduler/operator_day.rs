@@ -21,7 +21,7 @@ fn crontab_file(dir: &std::path::Path, name: &str, text: &str) -> String {
 
 /// Every routine by name: its id.
 async fn routines_by_name(db: &TestDb) -> HashMap<String, Uuid> {
-    sqlx::query_as::<_, (String, Uuid)>("SELECT name, id FROM routines")
+    sqlx::query_as::<_, (String, Uuid)>("SELECT name, id FROM cm.routines")
         .fetch_all(&db.pool)
         .await
         .unwrap()
@@ -33,7 +33,7 @@ async fn routines_by_name(db: &TestDb) -> HashMap<String, Uuid> {
 async fn record_fire(db: &TestDb, routine: Uuid, at: &str) {
     let at: DateTime<Utc> = at.parse().unwrap();
     sqlx::query(
-        "INSERT INTO routine_fires
+        "INSERT INTO cm.routine_fires
              (routine_id, scheduled_at, status, claimant, claim_token, lease_expires_at,
               completed_at)
          VALUES ($1, $2, 'fired', 'node-a', gen_random_uuid(), $2, $2)",
@@ -48,7 +48,7 @@ async fn record_fire(db: &TestDb, routine: Uuid, at: &str) {
 /// How many fires each routine has, by routine id.
 async fn fires_by_routine(db: &TestDb) -> HashMap<Uuid, i64> {
     sqlx::query_as::<_, (Uuid, i64)>(
-        "SELECT routine_id, count(*) FROM routine_fires GROUP BY routine_id",
+        "SELECT routine_id, count(*) FROM cm.routine_fires GROUP BY routine_id",
     )
     .fetch_all(&db.pool)
     .await
@@ -164,7 +164,7 @@ async fn a_crontab_imported_again_keeps_one_routine_per_entry_with_its_history()
 
 /// The routines' (name, schedule) by id.
 async fn schedules_by_id(db: &TestDb) -> HashMap<Uuid, (String, String)> {
-    sqlx::query_as::<_, (Uuid, String, String)>("SELECT id, name, schedule FROM routines")
+    sqlx::query_as::<_, (Uuid, String, String)>("SELECT id, name, schedule FROM cm.routines")
         .fetch_all(&db.pool)
         .await
         .unwrap()
@@ -367,7 +367,7 @@ async fn listings_keep_creation_order_and_show_why_a_routine_is_paused() {
 
     // A routine cm paused shows why, in the list and in show.
     let reason = "paused by cm: its last 5 fires failed; the latest: connection refused";
-    sqlx::query("UPDATE routines SET paused = true, next_run_at = NULL, paused_reason = $1 WHERE name = 'job-03'")
+    sqlx::query("UPDATE cm.routines SET paused = true, next_run_at = NULL, paused_reason = $1 WHERE name = 'job-03'")
         .bind(reason)
         .execute(&db.pool)
         .await

@@ -35,7 +35,7 @@ fn replace_routine(db: &TestDb, files: &MissionFiles, schedule: &str) -> Uuid {
 
 /// The fires of the routine as (status, error), oldest first.
 async fn fires(db: &TestDb) -> Vec<(String, Option<String>)> {
-    sqlx::query_as("SELECT status, error FROM routine_fires ORDER BY scheduled_at")
+    sqlx::query_as("SELECT status, error FROM cm.routine_fires ORDER BY scheduled_at")
         .fetch_all(&db.pool)
         .await
         .unwrap()
@@ -221,7 +221,7 @@ async fn a_run_that_ends_is_counted_once_however_many_schedulers_watch_it(pool: 
         .unwrap();
     // A launched mission whose run is running.
     sqlx::query(
-        "INSERT INTO routine_fires
+        "INSERT INTO cm.routine_fires
              (routine_id, scheduled_at, status, completed_at, claimant, claim_token, attempt,
               claimed_at, lease_expires_at, run_state)
          VALUES ($1, '2026-09-21T12:00:00Z', 'fired', now(), 'A', gen_random_uuid(), 1,

@@ -64,7 +64,7 @@ fn form_token(page: &str) -> String {
 }
 
 async fn is_paused(db: &TestDb, name: &str) -> bool {
-    sqlx::query_scalar("SELECT paused FROM routines WHERE name = $1")
+    sqlx::query_scalar("SELECT paused FROM cm.routines WHERE name = $1")
         .bind(name)
         .fetch_one(&db.pool)
         .await

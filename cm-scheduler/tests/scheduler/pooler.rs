@@ -81,7 +81,7 @@ async fn run_refuses_pgbouncer_1_18_at_start_in_one_line() {
     assert!(line.contains("--pooled"), "{line}");
 
     // Nothing was claimed: the scheduler never ticked.
-    let fires: i64 = sqlx::query_scalar("SELECT count(*) FROM routine_fires")
+    let fires: i64 = sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires")
         .fetch_one(&db.pool)
         .await
         .unwrap();

@@ -25,7 +25,7 @@ fn listed(url: &str, after: DateTime<Utc>, flags: &[&str]) -> BTreeSet<DateTime<
 
 async fn fired(db: &TestDb, routine: &str) -> BTreeSet<DateTime<Utc>> {
     sqlx::query_scalar::<_, DateTime<Utc>>(
-        "SELECT f.scheduled_at FROM routine_fires f JOIN routines r ON r.id = f.routine_id
+        "SELECT f.scheduled_at FROM cm.routine_fires f JOIN cm.routines r ON r.id = f.routine_id
          WHERE r.name = $1 AND f.status = 'fired'",
     )
     .bind(routine)
@@ -38,7 +38,7 @@ async fn fired(db: &TestDb, routine: &str) -> BTreeSet<DateTime<Utc>> {
 
 /// The first occurrence `routine` owes, as its creation stored it.
 async fn first_owed(db: &TestDb, routine: &str) -> Option<DateTime<Utc>> {
-    sqlx::query_scalar("SELECT next_run_at FROM routines WHERE name = $1")
+    sqlx::query_scalar("SELECT next_run_at FROM cm.routines WHERE name = $1")
         .bind(routine)
         .fetch_one(&db.pool)
         .await
@@ -53,8 +53,8 @@ async fn await_nothing_owed(db: &TestDb) {
         PATIENCE,
         async || {
             sqlx::query_as::<_, (i64, i64)>(
-                "SELECT (SELECT count(*) FROM routines WHERE next_run_at IS NOT NULL OR NOT planned),
-                        (SELECT count(*) FROM routine_fires WHERE status = 'claimed')",
+                "SELECT (SELECT count(*) FROM cm.routines WHERE next_run_at IS NOT NULL OR NOT planned),
+                        (SELECT count(*) FROM cm.routine_fires WHERE status = 'claimed')",
             )
             .fetch_one(&db.pool)
             .await
@@ -302,7 +302,7 @@ async fn a_run_limit_fires_exactly_that_many_under_two_schedulers_and_kills() {
     );
     let rows = || async {
         sqlx::query_as::<_, (String, i64)>(
-            "SELECT status, count(*) FROM routine_fires GROUP BY status ORDER BY status",
+            "SELECT status, count(*) FROM cm.routine_fires GROUP BY status ORDER BY status",
         )
         .fetch_all(&db.pool)
         .await
@@ -313,9 +313,9 @@ async fn a_run_limit_fires_exactly_that_many_under_two_schedulers_and_kills() {
     // more can fire, so a sixth would show.
     let ledger = || async {
         sqlx::query_as::<_, (i64, i64, bool)>(
-            "SELECT (SELECT count(*) FROM routine_fires),
-                    (SELECT count(*) FROM routine_fires WHERE status = 'claimed'),
-                    (SELECT next_run_at IS NOT NULL FROM routines WHERE name = 'five')",
+            "SELECT (SELECT count(*) FROM cm.routine_fires),
+                    (SELECT count(*) FROM cm.routine_fires WHERE status = 'claimed'),
+                    (SELECT next_run_at IS NOT NULL FROM cm.routines WHERE name = 'five')",
         )
         .fetch_one(&db.pool)
         .await
@@ -455,7 +455,7 @@ async fn jittered_one_shots_come_due_spread_over_their_jitter_and_all_fire() {
         String,
     );
     let rows: Vec<Fire> = sqlx::query_as(
-        "SELECT routine_id, scheduled_at, planned_at, claimed_at, status FROM routine_fires",
+        "SELECT routine_id, scheduled_at, planned_at, claimed_at, status FROM cm.routine_fires",
     )
     .fetch_all(&db.pool)
     .await

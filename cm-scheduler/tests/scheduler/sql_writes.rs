@@ -79,10 +79,11 @@ async fn a_routine_written_through_sql_fires_once_planned_and_a_bad_one_never(po
             .is_some_and(|r| r.starts_with("refused when planned")),
         "{bad:?}"
     );
-    let fires: i64 = sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE routine_id = $1")
-        .bind(bad.id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let fires: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE routine_id = $1")
+            .bind(bad.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(fires, 0);
 }

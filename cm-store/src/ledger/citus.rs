@@ -50,12 +50,12 @@ impl PgStore {
             return Ok(*citus);
         }
         let citus = on_store_conn!(self, |conn| async {
-            let extension: bool = sqlx::query_scalar(CITUS_EXTENSION_SQL)
+            let extension: bool = crate::schema::query_scalar(CITUS_EXTENSION_SQL)
                 .fetch_one(&mut *conn)
                 .await?;
             Ok::<_, sqlx::Error>(
                 extension
-                    && sqlx::query_scalar(CITUS_DISTRIBUTED_SQL)
+                    && crate::schema::query_scalar(CITUS_DISTRIBUTED_SQL)
                         .fetch_one(&mut *conn)
                         .await?,
             )
@@ -78,14 +78,14 @@ pub(super) async fn claim_rows_on_one_shard(
     // Numbers drawn in the order of the occurrences (oldest first), as the one-statement
     // claim draws them.
     let seqs: Vec<i64> = if message || mission {
-        sqlx::query_scalar(DRAW_SEQS_SQL)
+        crate::schema::query_scalar(DRAW_SEQS_SQL)
             .bind(i64::try_from(claims.len()).unwrap_or(i64::MAX))
             .fetch_all(&mut **tx)
             .await?
     } else {
         vec![0; claims.len()]
     };
-    let upserted: Vec<UpsertedRow> = sqlx::query_as(SHARD_CLAIM_SQL)
+    let upserted: Vec<UpsertedRow> = crate::schema::query_as(SHARD_CLAIM_SQL)
         .bind(&ids)
         .bind(&instants)
         .bind(&params.claimant)
@@ -126,7 +126,7 @@ pub(super) async fn claim_rows_on_one_shard(
                     .ok()
             })
             .collect();
-        let written: Vec<i64> = sqlx::query_scalar(SHARD_OUTBOX_SQL)
+        let written: Vec<i64> = crate::schema::query_scalar(SHARD_OUTBOX_SQL)
             .bind(fresh.iter().map(|r| r.routine_id).collect::<Vec<_>>())
             .bind(fresh.iter().map(|r| r.scheduled_at).collect::<Vec<_>>())
             .bind(&seqs)
@@ -140,7 +140,7 @@ pub(super) async fn claim_rows_on_one_shard(
         advance
             .bind_claimed(
                 advance
-                    .bind(sqlx::query(ADVANCE_GROUP_SQL))
+                    .bind(crate::schema::query(ADVANCE_GROUP_SQL))
                     .bind(claim.now)
                     .bind(group),
             )
@@ -148,7 +148,7 @@ pub(super) async fn claim_rows_on_one_shard(
             .await?;
     }
     let routines: HashMap<Uuid, (String, String, Value)> =
-        sqlx::query_as::<_, (Uuid, String, String, Value)>(SHARD_ROUTINES_SQL)
+        crate::schema::query_as::<_, (Uuid, String, String, Value)>(SHARD_ROUTINES_SQL)
             .bind(&ids)
             .bind(group)
             .fetch_all(&mut **tx)
@@ -199,7 +199,7 @@ pub(crate) fn shard_claim_queries(
     vec![
         (
             "claim",
-            sqlx::query(SHARD_CLAIM_SQL)
+            crate::schema::query(SHARD_CLAIM_SQL)
                 .bind(ids.clone())
                 .bind(at.clone())
                 .bind("a")
@@ -215,7 +215,7 @@ pub(crate) fn shard_claim_queries(
         ),
         (
             "outbox",
-            sqlx::query(SHARD_OUTBOX_SQL)
+            crate::schema::query(SHARD_OUTBOX_SQL)
                 .bind(ids.clone())
                 .bind(at)
                 .bind(vec![1_i64])
@@ -224,13 +224,13 @@ pub(crate) fn shard_claim_queries(
         ),
         (
             "routines",
-            sqlx::query(SHARD_ROUTINES_SQL)
+            crate::schema::query(SHARD_ROUTINES_SQL)
                 .bind(ids.clone())
                 .bind(group),
         ),
         (
             "advance",
-            sqlx::query(ADVANCE_GROUP_SQL)
+            crate::schema::query(ADVANCE_GROUP_SQL)
                 .bind(ids)
                 .bind(vec![Some(now)])
                 .bind(vec![true])

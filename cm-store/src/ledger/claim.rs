@@ -56,7 +56,7 @@ async fn record_buffer_skips(
             )
         })
         .collect();
-    sqlx::query(BUFFER_SKIPS_SQL)
+    crate::schema::query(BUFFER_SKIPS_SQL)
         .bind(&ids)
         .bind(&instants)
         .bind(&errors)
@@ -145,7 +145,7 @@ async fn claim_rows(
     } else {
         Vec::new()
     };
-    let query = sqlx::query(statement)
+    let query = crate::schema::query(statement)
         .bind(&ids)
         .bind(&instants)
         .bind(&params.claimant)
@@ -333,7 +333,7 @@ pub(super) async fn claim_due(
                 None => ADVANCE_SQL,
                 Some(_) => ADVANCE_GROUP_SQL,
             };
-            let query = advance.bind(sqlx::query(statement)).bind(now);
+            let query = advance.bind(crate::schema::query(statement)).bind(now);
             advance
                 .bind_claimed(bind_group(query, params.group))
                 .execute(&mut *tx)
@@ -393,7 +393,7 @@ pub(super) async fn claim_due(
                 cm_domain::ErrorText::new(reason).as_str().to_owned()
             })
             .collect();
-        let query = sqlx::query(match params.group {
+        let query = crate::schema::query(match params.group {
             None => PAUSE_UNUSABLE_SQL,
             Some(_) => PAUSE_GROUP_UNUSABLE_SQL,
         })

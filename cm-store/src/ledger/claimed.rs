@@ -102,7 +102,7 @@ pub(super) async fn mark_unwritten_messages(
     if drawn.len() as i64 == written {
         return Ok(());
     }
-    let present: HashSet<i64> = sqlx::query_scalar(WRITTEN_SEQS_SQL)
+    let present: HashSet<i64> = crate::schema::query_scalar(WRITTEN_SEQS_SQL)
         .bind(&drawn)
         .fetch_all(&mut **tx)
         .await?

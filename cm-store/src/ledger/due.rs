@@ -87,7 +87,7 @@ pub(crate) fn take_requests_query(
         None => TAKE_REQUESTS_SQL,
         Some(_) => TAKE_GROUP_REQUESTS_SQL,
     };
-    let query = sqlx::query(statement)
+    let query = crate::schema::query(statement)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .bind(missions.map(|m| i64::try_from(m).unwrap_or(i64::MAX)));
     bind_group(query, group)
@@ -109,7 +109,7 @@ pub(crate) fn due_query(
         (Some(_), None) => DUE_AFTER_SQL,
         (Some(_), Some(_)) => DUE_GROUP_AFTER_SQL,
     };
-    let mut query = sqlx::query(statement)
+    let mut query = crate::schema::query(statement)
         .bind(i64::from(max_routines))
         .bind(i64::try_from(requests).unwrap_or(i64::MAX))
         .bind(mission_room.map(|room| i64::try_from(room).unwrap_or(i64::MAX)));

@@ -12,7 +12,7 @@ use crate::{PgStore, StoreError};
 pub(crate) fn list_query(
     filter: &FireFilter,
 ) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
-    sqlx::query(list_fires_statement(filter.outcome))
+    crate::schema::query(list_fires_statement(filter.outcome))
         .bind(filter.routine_id)
         .bind(filter.after.map(|c| c.scheduled_at))
         .bind(filter.after.map(|c| c.routine_id))

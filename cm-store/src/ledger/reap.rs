@@ -24,7 +24,9 @@ async fn begin_claim<'c>(
 ) -> Result<(Transaction<'c, Postgres>, Instant, DateTime<Utc>), StoreError> {
     let began = Instant::now();
     let mut tx = store.begin_on(conn).await?;
-    let now: DateTime<Utc> = sqlx::query_scalar(CLOCK_SQL).fetch_one(&mut *tx).await?;
+    let now: DateTime<Utc> = crate::schema::query_scalar(CLOCK_SQL)
+        .fetch_one(&mut *tx)
+        .await?;
     Ok((tx, began, now))
 }
 
@@ -33,7 +35,7 @@ pub(crate) fn reap_query(
     params: &ReapParams,
     token: ClaimToken,
 ) -> sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments> {
-    let query = sqlx::query(match params.group {
+    let query = crate::schema::query(match params.group {
         None => REAP_SQL,
         Some(_) => REAP_GROUP_SQL,
     })
@@ -91,7 +93,7 @@ pub(super) async fn prune_settled(
         Some(_) => PRUNE_GROUP_SQL,
     };
     let deleted = on_store!(store, |e| bind_group(
-        sqlx::query(statement)
+        crate::schema::query(statement)
             .bind(retention.as_secs_f64())
             .bind(i64::from(limit)),
         group

@@ -76,14 +76,15 @@ pub(super) async fn settle_fire(
     fire: &FireRef,
     settlement: &Settlement,
 ) -> Result<SettleOutcome, StoreError> {
-    let (settled, present): (bool, bool) = on_store!(store, |e| sqlx::query_as(SETTLE_SQL)
-        .bind(fire.occurrence.routine_id)
-        .bind(fire.occurrence.scheduled_at)
-        .bind(fire.token.0)
-        .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
-        .bind(settlement.status().as_str())
-        .bind(settlement.error())
-        .fetch_one(e))?;
+    let (settled, present): (bool, bool) =
+        on_store!(store, |e| crate::schema::query_as(SETTLE_SQL)
+            .bind(fire.occurrence.routine_id)
+            .bind(fire.occurrence.scheduled_at)
+            .bind(fire.token.0)
+            .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
+            .bind(settlement.status().as_str())
+            .bind(settlement.error())
+            .fetch_one(e))?;
     Ok(match (settled, present) {
         (true, _) => SettleOutcome::Settled,
         (false, true) => SettleOutcome::TakenOver,
@@ -97,15 +98,17 @@ pub(super) async fn note_unsettled(
     fire: &FireRef,
     error: &ErrorText,
 ) -> Result<bool, StoreError> {
-    Ok(on_store!(store, |e| sqlx::query(NOTE_UNSETTLED_SQL)
-        .bind(fire.occurrence.routine_id)
-        .bind(fire.occurrence.scheduled_at)
-        .bind(fire.token.0)
-        .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
-        .bind(error.as_str())
-        .execute(e))?
-    .rows_affected()
-        == 1)
+    Ok(
+        on_store!(store, |e| crate::schema::query(NOTE_UNSETTLED_SQL)
+            .bind(fire.occurrence.routine_id)
+            .bind(fire.occurrence.scheduled_at)
+            .bind(fire.token.0)
+            .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
+            .bind(error.as_str())
+            .execute(e))?
+        .rows_affected()
+            == 1,
+    )
 }
 
 /// [`FireLedger::settle_fires`](super::FireLedger::settle_fires)'s statements, for the rows of `group` (on Citus, naming it
@@ -134,7 +137,7 @@ async fn settle_fires_of(
     }
     // One fenced UPDATE for the batch; the rows it did not settle are then told apart
     // (taken over, or gone with a deleted routine) by a read of the same keys.
-    let query = sqlx::query_as(match group {
+    let query = crate::schema::query_as(match group {
         None => SETTLE_FIRES_SQL,
         Some(_) => SETTLE_GROUP_FIRES_SQL,
     })
@@ -160,7 +163,7 @@ async fn settle_fires_of(
         .filter(|key| !settled.contains(&(*key.0, *key.1)))
         .map(|(id, at)| (*id, *at))
         .unzip();
-    let query = sqlx::query_as(match group {
+    let query = crate::schema::query_as(match group {
         None => PRESENT_FIRES_SQL,
         Some(_) => PRESENT_GROUP_FIRES_SQL,
     })

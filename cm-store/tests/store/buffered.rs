@@ -19,7 +19,7 @@ use crate::support::{
 async fn busy_mission(store: &PgStore, pool: &PgPool, overlap: &str) -> (Uuid, DateTime<Utc>) {
     let routine = create(store, EVERY_MINUTE, MisfirePolicy::FireOnce).await;
     sqlx::query(
-        "UPDATE routines SET kind = 'mission', overlap = $2,
+        "UPDATE cm.routines SET kind = 'mission', overlap = $2,
                 payload = '{\"repository\": \"https://git.example.com/r.git\"}'
          WHERE id = $1",
     )
@@ -30,12 +30,12 @@ async fn busy_mission(store: &PgStore, pool: &PgPool, overlap: &str) -> (Uuid, D
     .unwrap();
     let now = db_now(pool).await;
     sqlx::query(
-        "INSERT INTO routine_fires
+        "INSERT INTO cm.routine_fires
              (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at,
               lease_expires_at, status, completed_at, origin, group_id, holds_run, run_state)
          SELECT id, $2, 'earlier', gen_random_uuid(), 1, $2, $2, 'fired', $2, 'schedule',
                 group_id, true, 'running'
-         FROM routines WHERE id = $1",
+         FROM cm.routines WHERE id = $1",
     )
     .bind(routine.id)
     .bind(minute_floor(now) - TimeDelta::hours(1))
@@ -50,7 +50,7 @@ async fn busy_mission(store: &PgStore, pool: &PgPool, overlap: &str) -> (Uuid, D
 /// The routine's fires after the first: (minute, status, error).
 async fn fires(pool: &PgPool, id: Uuid) -> Vec<(DateTime<Utc>, String, Option<String>)> {
     sqlx::query_as(
-        "SELECT scheduled_at, status, error FROM routine_fires
+        "SELECT scheduled_at, status, error FROM cm.routine_fires
          WHERE routine_id = $1 AND claimant <> 'earlier' ORDER BY scheduled_at",
     )
     .bind(id)
@@ -62,7 +62,7 @@ async fn fires(pool: &PgPool, id: Uuid) -> Vec<(DateTime<Utc>, String, Option<St
 /// Ends the routine's runs: every fire's run `succeeded`, every claimed fire `fired`.
 async fn end_runs(pool: &PgPool, id: Uuid) {
     sqlx::query(
-        "UPDATE routine_fires SET run_state = 'succeeded',
+        "UPDATE cm.routine_fires SET run_state = 'succeeded',
                 completed_at = coalesce(completed_at, now()),
                 status = CASE WHEN status = 'claimed' THEN 'fired' ELSE status END
          WHERE routine_id = $1 AND status <> 'skipped'",

@@ -13,7 +13,7 @@ use sqlx::error::ErrorKind;
 use crate::support::{YEARLY, create_named, db_now, message};
 
 async fn names(pool: &PgPool) -> Vec<String> {
-    sqlx::query_scalar("SELECT name FROM routines ORDER BY created_at, id")
+    sqlx::query_scalar("SELECT name FROM cm.routines ORDER BY created_at, id")
         .fetch_all(pool)
         .await
         .unwrap()
@@ -21,14 +21,16 @@ async fn names(pool: &PgPool) -> Vec<String> {
 
 #[sqlx::test(migrations = false)]
 async fn the_names_migration_renames_duplicates_and_control_characters(pool: PgPool) {
-    sqlx::raw_sql(include_str!(
-        "../../../migrations/20261129000001_routines_and_fires.sql"
-    ))
+    // As cm applies a migration: into its schema, on a pinned search path.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA cm; SET LOCAL search_path TO cm, pg_catalog, pg_temp; {}",
+        include_str!("../../../migrations/20261129000001_routines_and_fires.sql")
+    )))
     .execute(&pool)
     .await
     .unwrap();
     sqlx::raw_sql(
-        "INSERT INTO routines (id, name, schedule, kind, payload, created_at) VALUES
+        "INSERT INTO cm.routines (id, name, schedule, kind, payload, created_at) VALUES
          ('00000000-0000-0000-0000-000000000001', 'a', '* * * * *', 'message', '{}', '2025-01-01'),
          ('00000000-0000-0000-0000-000000000002', 'a', '* * * * *', 'message', '{}', '2025-01-02'),
          ('00000000-0000-0000-0000-000000000003', E'a\\nb', '* * * * *', 'message', '{}', '2025-01-03'),
@@ -38,9 +40,10 @@ async fn the_names_migration_renames_duplicates_and_control_characters(pool: PgP
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::raw_sql(include_str!(
-        "../../../migrations/20261130000500_routine_names.sql"
-    ))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET LOCAL search_path TO cm, pg_catalog, pg_temp; {}",
+        include_str!("../../../migrations/20261130000500_routine_names.sql")
+    )))
     .execute(&pool)
     .await
     .unwrap();
@@ -58,7 +61,7 @@ async fn the_names_migration_renames_duplicates_and_control_characters(pool: PgP
     // From now on the database refuses both.
     for name in ["a", "x\ty"] {
         let err = sqlx::query(
-            "INSERT INTO routines (id, name, schedule, kind, payload)
+            "INSERT INTO cm.routines (id, name, schedule, kind, payload)
              VALUES (gen_random_uuid(), $1, '* * * * *', 'message', '{}')",
         )
         .bind(name)

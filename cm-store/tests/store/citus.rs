@@ -393,7 +393,7 @@ async fn claims_settles_reaps_and_consumes_per_group_on_citus() {
         held.extend(claim.fires.iter().map(|f| f.occurrence));
     }
     sqlx::query(
-        "UPDATE routine_fires SET lease_expires_at = now() - interval '1 second'
+        "UPDATE cm.routine_fires SET lease_expires_at = now() - interval '1 second'
          WHERE status = 'claimed'",
     )
     .execute(&db.pool)
@@ -543,7 +543,7 @@ async fn group_leases_live_on_the_coordinator_and_each_group_names_its_worker_on
         let citus: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = $1::regclass",
         )
-        .bind(table)
+        .bind(format!("cm.{table}"))
         .fetch_one(&db.pool)
         .await
         .unwrap();
@@ -587,7 +587,7 @@ async fn group_leases_live_on_the_coordinator_and_each_group_names_its_worker_on
 async fn multi_shard_transaction(pool: &PgPool, routines: &[(Uuid, GroupId)]) {
     let mut tx = pool.begin().await.unwrap();
     for (id, _) in routines {
-        sqlx::query("UPDATE routines SET updated_at = now() WHERE id = $1")
+        sqlx::query("UPDATE cm.routines SET updated_at = now() WHERE id = $1")
             .bind(id)
             .execute(&mut *tx)
             .await
@@ -762,12 +762,12 @@ async fn imports_and_syncs_create_update_and_delete_on_citus() {
             .iter()
             .all(|(_, action)| *action == SyncAction::Unchanged)
     );
-    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM routines ORDER BY name")
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM cm.routines ORDER BY name")
         .fetch_all(&db.pool)
         .await
         .unwrap();
     assert_eq!(names, ["a", "b", "d", "z"]);
-    let listed: Vec<String> = sqlx::query_scalar("SELECT name FROM routine_names ORDER BY name")
+    let listed: Vec<String> = sqlx::query_scalar("SELECT name FROM cm.routine_names ORDER BY name")
         .fetch_all(&db.pool)
         .await
         .unwrap();
@@ -832,7 +832,7 @@ async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
     }
     assert_eq!(db.two_phase_commits().await, before, "a run take used 2PC");
     let holder: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
-        "SELECT scheduled_at FROM routine_fires WHERE routine_id = $1 AND holds_run",
+        "SELECT scheduled_at FROM cm.routine_fires WHERE routine_id = $1 AND holds_run",
     )
     .bind(first.routine_id)
     .fetch_one(&db.pool)
@@ -909,7 +909,7 @@ async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
         .map(|(_, group)| *group)
         .unwrap();
     sqlx::query(
-        "UPDATE routine_fires SET claimed_at = now() WHERE routine_id = $1 AND group_id = $2",
+        "UPDATE cm.routine_fires SET claimed_at = now() WHERE routine_id = $1 AND group_id = $2",
     )
     .bind(first.routine_id)
     .bind(group)

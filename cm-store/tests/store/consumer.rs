@@ -112,7 +112,7 @@ async fn a_crashed_consumers_batch_is_taken_again_after_its_lease(pool: PgPool) 
     // While its lease is live, another consumer gets only the rest.
     assert_eq!(seqs(&store, &take("survivor", 10)).await, all[2..]);
     // Its lease runs out (time is moved in the database).
-    sqlx::query("UPDATE outbox_messages SET lease_expires_at = now() - interval '1 second' WHERE leased_by = 'crashed'")
+    sqlx::query("UPDATE cm.outbox_messages SET lease_expires_at = now() - interval '1 second' WHERE leased_by = 'crashed'")
         .execute(&pool)
         .await
         .unwrap();
@@ -132,7 +132,7 @@ async fn a_consumer_whose_lease_ran_out_cannot_acknowledge_rows_taken_again(pool
     let store = PgStore::new(pool.clone());
     fill(&store, 3).await;
     let expire = || async {
-        sqlx::query("UPDATE outbox_messages SET lease_expires_at = now() - interval '1 second'")
+        sqlx::query("UPDATE cm.outbox_messages SET lease_expires_at = now() - interval '1 second'")
             .execute(&pool)
             .await
             .unwrap();
@@ -164,7 +164,7 @@ async fn acknowledging_is_idempotent_and_final(pool: PgPool) {
     assert_eq!(store.outbox_ack("a", &batch).await.unwrap(), 0);
     assert_eq!(store.outbox_ack("b", &batch).await.unwrap(), 0);
     // Acknowledged rows are not taken again, even with their lease long over.
-    sqlx::query("UPDATE outbox_messages SET lease_expires_at = now() - interval '1 hour'")
+    sqlx::query("UPDATE cm.outbox_messages SET lease_expires_at = now() - interval '1 hour'")
         .execute(&pool)
         .await
         .unwrap();
@@ -172,7 +172,7 @@ async fn acknowledging_is_idempotent_and_final(pool: PgPool) {
     let backlog = store.outbox_backlog(10).await.unwrap();
     assert_eq!((backlog.pending, backlog.oldest), (0, None));
     let acked_by: Vec<String> =
-        sqlx::query_scalar("SELECT acked_by FROM outbox_messages ORDER BY seq")
+        sqlx::query_scalar("SELECT acked_by FROM cm.outbox_messages ORDER BY seq")
             .fetch_all(&pool)
             .await
             .unwrap();
@@ -189,11 +189,13 @@ async fn only_acknowledged_rows_past_the_retention_are_pruned(pool: PgPool) {
     store.outbox_ack("a", &batch[0..2]).await.unwrap();
     // The first was acknowledged long ago; the second just now; the third is leased, not
     // acknowledged; the fourth pending.
-    sqlx::query("UPDATE outbox_messages SET acked_at = now() - interval '31 days' WHERE seq = $1")
-        .bind(all[0])
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE cm.outbox_messages SET acked_at = now() - interval '31 days' WHERE seq = $1",
+    )
+    .bind(all[0])
+    .execute(&pool)
+    .await
+    .unwrap();
     assert_eq!(store.outbox_prune_acked(retention, 100).await.unwrap(), 1);
     assert_eq!(store.outbox_prune_acked(retention, 100).await.unwrap(), 0);
     let left: Vec<i64> = store

@@ -16,7 +16,7 @@ async fn a_corrupt_routine_is_reported_paused_and_skipped(pool: PgPool) {
     let (healthy, due) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
     let (bad_zone, _) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
     let (costly, _) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
-    sqlx::query("UPDATE routines SET schedule = $2 WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET schedule = $2 WHERE id = $1")
         .bind(costly.id)
         .bind(
             "* * * * * * except 1-59 * * * * * except * 1-59 * * * * \
@@ -25,12 +25,12 @@ async fn a_corrupt_routine_is_reported_paused_and_skipped(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    sqlx::query("UPDATE routines SET schedule = 'every other tuesday' WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET schedule = 'every other tuesday' WHERE id = $1")
         .bind(bad_schedule.id)
         .execute(&pool)
         .await
         .unwrap();
-    sqlx::query("UPDATE routines SET timezone = 'Mars/Olympus_Mons' WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET timezone = 'Mars/Olympus_Mons' WHERE id = $1")
         .bind(bad_zone.id)
         .execute(&pool)
         .await

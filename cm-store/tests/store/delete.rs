@@ -93,11 +93,12 @@ async fn deleting_a_routine_a_tick_has_locked_takes_the_fire_the_tick_wrote(pool
     assert_eq!(doomed_fire.outcome(claim.token), ClaimOutcome::Fresh);
     assert!(claim.fires.iter().any(|f| f.occurrence == busy_at));
     // ... and the delete, which waited for it, took that fire with the routine.
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE routine_id = $1")
-        .bind(doomed.id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let left: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE routine_id = $1")
+            .bind(doomed.id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(left, 0, "a fire outlived its deleted routine");
     assert_eq!(fire_count(&pool).await, 1);
 }

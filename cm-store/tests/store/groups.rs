@@ -26,7 +26,7 @@ async fn the_group_cm_computes_is_the_one_sql_computes(pool: PgPool) {
     ids.push(Uuid::max());
     for count in [1_u16, 7, 64, 256, 4096] {
         let sql: Vec<i16> =
-            sqlx::query_scalar("SELECT cm_group_of(id, $2) FROM UNNEST($1::uuid[]) AS t(id)")
+            sqlx::query_scalar("SELECT cm.cm_group_of(id, $2) FROM UNNEST($1::uuid[]) AS t(id)")
                 .bind(&ids)
                 .bind(i32::from(count))
                 .fetch_all(&pool)
@@ -55,7 +55,7 @@ async fn every_row_of_a_routine_carries_its_group(pool: PgPool) {
     )
     .await;
     store.trigger_routine(routine.id).await.unwrap();
-    let stored: i16 = sqlx::query_scalar("SELECT group_id FROM routine_requests")
+    let stored: i16 = sqlx::query_scalar("SELECT group_id FROM cm.routine_requests")
         .fetch_one(&pool)
         .await
         .unwrap();
@@ -66,7 +66,7 @@ async fn every_row_of_a_routine_carries_its_group(pool: PgPool) {
         .unwrap();
     for table in ["routine_fires", "outbox_messages", "routine_names"] {
         let groups: Vec<i16> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT DISTINCT group_id FROM {table}"
+            "SELECT DISTINCT group_id FROM cm.{table}"
         )))
         .fetch_all(&pool)
         .await
@@ -118,7 +118,7 @@ async fn names_stay_unique_through_their_own_table(pool: PgPool) {
     store.delete_routine(first.id).await.unwrap();
     create_named(&store, "retro", EVERY_MINUTE, MisfirePolicy::FireOnce).await;
     let names: Vec<(String, Uuid)> =
-        sqlx::query_as("SELECT name, routine_id FROM routine_names ORDER BY name")
+        sqlx::query_as("SELECT name, routine_id FROM cm.routine_names ORDER BY name")
             .fetch_all(&pool)
             .await
             .unwrap();
@@ -179,7 +179,7 @@ async fn a_claim_in_one_group_leaves_the_others_due(pool: PgPool) {
 
     // Their leases run out; a reaper pass in one group takes that group's over only.
     let held: Vec<(Uuid, chrono::DateTime<chrono::Utc>)> =
-        sqlx::query_as("SELECT routine_id, scheduled_at FROM routine_fires")
+        sqlx::query_as("SELECT routine_id, scheduled_at FROM cm.routine_fires")
             .fetch_all(&pool)
             .await
             .unwrap();
@@ -227,7 +227,7 @@ async fn schedulers_lease_groups_and_give_them_back(pool: PgPool) {
     assert_eq!(store.lease_groups("b", &[2], lease).await.unwrap(), [2, 3]);
     // A lease that ran out is taken over.
     sqlx::query(
-        "UPDATE group_leases SET expires_at = now() - interval '1 second' WHERE holder = 'a'",
+        "UPDATE cm.group_leases SET expires_at = now() - interval '1 second' WHERE holder = 'a'",
     )
     .execute(&pool)
     .await
@@ -260,7 +260,7 @@ async fn a_holder_back_after_its_leases_ran_out_takes_them_again(pool: PgPool) {
         store.lease_groups("a", &[0, 1], lease).await.unwrap(),
         [0, 1]
     );
-    sqlx::query("UPDATE group_leases SET expires_at = now() - interval '1 second'")
+    sqlx::query("UPDATE cm.group_leases SET expires_at = now() - interval '1 second'")
         .execute(&pool)
         .await
         .unwrap();
@@ -269,7 +269,7 @@ async fn a_holder_back_after_its_leases_ran_out_takes_them_again(pool: PgPool) {
         [0, 1, 2]
     );
     let live: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM group_leases WHERE holder = 'a' AND expires_at > now()",
+        "SELECT count(*) FROM cm.group_leases WHERE holder = 'a' AND expires_at > now()",
     )
     .fetch_one(&pool)
     .await

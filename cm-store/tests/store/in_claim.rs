@@ -13,7 +13,7 @@ use crate::support::{
 
 /// How many outbox rows the database holds.
 async fn outbox_count(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
+    sqlx::query_scalar("SELECT count(*) FROM cm.outbox_messages")
         .fetch_one(pool)
         .await
         .unwrap()
@@ -37,7 +37,7 @@ async fn a_fresh_occurrence_and_its_message_are_written_together(pool: PgPool) {
     assert_eq!((row.status.as_str(), row.attempt), ("fired", 1));
     assert!(row.completed_at.is_some());
     let (seq, key, payload): (i64, String, serde_json::Value) = sqlx::query_as(
-        "SELECT seq, idempotency_key, payload FROM outbox_messages
+        "SELECT seq, idempotency_key, payload FROM cm.outbox_messages
          WHERE routine_id = $1 AND scheduled_at = $2",
     )
     .bind(routine.id)
@@ -67,7 +67,7 @@ async fn refuse(pool: &PgPool, table: &str, event: &str) {
     .await
     .unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TRIGGER refuse BEFORE {event} ON {table} FOR EACH ROW EXECUTE FUNCTION refuse()"
+        "CREATE TRIGGER refuse BEFORE {event} ON cm.{table} FOR EACH ROW EXECUTE FUNCTION refuse()"
     )))
     .execute(pool)
     .await
@@ -98,7 +98,7 @@ async fn a_failure_after_the_message_leaves_neither(pool: PgPool) {
 
     assert!(store.claim_due(&outbox_params("a")).await.is_err());
     assert_eq!((fire_count(&pool).await, outbox_count(&pool).await), (0, 0));
-    sqlx::query("DROP TRIGGER refuse ON routines")
+    sqlx::query("DROP TRIGGER refuse ON cm.routines")
         .execute(&pool)
         .await
         .unwrap();
@@ -120,7 +120,7 @@ async fn rows_that_exist_get_no_message_from_the_claim(pool: PgPool) {
         (Seed::claimed(-1.0), "retry", "claimed"),
     ];
     for (seed, outcome, status) in cases {
-        sqlx::query("TRUNCATE routine_fires, outbox_messages, routines CASCADE")
+        sqlx::query("TRUNCATE cm.routine_fires, cm.outbox_messages, cm.routines CASCADE")
             .execute(&pool)
             .await
             .unwrap();

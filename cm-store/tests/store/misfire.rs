@@ -319,7 +319,7 @@ async fn a_long_outage_is_walked_over_several_ticks_and_fires_once(pool: PgPool)
 async fn a_run_limit_is_spent_by_what_claims_claim_and_then_the_clock_stops(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let (routine, oldest) = outage(&store, &pool, MisfirePolicy::CatchUp).await;
-    sqlx::query("UPDATE routines SET runs_left = 4 WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET runs_left = 4 WHERE id = $1")
         .bind(routine.id)
         .execute(&pool)
         .await
@@ -355,7 +355,7 @@ async fn a_run_limit_is_spent_by_what_claims_claim_and_then_the_clock_stops(pool
 
     // fire-once skips the older misfires; only the one it fires is a run.
     let (once, _) = outage(&store, &pool, MisfirePolicy::FireOnce).await;
-    sqlx::query("UPDATE routines SET runs_left = 2 WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET runs_left = 2 WHERE id = $1")
         .bind(once.id)
         .execute(&pool)
         .await
@@ -411,7 +411,7 @@ async fn a_jittered_occurrence_comes_due_at_its_planned_instant_and_keeps_its_ke
             assert_eq!(f.planned_at, planned(f.occurrence.scheduled_at), "{name}");
         }
         let stored: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
-            "SELECT scheduled_at, planned_at FROM routine_fires
+            "SELECT scheduled_at, planned_at FROM cm.routine_fires
              WHERE routine_id = $1 ORDER BY scheduled_at",
         )
         .bind(routine.id)

@@ -61,7 +61,7 @@ async fn each_fire_records_its_origin(pool: PgPool) {
 /// The outbox sequence numbers of one routine's messages, in `scheduled_at` order.
 async fn seqs(pool: &PgPool, routine: Uuid) -> Vec<i64> {
     sqlx::query_scalar(
-        "SELECT seq FROM outbox_messages WHERE routine_id = $1 ORDER BY scheduled_at",
+        "SELECT seq FROM cm.outbox_messages WHERE routine_id = $1 ORDER BY scheduled_at",
     )
     .bind(routine)
     .fetch_all(pool)
@@ -119,7 +119,7 @@ async fn missions_past_the_room_stay_due_and_unclaimed(pool: PgPool) {
     let mut missions = Vec::new();
     for _ in 0..5 {
         let (routine, due) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
-        sqlx::query("UPDATE routines SET kind = 'mission' WHERE id = $1")
+        sqlx::query("UPDATE cm.routines SET kind = 'mission' WHERE id = $1")
             .bind(routine.id)
             .execute(&pool)
             .await
@@ -148,7 +148,7 @@ async fn missions_past_the_room_stay_due_and_unclaimed(pool: PgPool) {
             .any(|f| f.occurrence.routine_id == message.id)
     );
     // The held ones have no ledger row, and their clocks have not moved.
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM routine_fires")
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires")
         .fetch_one(&pool)
         .await
         .unwrap();

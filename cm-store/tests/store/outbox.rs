@@ -19,7 +19,7 @@ fn message(occurrence: Occurrence, attempt: u32, text: &str) -> OutboxMessage {
 }
 
 async fn outbox_rows(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
+    sqlx::query_scalar("SELECT count(*) FROM cm.outbox_messages")
         .fetch_one(pool)
         .await
         .unwrap()

@@ -28,7 +28,7 @@ async fn fired_with_run(store: &PgStore, pool: &PgPool, occurrence: Occurrence, 
     seed_fire(pool, occurrence, &Seed::claimed(30.0)).await;
     store.begin_run(occurrence).await.unwrap();
     sqlx::query(
-        "UPDATE routine_fires SET status = 'fired', completed_at = now(),
+        "UPDATE cm.routine_fires SET status = 'fired', completed_at = now(),
                 claimed_at = clock_timestamp()
          WHERE routine_id = $1 AND scheduled_at = $2",
     )
@@ -65,7 +65,7 @@ async fn the_listing_filters_by_the_domain_s_outcome(pool: PgPool) {
             let occurrence = Occurrence::new(routine.id, base + chrono::Duration::minutes(minute));
             minute += 1;
             sqlx::query(
-                "INSERT INTO routine_fires
+                "INSERT INTO cm.routine_fires
                      (routine_id, scheduled_at, status, completed_at, error, run_state,
                       claimant, claim_token, attempt, claimed_at, lease_expires_at)
                  VALUES ($1, $2, $3::text, CASE WHEN $3::text = 'claimed' THEN NULL ELSE now() END,
@@ -177,7 +177,7 @@ async fn runs_not_ended_and_skips_neither_break_nor_make_a_run_of_failures(pool:
     let skipped = at(2).await;
     seed_fire(&pool, skipped, &Seed::claimed(30.0)).await;
     sqlx::query(
-        "UPDATE routine_fires SET status = 'skipped', error = 'skipped: running',
+        "UPDATE cm.routine_fires SET status = 'skipped', error = 'skipped: running',
                 completed_at = now()
          WHERE routine_id = $1 AND scheduled_at = $2",
     )
@@ -190,7 +190,7 @@ async fn runs_not_ended_and_skips_neither_break_nor_make_a_run_of_failures(pool:
     fired_with_run(&store, &pool, at(4).await, RunState::Running).await;
     // Claimed in occurrence order.
     sqlx::query(
-        "UPDATE routine_fires SET claimed_at = now() + (scheduled_at - $2)
+        "UPDATE cm.routine_fires SET claimed_at = now() + (scheduled_at - $2)
          WHERE routine_id = $1",
     )
     .bind(routine.id)

@@ -197,7 +197,7 @@ async fn requests_for_a_missing_routine_are_refused(pool: PgPool) {
 
 /// Makes the routine a mission routine (the claim reads the kind from the row).
 async fn make_mission(pool: &PgPool, id: Uuid) {
-    sqlx::query("UPDATE routines SET kind = 'mission' WHERE id = $1")
+    sqlx::query("UPDATE cm.routines SET kind = 'mission' WHERE id = $1")
         .bind(id)
         .execute(pool)
         .await
@@ -206,7 +206,7 @@ async fn make_mission(pool: &PgPool, id: Uuid) {
 
 /// The requests still waiting, oldest first.
 async fn waiting(pool: &PgPool) -> Vec<(Uuid, chrono::DateTime<chrono::Utc>)> {
-    sqlx::query_as("SELECT routine_id, scheduled_at FROM routine_requests ORDER BY scheduled_at")
+    sqlx::query_as("SELECT routine_id, scheduled_at FROM cm.routine_requests ORDER BY scheduled_at")
         .fetch_all(pool)
         .await
         .unwrap()
@@ -219,7 +219,7 @@ async fn waiting(pool: &PgPool) -> Vec<(Uuid, chrono::DateTime<chrono::Utc>)> {
 async fn mission_requests_within_the_room(pool: PgPool, group: Option<i16>) {
     if group.is_some() {
         // Before the store reads the count: every routine, request and fire in group 0.
-        sqlx::query("UPDATE cm_settings SET group_count = 1")
+        sqlx::query("UPDATE cm.cm_settings SET group_count = 1")
             .execute(&pool)
             .await
             .unwrap();

@@ -183,7 +183,7 @@ async fn a_refused_row_surfaces_its_database_kind(pool: PgPool) {
     // rows have none: every one is written by a claim holding its routine's lock, see
     // `delete.rs`.)
     let orphan = sqlx::query(
-        "INSERT INTO routine_requests (routine_id, scheduled_at, origin) VALUES ($1, $2, 'trigger')",
+        "INSERT INTO cm.routine_requests (routine_id, scheduled_at, origin) VALUES ($1, $2, 'trigger')",
     )
     .bind(Uuid::from_u128(7))
     .bind(Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).unwrap())

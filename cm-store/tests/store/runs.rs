@@ -30,7 +30,7 @@ async fn runs_are_begun_watched_and_recorded_once(pool: PgPool) {
         store.begin_run(o).await.unwrap();
     }
     sqlx::query(
-        "UPDATE routine_fires SET status = 'fired', completed_at = now()
+        "UPDATE cm.routine_fires SET status = 'fired', completed_at = now()
          WHERE scheduled_at = $1",
     )
     .bind(running.scheduled_at)
@@ -38,7 +38,7 @@ async fn runs_are_begun_watched_and_recorded_once(pool: PgPool) {
     .await
     .unwrap();
     sqlx::query(
-        "UPDATE routine_fires SET status = 'failed', error = 'refused', completed_at = now()
+        "UPDATE cm.routine_fires SET status = 'failed', error = 'refused', completed_at = now()
          WHERE scheduled_at = $1",
     )
     .bind(not_launched.scheduled_at)
@@ -173,7 +173,7 @@ async fn overlap_is_decided_one_decider_at_a_time(pool: PgPool) {
     let _ = loser;
     // Once launched and running, replace asks to stop it; allow launches regardless.
     sqlx::query(
-        "UPDATE routine_fires SET status = 'fired', completed_at = now() WHERE scheduled_at = $1",
+        "UPDATE cm.routine_fires SET status = 'fired', completed_at = now() WHERE scheduled_at = $1",
     )
     .bind(winner.scheduled_at)
     .execute(&pool)
@@ -225,11 +225,13 @@ async fn overlap_is_decided_one_decider_at_a_time(pool: PgPool) {
 
 /// The fire that holds the routine's run.
 async fn holder_of(pool: &PgPool, routine_id: Uuid) -> Option<DateTime<Utc>> {
-    sqlx::query_scalar("SELECT scheduled_at FROM routine_fires WHERE routine_id = $1 AND holds_run")
-        .bind(routine_id)
-        .fetch_optional(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(
+        "SELECT scheduled_at FROM cm.routine_fires WHERE routine_id = $1 AND holds_run",
+    )
+    .bind(routine_id)
+    .fetch_optional(pool)
+    .await
+    .unwrap()
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
@@ -260,7 +262,7 @@ async fn an_abandoned_launch_holds_the_run_until_the_watch_finds_it_gone(pool: P
     // Its launches went unconfirmed until the attempts ran out: settled `failed`, while its
     // container may exist.
     sqlx::query(
-        "UPDATE routine_fires SET status = 'failed', error = 'abandoned', completed_at = now()
+        "UPDATE cm.routine_fires SET status = 'failed', error = 'abandoned', completed_at = now()
          WHERE scheduled_at = $1",
     )
     .bind(abandoned.scheduled_at)

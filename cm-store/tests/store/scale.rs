@@ -116,7 +116,7 @@ fn due_walk(after: Option<DueCursor>) -> HotStatement {
 /// hour ago (a fleet of routines on `0 * * * *`), and returns nothing: the test reads them back.
 async fn routines_sharing_one_instant(pool: &PgPool) {
     sqlx::query(
-        "INSERT INTO routines (id, name, schedule, kind, payload, next_run_at)
+        "INSERT INTO cm.routines (id, name, schedule, kind, payload, next_run_at)
          SELECT gen_random_uuid(), 'hourly ' || i, '0 * * * *', 'message', '{}',
                 date_trunc('hour', now()) - interval '1 hour'
          FROM generate_series(1, $1) AS i",
@@ -125,7 +125,10 @@ async fn routines_sharing_one_instant(pool: &PgPool) {
     .execute(pool)
     .await
     .unwrap();
-    sqlx::query("ANALYZE routines").execute(pool).await.unwrap();
+    sqlx::query("ANALYZE cm.routines")
+        .execute(pool)
+        .await
+        .unwrap();
 }
 
 /// One routine, and `rows` ledger rows of it, one a minute back from the current minute, each
@@ -133,14 +136,14 @@ async fn routines_sharing_one_instant(pool: &PgPool) {
 async fn ledger_rows(pool: &PgPool, rows: i64, status: &str, lease_secs: f64) -> Uuid {
     let id = Uuid::new_v4();
     sqlx::query(
-        "INSERT INTO routines (id, name, schedule, kind, payload) VALUES ($1, 'busy ' || $1::text, '* * * * *', 'message', '{}')",
+        "INSERT INTO cm.routines (id, name, schedule, kind, payload) VALUES ($1, 'busy ' || $1::text, '* * * * *', 'message', '{}')",
     )
     .bind(id)
     .execute(pool)
     .await
     .unwrap();
     sqlx::query(
-        "INSERT INTO routine_fires
+        "INSERT INTO cm.routine_fires
              (routine_id, scheduled_at, status, completed_at, error, claimant, claim_token,
               lease_expires_at)
          SELECT $1, date_trunc('minute', now()) - make_interval(mins => i::int), $2::text,
@@ -156,7 +159,7 @@ async fn ledger_rows(pool: &PgPool, rows: i64, status: &str, lease_secs: f64) ->
     .execute(pool)
     .await
     .unwrap();
-    sqlx::query("ANALYZE routine_fires")
+    sqlx::query("ANALYZE cm.routine_fires")
         .execute(pool)
         .await
         .unwrap();
@@ -178,7 +181,7 @@ async fn the_due_query_reads_the_limit_not_the_group_sharing_an_instant(pool: Pg
 async fn the_resumed_due_query_starts_at_its_cursor(pool: PgPool) {
     routines_sharing_one_instant(&pool).await;
     let (at, id): (chrono::DateTime<chrono::Utc>, Uuid) = sqlx::query_as(
-        "SELECT next_run_at, id FROM routines ORDER BY next_run_at, id OFFSET $1 LIMIT 1",
+        "SELECT next_run_at, id FROM cm.routines ORDER BY next_run_at, id OFFSET $1 LIMIT 1",
     )
     .bind(ROWS - 10 * LIMIT)
     .fetch_one(&pool)
@@ -198,7 +201,7 @@ async fn the_reaper_reads_the_expired_claims_not_the_live_ones(pool: PgPool) {
     // claims in claimed_at order would pass every live one first.
     let routine = ledger_rows(&pool, ROWS, "claimed", 60.0).await;
     sqlx::query(
-        "INSERT INTO routine_fires
+        "INSERT INTO cm.routine_fires
              (routine_id, scheduled_at, claimant, claim_token, claimed_at, lease_expires_at)
          SELECT $1, now() + make_interval(days => i), 'crashed', gen_random_uuid(),
                 now() + interval '1 second', now() - interval '1 second'
@@ -246,14 +249,14 @@ async fn every_listing_of_fires_reads_a_page_not_the_ledger(pool: PgPool) {
     // walk the fired ones to find them.
     let routine = ledger_rows(&pool, ROWS, "fired", -3600.0).await;
     sqlx::query(
-        "UPDATE routine_fires SET status = 'failed', error = 'boom'
+        "UPDATE cm.routine_fires SET status = 'failed', error = 'boom'
          WHERE scheduled_at < date_trunc('minute', now()) - make_interval(mins => $1::int)",
     )
     .bind(i32::try_from(ROWS - 3 * LIMIT).unwrap())
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query("ANALYZE routine_fires")
+    sqlx::query("ANALYZE cm.routine_fires")
         .execute(&pool)
         .await
         .unwrap();
@@ -294,9 +297,9 @@ async fn pages_from_a_cursor_cover_the_listing_once_in_order(pool: PgPool) {
     for _ in 0..3 {
         let routine = ledger_rows(&pool, 5, "fired", -3600.0).await;
         sqlx::query(
-            "UPDATE routine_fires SET status = 'failed', error = 'boom'
+            "UPDATE cm.routine_fires SET status = 'failed', error = 'boom'
              WHERE routine_id = $1
-               AND scheduled_at = (SELECT min(scheduled_at) FROM routine_fires WHERE routine_id = $1)",
+               AND scheduled_at = (SELECT min(scheduled_at) FROM cm.routine_fires WHERE routine_id = $1)",
         )
         .bind(routine)
         .execute(&pool)
@@ -356,7 +359,7 @@ async fn the_automatic_pause_reads_the_fires_since_the_update_not_the_history(po
     const HISTORY: i64 = 1_000_000;
     let routine = Uuid::new_v4();
     sqlx::query(
-        "INSERT INTO routines (id, name, schedule, kind, payload, updated_at)
+        "INSERT INTO cm.routines (id, name, schedule, kind, payload, updated_at)
          VALUES ($1, 'long-lived', '* * * * *', 'message', '{}', now() - interval '1 minute')",
     )
     .bind(routine)
@@ -366,7 +369,7 @@ async fn the_automatic_pause_reads_the_fires_since_the_update_not_the_history(po
     // Row 0 is the failure, claimed now; rows 1 to HISTORY fired a minute apart before the
     // update.
     sqlx::query(
-        "INSERT INTO routine_fires
+        "INSERT INTO cm.routine_fires
              (routine_id, scheduled_at, claimed_at, status, completed_at, error, claimant,
               claim_token, lease_expires_at)
          SELECT $1, t, t, CASE WHEN i = 0 THEN 'failed' ELSE 'fired' END, t,
@@ -381,7 +384,7 @@ async fn the_automatic_pause_reads_the_fires_since_the_update_not_the_history(po
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query("ANALYZE routine_fires")
+    sqlx::query("ANALYZE cm.routine_fires")
         .execute(&pool)
         .await
         .unwrap();

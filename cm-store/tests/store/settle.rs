@@ -175,7 +175,7 @@ async fn a_huge_error_is_bounded_and_accepted(pool: PgPool) {
 
     // The bound matters: the schema refuses the raw text outright.
     let raw = sqlx::query(
-        "UPDATE routine_fires SET status = 'failed', error = $3, completed_at = now()
+        "UPDATE cm.routine_fires SET status = 'failed', error = $3, completed_at = now()
          WHERE routine_id = $1 AND scheduled_at = $2",
     )
     .bind(fire.occurrence.routine_id)
@@ -204,12 +204,13 @@ async fn a_huge_error_is_bounded_and_accepted(pool: PgPool) {
     assert!(kept.len() > MAX_ERROR_BYTES - 8, "{} bytes", kept.len());
     assert!(kept.ends_with('…'));
     assert!(huge.starts_with(kept.trim_end_matches('…')));
-    let octets: i32 =
-        sqlx::query_scalar("SELECT octet_length(error) FROM routine_fires WHERE routine_id = $1")
-            .bind(fire.occurrence.routine_id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let octets: i32 = sqlx::query_scalar(
+        "SELECT octet_length(error) FROM cm.routine_fires WHERE routine_id = $1",
+    )
+    .bind(fire.occurrence.routine_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(usize::try_from(octets).unwrap(), kept.len());
 }
 
@@ -298,7 +299,7 @@ async fn pruning_deletes_only_settled_rows_past_the_retention(pool: PgPool) {
     ];
     for (scheduled, status, completed) in rows {
         sqlx::query(
-            "INSERT INTO routine_fires (routine_id, scheduled_at, status, completed_at, error,
+            "INSERT INTO cm.routine_fires (routine_id, scheduled_at, status, completed_at, error,
                                         claimant, claim_token, lease_expires_at)
              VALUES ($1, $2, $3, $4, CASE WHEN $3 = 'failed' THEN 'boom' END, 'x', gen_random_uuid(), $2)",
         )

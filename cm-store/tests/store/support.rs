@@ -100,7 +100,7 @@ pub fn minutes(from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<DateTime<Utc>> {
 
 /// Sets a routine's `next_run_at`, as if the scheduler had been down since `at`.
 pub async fn set_next_run(pool: &PgPool, id: Uuid, at: DateTime<Utc>) {
-    let updated = sqlx::query("UPDATE routines SET next_run_at = $2 WHERE id = $1")
+    let updated = sqlx::query("UPDATE cm.routines SET next_run_at = $2 WHERE id = $1")
         .bind(id)
         .bind(at)
         .execute(pool)
@@ -221,7 +221,7 @@ impl Seed {
 /// failed one the error `seeded failure`, as the schema's checks require.
 pub async fn seed_fire(pool: &PgPool, occurrence: Occurrence, seed: &Seed) {
     sqlx::query(
-        "INSERT INTO routine_fires
+        "INSERT INTO cm.routine_fires
              (routine_id, scheduled_at, status, completed_at, error, claimant, claim_token,
               attempt, claimed_at, lease_expires_at)
          VALUES ($1, $2, $3::text,
@@ -247,7 +247,7 @@ pub async fn seed_fire(pool: &PgPool, occurrence: Occurrence, seed: &Seed) {
 /// crashed a lease ago.
 pub async fn expire_lease(pool: &PgPool, occurrence: Occurrence) {
     let updated = sqlx::query(
-        "UPDATE routine_fires SET lease_expires_at = now() - interval '1 second'
+        "UPDATE cm.routine_fires SET lease_expires_at = now() - interval '1 second'
          WHERE routine_id = $1 AND scheduled_at = $2",
     )
     .bind(occurrence.routine_id)
@@ -321,7 +321,7 @@ pub async fn fire_of(store: &PgStore, occurrence: Occurrence) -> Fire {
 pub async fn token_of(pool: &PgPool, occurrence: Occurrence) -> ClaimToken {
     ClaimToken(
         sqlx::query_scalar(
-            "SELECT claim_token FROM routine_fires WHERE routine_id = $1 AND scheduled_at = $2",
+            "SELECT claim_token FROM cm.routine_fires WHERE routine_id = $1 AND scheduled_at = $2",
         )
         .bind(occurrence.routine_id)
         .bind(occurrence.scheduled_at)
@@ -333,7 +333,7 @@ pub async fn token_of(pool: &PgPool, occurrence: Occurrence) -> ClaimToken {
 
 /// How many ledger rows the database holds, over all routines.
 pub async fn fire_count(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM routine_fires")
+    sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires")
         .fetch_one(pool)
         .await
         .unwrap()
@@ -350,7 +350,7 @@ pub async fn due_and_held(
     let occurrence = Occurrence::new(routine.id, due);
     seed_fire(pool, occurrence, &Seed::claimed(300.0)).await;
     let mut held = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM routine_fires WHERE routine_id = $1 FOR UPDATE")
+    sqlx::query("SELECT 1 FROM cm.routine_fires WHERE routine_id = $1 FOR UPDATE")
         .bind(routine.id)
         .execute(&mut *held)
         .await

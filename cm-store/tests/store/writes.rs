@@ -24,7 +24,7 @@ async fn users(pool: &PgPool) -> i64 {
 }
 
 async fn routine_count(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM routines")
+    sqlx::query_scalar("SELECT count(*) FROM cm.routines")
         .fetch_one(pool)
         .await
         .unwrap()

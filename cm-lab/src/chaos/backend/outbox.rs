@@ -72,22 +72,22 @@ impl OutboxCheck {
 pub(in crate::chaos) async fn check(pool: &PgPool) -> anyhow::Result<OutboxCheck> {
     let row: (i64, i64, i64, i64, i64, i64, i64, i64) = sqlx::query_as(
         "SELECT
-           (SELECT count(*) FROM outbox_messages),
-           (SELECT count(*) FROM routine_fires WHERE status = 'fired'),
-           (SELECT count(*) FROM routine_fires f
+           (SELECT count(*) FROM cm.outbox_messages),
+           (SELECT count(*) FROM cm.routine_fires WHERE status = 'fired'),
+           (SELECT count(*) FROM cm.routine_fires f
             WHERE f.status = 'fired' AND NOT EXISTS (
-              SELECT 1 FROM outbox_messages o
+              SELECT 1 FROM cm.outbox_messages o
               WHERE o.routine_id = f.routine_id AND o.scheduled_at = f.scheduled_at)),
-           (SELECT count(*) FROM outbox_messages o
+           (SELECT count(*) FROM cm.outbox_messages o
             WHERE NOT EXISTS (
-              SELECT 1 FROM routine_fires f
+              SELECT 1 FROM cm.routine_fires f
               WHERE f.routine_id = o.routine_id AND f.scheduled_at = o.scheduled_at)),
-           (SELECT count(*) FROM outbox_messages o
-            JOIN routine_fires f USING (routine_id, scheduled_at) WHERE f.status = 'failed'),
-           (SELECT count(*) FROM outbox_messages o
-            JOIN routine_fires f USING (routine_id, scheduled_at) WHERE o.attempt > f.attempt),
-           (SELECT count(*) - count(DISTINCT (routine_id, scheduled_at)) FROM outbox_messages),
-           (SELECT count(*) FROM outbox_messages WHERE attempt > 1)",
+           (SELECT count(*) FROM cm.outbox_messages o
+            JOIN cm.routine_fires f USING (routine_id, scheduled_at) WHERE f.status = 'failed'),
+           (SELECT count(*) FROM cm.outbox_messages o
+            JOIN cm.routine_fires f USING (routine_id, scheduled_at) WHERE o.attempt > f.attempt),
+           (SELECT count(*) - count(DISTINCT (routine_id, scheduled_at)) FROM cm.outbox_messages),
+           (SELECT count(*) FROM cm.outbox_messages WHERE attempt > 1)",
     )
     .fetch_one(pool)
     .await?;
@@ -105,9 +105,11 @@ pub(in crate::chaos) async fn check(pool: &PgPool) -> anyhow::Result<OutboxCheck
 
 /// Outbox rows, which a run with another backend must not have.
 pub(in crate::chaos) async fn stray_rows(pool: &PgPool) -> anyhow::Result<i64> {
-    Ok(sqlx::query_scalar("SELECT count(*) FROM outbox_messages")
-        .fetch_one(pool)
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM cm.outbox_messages")
+            .fetch_one(pool)
+            .await?,
+    )
 }
 
 #[cfg(test)]
@@ -122,9 +124,9 @@ mod tests {
         let (_, first) = five_fires(&pool).await;
         let at = |s: i64| first + chrono::TimeDelta::seconds(s);
         sqlx::query(
-            "INSERT INTO outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload)
+            "INSERT INTO cm.outbox_messages (routine_id, scheduled_at, idempotency_key, attempt, payload)
              SELECT routine_id, scheduled_at, routine_id::text || scheduled_at::text, attempt, '{}'
-             FROM routine_fires",
+             FROM cm.routine_fires",
         )
         .execute(&pool)
         .await
@@ -136,17 +138,17 @@ mod tests {
 
         // Second 2 loses its message; second 3 keeps its message but loses its fire; second
         // 0's message claims to come from an attempt the ledger never reached.
-        sqlx::query("DELETE FROM outbox_messages WHERE scheduled_at = $1")
+        sqlx::query("DELETE FROM cm.outbox_messages WHERE scheduled_at = $1")
             .bind(at(2))
             .execute(&pool)
             .await
             .unwrap();
-        sqlx::query("DELETE FROM routine_fires WHERE scheduled_at = $1")
+        sqlx::query("DELETE FROM cm.routine_fires WHERE scheduled_at = $1")
             .bind(at(3))
             .execute(&pool)
             .await
             .unwrap();
-        sqlx::query("UPDATE outbox_messages SET attempt = 2 WHERE scheduled_at = $1")
+        sqlx::query("UPDATE cm.outbox_messages SET attempt = 2 WHERE scheduled_at = $1")
             .bind(at(0))
             .execute(&pool)
             .await

@@ -248,7 +248,7 @@ impl Fault for AutoFailover {
         let first_fire = loop {
             let first: Option<DateTime<Utc>> = chaos.rt.block_on(
                 sqlx::query_scalar(
-                    "SELECT min(claimed_at) FROM routine_fires WHERE claimed_at > $1",
+                    "SELECT min(claimed_at) FROM cm.routine_fires WHERE claimed_at > $1",
                 )
                 .bind(promoted_db)
                 .fetch_one(&chaos.pool),

@@ -63,7 +63,7 @@ impl ShardMoves {
             sqlx::query_scalar(
                 "SELECT s.shardid FROM pg_dist_shard s
                  JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n USING (groupid)
-                 WHERE s.logicalrelid = 'routines'::regclass AND n.nodeport = $1
+                 WHERE s.logicalrelid = 'cm.routines'::regclass AND n.nodeport = $1
                  ORDER BY s.shardid LIMIT $2",
             )
             .bind(i32::from(self.from.port))
@@ -74,8 +74,8 @@ impl ShardMoves {
             .rt
             .block_on(
                 sqlx::query_scalar(
-                    "SELECT g::smallint FROM cm_settings, generate_series(0, group_count - 1) AS g
-                 WHERE get_shard_id_for_distribution_column('routines', g::smallint) = ANY($1)",
+                    "SELECT g::smallint FROM cm.cm_settings, generate_series(0, group_count - 1) AS g
+                 WHERE get_shard_id_for_distribution_column('cm.routines', g::smallint) = ANY($1)",
                 )
                 .bind(&shards)
                 .fetch_all(&chaos.pool),
@@ -109,7 +109,7 @@ impl ShardMoves {
         let rows: Vec<(i16, f64)> = chaos.rt.block_on(
             sqlx::query_as(
                 "SELECT group_id, extract(epoch FROM claimed_at - scheduled_at)::float8
-                 FROM routine_fires WHERE scheduled_at BETWEEN $1 AND $2",
+                 FROM cm.routine_fires WHERE scheduled_at BETWEEN $1 AND $2",
             )
             .bind(from_at)
             .bind(to_at)

@@ -73,7 +73,7 @@ impl Pin {
         let pool = &chaos.pool;
         let sample = chaos.rt.block_on(async {
             let fires: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM routine_fires WHERE completed_at > now() - interval '5 s'",
+                "SELECT count(*) FROM cm.routine_fires WHERE completed_at > now() - interval '5 s'",
             )
             .fetch_one(pool)
             .await?;
@@ -158,7 +158,7 @@ impl Fault for Pin {
                 let mut holder = chaos.rt.block_on(options.connect())?;
                 chaos.rt.block_on(async {
                     sqlx::raw_sql(
-                        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM routines",
+                        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM cm.routines",
                     )
                     .execute(&mut holder)
                     .await

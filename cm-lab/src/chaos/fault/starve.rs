@@ -133,7 +133,7 @@ impl Fault for Starve {
                 let during = chrono::TimeDelta::from_std(self.length)?;
                 self.fired_during = chaos.rt.block_on(
                     sqlx::query_scalar(
-                        "SELECT count(*) FROM routine_fires
+                        "SELECT count(*) FROM cm.routine_fires
                          WHERE completed_at > $1 - $2::interval AND completed_at <= $1",
                     )
                     .bind(released)

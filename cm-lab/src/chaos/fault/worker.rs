@@ -83,10 +83,10 @@ pub(in crate::chaos) async fn groups_on(
     port: u16,
 ) -> anyhow::Result<BTreeSet<i16>> {
     let groups: Vec<i16> = sqlx::query_scalar(
-        "SELECT g::smallint FROM cm_settings, generate_series(0, group_count - 1) AS g
+        "SELECT g::smallint FROM cm.cm_settings, generate_series(0, group_count - 1) AS g
          WHERE EXISTS (
              SELECT 1 FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
-             WHERE p.shardid = get_shard_id_for_distribution_column('routines', g::smallint)
+             WHERE p.shardid = get_shard_id_for_distribution_column('cm.routines', g::smallint)
                AND n.nodeport = $1)",
     )
     .bind(i32::from(port))
@@ -166,7 +166,7 @@ impl Fault for WorkerOutage {
                 let back = Instant::now();
                 let rows: Vec<(i16, DateTime<Utc>)> = chaos.rt.block_on(
                     sqlx::query_as(
-                        "SELECT group_id, completed_at FROM routine_fires
+                        "SELECT group_id, completed_at FROM cm.routine_fires
                          WHERE completed_at BETWEEN $1 AND $2 ORDER BY completed_at",
                     )
                     .bind(from)
@@ -176,7 +176,7 @@ impl Fault for WorkerOutage {
                 let with_routines: BTreeSet<i16> = chaos
                     .rt
                     .block_on(
-                        sqlx::query_scalar("SELECT DISTINCT group_id FROM routines")
+                        sqlx::query_scalar("SELECT DISTINCT group_id FROM cm.routines")
                             .fetch_all(&chaos.pool),
                     )?
                     .into_iter()
@@ -199,7 +199,7 @@ impl Fault for WorkerOutage {
                 while back.elapsed() < Duration::from_secs(30) && !mine.is_empty() {
                     let first: Option<DateTime<Utc>> = chaos.rt.block_on(
                         sqlx::query_scalar(
-                            "SELECT min(completed_at) FROM routine_fires
+                            "SELECT min(completed_at) FROM cm.routine_fires
                              WHERE completed_at > $1 AND group_id = ANY($2)",
                         )
                         .bind(to)

@@ -17,7 +17,7 @@ macro_rules! take_requests_sql {
     (limit: $limit:literal, missions: $missions:literal, walk: $walk:literal, taken: $taken:literal) => {
         concat!(
             "
-DELETE FROM routine_requests d
+DELETE FROM cm.routine_requests d
 USING (
     SELECT routine_id, scheduled_at, group_id, kind
     FROM (",
@@ -49,8 +49,8 @@ macro_rules! take_requests_walk {
             "
         SELECT * FROM (
             SELECT q.routine_id, q.scheduled_at, q.group_id, r.kind
-            FROM routine_requests q
-            JOIN routines r ON r.id = q.routine_id AND r.group_id = q.group_id
+            FROM cm.routine_requests q
+            JOIN cm.routines r ON r.id = q.routine_id AND r.group_id = q.group_id
             WHERE q.scheduled_at <= now() AND ",
             $kind,
             $walk,
@@ -106,14 +106,14 @@ WITH requested AS (",
 ),
 due AS (
     SELECT id, schedule, timezone, misfire_policy, kind, next_run_at, runs_left, overlap
-    FROM routines
+    FROM cm.routines
     WHERE next_run_at <= now()",
             $walk,
             $group,
             "
       AND ($3::bigint IS NULL OR $3::bigint > 0 OR kind <> 'mission')
       AND (overlap NOT IN ('buffer-one', 'buffer-all') OR NOT EXISTS (
-              SELECT 1 FROM routine_fires b
+              SELECT 1 FROM cm.routine_fires b
               WHERE b.routine_id = routines.id AND b.group_id = routines.group_id",
             $busy,
             "
@@ -192,7 +192,7 @@ macro_rules! advance_cte {
         concat!(
             "
 advanced AS (
-    UPDATE routines AS r
+    UPDATE cm.routines AS r
     SET next_run_at = CASE WHEN t.moves THEN t.next_run_at ELSE r.next_run_at END,
         last_run_at = CASE WHEN t.ran THEN ",
             $now,
@@ -287,7 +287,7 @@ macro_rules! claim_sql {
         concat!(
             "
 WITH claimed AS (
-    INSERT INTO routine_fires AS f
+    INSERT INTO cm.routine_fires AS f
         (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
          origin, group_id, planned_at)
     SELECT t.routine_id, t.scheduled_at, $3, $4, 1, $11::timestamptz,
@@ -312,7 +312,7 @@ WITH claimed AS (
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
        c.lease_expires_at, r.name, r.kind, c.origin, r.payload, NULL::text AS receipt,
        NULL::bigint AS written, c.error, c.first_claimed_at, c.planned_at
-FROM claimed c JOIN routines r ON r.id = c.routine_id AND r.group_id = c.group_id",
+FROM claimed c JOIN cm.routines r ON r.id = c.routine_id AND r.group_id = c.group_id",
             $group
         )
     };
@@ -340,7 +340,7 @@ macro_rules! claim_with_outbox_sql {
 WITH input AS MATERIALIZED (
     SELECT o.*,
            CASE WHEN (o.kind = 'message' AND $7) OR (o.kind = 'mission' AND $8)
-                THEN nextval('outbox_messages_seq_seq') END AS outbox_seq
+                THEN nextval('cm.outbox_messages_seq_seq') END AS outbox_seq
     FROM (
         SELECT t.routine_id, t.scheduled_at, t.origin, t.idempotency_key, t.group_id,
                t.planned_at, r.name, r.kind, r.payload
@@ -349,14 +349,14 @@ WITH input AS MATERIALIZED (
             "::timestamptz[])
              WITH ORDINALITY
              AS t(routine_id, scheduled_at, origin, idempotency_key, group_id, planned_at, n)
-        JOIN routines r ON r.id = t.routine_id AND r.group_id = t.group_id",
+        JOIN cm.routines r ON r.id = t.routine_id AND r.group_id = t.group_id",
             $group,
             "
         ORDER BY t.n
     ) o
 ),
 claimed AS (
-    INSERT INTO routine_fires AS f
+    INSERT INTO cm.routine_fires AS f
         (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
          status, completed_at, receipt, origin, group_id, planned_at)
     SELECT i.routine_id, i.scheduled_at, $3, $4, 1, $14::timestamptz,
@@ -370,7 +370,7 @@ claimed AS (
             "
 ),
 outbox AS (
-    INSERT INTO outbox_messages
+    INSERT INTO cm.outbox_messages
         (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
     OVERRIDING SYSTEM VALUE
     SELECT i.outbox_seq, c.routine_id, c.scheduled_at, i.idempotency_key, 1, i.payload,
@@ -439,7 +439,7 @@ pub(crate) const CLAIM_GROUP_WITH_OUTBOX_SQL: &str = claim_with_outbox_sql!(
 /// routines are settled in the claim, `$11` the group, `$12` each occurrence's planned instant.
 pub(crate) const SHARD_CLAIM_SQL: &str = concat!(
     "
-INSERT INTO routine_fires AS f
+INSERT INTO cm.routine_fires AS f
     (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at, lease_expires_at,
      status, completed_at, receipt, origin, group_id, planned_at)
 SELECT t.routine_id, t.scheduled_at, $3, $4, 1, $7::timestamptz,
@@ -451,7 +451,7 @@ SELECT t.routine_id, t.scheduled_at, $3, $4, 1, $7::timestamptz,
 FROM (
     SELECT u.routine_id, u.scheduled_at, u.origin, u.seq, r.group_id, u.planned_at,
            (r.kind = 'message' AND $9) OR (r.kind = 'mission' AND $10) AS in_claim
-    FROM routines r
+    FROM cm.routines r
     JOIN UNNEST($1::uuid[], $2::timestamptz[], $6::text[], $8::bigint[], $12::timestamptz[])
          AS u(routine_id, scheduled_at, origin, seq, planned_at)
       ON r.id = u.routine_id
@@ -464,11 +464,11 @@ FROM (
 /// occurrences, `$3` their numbers, `$4` their idempotency keys, `$5` the group. Returns the
 /// numbers written (a message already there is not written again).
 pub(crate) const SHARD_OUTBOX_SQL: &str = "
-INSERT INTO outbox_messages
+INSERT INTO cm.outbox_messages
     (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
 OVERRIDING SYSTEM VALUE
 SELECT t.seq, t.routine_id, t.scheduled_at, t.idempotency_key, 1, r.payload, r.group_id
-FROM routines r
+FROM cm.routines r
 JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::bigint[], $4::text[])
      AS t(routine_id, scheduled_at, seq, idempotency_key)
   ON r.id = t.routine_id
@@ -478,13 +478,13 @@ RETURNING seq";
 
 /// The names, kinds and payloads of the routines `$1` of the group `$2`.
 pub(crate) const SHARD_ROUTINES_SQL: &str =
-    "SELECT id, name, kind, payload FROM routines WHERE group_id = $2 AND id = ANY($1)";
+    "SELECT id, name, kind, payload FROM cm.routines WHERE group_id = $2 AND id = ANY($1)";
 
 /// Records the occurrences a `buffer-one` routine's run kept waiting that are not launched:
 /// `$1`/`$2` the occurrences, `$3` each one's error naming the one launched instead, `$4` the
 /// claim's token, `$5` its clock, `$6` each one's group. An occurrence already in the ledger
 /// keeps its row.
-pub(crate) const BUFFER_SKIPS_SQL: &str = "INSERT INTO routine_fires
+pub(crate) const BUFFER_SKIPS_SQL: &str = "INSERT INTO cm.routine_fires
              (routine_id, scheduled_at, claimant, claim_token, attempt, claimed_at,
               lease_expires_at, status, completed_at, error, origin, group_id)
          SELECT t.routine_id, t.scheduled_at, 'buffer-one', $4, 1, $5, $5, 'skipped', $5, t.error,
@@ -495,24 +495,24 @@ pub(crate) const BUFFER_SKIPS_SQL: &str = "INSERT INTO routine_fires
 
 /// Pauses the due routines `$1` a claim could not read, as of its clock `$2`, each with its
 /// reason (`$3`, kept in `paused_reason`), so they stop coming due.
-pub(crate) const PAUSE_UNUSABLE_SQL: &str = "UPDATE routines AS r
+pub(crate) const PAUSE_UNUSABLE_SQL: &str = "UPDATE cm.routines AS r
      SET paused = true, next_run_at = NULL, updated_at = $2, paused_reason = u.reason
      FROM UNNEST($1::uuid[], $3::text[]) AS u(id, reason)
      WHERE r.id = u.id";
 
 /// [`PAUSE_UNUSABLE_SQL`] within the group `$4`.
-pub(crate) const PAUSE_GROUP_UNUSABLE_SQL: &str = "UPDATE routines AS r
+pub(crate) const PAUSE_GROUP_UNUSABLE_SQL: &str = "UPDATE cm.routines AS r
      SET paused = true, next_run_at = NULL, updated_at = $2, paused_reason = u.reason
      FROM UNNEST($1::uuid[], $3::text[]) AS u(id, reason)
      WHERE r.id = u.id AND r.group_id = $4";
 
 /// Which of the outbox numbers `$1` have a message.
-pub(crate) const WRITTEN_SEQS_SQL: &str = "SELECT seq FROM outbox_messages WHERE seq = ANY($1)";
+pub(crate) const WRITTEN_SEQS_SQL: &str = "SELECT seq FROM cm.outbox_messages WHERE seq = ANY($1)";
 
 /// `$1` outbox numbers, drawn in order, for a claim on Citus that writes its messages in a
 /// statement of their own.
 pub(crate) const DRAW_SEQS_SQL: &str =
-    "SELECT nextval('outbox_messages_seq_seq') FROM generate_series(1, $1) ORDER BY 1";
+    "SELECT nextval('cm.outbox_messages_seq_seq') FROM generate_series(1, $1) ORDER BY 1";
 
 /// Whether the Citus extension is installed.
 pub(crate) const CITUS_EXTENSION_SQL: &str =
@@ -520,4 +520,4 @@ pub(crate) const CITUS_EXTENSION_SQL: &str =
 
 /// Whether `routines` is a distributed table (the Citus extension installed).
 pub(crate) const CITUS_DISTRIBUTED_SQL: &str = "SELECT EXISTS (SELECT 1 FROM pg_dist_partition
-                                        WHERE logicalrelid = 'routines'::regclass)";
+                                        WHERE logicalrelid = 'cm.routines'::regclass)";

@@ -16,7 +16,7 @@ macro_rules! list_fires_sql {
 SELECT routine_id, scheduled_at, status, origin, claimant, attempt, claimed_at,
        lease_expires_at, completed_at, error, receipt, run_state, run_exit_code, run_reason,
        run_started_at, run_finished_at
-FROM routine_fires
+FROM cm.routine_fires
 WHERE ($1::uuid IS NULL OR routine_id = $1)
   AND (",
             $outcome,
@@ -52,7 +52,7 @@ pub(crate) fn list_fires_statement(outcome: Option<FireOutcome>) -> &'static str
 macro_rules! settle_fires_sql {
     (group: $tail:literal) => {
         concat!(
-            "UPDATE routine_fires AS f
+            "UPDATE cm.routine_fires AS f
              SET status = t.status, error = t.error, receipt = t.receipt, completed_at = now()
              FROM UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
                          $6::text[], $7::text[])
@@ -75,20 +75,20 @@ pub(crate) const SETTLE_GROUP_FIRES_SQL: &str = settle_fires_sql!(group: " AND f
 /// Which of the occurrences `$1`/`$2` (routines and instants) a batch settle did not settle are
 /// still in the ledger: taken over by another claimant rather than gone with their routine.
 pub(crate) const PRESENT_FIRES_SQL: &str = "SELECT f.routine_id, f.scheduled_at
-                 FROM routine_fires f
+                 FROM cm.routine_fires f
                  JOIN UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)
                    ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at";
 
 /// [`PRESENT_FIRES_SQL`] within the group `$3`.
 pub(crate) const PRESENT_GROUP_FIRES_SQL: &str = "SELECT f.routine_id, f.scheduled_at
-                 FROM routine_fires f
+                 FROM cm.routine_fires f
                  JOIN UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)
                    ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
                  WHERE f.group_id = $3";
 
 /// Records on a claim still held (`$1`/`$2` the occurrence, `$3`/`$4` the claim's token and
 /// attempt) the error `$5` its attempt met.
-pub(crate) const NOTE_UNSETTLED_SQL: &str = "UPDATE routine_fires SET error = $5
+pub(crate) const NOTE_UNSETTLED_SQL: &str = "UPDATE cm.routine_fires SET error = $5
              WHERE routine_id = $1 AND scheduled_at = $2
                AND claim_token = $3 AND attempt = $4 AND status = 'claimed'";
 
@@ -98,9 +98,9 @@ macro_rules! prune_sql {
     (group: $group:literal) => {
         concat!(
             "
-DELETE FROM routine_fires
+DELETE FROM cm.routine_fires
 WHERE (routine_id, scheduled_at) IN (
-    SELECT routine_id, scheduled_at FROM routine_fires
+    SELECT routine_id, scheduled_at FROM cm.routine_fires
     WHERE status <> 'claimed'
       AND completed_at < now() - make_interval(secs => $1)
       AND scheduled_at < now() - make_interval(secs => $1)",
@@ -126,14 +126,14 @@ pub(crate) const PRUNE_GROUP_SQL: &str = prune_sql!(group: " AND group_id = $3")
 /// changed nothing tells a takeover from a deleted routine in the same round trip.
 pub(crate) const SETTLE_SQL: &str = "
 WITH settled AS (
-    UPDATE routine_fires
+    UPDATE cm.routine_fires
     SET status = $5, error = $6, completed_at = now()
     WHERE routine_id = $1 AND scheduled_at = $2
       AND claim_token = $3 AND attempt = $4 AND status = 'claimed'
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM settled) AS settled,
-       EXISTS (SELECT 1 FROM routine_fires WHERE routine_id = $1 AND scheduled_at = $2) AS present";
+       EXISTS (SELECT 1 FROM cm.routine_fires WHERE routine_id = $1 AND scheduled_at = $2) AS present";
 
 /// The reaper's statement; `expired:` and `taken:` keep the rows it finds and the rows it
 /// updates in one group, or are empty.
@@ -143,7 +143,7 @@ macro_rules! reap_sql {
             "
 WITH expired AS (
     SELECT routine_id, scheduled_at, group_id
-    FROM routine_fires
+    FROM cm.routine_fires
     WHERE status = 'claimed' AND lease_expires_at <= now()",
             $expired,
             "
@@ -151,10 +151,10 @@ WITH expired AS (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-UPDATE routine_fires AS f
+UPDATE cm.routine_fires AS f
 SET claimant = $2, claim_token = $3, attempt = f.attempt + 1, claimed_at = now(),
     lease_expires_at = now() + make_interval(secs => $4)
-FROM expired e, routines r
+FROM expired e, cm.routines r
 WHERE f.routine_id = e.routine_id AND f.scheduled_at = e.scheduled_at
   AND f.group_id = e.group_id AND r.id = f.routine_id AND r.group_id = f.group_id",
             $update,

@@ -10,11 +10,12 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use cm_domain::{RoutineName, Schedule};
+use cm_domain::Schedule;
+use cm_domain::definition;
+use cm_domain::name::escape_unseen;
 use uuid::Uuid;
 
 use crate::groups::GroupId;
-use cm_domain::RoutineKind;
 
 use crate::model::{Routine, RoutineRow};
 use crate::{PgStore, StoreError};
@@ -142,24 +143,19 @@ impl UnplannedRoutines for PgStore {
 /// zone, and its payload as its kind needs it. Else the reason, as the pause keeps it.
 fn check(routine: &Routine) -> Result<Schedule, String> {
     let refused = |what: String| format!("refused when planned: {what}");
-    RoutineName::parse(&routine.name).map_err(|e| refused(e.to_string()))?;
+    // The name as `cm_domain::definition` stores it: SQL trims only ASCII whitespace, so a name
+    // with other whitespace around it (a no-break space) would be stored untrimmed, and never
+    // found by the name people type.
+    let name = definition::checked_name(&routine.name).map_err(|e| refused(e.to_string()))?;
+    if name.as_str() != routine.name {
+        return Err(refused(format!(
+            "the name {:?} has whitespace around it",
+            escape_unseen(&routine.name)
+        )));
+    }
     let schedule = Schedule::parse(&routine.schedule, &routine.timezone)
         .map_err(|e| refused(e.to_string()))?;
-    match routine.kind {
-        RoutineKind::Message => {
-            let text = routine.payload.get("text").and_then(|t| t.as_str());
-            match text {
-                Some(text) if !text.is_empty() && text.len() <= cm_domain::MAX_MESSAGE_BYTES => {}
-                _ => {
-                    return Err(refused(
-                        "the message must be a text of 1 to 262144 bytes".into(),
-                    ));
-                }
-            }
-        }
-        RoutineKind::Mission => {
-            cm_domain::Mission::from_value(&routine.payload).map_err(|e| refused(e.to_string()))?;
-        }
-    }
+    definition::check_payload(routine.kind, &routine.payload, None)
+        .map_err(|e| refused(e.to_string()))?;
     Ok(schedule)
 }

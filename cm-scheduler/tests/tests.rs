@@ -124,3 +124,6 @@ mod sql_writes;
 // A webhook carries the `traceparent` that `fires` names; spans reach an OTLP receiver.
 #[path = "scheduler/trace.rs"]
 mod trace;
+// Every path that writes a routine (CLI, imports, page, `tx`, SQL) gives one input one verdict.
+#[path = "scheduler/validation.rs"]
+mod validation;

@@ -3,7 +3,7 @@
 //!
 //! A runtime hands over the end of a run's output ([`kept_output`]); how it reads that end
 //! without reading the whole output is its own (a seek in a log file, a tail of lines from the
-//! engine or the API server, [`TAIL_LINES`] under [`FETCH_LIMIT`]).
+//! engine or the API server, `TAIL_LINES` under `FETCH_LIMIT`).
 
 use std::sync::LazyLock;
 
@@ -20,11 +20,13 @@ const MIN_KNOWN_BYTES: usize = 4;
 
 /// The most bytes a runtime reads of a run's output for one try: a tail of lines whose answer
 /// reaches it was cut by the limit (the API server cuts a log at `limitBytes` from its start),
-/// and is asked again with fewer lines.
+/// and is asked again with fewer lines. Only the container backends read a tail.
+#[cfg(any(feature = "docker", feature = "kubernetes"))]
 pub(crate) const FETCH_LIMIT: usize = 4 * MAX_RUN_OUTPUT;
 
 /// The tails of lines a runtime asks for, in turn, until one comes back under [`FETCH_LIMIT`]:
 /// the first holds a typical run's last 16 KiB whole, the later ones runs of ever longer lines.
+#[cfg(any(feature = "docker", feature = "kubernetes"))]
 pub(crate) const TAIL_LINES: [usize; 5] = [500, 100, 20, 4, 1];
 
 /// The output kept of a run whose output ends with `end`: `starts_at_line` says whether `end`

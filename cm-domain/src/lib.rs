@@ -22,6 +22,8 @@
 //! - [`occurrence`]: one scheduled instant of a routine and its [`IdempotencyKey`].
 //! - [`backfill`]: the occurrences of a past window, asked for by hand.
 //! - [`name`]: routine names ([`RoutineName`]): unique handles people type, safe to print.
+//! - [`definition`]: the checks every path that writes a routine makes: its name, its payload
+//!   for its kind, its overlap policy and its run limit ([`DefinitionError`]).
 //! - [`mission`]: the mission file of a mission routine, validated field by field ([`Mission`]),
 //!   and what the operator allows a routine to ask for ([`MissionPolicy`]).
 //! - [`repository`]: a mission's repository split once whatever its form, its host read as a
@@ -59,6 +61,7 @@ pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 pub mod backfill;
 pub mod claim;
 pub mod config;
+pub mod definition;
 pub mod jitter;
 pub mod misfire;
 pub mod mission;
@@ -79,6 +82,7 @@ pub use claim::{
     SettleError, Settlement,
 };
 pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
+pub use definition::DefinitionError;
 pub use misfire::{
     DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due, plan_routine_due,
 };

@@ -88,21 +88,11 @@ pub fn misfire(text: &str) -> Result<MisfirePolicy, String> {
 }
 
 /// A message routine's action: a text, not empty, of at most
-/// [`cm_domain::MAX_MESSAGE_BYTES`].
+/// [`cm_domain::MAX_MESSAGE_BYTES`] ([`cm_domain::definition::message_payload`]).
 pub fn message(text: &str) -> Result<RoutineAction, String> {
-    if text.is_empty() {
-        return Err("the message must not be empty".into());
-    }
-    if text.len() > cm_domain::MAX_MESSAGE_BYTES {
-        return Err(format!(
-            "the message is {} bytes; at most {} are allowed",
-            text.len(),
-            cm_domain::MAX_MESSAGE_BYTES
-        ));
-    }
     Ok(RoutineAction {
         kind: RoutineKind::Message,
-        payload: serde_json::json!({ "text": text }),
+        payload: cm_domain::definition::message_payload(text).map_err(|e| e.to_string())?,
     })
 }
 

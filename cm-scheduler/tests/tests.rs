@@ -132,3 +132,7 @@ mod trace;
 // whole scheduler in a schema set with --schema.
 #[path = "scheduler/schema.rs"]
 mod schema;
+
+// Every path that writes a routine (CLI, imports, page, `tx`, SQL) gives one input one verdict.
+#[path = "scheduler/validation.rs"]
+mod validation;

@@ -18,16 +18,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = PgStore::connect(&url).await?;
     store.migrate().await?;
     let routine = store
-        .create_routine(NewRoutine {
-            name: "weekday standup reminder".into(),
-            schedule,
-            kind: RoutineKind::Message,
-            payload: serde_json::json!({ "text": "standup in 5 minutes" }),
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
-            paused: false,
-            runs_left: None,
-        })
+        .create_routine(
+            NewRoutine::builder(
+                "weekday standup reminder",
+                schedule,
+                RoutineKind::Message,
+                serde_json::json!({ "text": "standup in 5 minutes" }),
+            )
+            .build()?,
+        )
         .await?;
     println!("{} first runs at {:?}", routine.id, routine.next_run_at);
     Ok(())

@@ -178,16 +178,16 @@ mod tests {
         }
         let store = PgStore::new(pool.clone());
         let routine = store
-            .create_routine(NewRoutine {
-                name: "digest for ada".into(),
-                schedule: Schedule::parse("0 9 * * *", "Europe/Berlin").unwrap(),
-                kind: RoutineKind::Message,
-                payload: json!({ "text": "Good morning" }),
-                misfire: MisfirePolicy::FireOnce,
-                overlap: cm_domain::OverlapPolicy::default(),
-                paused: false,
-                runs_left: None,
-            })
+            .create_routine(
+                NewRoutine::builder(
+                    "digest for ada",
+                    Schedule::parse("0 9 * * *", "Europe/Berlin").unwrap(),
+                    RoutineKind::Message,
+                    json!({ "text": "Good morning" }),
+                )
+                .build()
+                .unwrap(),
+            )
             .await
             .unwrap();
         for day in 1..=3 {

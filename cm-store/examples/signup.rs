@@ -19,7 +19,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use cm_domain::{MisfirePolicy, Schedule};
-use cm_store::{NewRoutine, PgStore, RoutineKind, StoreError};
+use cm_store::{NewRoutine, PgStore, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -67,15 +67,17 @@ async fn sign_up(State(pool): State<PgPool>, body: Bytes) -> Response {
         Ok(schedule) => schedule,
         Err(e) => return refuse(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let digest = NewRoutine {
-        name: format!("digest for {}", body.email),
+    // Checked whole here, as `routine create` checks it: a refusal is the domain's one line.
+    let digest = match NewRoutine::message(
+        format!("digest for {}", body.email),
         schedule,
-        kind: RoutineKind::Message,
-        payload: json!({ "text": format!("Good morning, {}: here is your digest.", body.email) }),
-        misfire: MisfirePolicy::FireOnce,
-        overlap: cm_domain::OverlapPolicy::default(),
-        paused: false,
-        runs_left: None,
+        &format!("Good morning, {}: here is your digest.", body.email),
+    )
+    .misfire(MisfirePolicy::FireOnce)
+    .build()
+    {
+        Ok(digest) => digest,
+        Err(e) => return refuse(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let written = async {
         let mut tx = pool.begin().await?;

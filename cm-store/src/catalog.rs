@@ -4,7 +4,8 @@
 //! delegate here.
 
 use chrono::{DateTime, Utc};
-use cm_domain::{OverlapPolicy, RoutineKind, Schedule};
+use cm_domain::definition::{self, DefinitionError};
+use cm_domain::{RoutineKind, Schedule};
 use sqlx::{Connection as _, PgConnection};
 use uuid::Uuid;
 
@@ -150,15 +151,8 @@ pub(crate) async fn insert_routine(
             routine.schedule.expression()
         )));
     }
-    if routine.kind != RoutineKind::Mission && routine.overlap != OverlapPolicy::default() {
-        return Err(StoreError::InvalidRoutine(NO_OVERLAP_FOR_MESSAGES.into()));
-    }
+    // The rest was checked when the routine was built (`NewRoutineBuilder::build`).
     let runs_left = runs_left_column(routine.runs_left)?;
-    if runs_left == Some(0) {
-        return Err(StoreError::InvalidRoutine(
-            "a run limit of 0 would never fire (give at least 1)".into(),
-        ));
-    }
     let id = Uuid::now_v7();
     // The clock is the next occurrence's planned instant (later than it by its jitter, if any).
     let next_run_at = if routine.paused {
@@ -196,10 +190,6 @@ pub(crate) async fn insert_routine(
     .map_err(|e| name_conflict(e, &routine.name))?
     .try_into()
 }
-
-/// Why a message routine cannot have an overlap policy.
-const NO_OVERLAP_FOR_MESSAGES: &str =
-    "an overlap policy is for mission routines (a message routine has no run to overlap)";
 
 /// A run limit as the `runs_left` column holds it.
 fn runs_left_column(limit: Option<u32>) -> Result<Option<i32>, StoreError> {
@@ -249,14 +239,29 @@ async fn apply_update(
     } else {
         current.next_run_at
     };
-    let name = update.name.as_deref().unwrap_or(&current.name);
+    // A new name, payload or run limit is checked as a new routine's is
+    // (`cm_domain::definition`), so an update writes nothing a create would refuse.
+    let checked_name = update
+        .name
+        .as_deref()
+        .map(definition::checked_name)
+        .transpose()?;
+    let name = checked_name
+        .as_ref()
+        .map_or(current.name.as_str(), |n| n.as_str());
     let (kind, payload) = match &update.action {
-        Some(action) => (action.kind, &action.payload),
+        Some(action) => {
+            definition::check_payload(action.kind, &action.payload, None)?;
+            (action.kind, &action.payload)
+        }
         None => (current.kind, &current.payload),
     };
+    if let Some(limit) = update.runs_left {
+        definition::check_run_limit(limit)?;
+    }
     let misfire = update.misfire.unwrap_or(current.misfire_policy);
     if update.overlap.is_some() && kind != RoutineKind::Mission {
-        return Err(StoreError::InvalidRoutine(NO_OVERLAP_FOR_MESSAGES.into()));
+        return Err(DefinitionError::OverlapOfMessage.into());
     }
     let overlap = update.overlap.unwrap_or(current.overlap);
     if name != current.name {

@@ -91,6 +91,14 @@ pub enum StoreError {
     },
 }
 
+impl From<cm_domain::DefinitionError> for StoreError {
+    /// A routine the domain refuses ([`cm_domain::definition`]): [`StoreError::InvalidRoutine`]
+    /// with the domain's one line.
+    fn from(e: cm_domain::DefinitionError) -> StoreError {
+        StoreError::InvalidRoutine(e.to_string())
+    }
+}
+
 impl StoreError {
     /// The kind of database error (unique violation, foreign key violation, …), if this is one.
     pub fn database_kind(&self) -> Option<sqlx::error::ErrorKind> {

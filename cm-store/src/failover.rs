@@ -398,10 +398,9 @@ impl Follower {
                 }
             }
             drop(pool);
-            tokio::select! {
-                () = tokio::time::sleep(FOLLOW_INTERVAL) => {}
-                () = self.wake.notified() => {}
-            }
+            // Woken early, or at the interval (without `select!`: the crate turns on no
+            // `macros` feature of Tokio for its importers).
+            let _ = tokio::time::timeout(FOLLOW_INTERVAL, self.wake.notified()).await;
         }
         if let Some(conn) = probe_conn {
             let _ = conn.close().await;

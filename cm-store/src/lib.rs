@@ -38,6 +38,14 @@
 //! cap applies all come from `cm-domain`. This crate turns them into statements, runs them
 //! atomically, and reads the database's clock (`now()`) so every node computes from one clock.
 //!
+//! # Depending on it
+//!
+//! The API names types of [`sqlx`] 0.9 (`&mut PgConnection`, `PgPool`, `sqlx::Error`),
+//! [`chrono`] and [`uuid`]; the crate re-exports the three, so a service uses the very
+//! versions it was built with (`cm_store::sqlx::PgPool`) instead of declaring its own: a
+//! second sqlx (0.8, say) would resolve, and fail only when the two met in a call.
+//! It turns on no runtime feature of Tokio: an importer chooses its own runtime flavour.
+//!
 //! # Example
 //!
 //! Another service creating a routine with this crate alone (see `examples/create_routine.rs`):
@@ -45,22 +53,18 @@
 //! ```no_run
 //! # async fn run() -> Result<(), cm_store::StoreError> {
 //! use cm_domain::{MisfirePolicy, Schedule};
-//! use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+//! use cm_store::{NewRoutine, PgStore, RoutineStore};
 //!
 //! let store = PgStore::connect("postgres://localhost/cm").await?;
 //! store.migrate().await?;
-//! let routine = store
-//!     .create_routine(NewRoutine {
-//!         name: "standup".into(),
-//!         schedule: Schedule::parse("0 9 * * MON-FRI", "Europe/Berlin").unwrap(),
-//!         kind: RoutineKind::Message,
-//!         payload: serde_json::json!({ "text": "standup in 5" }),
-//!         misfire: MisfirePolicy::FireOnce,
-//!         overlap: cm_domain::OverlapPolicy::default(),
-//!         paused: false,
-//!         runs_left: None,
-//!     })
-//!     .await?;
+//! let standup = NewRoutine::message(
+//!     "standup",
+//!     Schedule::parse("0 9 * * MON-FRI", "Europe/Berlin").unwrap(),
+//!     "standup in 5",
+//! )
+//! .misfire(MisfirePolicy::FireOnce)
+//! .build()?;
+//! let routine = store.create_routine(standup).await?;
 //! println!("{} first runs at {:?}", routine.id, routine.next_run_at);
 //! # Ok(()) }
 //! ```
@@ -124,6 +128,14 @@ macro_rules! on_store_conn {
 #[macro_use]
 mod outcome;
 
+/// The chrono whose `DateTime<Utc>` the API names.
+pub use chrono;
+/// The sqlx (0.9, PostgreSQL, Tokio) whose types the API names: use it rather than a sqlx of
+/// your own, so the connection you pass is the one the store takes.
+pub use sqlx;
+/// The uuid whose `Uuid` (a routine's id) the API names.
+pub use uuid;
+
 pub mod autopause;
 pub mod catalog;
 pub mod consumer;
@@ -173,6 +185,7 @@ pub use ledger::{
     InClaimEffect, InClaimWrites, MAX_RECEIPT_BYTES, ReapParams, SettleOutcome, TickClaim,
     UnusableRoutine, request_share,
 };
+pub use model::NewRoutineBuilder;
 pub use options::{PLAN_CACHE_MODE, StoreOptions};
 #[cfg(feature = "mock")]
 pub use outbox::MockOutboxStore;

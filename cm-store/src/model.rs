@@ -4,34 +4,199 @@
 //! take them from here, so neither imports the other's types.
 
 use chrono::{DateTime, Utc};
-use cm_domain::{MisfirePolicy, OverlapPolicy, RoutineKind, RoutineState, Schedule, Zone};
+use cm_domain::definition::{self, DefinitionError};
+use cm_domain::{
+    MisfirePolicy, MissionPolicy, OverlapPolicy, RoutineKind, RoutineState, Schedule, Zone,
+};
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::StoreError;
 
-/// A routine to create. The schedule is already parsed, so an invalid one cannot be stored.
+/// A routine to create, checked whole when it is built ([`NewRoutine::builder`]): its name is
+/// the domain's (trimmed, printable, not an id), its schedule is parsed, its payload is what its
+/// kind needs, a message has no overlap policy and a run limit is at least 1. So an invalid
+/// routine cannot be stored by any path, and everything `routine create` can set (overlap,
+/// misfire, paused, a run limit) is written in the one insert, in the caller's transaction.
+///
+/// ```
+/// use cm_domain::{MisfirePolicy, Schedule};
+/// use cm_store::NewRoutine;
+///
+/// let standup = NewRoutine::message("standup", Schedule::parse("0 9 * * MON-FRI", "UTC")?, "in 5")
+///     .misfire(MisfirePolicy::Skip)
+///     .build()?;
+/// assert_eq!(standup.name(), "standup");
+///
+/// let refused = NewRoutine::message("  ", Schedule::parse("@daily", "UTC")?, "hi").build();
+/// assert_eq!(refused.unwrap_err().to_string(), "the name must not be empty");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct NewRoutine {
-    /// A name for people, unique (check it with `cm_domain::RoutineName`).
-    pub name: String,
+    pub(crate) name: String,
+    pub(crate) schedule: Schedule,
+    pub(crate) kind: RoutineKind,
+    pub(crate) payload: Value,
+    pub(crate) misfire: MisfirePolicy,
+    pub(crate) overlap: OverlapPolicy,
+    pub(crate) paused: bool,
+    pub(crate) runs_left: Option<u32>,
+}
+
+/// A [`NewRoutine`] being put together: every setting but the name, schedule, kind and payload
+/// has the default `routine create` gives it (misfires fire once, overlap `forbid`, not paused,
+/// no run limit). Nothing is checked until [`NewRoutineBuilder::build`].
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until built"]
+pub struct NewRoutineBuilder {
+    routine: NewRoutine,
+    policy: Option<MissionPolicy>,
+}
+
+impl NewRoutine {
+    /// A routine named `name` (trimmed when built), on `schedule`, of `kind`, carrying
+    /// `payload` (`{"text": TEXT}` for a message, the mission file's JSON for a mission).
+    pub fn builder(
+        name: impl Into<String>,
+        schedule: Schedule,
+        kind: RoutineKind,
+        payload: Value,
+    ) -> NewRoutineBuilder {
+        NewRoutineBuilder {
+            routine: NewRoutine {
+                name: name.into(),
+                schedule,
+                kind,
+                payload,
+                misfire: MisfirePolicy::default(),
+                overlap: OverlapPolicy::default(),
+                paused: false,
+                runs_left: None,
+            },
+            policy: None,
+        }
+    }
+
+    /// A message routine posting `text`.
+    pub fn message(name: impl Into<String>, schedule: Schedule, text: &str) -> NewRoutineBuilder {
+        Self::builder(
+            name,
+            schedule,
+            RoutineKind::Message,
+            serde_json::json!({ "text": text }),
+        )
+    }
+
+    /// A mission routine launching `mission` (a mission file's JSON).
+    pub fn mission(
+        name: impl Into<String>,
+        schedule: Schedule,
+        mission: Value,
+    ) -> NewRoutineBuilder {
+        Self::builder(name, schedule, RoutineKind::Mission, mission)
+    }
+
+    /// Its name, as it is stored (trimmed).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// When it runs.
-    pub schedule: Schedule,
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
     /// What it does.
-    pub kind: RoutineKind,
+    pub fn kind(&self) -> RoutineKind {
+        self.kind
+    }
+
     /// What the backend receives: the message, or the mission's description.
-    pub payload: Value,
+    pub fn payload(&self) -> &Value {
+        &self.payload
+    }
+
     /// What to do with occurrences found late.
-    pub misfire: MisfirePolicy,
-    /// What a mission's occurrence does while an earlier run is still running. A message
-    /// routine has no run to overlap: it takes the default (`forbid`), and the store refuses
-    /// another policy for one ([`StoreError::InvalidRoutine`]).
-    pub overlap: OverlapPolicy,
-    /// Created paused: never due until resumed.
-    pub paused: bool,
-    /// A run limit: at most this many scheduled occurrences fire, then the routine is
-    /// finished. `None` is no limit.
-    pub runs_left: Option<u32>,
+    pub fn misfire(&self) -> MisfirePolicy {
+        self.misfire
+    }
+
+    /// What a mission's occurrence does while an earlier run is still running (`forbid` for a
+    /// message routine, which has no run).
+    pub fn overlap(&self) -> OverlapPolicy {
+        self.overlap
+    }
+
+    /// Whether it is created paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Its run limit: at most this many scheduled occurrences fire; `None` is no limit.
+    pub fn runs_left(&self) -> Option<u32> {
+        self.runs_left
+    }
+
+    /// This routine as a builder again, to change a setting (and be checked again).
+    pub fn into_builder(self) -> NewRoutineBuilder {
+        NewRoutineBuilder {
+            routine: self,
+            policy: None,
+        }
+    }
+}
+
+impl NewRoutineBuilder {
+    /// What to do with occurrences found late (default: fire once).
+    pub fn misfire(mut self, misfire: MisfirePolicy) -> Self {
+        self.routine.misfire = misfire;
+        self
+    }
+
+    /// What a mission's occurrence does while an earlier run is still running (default:
+    /// `forbid`). A message routine may have only the default.
+    pub fn overlap(mut self, overlap: OverlapPolicy) -> Self {
+        self.routine.overlap = overlap;
+        self
+    }
+
+    /// Created paused: never due until resumed (default: not paused).
+    pub fn paused(mut self, paused: bool) -> Self {
+        self.routine.paused = paused;
+        self
+    }
+
+    /// At most `limit` scheduled occurrences fire, then the routine is finished; `None` (the
+    /// default) is no limit. A limit is 1 to [`cm_domain::definition::MAX_RUN_LIMIT`].
+    pub fn run_limit(mut self, limit: Option<u32>) -> Self {
+        self.routine.runs_left = limit;
+        self
+    }
+
+    /// A mission must also be one the operator's `policy` allows (its env names, label keys
+    /// and repository host), as `routine create --mission` checks it. Without one, only the
+    /// mission's own fields are checked (and the policy again at every dispatch).
+    pub fn mission_policy(mut self, policy: &MissionPolicy) -> Self {
+        self.policy = Some(policy.clone());
+        self
+    }
+
+    /// The routine, checked whole by `cm_domain::definition`: its name (stored trimmed), its
+    /// payload for its kind, its overlap policy and its run limit. The first refusal is the
+    /// error, in one line.
+    pub fn build(self) -> Result<NewRoutine, DefinitionError> {
+        let NewRoutineBuilder {
+            mut routine,
+            policy,
+        } = self;
+        routine.name = definition::checked_name(&routine.name)?.into_string();
+        definition::check_payload(routine.kind, &routine.payload, policy.as_ref())?;
+        definition::check_overlap(routine.kind, routine.overlap)?;
+        definition::check_run_limit(routine.runs_left)?;
+        Ok(routine)
+    }
 }
 
 /// A stored routine, its policies typed (the database's checks refuse any other value).

@@ -14,11 +14,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use cm_domain::{RoutineName, Schedule};
+use cm_domain::Schedule;
+use cm_domain::definition;
+use cm_domain::name::escape_unseen;
 use uuid::Uuid;
 
 use crate::groups::GroupId;
-use cm_domain::RoutineKind;
 
 use crate::model::{Routine, RoutineRow};
 use crate::schedules::Parsed;
@@ -164,23 +165,17 @@ fn check(routine: &Routine, schedule: Parsed) -> Result<Arc<Schedule>, String> {
         let reason = format!("refused when planned: {what}");
         cm_domain::ErrorText::new(reason).as_str().to_owned()
     };
-    RoutineName::parse(&routine.name).map_err(|e| refused(e.to_string()))?;
-    let schedule = schedule.map_err(refused)?;
-    match routine.kind {
-        RoutineKind::Message => {
-            let text = routine.payload.get("text").and_then(|t| t.as_str());
-            match text {
-                Some(text) if !text.is_empty() && text.len() <= cm_domain::MAX_MESSAGE_BYTES => {}
-                _ => {
-                    return Err(refused(
-                        "the message must be a text of 1 to 262144 bytes".into(),
-                    ));
-                }
-            }
-        }
-        RoutineKind::Mission => {
-            cm_domain::Mission::from_value(&routine.payload).map_err(|e| refused(e.to_string()))?;
-        }
+    // The name as `cm_domain::definition` stores it: a name stored with whitespace around it
+    // that the SQL functions' trim left would never be found by the name people type.
+    let name = definition::checked_name(&routine.name).map_err(|e| refused(e.to_string()))?;
+    if name.as_str() != routine.name {
+        return Err(refused(format!(
+            "the name {:?} has whitespace around it",
+            escape_unseen(&routine.name)
+        )));
     }
+    let schedule = schedule.map_err(refused)?;
+    definition::check_payload(routine.kind, &routine.payload, None)
+        .map_err(|e| refused(e.to_string()))?;
     Ok(schedule)
 }

@@ -25,9 +25,11 @@
 //! would take the connection for one without a transaction and commit the caller's work with
 //! its own.
 //!
-//! Everything is validated before it is written: a [`NewRoutine`] holds a parsed
-//! [`cm_domain::Schedule`] and a checked name; an update's expression is read again in the
-//! routine's zone under its lock. The [`RoutineStore`](crate::RoutineStore) methods of
+//! Everything is validated before it is written, by the checks every other path makes
+//! (`cm_domain::definition`): a [`NewRoutine`] is checked whole when it is built (its name,
+//! its payload for its kind, its overlap policy, its run limit; its schedule already parsed);
+//! an update's name, payload and run limit are checked the same way, and its expression is
+//! read again in the routine's zone under its lock. The [`RoutineStore`](crate::RoutineStore) methods of
 //! [`PgStore`](crate::PgStore) are these functions on a connection of the store's pool.
 //!
 //! On Citus a routine's rows live on its group's shard (`group_id`), and every statement here
@@ -37,26 +39,23 @@
 //!
 //! ```no_run
 //! use cm_domain::{MisfirePolicy, Schedule};
-//! use cm_store::{NewRoutine, RoutineKind};
-//! use sqlx::PgPool;
+//! use cm_store::NewRoutine;
+//! use cm_store::sqlx::PgPool;
 //!
-//! async fn sign_up(pool: &PgPool, email: &str) -> Result<uuid::Uuid, Box<dyn std::error::Error>> {
+//! async fn sign_up(pool: &PgPool, email: &str) -> Result<cm_store::uuid::Uuid, Box<dyn std::error::Error>> {
 //!     let mut tx = pool.begin().await?;
-//!     let user: uuid::Uuid =
-//!         crate::schema::query_scalar("INSERT INTO users (email) VALUES ($1) RETURNING id")
+//!     let user: cm_store::uuid::Uuid =
+//!         cm_store::sqlx::query_scalar("INSERT INTO users (email) VALUES ($1) RETURNING id")
 //!             .bind(email)
 //!             .fetch_one(&mut *tx)
 //!             .await?;
-//!     let digest = NewRoutine {
-//!         name: format!("digest for {user}"),
-//!         schedule: Schedule::parse("0 9 * * *", "Europe/Berlin")?,
-//!         kind: RoutineKind::Message,
-//!         payload: serde_json::json!({ "text": format!("good morning, {email}") }),
-//!         misfire: MisfirePolicy::FireOnce,
-//!         overlap: cm_domain::OverlapPolicy::default(),
-//!         paused: false,
-//!         runs_left: None,
-//!     };
+//!     let digest = NewRoutine::message(
+//!         format!("digest for {user}"),
+//!         Schedule::parse("0 9 * * *", "Europe/Berlin")?,
+//!         &format!("good morning, {email}"),
+//!     )
+//!     .misfire(MisfirePolicy::FireOnce)
+//!     .build()?;
 //!     cm_store::tx::create_routine(&mut tx, &digest).await?;
 //!     // Both rows, or neither.
 //!     tx.commit().await?;

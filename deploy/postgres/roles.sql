@@ -31,7 +31,7 @@ $$;
 -- say `CREATE SCHEMA IF NOT EXISTS cm`, which PostgreSQL refuses without CREATE on the
 -- database even when the schema exists, so the migrator has that too.
 CREATE SCHEMA IF NOT EXISTS cm AUTHORIZATION cm_migrator;
-GRANT CREATE ON SCHEMA public TO cm_migrator;
+
 DO $$
 BEGIN
     EXECUTE format('GRANT CREATE ON DATABASE %I TO cm_migrator', current_database());
@@ -40,7 +40,7 @@ $$;
 
 -- The scheduler: the schemas, and every table, sequence and function the migrator creates
 -- from now on (so later migrations need no new grants).
-GRANT USAGE ON SCHEMA cm, public TO cm_scheduler;
+GRANT USAGE ON SCHEMA cm TO cm_scheduler;
 ALTER DEFAULT PRIVILEGES FOR ROLE cm_migrator
     GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO cm_scheduler;
 ALTER DEFAULT PRIVILEGES FOR ROLE cm_migrator

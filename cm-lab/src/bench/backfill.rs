@@ -72,19 +72,18 @@ pub(super) async fn run(
     let start = ledger::create_routines(pool, options.backfill_routines, 2).await?;
     let store = PgStore::connect(url).await?;
     let mission = store
-        .create_routine(NewRoutine {
-            name: "backfilled mission".into(),
-            schedule: Schedule::parse("0 0 1 1 *", "UTC").context("a yearly schedule")?,
-            kind: RoutineKind::Mission,
-            payload: serde_json::json!({
-                "repository": "https://git.example.com/team/repo.git",
-                "task": "the bench's backfilled mission",
-            }),
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
-            paused: false,
-            runs_left: None,
-        })
+        .create_routine(
+            NewRoutine::builder(
+                "backfilled mission",
+                Schedule::parse("0 0 1 1 *", "UTC").context("a yearly schedule")?,
+                RoutineKind::Mission,
+                serde_json::json!({
+                    "repository": "https://git.example.com/team/repo.git",
+                    "task": "the bench's backfilled mission",
+                }),
+            )
+            .build()?,
+        )
         .await?;
     let now: DateTime<Utc> = sqlx::query_scalar("SELECT date_trunc('second', now())")
         .fetch_one(pool)

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cm_domain::{MissionPolicy, OverlapPolicy, Schedule, Zone};
+use cm_domain::{MissionPolicy, Schedule, Zone};
 use cm_store::{NewRoutine, PgStore, Routine, RoutineAction, RoutineKind, RoutineStore};
 
 use super::{OperationError, refused};
@@ -12,14 +12,17 @@ use crate::flags::routine::CreateArgs;
 use crate::import::RoutineFields;
 
 /// A routine to create, checked as `routine create` checks it: its name, schedule, zone, misfire
-/// policy and action. An import's mission paths are read inside its mission `root`; `routine
+/// policy, action, overlap policy (`overlap_field` names where it was given) and run limit. An import's mission paths are read inside its mission `root`; `routine
 /// create`'s (`None`) as the operator gave it.
 pub(crate) fn new_routine(
     fields: &RoutineFields,
     root: Option<&Path>,
     policy: &MissionPolicy,
+    overlap_field: &str,
 ) -> Result<NewRoutine, OperationError> {
-    let name = crate::edit::name(&fields.name).map_err(refused)?;
+    // The name first, as the builder would, so a line with a bad name and a bad zone is
+    // refused for its name.
+    cm_domain::definition::checked_name(&fields.name).map_err(|e| refused(e.to_string()))?;
     let zone = Zone::parse(&fields.timezone).map_err(|e| refused(e.to_string()))?;
     let schedule = Schedule::new(&fields.schedule, zone).map_err(|e| refused(e.to_string()))?;
     let misfire = crate::edit::misfire(&fields.misfire).map_err(refused)?;
@@ -29,16 +32,18 @@ pub(crate) fn new_routine(
         root,
         policy,
     )?;
-    Ok(NewRoutine {
-        name,
-        schedule,
-        kind: action.kind,
-        payload: action.payload,
-        misfire,
-        overlap: OverlapPolicy::default(),
-        paused: fields.paused,
-        runs_left: fields.runs_left,
-    })
+    let overlap = crate::edit::overlap(overlap_field, action.kind, fields.overlap.as_deref())
+        .map_err(refused)?
+        .unwrap_or_default();
+    // The same checks as every other path that writes a routine (`cm_domain::definition`).
+    NewRoutine::builder(&*fields.name, schedule, action.kind, action.payload)
+        .misfire(misfire)
+        .overlap(overlap)
+        .paused(fields.paused)
+        .run_limit(fields.runs_left)
+        .mission_policy(policy)
+        .build()
+        .map_err(|e| refused(e.to_string()))
 }
 
 /// What a routine does, from `--message` or `--mission` (read inside `root` when an import's
@@ -95,11 +100,7 @@ pub fn prepare(args: &CreateArgs) -> Result<NewRoutine, OperationError> {
         .policy(args.mission_config.as_deref())
         .map_err(refused)?;
     let fields = RoutineFields::try_from(args).map_err(refused)?;
-    let mut new = new_routine(&fields, None, &policy)?;
-    new.overlap = crate::edit::overlap("--overlap", new.kind, args.overlap.as_deref())
-        .map_err(refused)?
-        .unwrap_or_default();
-    Ok(new)
+    new_routine(&fields, None, &policy, "--overlap")
 }
 
 /// Creates `new`, its overlap policy with it, in one insert: the routine exists whole or not

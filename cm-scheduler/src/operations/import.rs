@@ -113,17 +113,14 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
         }
     };
     for f in &fields {
-        let mut routine = new_routine(f, Some(&root), &policy).map_err(on_line(f.line))?;
         // A mission's overlap policy is written with it, in the import's one transaction:
         // its line's, `forbid` when it names none.
-        routine.overlap = crate::edit::overlap("\"overlap\"", routine.kind, f.overlap.as_deref())
-            .map_err(refused)
-            .map_err(on_line(f.line))?
-            .unwrap_or_default();
-        if let Some(first) = lines.insert(routine.name.clone(), f.line) {
+        let routine =
+            new_routine(f, Some(&root), &policy, "\"overlap\"").map_err(on_line(f.line))?;
+        if let Some(first) = lines.insert(routine.name().to_owned(), f.line) {
             return Err(at_line(
                 f.line,
-                &format!("the name {:?} is also on line {first}", routine.name),
+                &format!("the name {:?} is also on line {first}", routine.name()),
             ));
         }
         routines.push(routine);

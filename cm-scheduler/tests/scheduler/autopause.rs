@@ -23,7 +23,12 @@ fn every_second(name: &str, kind: RoutineKind) -> NewRoutine {
         "* * * * * *",
         "UTC",
         kind,
-        json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
+        match kind {
+            RoutineKind::Message => json!({ "text": "hello" }),
+            RoutineKind::Mission => {
+                json!({ "repository": "https://git.example.com/r.git", "task": "t" })
+            }
+        },
     )
 }
 

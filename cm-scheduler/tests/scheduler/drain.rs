@@ -11,7 +11,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use cm_dispatch::{MemoryDispatcher, RoutedDispatcher};
 use cm_domain::{FireCap, Lease, MisfirePolicy, SchedulerConfig};
 use cm_scheduler::Scheduler;
-use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+use cm_store::{PgStore, RoutineKind, RoutineStore};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -202,16 +202,19 @@ async fn a_backlog_spread_over_routines_is_drained_whole_each_occurrence_once(po
     let store = PgStore::new(pool.clone());
     for i in 0..30 {
         store
-            .create_routine(NewRoutine {
-                misfire: MisfirePolicy::CatchUp,
-                ..new_routine(
+            .create_routine(
+                new_routine(
                     format!("every second {i}"),
                     "* * * * * *",
                     "UTC",
                     RoutineKind::Message,
                     json!({ "text": "hello" }),
                 )
-            })
+                .into_builder()
+                .misfire(MisfirePolicy::CatchUp)
+                .build()
+                .unwrap(),
+            )
             .await
             .unwrap();
     }

@@ -15,7 +15,7 @@ use cm_scheduler::health::{Health, Readiness};
 use cm_scheduler::http::{readiness, router};
 use cm_scheduler::http_state::{BearerToken, HttpState, StatusPage};
 use cm_scheduler::{Scheduler, Stats};
-use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
+use cm_store::{PgStore, RoutineKind, RoutineStore};
 use http_body_util::BodyExt as _;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
@@ -454,16 +454,19 @@ async fn the_page_shows_routines_fires_failures_and_missions_but_no_message_or_s
 /// A routine of `kind` running every minute, created paused or not.
 async fn every_minute(store: &PgStore, name: &str, paused: bool) -> cm_store::Routine {
     store
-        .create_routine(NewRoutine {
-            paused,
-            ..new_routine(
+        .create_routine(
+            new_routine(
                 name,
                 "* * * * *",
                 "UTC",
                 RoutineKind::Message,
                 json!({ "text": "hello" }),
             )
-        })
+            .into_builder()
+            .paused(paused)
+            .build()
+            .unwrap(),
+        )
         .await
         .unwrap()
 }
@@ -958,7 +961,7 @@ async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool)
             "0 3 * * *",
             "UTC",
             RoutineKind::Mission,
-            json!({ "repository": "https://git.example.com/team/audit.git" }),
+            json!({ "repository": "https://git.example.com/team/audit.git", "task": "audit" }),
         ))
         .await
         .unwrap();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use cm_dispatch::fakes::wait::gave_up;
 pub use cm_dispatch::fakes::wait::{PATIENCE, poll, wait_until};
-use cm_domain::{MisfirePolicy, OverlapPolicy, Schedule};
+use cm_domain::Schedule;
 use cm_store::{NewRoutine, RoutineKind};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool};
@@ -162,7 +162,7 @@ pub async fn eventually_within<T>(
 
 /// A routine to create: `name`, on `cron` in `zone`, of `kind` with `payload`; misfires fire
 /// once, the default overlap, not paused, no run limit. A test that needs another setting says
-/// only that one (`NewRoutine { paused: true, ..new_routine(..) }`).
+/// only that one (`new_routine(..).into_builder().paused(true).build().unwrap()`).
 pub fn new_routine(
     name: impl Into<String>,
     cron: &str,
@@ -170,16 +170,9 @@ pub fn new_routine(
     kind: RoutineKind,
     payload: serde_json::Value,
 ) -> NewRoutine {
-    NewRoutine {
-        name: name.into(),
-        schedule: Schedule::parse(cron, zone).unwrap(),
-        kind,
-        payload,
-        misfire: MisfirePolicy::FireOnce,
-        overlap: OverlapPolicy::default(),
-        paused: false,
-        runs_left: None,
-    }
+    NewRoutine::builder(name, Schedule::parse(cron, zone).unwrap(), kind, payload)
+        .build()
+        .unwrap()
 }
 
 /// Starts `command` (a `cm-scheduler run`) with `env` added and `RUST_LOG=info,sqlx=warn`, its

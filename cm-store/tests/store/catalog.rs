@@ -132,7 +132,10 @@ async fn an_update_recomputes_the_next_run_only_for_a_new_schedule(pool: PgPool)
                 misfire: Some(MisfirePolicy::Skip),
                 action: Some(RoutineAction {
                     kind: RoutineKind::Mission,
-                    payload: serde_json::json!({ "repository": "https://example.invalid/r.git" }),
+                    payload: serde_json::json!({
+                        "repository": "https://example.invalid/r.git",
+                        "task": "t"
+                    }),
                 }),
                 ..RoutineUpdate::default()
             },
@@ -209,12 +212,14 @@ async fn an_import_writes_everything_or_nothing(pool: PgPool) {
 
 /// A mission routine named `name`, yearly, with the overlap policy `overlap`.
 fn mission(name: &str, overlap: OverlapPolicy) -> NewRoutine {
-    NewRoutine {
-        kind: RoutineKind::Mission,
-        payload: serde_json::json!({ "image": "busybox" }),
-        overlap,
-        ..message(name, YEARLY)
-    }
+    NewRoutine::mission(
+        name,
+        Schedule::parse(YEARLY, "UTC").unwrap(),
+        serde_json::json!({ "repository": "https://git.example.com/r.git", "task": "t" }),
+    )
+    .overlap(overlap)
+    .build()
+    .unwrap()
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
@@ -232,12 +237,22 @@ async fn the_overlap_policy_is_written_with_the_routine_and_an_import_is_all_or_
     assert_eq!(stored.overlap, OverlapPolicy::Replace);
     assert_eq!(stored.updated_at, stored.created_at);
 
-    // An import where one routine is invalid (a message routine has no run to overlap) writes
+    // A message routine has no run to overlap: refused when built, before any store.
+    let refused = message("talker", YEARLY)
+        .into_builder()
+        .overlap(OverlapPolicy::Allow)
+        .build()
+        .unwrap_err();
+    assert_eq!(refused, cm_domain::DefinitionError::OverlapOfMessage);
+    // An import where one routine is refused by the store (its one instant is past) writes
     // none of them.
-    let invalid = NewRoutine {
-        overlap: OverlapPolicy::Allow,
-        ..message("talker", YEARLY)
-    };
+    let invalid = NewRoutine::message(
+        "talker",
+        Schedule::parse("@at 2020-01-01T00:00", "UTC").unwrap(),
+        "too late",
+    )
+    .build()
+    .unwrap();
     let batch = [mission("buffered", OverlapPolicy::BufferOne), invalid];
     let err = store.import_routines(&batch, false).await.unwrap_err();
     assert!(matches!(err, StoreError::InvalidRoutine(_)), "{err:?}");

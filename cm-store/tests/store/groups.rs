@@ -80,16 +80,16 @@ async fn names_stay_unique_through_their_own_table(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let first = create_named(&store, "standup", EVERY_MINUTE, MisfirePolicy::FireOnce).await;
     let taken = store
-        .create_routine(cm_store::NewRoutine {
-            name: "standup".into(),
-            schedule: cm_domain::Schedule::parse(EVERY_MINUTE, "UTC").unwrap(),
-            kind: cm_store::RoutineKind::Message,
-            payload: serde_json::json!({}),
-            misfire: MisfirePolicy::FireOnce,
-            overlap: cm_domain::OverlapPolicy::default(),
-            paused: false,
-            runs_left: None,
-        })
+        .create_routine(
+            cm_store::NewRoutine::builder(
+                "standup",
+                cm_domain::Schedule::parse(EVERY_MINUTE, "UTC").unwrap(),
+                cm_store::RoutineKind::Message,
+                serde_json::json!({ "text": "t" }),
+            )
+            .build()
+            .unwrap(),
+        )
         .await;
     assert!(matches!(taken, Err(StoreError::NameTaken(n)) if n == "standup"));
     let renamed = store

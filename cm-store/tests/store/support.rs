@@ -49,11 +49,14 @@ pub async fn create_named(
     policy: MisfirePolicy,
 ) -> Routine {
     store
-        .create_routine(NewRoutine {
-            misfire: policy,
-            overlap: cm_domain::OverlapPolicy::default(),
-            ..message(name, expr)
-        })
+        .create_routine(
+            message(name, expr)
+                .into_builder()
+                .misfire(policy)
+                .overlap(cm_domain::OverlapPolicy::default())
+                .build()
+                .unwrap(),
+        )
         .await
         .unwrap()
 }
@@ -61,16 +64,14 @@ pub async fn create_named(
 /// An unpaused message routine called `name` on `expr` (UTC), fire-once, as a routines file
 /// describes one.
 pub fn message(name: &str, expr: &str) -> NewRoutine {
-    NewRoutine {
-        name: name.into(),
-        schedule: Schedule::parse(expr, "UTC").unwrap(),
-        kind: RoutineKind::Message,
-        payload: serde_json::json!({ "text": name }),
-        misfire: MisfirePolicy::FireOnce,
-        overlap: cm_domain::OverlapPolicy::default(),
-        paused: false,
-        runs_left: None,
-    }
+    NewRoutine::builder(
+        name,
+        Schedule::parse(expr, "UTC").unwrap(),
+        RoutineKind::Message,
+        serde_json::json!({ "text": name }),
+    )
+    .build()
+    .unwrap()
 }
 
 /// The database's clock.

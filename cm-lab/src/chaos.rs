@@ -388,6 +388,13 @@ fn exercise(
             options.terminate_backends,
         )));
     }
+    if options.held_locks > 0 {
+        faults.push(Box::new(fault::locks::HeldLocks::new(
+            start,
+            options.duration,
+            options.held_locks,
+        )));
+    }
     if let Some(length) = options.network_hang {
         faults.push(Box::new(fault::hang::Hang::new(
             start,

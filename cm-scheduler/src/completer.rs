@@ -15,6 +15,17 @@
 //! lease. Nothing is dropped: a [`BatchCompleter`] flushes what it holds when the last handle
 //! to it goes, and [`CompleterTask::finish`] waits for that flush.
 //!
+//! # Rows another transaction holds
+//!
+//! A settle skips a row another transaction holds locked (a caller's open `cm.delete_routine`,
+//! say) and the ledger reports it [`SettleOutcome::Locked`]; the rest of the batch is written.
+//! The completer keeps such a settle, its dispatch still waiting for the answer, and comes back
+//! to it: every [`LOCKED_RETRY_EVERY`] with the next batch, and one at a time through
+//! [`FireLedger::settle_waiting`], queued on the row's lock. The reaper skips a locked row
+//! rather than queue on it, so when the holder lets go the queued settle takes the row first:
+//! its lease may have run out meanwhile, but it is never taken over and dispatched again
+//! because of the lock. If the holder deleted the routine, the settle finds the row gone.
+//!
 //! # Example
 //!
 //! ```no_run
@@ -32,7 +43,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use cm_store::{FireLedger, FireSettle, SettleOutcome, StoreError};
+use cm_store::{FireLedger, FireRef, FireSettle, SettleOutcome, StoreError};
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
@@ -61,6 +72,9 @@ impl From<SettleOutcome> for Completed {
                 "its group's settle failed (on Citus: the worker holding its shard), others \
                  in the batch were written"
                     .into(),
+            ),
+            SettleOutcome::Locked => Completed::Unwritten(
+                "another transaction still held its row when the completer stopped".into(),
             ),
         }
     }
@@ -115,13 +129,26 @@ impl InlineCompleter {
 #[async_trait]
 impl Completer for InlineCompleter {
     async fn complete(&self, settle: FireSettle) -> Completed {
-        match settle_with_retries(&*self.ledger, std::slice::from_ref(&settle)).await {
-            Ok(outcomes) => outcomes.into_iter().next().map_or(
-                Completed::Unwritten("no outcome returned".into()),
-                Completed::from,
-            ),
-            Err(e) => Completed::Unwritten(e.to_string()),
+        let mut outcome =
+            match settle_with_retries(&*self.ledger, std::slice::from_ref(&settle)).await {
+                Ok(outcomes) => outcomes.into_iter().next(),
+                Err(e) => return Completed::Unwritten(e.to_string()),
+            };
+        if outcome == Some(SettleOutcome::Locked) {
+            locked_warning(&settle);
         }
+        // Only this result waits for the row's holder to let go: queued on its lock.
+        while outcome == Some(SettleOutcome::Locked) {
+            match self.ledger.settle_waiting(&settle, LOCK_WAIT).await {
+                Ok(next) => outcome = Some(next),
+                Err(e) if e.is_transient() => tokio::time::sleep(LOCKED_RETRY_EVERY).await,
+                Err(e) => return Completed::Unwritten(e.to_string()),
+            }
+        }
+        outcome.map_or(
+            Completed::Unwritten("no outcome returned".into()),
+            Completed::from,
+        )
     }
 }
 
@@ -203,9 +230,112 @@ impl Completer for BatchCompleter {
     }
 }
 
+/// How often the settles of rows another transaction holds are tried again with the next
+/// batch (beside the one settle queued on its row's lock): often enough that the rows a holder
+/// lets go together are settled at once, rarely enough to cost nothing while a caller holds
+/// them for minutes.
+pub const LOCKED_RETRY_EVERY: Duration = Duration::from_millis(100);
+
+/// How long one settle queued on a row's lock waits before it is sent again: long, so the
+/// settle is almost always queued when the holder lets go, and within every scheduler's
+/// statement timeout (a quarter of the lease, at least 100 ms, cuts a shorter lease's wait
+/// short, which only costs a round trip).
+pub const LOCK_WAIT: Duration = Duration::from_secs(1);
+
+/// Logs that a settle found its row held by another transaction and waits for it.
+fn locked_warning(settle: &FireSettle) {
+    warn!(routine_id = %settle.fire.occurrence.routine_id,
+        scheduled_at = %settle.fire.occurrence.scheduled_at,
+        "another transaction holds this occurrence's row; its settle waits until it lets go \
+         (the routine's other occurrences and other routines are not held back)");
+}
+
+/// The settles whose rows another transaction held, waiting for the holders to let go, and the
+/// one of them queued on its row's lock.
+#[derive(Default)]
+struct LockedRows {
+    pending: Vec<Pending>,
+    /// The settle queued on its row's lock, and its answer to come.
+    waiter: Option<(
+        FireRef,
+        tokio::task::JoinHandle<Result<SettleOutcome, StoreError>>,
+    )>,
+}
+
+impl LockedRows {
+    fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// The pending settles other than the one queued on its lock, taken out to be retried.
+    fn take_retries(&mut self) -> Vec<Pending> {
+        let waiting = self.waiter.as_ref().map(|(fire, _)| *fire);
+        let (queued, retries) = std::mem::take(&mut self.pending)
+            .into_iter()
+            .partition(|(settle, _): &Pending| Some(settle.fire) == waiting);
+        self.pending = queued;
+        retries
+    }
+
+    /// Queues the oldest pending settle on its row's lock, unless one already is.
+    fn queue_one(&mut self, ledger: &Arc<dyn FireLedger>) {
+        if self.waiter.is_some() {
+            return;
+        }
+        let Some((settle, _)) = self.pending.first() else {
+            return;
+        };
+        let (ledger, settle) = (ledger.clone(), settle.clone());
+        let fire = settle.fire;
+        let task = tokio::spawn(async move { ledger.settle_waiting(&settle, LOCK_WAIT).await });
+        self.waiter = Some((fire, task));
+    }
+
+    /// The queued settle's answer, once it comes (never, with none queued); `None` when its
+    /// statement failed (a statement timeout, a dropped connection), to be tried again.
+    async fn waited(&mut self) -> (FireRef, Option<SettleOutcome>) {
+        let Some((fire, task)) = self.waiter.as_mut() else {
+            return std::future::pending().await;
+        };
+        let fire = *fire;
+        let answer = match task.await {
+            Ok(Ok(outcome)) => Some(outcome),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, routine_id = %fire.occurrence.routine_id,
+                    "a settle queued on a lock failed; trying again");
+                None
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, routine_id = %fire.occurrence.routine_id,
+                    "a settle queued on a lock ended; trying again");
+                None
+            }
+        };
+        self.waiter = None;
+        (fire, answer)
+    }
+
+    /// Answers the queued settle of `fire` if its wait ended the claim's way (settled, taken
+    /// over, gone); otherwise moves it behind the others, to be queued again in turn.
+    fn resolve(&mut self, fire: FireRef, answer: Option<SettleOutcome>) {
+        let Some(at) = self.pending.iter().position(|(s, _)| s.fire == fire) else {
+            return;
+        };
+        let entry = self.pending.remove(at);
+        match answer {
+            Some(outcome) if outcome != SettleOutcome::Locked => {
+                let _ = entry.1.send(Completed::from(outcome));
+            }
+            _ => self.pending.push(entry),
+        }
+    }
+}
+
 /// The completer's loop: a batch opens with the first result that arrives, takes others for at
-/// most `flush_every` or until it holds `flush_at`, and is written. When every handle is gone,
-/// the results still queued are written and the loop ends.
+/// most `flush_every` or until it holds `flush_at`, and is written with the settles of locked
+/// rows still waiting. Those are also tried again every [`LOCKED_RETRY_EVERY`], and at once
+/// when the one queued on its lock is answered. When every handle is gone, the results still
+/// queued are written, the locked rows are tried a last time, and the loop ends.
 async fn write_batches(
     ledger: Arc<dyn FireLedger>,
     mut incoming: mpsc::Receiver<Pending>,
@@ -213,33 +343,81 @@ async fn write_batches(
 ) {
     let flush_at = options.flush_at.max(1);
     let mut batch: Vec<Pending> = Vec::with_capacity(flush_at);
-    while let Some(first) = incoming.recv().await {
-        batch.push(first);
-        let close = tokio::time::Instant::now() + options.flush_every;
-        while batch.len() < flush_at {
-            match tokio::time::timeout_at(close, incoming.recv()).await {
-                Ok(Some(next)) => batch.push(next),
-                // Closed (every handle dropped) or the batch's time is up: write it.
-                Ok(None) | Err(_) => break,
+    let mut locked = LockedRows::default();
+    let mut open = true;
+    while open || !locked.is_empty() {
+        tokio::select! {
+            first = incoming.recv(), if open => match first {
+                Some(first) => batch.push(first),
+                None => open = false,
+            },
+            (fire, answer) = locked.waited() => locked.resolve(fire, answer),
+            () = tokio::time::sleep(LOCKED_RETRY_EVERY), if !locked.is_empty() => {}
+        }
+        if !batch.is_empty() {
+            let close = tokio::time::Instant::now() + options.flush_every;
+            while batch.len() < flush_at {
+                match tokio::time::timeout_at(close, incoming.recv()).await {
+                    Ok(Some(next)) => batch.push(next),
+                    Ok(None) => {
+                        open = false;
+                        break;
+                    }
+                    // The batch's time is up: write it.
+                    Err(_) => break,
+                }
             }
         }
-        write_batch(&*ledger, std::mem::take(&mut batch)).await;
+        if !open {
+            // Stopping: the queued settle's wait ends within its bound; then every locked row
+            // gets a last try, and those still held are reported unwritten.
+            if locked.waiter.is_some() {
+                let (fire, answer) = locked.waited().await;
+                locked.resolve(fire, answer);
+            }
+            let retries = locked.take_retries();
+            let retried = retries.len();
+            batch.extend(retries);
+            write_batch(&*ledger, std::mem::take(&mut batch), retried, &mut locked).await;
+            for (_, answer) in std::mem::take(&mut locked.pending) {
+                let _ = answer.send(Completed::from(SettleOutcome::Locked));
+            }
+            break;
+        }
+        let retries = locked.take_retries();
+        let retried = retries.len();
+        batch.extend(retries);
+        write_batch(&*ledger, std::mem::take(&mut batch), retried, &mut locked).await;
+        locked.queue_one(&ledger);
     }
 }
 
-async fn write_batch(ledger: &dyn FireLedger, batch: Vec<Pending>) {
+/// Writes `batch`, whose last `retried` settles are those of locked rows tried again; the
+/// settles whose rows are (still) locked are kept in `locked`.
+async fn write_batch(
+    ledger: &dyn FireLedger,
+    batch: Vec<Pending>,
+    retried: usize,
+    locked: &mut LockedRows,
+) {
+    if batch.is_empty() {
+        return;
+    }
+    let first_retry = batch.len() - retried;
     let (settles, answers): (Vec<FireSettle>, Vec<_>) = batch.into_iter().unzip();
-    let outcomes: Vec<Completed> = match settle_with_retries(ledger, &settles).await {
-        Ok(outcomes) if outcomes.len() == settles.len() => {
-            outcomes.into_iter().map(Completed::from).collect()
-        }
+    let outcomes: Vec<Result<SettleOutcome, Completed>> = match settle_with_retries(
+        ledger, &settles,
+    )
+    .await
+    {
+        Ok(outcomes) if outcomes.len() == settles.len() => outcomes.into_iter().map(Ok).collect(),
         Ok(outcomes) => {
             let reason = format!(
                 "the ledger answered {} outcomes for {} settles",
                 outcomes.len(),
                 settles.len()
             );
-            vec![Completed::Unwritten(reason); settles.len()]
+            vec![Err(Completed::Unwritten(reason)); settles.len()]
         }
         Err(e) if !e.is_transient() && settles.len() > 1 => {
             // A statement refused for one row (a value the database will not store) must not
@@ -250,21 +428,36 @@ async fn write_batch(ledger: &dyn FireLedger, batch: Vec<Pending>) {
             for settle in &settles {
                 outcomes.push(
                     match settle_with_retries(ledger, std::slice::from_ref(settle)).await {
-                        Ok(mut one) => one.pop().map_or(
-                            Completed::Unwritten("no outcome returned".into()),
-                            Completed::from,
-                        ),
-                        Err(e) => Completed::Unwritten(e.to_string()),
+                        Ok(mut one) => one
+                            .pop()
+                            .ok_or_else(|| Completed::Unwritten("no outcome returned".into())),
+                        Err(e) => Err(Completed::Unwritten(e.to_string())),
                     },
                 );
             }
             outcomes
         }
-        Err(e) => vec![Completed::Unwritten(e.to_string()); settles.len()],
+        Err(e) => vec![Err(Completed::Unwritten(e.to_string())); settles.len()],
     };
-    for (answer, outcome) in answers.into_iter().zip(outcomes) {
-        // The dispatch that handed the result over may have gone (its task was aborted); the
-        // row is written all the same.
-        let _ = answer.send(outcome);
+    for (i, ((settle, answer), outcome)) in
+        settles.into_iter().zip(answers).zip(outcomes).enumerate()
+    {
+        match outcome {
+            Ok(SettleOutcome::Locked) => {
+                // Kept, its dispatch still waiting, until the row's holder lets go.
+                if i < first_retry {
+                    locked_warning(&settle);
+                }
+                locked.pending.push((settle, answer));
+            }
+            // The dispatch that handed the result over may have gone (its task was aborted);
+            // the row is written all the same.
+            Ok(outcome) => {
+                let _ = answer.send(Completed::from(outcome));
+            }
+            Err(completed) => {
+                let _ = answer.send(completed);
+            }
+        }
     }
 }

@@ -61,6 +61,9 @@ mod exactly_once;
 // `cm-scheduler health` (the image's HEALTHCHECK): 0 when ready, the 503's reason when not.
 #[path = "scheduler/health_probe.rs"]
 mod health_probe;
+// A caller's open transaction on one routine's rows holds back that routine only.
+#[path = "scheduler/held_locks.rs"]
+mod held_locks;
 // The endpoints and the status page through the router, against a real database.
 #[path = "scheduler/http.rs"]
 mod http;

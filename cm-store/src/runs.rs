@@ -125,7 +125,9 @@ pub trait MissionRuns: Send + Sync {
 
     /// Writes what the watch pass learned. Only runs still `running` change, so two passes
     /// of two schedulers at once write the same states. Returns the runs this call ended, each
-    /// once whichever pass wrote it: what run counters count.
+    /// once whichever pass wrote it: what run counters count. A run whose row another
+    /// transaction holds locked is skipped, not waited on: it is not returned, and stays the
+    /// least recently checked, for the next pass.
     async fn record_runs(
         &self,
         updates: &[(Occurrence, RunUpdate)],
@@ -384,17 +386,31 @@ UPDATE cm.routine_fires SET run_state = 'running', run_exit_code = NULL, run_rea
     run_checked_at = now()
 WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3 AND status = 'claimed'";
 
-/// [`MissionRuns::record_runs`]'s statement, with `$tail` added to its conditions.
+/// [`MissionRuns::record_runs`]'s statement, with `$tail` added to its conditions. The rows
+/// are picked and locked first, `FOR UPDATE SKIP LOCKED`, and only those are written: a row
+/// another transaction holds (a caller's open `cm.delete_routine`, another pass writing the
+/// same run) is left as it is, its `run_checked_at` unchanged, so the next pass reads it first
+/// again; it never makes the statement wait, nor fail the other runs' updates.
 macro_rules! record_runs_sql {
     ($tail:literal) => {
         concat!(
-            "UPDATE cm.routine_fires AS f
-             SET run_state = t.state, run_exit_code = t.exit_code, run_reason = t.reason,
+            "WITH held AS (
+                 SELECT f.routine_id, f.scheduled_at, f.group_id, t.state, t.exit_code, t.reason
+                 FROM routine_fires AS f
+                 JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $4::int[], $5::text[])
+                      AS t(routine_id, scheduled_at, state, exit_code, reason)
+                   ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
+                 WHERE f.run_state = 'running'",
+            $tail,
+            "
+                 FOR UPDATE OF f SKIP LOCKED
+             )
+             UPDATE routine_fires AS f
+             SET run_state = h.state, run_exit_code = h.exit_code, run_reason = h.reason,
                  run_checked_at = now()
-             FROM UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $4::int[], $5::text[])
-                  AS t(routine_id, scheduled_at, state, exit_code, reason)
-             WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
-               AND f.run_state = 'running'",
+             FROM held AS h
+             WHERE f.routine_id = h.routine_id AND f.scheduled_at = h.scheduled_at
+               AND f.group_id = h.group_id",
             $tail,
             " RETURNING f.routine_id, f.scheduled_at"
         )
@@ -433,8 +449,8 @@ impl PgStore {
             reasons.push(reason);
         }
         // The row update is what ends a run, once: a second pass (another scheduler's) that
-        // read the run as `running` waits for the first's row lock, then finds it ended and
-        // updates nothing, so only the pass that ended a run returns it.
+        // read the run as `running` skips the row while the first holds it, and finds it ended
+        // afterwards, so only the pass that ended a run returns it.
         // With a group, the statement names it as a constant (not `$6 IS NULL OR ...`), so
         // Citus plans it on that group's shard alone.
         let query = crate::schema::query_as(match group {

@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 
 pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-url URL] [--pg-cluster VERSION/NAME]
                           [--routines N] [--processes N] [--duration SECONDS] [--seed N] [--keep]
-                          [--db-restarts N] [--terminate-backends N]
+                          [--db-restarts N] [--terminate-backends N] [--held-locks N]
                           [--message-backend outbox|webhook|nats] [--broker-restarts N]
                           [--network-hang SECONDS] [--failover sync|async --standby-cluster VERSION/NAME]
                           [--auto-failover MONITOR_URL] (with --database-url h1:p1,h2:p2 and --db-restarts 0)
@@ -68,6 +68,9 @@ pub(super) struct Options {
     pub seed: u64,
     pub db_restarts: u32,
     pub terminate_backends: u32,
+    /// Callers that hold one routine's rows (`cm.delete_routine`, rolled back) longer than a
+    /// lease, spread over the run.
+    pub held_locks: u32,
     pub pg_cluster: Option<String>,
     pub keep: bool,
     pub backend: MessageBackend,
@@ -133,6 +136,7 @@ impl Options {
             seed,
             db_restarts: 1,
             terminate_backends: 2,
+            held_locks: 0,
             pg_cluster: None,
             keep: false,
             backend: MessageBackend::Outbox,
@@ -160,6 +164,7 @@ impl Options {
     /// `--short`, the run CI makes on every change: under two minutes in all, with every kind
     /// of crash (SIGKILLs, one PostgreSQL restart, the schedulers' connections terminated) and
     /// a poison routine written through SQL.
+    /// two callers holding a routine's rows past the lease.
     pub fn short(self) -> Self {
         Options {
             routines: 10,
@@ -168,6 +173,7 @@ impl Options {
             db_restarts: 1,
             terminate_backends: 2,
             poison_routine: true,
+            held_locks: 2,
             ..self
         }
     }
@@ -190,6 +196,8 @@ impl Options {
         );
         if self.poison_routine {
             c += " --poison-routine";
+        if self.held_locks > 0 {
+            c += &format!(" --held-locks {}", self.held_locks);
         }
         if self.backend != MessageBackend::Outbox {
             c += &format!(" --message-backend {}", self.backend.name());
@@ -286,6 +294,7 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
             "--terminate-backends" => {
                 options.terminate_backends = number(flag, value(&mut it, flag)?)?;
             }
+            "--held-locks" => options.held_locks = number(flag, value(&mut it, flag)?)?,
             "--short" => options = options.short(),
             "--pg-cluster" => options.pg_cluster = Some(value(&mut it, flag)?.to_string()),
             "--keep" => options.keep = true,
@@ -542,6 +551,7 @@ mod tests {
                 seed: 42,
                 db_restarts: 0,
                 terminate_backends: 3,
+                held_locks: 0,
                 pg_cluster: Some("15/chaos".into()),
                 keep: true,
                 backend: MessageBackend::Webhook,
@@ -625,6 +635,7 @@ mod tests {
                 duration: Duration::from_secs(40),
                 db_restarts: 0,
                 poison_routine: true,
+                held_locks: 2,
                 ..Options::defaults(7)
             }
         );

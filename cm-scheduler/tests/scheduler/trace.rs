@@ -21,7 +21,7 @@ use crate::support::{TestDb, cm_scheduler, eventually_within};
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
 
 /// The signing secret every [`Hook`] gives the scheduler.
-const SECRET: &str = "whsec_dHJhY2VwYXJlbnQtdGVzdC1rZXk=";
+pub(crate) const SECRET: &str = "whsec_dHJhY2VwYXJlbnQtdGVzdC1rZXk=";
 
 /// Records a signed request's `webhook-id` and `traceparent`; refuses one whose Standard
 /// Webhooks signature does not verify, as a receiver would (its fire then fails the test).
@@ -43,14 +43,14 @@ async fn receive(State(seen): State<Seen>, headers: HeaderMap, body: Bytes) -> S
 
 /// A webhook receiver serving `app`, and the scheduler flags that send to it (a signing secret
 /// in a directory of its own, removed when this is dropped).
-struct Hook {
+pub(crate) struct Hook {
     url: String,
     dir: std::path::PathBuf,
     secret: String,
 }
 
 impl Hook {
-    async fn serve(db: &TestDb, name: &str, app: Router) -> Hook {
+    pub(crate) async fn serve(db: &TestDb, name: &str, app: Router) -> Hook {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -63,7 +63,7 @@ impl Hook {
     }
 
     /// `--message-backend webhook` to this receiver.
-    fn args(&self) -> [&str; 6] {
+    pub(crate) fn args(&self) -> [&str; 6] {
         [
             "--message-backend",
             "webhook",

@@ -37,7 +37,12 @@
 //!
 //! [`FireLedger::settle_fires`] settles many claims in one statement, each row still fenced on
 //! its token and attempt, and says per row whether it was settled, taken over by another
-//! claimant, or gone with its routine.
+//! claimant, or gone with its routine. It never waits on a row another transaction holds (a
+//! caller's open `cm.delete_routine`, a slow statement): it leaves that row out and reports it
+//! [`SettleOutcome::Locked`], so a lock held on one routine's rows delays that routine's settles
+//! only. The caller comes back to it with [`FireLedger::settle_waiting`], which queues on the
+//! row's lock: the reaper skips locked rows instead of queueing, so the claim's own settle takes
+//! the row first when its holder lets go, and a lock never makes an occurrence delivered twice.
 //!
 //! # Where things are
 //!
@@ -288,6 +293,11 @@ pub enum SettleOutcome {
     /// of this row's group failed (its worker is down, say) while others were written. The row
     /// stays claimed, for the reaper after its lease.
     Unwritten,
+    /// Not written yet: another transaction holds the row's lock (a caller's open transaction
+    /// that deletes or locks the routine, say), and the settle skipped it rather than wait. The
+    /// claim is still this claimant's; settle it again later
+    /// ([`FireLedger::settle_waiting`]). While the lock is held the reaper skips the row too.
+    Locked,
 }
 
 /// Which fires to list.
@@ -401,8 +411,28 @@ pub trait FireLedger: Send + Sync {
 
     /// Settles many claims in one statement, each row fenced on its claim's token and attempt
     /// as [`FireLedger::settle_fire`] does. Returns one outcome per entry, in order. Either every
-    /// row that could be settled is, or (on error) none is.
+    /// row that could be settled is, or (on error) none is. A row another transaction holds
+    /// locked is skipped, never waited on, and reported [`SettleOutcome::Locked`]: one locked
+    /// row never fails the batch.
     async fn settle_fires(&self, settles: &[FireSettle]) -> Result<Vec<SettleOutcome>, StoreError>;
+
+    /// Settles one claim that a settle found [`SettleOutcome::Locked`], waiting up to `wait` for
+    /// its row's lock. Queued on the lock, it takes the row as soon as its holder lets go, ahead
+    /// of any reaper (which skips locked rows). [`SettleOutcome::Locked`] again when the holder
+    /// kept it past `wait`; nothing changed then. By default, a [`FireLedger::settle_fires`] of
+    /// the one settle, which does not wait.
+    async fn settle_waiting(
+        &self,
+        settle: &FireSettle,
+        wait: Duration,
+    ) -> Result<SettleOutcome, StoreError> {
+        let _ = wait;
+        Ok(self
+            .settle_fires(std::slice::from_ref(settle))
+            .await?
+            .pop()
+            .unwrap_or(SettleOutcome::Unwritten))
+    }
 
     /// Takes over claims whose lease has run out (their claimant crashed), oldest claim first.
     /// Two reapers never take the same row.
@@ -458,6 +488,14 @@ impl FireLedger for PgStore {
 
     async fn settle_fires(&self, settles: &[FireSettle]) -> Result<Vec<SettleOutcome>, StoreError> {
         settle::settle_fires(self, settles).await
+    }
+
+    async fn settle_waiting(
+        &self,
+        settle: &FireSettle,
+        wait: Duration,
+    ) -> Result<SettleOutcome, StoreError> {
+        settle::settle_waiting(self, settle, wait).await
     }
 
     async fn reap_expired(&self, params: &ReapParams) -> Result<TickClaim, StoreError> {

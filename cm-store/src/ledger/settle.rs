@@ -1,15 +1,20 @@
 //! Settling claims: one, or a batch in one statement (on Citus, one per group), each row fenced
 //! on its claim's token and attempt; and noting on a claim still held what its attempt met.
+//!
+//! A settle never waits on a row another transaction holds: it skips it and reports it
+//! [`SettleOutcome::Locked`], so one caller's open transaction delays the settles of its own
+//! routine's rows and no others. [`settle_waiting`] is the way back for such a row.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use cm_domain::{ErrorText, Settlement};
 use uuid::Uuid;
 
 use super::sql::{
-    NOTE_UNSETTLED_SQL, PRESENT_FIRES_SQL, PRESENT_GROUP_FIRES_SQL, SETTLE_FIRES_SQL,
-    SETTLE_GROUP_FIRES_SQL, SETTLE_SQL,
+    LOCAL_LOCK_TIMEOUT_SQL, NOTE_UNSETTLED_SQL, PRESENT_FIRES_SQL, PRESENT_GROUP_FIRES_SQL,
+    SETTLE_FIRES_SQL, SETTLE_GROUP_FIRES_SQL, SETTLE_WAITING_SQL,
 };
 use super::{FireRef, FireSettle, MAX_RECEIPT_BYTES, SettleOutcome};
 use crate::groups::GroupId;
@@ -70,26 +75,64 @@ pub(super) async fn settle_fires(
     }
 }
 
-/// [`FireLedger::settle_fire`](super::FireLedger::settle_fire).
+/// [`FireLedger::settle_fire`](super::FireLedger::settle_fire): a batch of one, so it skips a
+/// locked row as a batch does (and on Citus names its group).
 pub(super) async fn settle_fire(
     store: &PgStore,
     fire: &FireRef,
     settlement: &Settlement,
 ) -> Result<SettleOutcome, StoreError> {
-    let (settled, present): (bool, bool) =
-        on_store!(store, |e| crate::schema::query_as(SETTLE_SQL)
-            .bind(fire.occurrence.routine_id)
-            .bind(fire.occurrence.scheduled_at)
-            .bind(fire.token.0)
-            .bind(i32::try_from(fire.attempt).unwrap_or(i32::MAX))
-            .bind(settlement.status().as_str())
-            .bind(settlement.error())
-            .fetch_one(e))?;
-    Ok(match (settled, present) {
-        (true, _) => SettleOutcome::Settled,
-        (false, true) => SettleOutcome::TakenOver,
-        (false, false) => SettleOutcome::Gone,
-    })
+    let settle = FireSettle {
+        fire: *fire,
+        settlement: settlement.clone(),
+        receipt: None,
+    };
+    Ok(settle_fires(store, std::slice::from_ref(&settle))
+        .await?
+        .pop()
+        .unwrap_or(SettleOutcome::Unwritten))
+}
+
+/// [`FireLedger::settle_waiting`](super::FireLedger::settle_waiting): one claim's settle, in a
+/// transaction of its own whose `lock_timeout` is `wait`, queued on the row's lock if another
+/// transaction holds it. Past `wait` it is [`SettleOutcome::Locked`] again, and nothing changed.
+pub(super) async fn settle_waiting(
+    store: &PgStore,
+    settle: &FireSettle,
+    wait: Duration,
+) -> Result<SettleOutcome, StoreError> {
+    let group = store
+        .group_of_routine(settle.fire.occurrence.routine_id)
+        .await?;
+    let columns = Columns::of(std::slice::from_ref(settle));
+    let mut conn = store.pool.acquire().await?;
+    let mut tx = store.begin_on(&mut conn).await?;
+    sqlx::query(LOCAL_LOCK_TIMEOUT_SQL)
+        .bind(format!("{}ms", wait.as_millis().max(1)))
+        .execute(&mut *tx)
+        .await?;
+    let settled: Result<Vec<(Uuid, DateTime<Utc>)>, sqlx::Error> = columns
+        .bind(sqlx::query_as(SETTLE_WAITING_SQL))
+        .bind(group)
+        .fetch_all(&mut *tx)
+        .await;
+    let settled = match settled {
+        Ok(settled) => settled,
+        // lock_not_available: the row's holder kept it past `wait`. The transaction rolls back
+        // as it is dropped.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+            return Ok(SettleOutcome::Locked);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tx.commit().await?;
+    if !settled.is_empty() {
+        return Ok(SettleOutcome::Settled);
+    }
+    Ok(unsettled(store, Some(group), &columns, &HashSet::new())
+        .await?
+        .pop()
+        .unwrap_or(SettleOutcome::Gone))
 }
 
 /// [`FireLedger::note_unsettled`](super::FireLedger::note_unsettled).
@@ -111,43 +154,130 @@ pub(super) async fn note_unsettled(
     )
 }
 
-/// [`FireLedger::settle_fires`](super::FireLedger::settle_fires)'s statements, for the rows of `group` (on Citus, naming it
-/// keeps them on its shard) or of any group.
+/// A batch of settles as the statements' arrays.
+struct Columns<'a> {
+    ids: Vec<Uuid>,
+    instants: Vec<DateTime<Utc>>,
+    tokens: Vec<Uuid>,
+    attempts: Vec<i32>,
+    statuses: Vec<&'a str>,
+    errors: Vec<Option<&'a str>>,
+    receipts: Vec<Option<String>>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(settles: &'a [FireSettle]) -> Self {
+        let n = settles.len();
+        let mut columns = Columns {
+            ids: Vec::with_capacity(n),
+            instants: Vec::with_capacity(n),
+            tokens: Vec::with_capacity(n),
+            attempts: Vec::with_capacity(n),
+            statuses: Vec::with_capacity(n),
+            errors: Vec::with_capacity(n),
+            receipts: Vec::with_capacity(n),
+        };
+        for s in settles {
+            columns.ids.push(s.fire.occurrence.routine_id);
+            columns.instants.push(s.fire.occurrence.scheduled_at);
+            columns.tokens.push(s.fire.token.0);
+            columns
+                .attempts
+                .push(i32::try_from(s.fire.attempt).unwrap_or(i32::MAX));
+            columns.statuses.push(s.settlement.status().as_str());
+            columns.errors.push(s.settlement.error());
+            columns
+                .receipts
+                .push(s.receipt.as_deref().map(bounded_receipt));
+        }
+        columns
+    }
+
+    /// `query` with the seven arrays bound as `$1` to `$7`.
+    fn bind<'q, O>(
+        &'q self,
+        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.ids)
+            .bind(&self.instants)
+            .bind(&self.tokens)
+            .bind(&self.attempts)
+            .bind(&self.statuses)
+            .bind(&self.errors)
+            .bind(&self.receipts)
+    }
+}
+
+/// What became of each settle of `columns` not in `settled`, read after the update: still held
+/// by its claim (so its row was locked: [`SettleOutcome::Locked`]), taken over, or gone; one
+/// outcome per settle, in order, `Settled` for those in `settled`.
+async fn unsettled(
+    store: &PgStore,
+    group: Option<GroupId>,
+    columns: &Columns<'_>,
+    settled: &HashSet<(Uuid, DateTime<Utc>)>,
+) -> Result<Vec<SettleOutcome>, StoreError> {
+    let mut missed = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..columns.ids.len() {
+        if !settled.contains(&(columns.ids[i], columns.instants[i])) {
+            missed.0.push(columns.ids[i]);
+            missed.1.push(columns.instants[i]);
+            missed.2.push(columns.tokens[i]);
+            missed.3.push(columns.attempts[i]);
+        }
+    }
+    let query = sqlx::query_as(match group {
+        None => PRESENT_FIRES_SQL,
+        Some(_) => PRESENT_GROUP_FIRES_SQL,
+    })
+    .bind(&missed.0)
+    .bind(&missed.1)
+    .bind(&missed.2)
+    .bind(&missed.3);
+    let query = match group {
+        None => query,
+        Some(group) => query.bind(group),
+    };
+    let present: Vec<(Uuid, DateTime<Utc>, bool)> = on_store!(store, |e| query.fetch_all(e))?;
+    let present: HashMap<(Uuid, DateTime<Utc>), bool> = present
+        .into_iter()
+        .map(|(id, at, held)| ((id, at), held))
+        .collect();
+    Ok(columns
+        .ids
+        .iter()
+        .zip(&columns.instants)
+        .map(|(id, at)| {
+            if settled.contains(&(*id, *at)) {
+                SettleOutcome::Settled
+            } else {
+                match present.get(&(*id, *at)) {
+                    Some(true) => SettleOutcome::Locked,
+                    Some(false) => SettleOutcome::TakenOver,
+                    None => SettleOutcome::Gone,
+                }
+            }
+        })
+        .collect())
+}
+
+/// [`FireLedger::settle_fires`](super::FireLedger::settle_fires)'s statements, for the rows of
+/// `group` (on Citus, naming it keeps them on its shard) or of any group.
 async fn settle_fires_of(
     store: &PgStore,
     group: Option<GroupId>,
     settles: &[FireSettle],
 ) -> Result<Vec<SettleOutcome>, StoreError> {
     let n = settles.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut instants = Vec::with_capacity(n);
-    let mut tokens = Vec::with_capacity(n);
-    let mut attempts = Vec::with_capacity(n);
-    let mut statuses = Vec::with_capacity(n);
-    let mut errors = Vec::with_capacity(n);
-    let mut receipts = Vec::with_capacity(n);
-    for s in settles {
-        ids.push(s.fire.occurrence.routine_id);
-        instants.push(s.fire.occurrence.scheduled_at);
-        tokens.push(s.fire.token.0);
-        attempts.push(i32::try_from(s.fire.attempt).unwrap_or(i32::MAX));
-        statuses.push(s.settlement.status().as_str());
-        errors.push(s.settlement.error());
-        receipts.push(s.receipt.as_deref().map(bounded_receipt));
-    }
-    // One fenced UPDATE for the batch; the rows it did not settle are then told apart
-    // (taken over, or gone with a deleted routine) by a read of the same keys.
-    let query = crate::schema::query_as(match group {
+    let columns = Columns::of(settles);
+    // One fenced UPDATE for the batch, of the rows it could lock; the rows it did not settle
+    // are then told apart (locked by another transaction, taken over, or gone with a deleted
+    // routine) by a read of the same keys.
+    let query = columns.bind(sqlx::query_as(match group {
         None => SETTLE_FIRES_SQL,
         Some(_) => SETTLE_GROUP_FIRES_SQL,
-    })
-    .bind(&ids)
-    .bind(&instants)
-    .bind(&tokens)
-    .bind(&attempts)
-    .bind(&statuses)
-    .bind(&errors)
-    .bind(&receipts);
+    }));
     let query = match group {
         None => query,
         Some(group) => query.bind(group),
@@ -157,36 +287,5 @@ async fn settle_fires_of(
     if settled.len() == n {
         return Ok(vec![SettleOutcome::Settled; n]);
     }
-    let (missed_ids, missed_instants): (Vec<Uuid>, Vec<DateTime<Utc>>) = ids
-        .iter()
-        .zip(&instants)
-        .filter(|key| !settled.contains(&(*key.0, *key.1)))
-        .map(|(id, at)| (*id, *at))
-        .unzip();
-    let query = crate::schema::query_as(match group {
-        None => PRESENT_FIRES_SQL,
-        Some(_) => PRESENT_GROUP_FIRES_SQL,
-    })
-    .bind(&missed_ids)
-    .bind(&missed_instants);
-    let query = match group {
-        None => query,
-        Some(group) => query.bind(group),
-    };
-    let present: HashSet<(Uuid, DateTime<Utc>)> = on_store!(store, |e| query.fetch_all(e))?
-        .into_iter()
-        .collect();
-    Ok(ids
-        .iter()
-        .zip(&instants)
-        .map(|(id, at)| {
-            if settled.contains(&(*id, *at)) {
-                SettleOutcome::Settled
-            } else if present.contains(&(*id, *at)) {
-                SettleOutcome::TakenOver
-            } else {
-                SettleOutcome::Gone
-            }
-        })
-        .collect())
+    unsettled(store, group, &columns, &settled).await
 }

@@ -330,3 +330,47 @@ async fn a_run_being_decided_hides_its_routine_from_no_claim(pool: PgPool) {
     turn.rollback().await.unwrap();
     assert_eq!(waiting.await.unwrap().unwrap(), RunTake::Launch);
 }
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_watch_pass_records_the_runs_around_a_row_another_transaction_holds(pool: PgPool) {
+    let options = cm_store::StoreOptions {
+        lock_timeout: Some(std::time::Duration::from_millis(300)),
+        ..cm_store::StoreOptions::default()
+    };
+    let store = PgStore::connect_with_options((*pool.connect_options()).clone(), &options)
+        .await
+        .unwrap();
+    let held_routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
+    let other_routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
+    let (held, other) = (minute_of(&held_routine, 0), minute_of(&other_routine, 0));
+    for o in [held, other] {
+        seed_fire(&pool, o, &Seed::claimed(30.0)).await;
+        store.begin_run(o).await.unwrap();
+    }
+    // A caller deletes one routine from SQL and keeps its transaction open.
+    let mut caller = pool.begin().await.unwrap();
+    sqlx::query("SELECT cm.delete_routine($1)")
+        .bind(held_routine.id)
+        .execute(&mut *caller)
+        .await
+        .unwrap();
+
+    let ended = RunState::exited(0, "");
+    let updates = [
+        (held, RunUpdate::Observed(ended.clone())),
+        (other, RunUpdate::Observed(ended.clone())),
+    ];
+    // The other routine's run is ended; the held one is skipped, not waited on.
+    assert_eq!(
+        store.record_runs(&updates).await.unwrap(),
+        [(other, ended.clone())]
+    );
+    assert_eq!(
+        fire_of(&store, other).await.run_state.as_deref(),
+        Some("succeeded")
+    );
+    // The caller lets go without deleting: the next pass ends the held run.
+    caller.rollback().await.unwrap();
+    assert_eq!(unfinished_occurrences(&store).await, [held]);
+    assert_eq!(store.record_runs(&updates).await.unwrap(), [(held, ended)]);
+}

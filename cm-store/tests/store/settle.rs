@@ -2,7 +2,7 @@
 
 use cm_domain::claim::MAX_ERROR_BYTES;
 use cm_domain::{ClaimOutcome, ErrorText, FireOutcome, MisfirePolicy, Settlement};
-use cm_store::{ClaimedFire, FireFilter, FireLedger, FireRef, PgStore, SettleOutcome};
+use cm_store::{ClaimedFire, FireFilter, FireLedger, FireRef, FireSettle, PgStore, SettleOutcome};
 use sqlx::PgPool;
 
 use crate::support::{due_yearly, expire_lease, fire_of, params, reap_params};
@@ -357,4 +357,144 @@ async fn a_settle_after_the_routine_was_deleted_says_it_is_gone(pool: PgPool) {
             .unwrap(),
         SettleOutcome::Gone
     );
+}
+
+/// Three routines with this year's occurrence claimed by `a`, and a store whose connections give
+/// up a lock wait after 300 ms, as a scheduler's do (`StoreOptions::for_lease`).
+async fn three_claimed(pool: &PgPool) -> (PgStore, Vec<ClaimedFire>) {
+    let setup = PgStore::new(pool.clone());
+    for _ in 0..3 {
+        due_yearly(&setup, pool, MisfirePolicy::FireOnce).await;
+    }
+    let tick = setup.claim_due(&params("a")).await.unwrap();
+    assert_eq!(tick.fires.len(), 3);
+    let options = cm_store::StoreOptions {
+        lock_timeout: Some(std::time::Duration::from_millis(300)),
+        ..cm_store::StoreOptions::default()
+    };
+    let store = PgStore::connect_with_options((*pool.connect_options()).clone(), &options)
+        .await
+        .unwrap();
+    (store, tick.fires)
+}
+
+fn fired(fire: &ClaimedFire) -> FireSettle {
+    FireSettle {
+        fire: fire.fire_ref(),
+        settlement: Settlement::Fired,
+        receipt: Some("ok".into()),
+    }
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_batched_settle_settles_around_a_row_another_transaction_holds(pool: PgPool) {
+    let (store, fires) = three_claimed(&pool).await;
+    // A caller deletes the middle routine from SQL and keeps its transaction open: the
+    // routine's fire rows are locked until it ends.
+    let held = fires[1].occurrence.routine_id;
+    let mut caller = pool.begin().await.unwrap();
+    let deleted: bool = sqlx::query_scalar("SELECT cm.delete_routine($1)")
+        .bind(held)
+        .fetch_one(&mut *caller)
+        .await
+        .unwrap();
+    assert!(deleted);
+
+    let settles: Vec<FireSettle> = fires.iter().map(fired).collect();
+    let outcomes = store.settle_fires(&settles).await.unwrap();
+    assert_eq!(
+        outcomes,
+        [
+            SettleOutcome::Settled,
+            SettleOutcome::Locked,
+            SettleOutcome::Settled
+        ]
+    );
+    for fire in [&fires[0], &fires[2]] {
+        assert_eq!(fire_of(&store, fire.occurrence).await.status, "fired");
+    }
+    // A single settle skips the locked row the same way, and a settle that waits for it gives
+    // up after its wait, changing nothing.
+    assert_eq!(
+        store
+            .settle_fire(&fires[1].fire_ref(), &Settlement::Fired)
+            .await
+            .unwrap(),
+        SettleOutcome::Locked
+    );
+    assert_eq!(
+        store
+            .settle_waiting(&settles[1], std::time::Duration::from_millis(50))
+            .await
+            .unwrap(),
+        SettleOutcome::Locked
+    );
+
+    // The caller changes its mind: the row is the claim's again, and settles.
+    caller.rollback().await.unwrap();
+    assert_eq!(
+        store.settle_fires(&settles[1..2]).await.unwrap(),
+        [SettleOutcome::Settled]
+    );
+    assert_eq!(fire_of(&store, fires[1].occurrence).await.status, "fired");
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_settle_waiting_on_a_lock_takes_the_row_when_its_holder_lets_go(pool: PgPool) {
+    let (store, fires) = three_claimed(&pool).await;
+    let occurrence = fires[0].occurrence;
+    // The lease ran out while another transaction held the row.
+    expire_lease(&pool, occurrence).await;
+    let mut caller = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM routine_fires WHERE routine_id = $1 FOR UPDATE")
+        .bind(occurrence.routine_id)
+        .execute(&mut *caller)
+        .await
+        .unwrap();
+
+    // The settle queues on the lock; a reaper meanwhile skips the row rather than queue.
+    let waiting = {
+        let store = store.clone();
+        let settle = fired(&fires[0]);
+        tokio::spawn(async move {
+            store
+                .settle_waiting(&settle, std::time::Duration::from_secs(60))
+                .await
+        })
+    };
+    crate::support::lock_waiters(&pool, 1).await;
+    let reaped = store.reap_expired(&reap_params("b", 10)).await.unwrap();
+    assert!(reaped.fires.is_empty(), "{reaped:?}");
+
+    // The holder lets go without changing the row: the waiting settle has it first.
+    caller.commit().await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap(), SettleOutcome::Settled);
+    let row = fire_of(&store, occurrence).await;
+    assert_eq!((row.status.as_str(), row.attempt), ("fired", 1));
+    let reaped = store.reap_expired(&reap_params("b", 10)).await.unwrap();
+    assert!(reaped.fires.iter().all(|f| f.occurrence != occurrence));
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_settle_whose_locked_row_was_deleted_says_it_is_gone(pool: PgPool) {
+    let (store, fires) = three_claimed(&pool).await;
+    let routine_id = fires[0].occurrence.routine_id;
+    let mut caller = pool.begin().await.unwrap();
+    sqlx::query("SELECT cm.delete_routine($1)")
+        .bind(routine_id)
+        .execute(&mut *caller)
+        .await
+        .unwrap();
+    let waiting = {
+        let store = store.clone();
+        let settle = fired(&fires[0]);
+        tokio::spawn(async move {
+            store
+                .settle_waiting(&settle, std::time::Duration::from_secs(60))
+                .await
+        })
+    };
+    crate::support::lock_waiters(&pool, 1).await;
+    caller.commit().await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap(), SettleOutcome::Gone);
 }

@@ -49,17 +49,32 @@ pub(crate) fn list_fires_statement(outcome: Option<FireOutcome>) -> &'static str
 /// [`FireLedger::settle_fires`](super::FireLedger::settle_fires)'s fenced update of a batch:
 /// `$1` to `$7` the occurrences, their claims' tokens and attempts, and each one's status, error
 /// and receipt; `group:` keeps it in one group, or is empty. Returns the rows it settled.
+///
+/// The rows are picked and locked first, `FOR UPDATE SKIP LOCKED`, and only those are updated:
+/// a row another transaction holds (a caller's open `cm.delete_routine`, say) is left out of
+/// the batch instead of making the whole statement wait on it and fail on `lock_timeout`. The
+/// caller finds it still held by its claim ([`PRESENT_FIRES_SQL`]) and settles it later.
 macro_rules! settle_fires_sql {
     (group: $tail:literal) => {
         concat!(
-            "UPDATE cm.routine_fires AS f
-             SET status = t.status, error = t.error, receipt = t.receipt, completed_at = now()
-             FROM UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
-                         $6::text[], $7::text[])
-                  AS t(routine_id, scheduled_at, claim_token, attempt, status, error, receipt)
-             WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
-               AND f.claim_token = t.claim_token AND f.attempt = t.attempt
-               AND f.status = 'claimed'",
+            "WITH held AS (
+                 SELECT f.routine_id, f.scheduled_at, f.group_id, t.status, t.error, t.receipt
+                 FROM routine_fires AS f
+                 JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
+                             $6::text[], $7::text[])
+                      AS t(routine_id, scheduled_at, claim_token, attempt, status, error, receipt)
+                   ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
+                 WHERE f.claim_token = t.claim_token AND f.attempt = t.attempt
+                   AND f.status = 'claimed'",
+            $tail,
+            "
+                 FOR UPDATE OF f SKIP LOCKED
+             )
+             UPDATE routine_fires AS f
+             SET status = h.status, error = h.error, receipt = h.receipt, completed_at = now()
+             FROM held AS h
+             WHERE f.routine_id = h.routine_id AND f.scheduled_at = h.scheduled_at
+               AND f.group_id = h.group_id",
             $tail,
             " RETURNING f.routine_id, f.scheduled_at"
         )
@@ -72,19 +87,46 @@ pub(crate) const SETTLE_FIRES_SQL: &str = settle_fires_sql!(group: "");
 /// [`settle_fires_sql!`] within the group `$8`.
 pub(crate) const SETTLE_GROUP_FIRES_SQL: &str = settle_fires_sql!(group: " AND f.group_id = $8");
 
+/// The fenced settle of one claim that waits for its row's lock (up to the transaction's
+/// `lock_timeout`) instead of skipping it: `$1` to `$7` as in [`settle_fires_sql!`], one element
+/// each, `$8` the group. A settle that found its row locked comes back through this one, so
+/// that, queued on the lock, it takes the row before any reaper can (the reaper skips locked
+/// rows rather than queue).
+pub(crate) const SETTLE_WAITING_SQL: &str = "UPDATE routine_fires AS f
+             SET status = t.status, error = t.error, receipt = t.receipt, completed_at = now()
+             FROM UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
+                         $6::text[], $7::text[])
+                  AS t(routine_id, scheduled_at, claim_token, attempt, status, error, receipt)
+             WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
+               AND f.claim_token = t.claim_token AND f.attempt = t.attempt
+               AND f.status = 'claimed' AND f.group_id = $8
+             RETURNING f.routine_id, f.scheduled_at";
+
+/// Sets the transaction's `lock_timeout` to `$1` (text, such as `250ms`).
+pub(crate) const LOCAL_LOCK_TIMEOUT_SQL: &str = "SELECT set_config('lock_timeout', $1, true)";
+
 /// Which of the occurrences `$1`/`$2` (routines and instants) a batch settle did not settle are
-/// still in the ledger: taken over by another claimant rather than gone with their routine.
-pub(crate) const PRESENT_FIRES_SQL: &str = "SELECT f.routine_id, f.scheduled_at
-                 FROM cm.routine_fires f
-                 JOIN UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)
+/// still in the ledger, and whether each is still held by its claim (`$3`/`$4` the tokens and
+/// attempts): such a row was skipped because another transaction held its lock. A row present
+/// but not held was taken over by another claimant (or settled) rather than gone with its
+/// routine.
+pub(crate) const PRESENT_FIRES_SQL: &str = "SELECT f.routine_id, f.scheduled_at,
+                        (f.claim_token = t.claim_token AND f.attempt = t.attempt
+                         AND f.status = 'claimed') AS held
+                 FROM routine_fires f
+                 JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[])
+                      AS t(routine_id, scheduled_at, claim_token, attempt)
                    ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at";
 
-/// [`PRESENT_FIRES_SQL`] within the group `$3`.
-pub(crate) const PRESENT_GROUP_FIRES_SQL: &str = "SELECT f.routine_id, f.scheduled_at
-                 FROM cm.routine_fires f
-                 JOIN UNNEST($1::uuid[], $2::timestamptz[]) AS t(routine_id, scheduled_at)
+/// [`PRESENT_FIRES_SQL`] within the group `$5`.
+pub(crate) const PRESENT_GROUP_FIRES_SQL: &str = "SELECT f.routine_id, f.scheduled_at,
+                        (f.claim_token = t.claim_token AND f.attempt = t.attempt
+                         AND f.status = 'claimed') AS held
+                 FROM routine_fires f
+                 JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[])
+                      AS t(routine_id, scheduled_at, claim_token, attempt)
                    ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
-                 WHERE f.group_id = $3";
+                 WHERE f.group_id = $5";
 
 /// Records on a claim still held (`$1`/`$2` the occurrence, `$3`/`$4` the claim's token and
 /// attempt) the error `$5` its attempt met.
@@ -119,21 +161,6 @@ pub(crate) const PRUNE_SQL: &str = prune_sql!(group: "");
 
 /// Prunes settled fires of the group `$3`.
 pub(crate) const PRUNE_GROUP_SQL: &str = prune_sql!(group: " AND group_id = $3");
-
-/// The settle. `$1`/`$2` the occurrence, `$3`/`$4` the claim's token and attempt, `$5` the
-/// status, `$6` the error. Returns whether it settled the row and whether the row exists at
-/// all (the second reads the statement's snapshot, from before the update), so a settle that
-/// changed nothing tells a takeover from a deleted routine in the same round trip.
-pub(crate) const SETTLE_SQL: &str = "
-WITH settled AS (
-    UPDATE cm.routine_fires
-    SET status = $5, error = $6, completed_at = now()
-    WHERE routine_id = $1 AND scheduled_at = $2
-      AND claim_token = $3 AND attempt = $4 AND status = 'claimed'
-    RETURNING 1
-)
-SELECT EXISTS (SELECT 1 FROM settled) AS settled,
-       EXISTS (SELECT 1 FROM cm.routine_fires WHERE routine_id = $1 AND scheduled_at = $2) AS present";
 
 /// The reaper's statement; `expired:` and `taken:` keep the rows it finds and the rows it
 /// updates in one group, or are empty.

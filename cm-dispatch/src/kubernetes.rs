@@ -817,28 +817,57 @@ impl crate::MissionRuntime for KubernetesDispatcher {
         Ok(missing)
     }
 
+    /// Deletes the Job with foreground propagation, then reads it back until it is gone: the
+    /// API server keeps a Job deleted in the foreground (with its `deletionTimestamp`) until
+    /// the garbage collector has deleted its pods, and a pod is deleted once the kubelet saw
+    /// its containers end. So `Ok` means no pod of the run is left; a Job still there at the
+    /// deadline is an unconfirmed stop (its deletion goes on).
     async fn stop(
         &self,
         run: &crate::RunRef,
         deadline: std::time::Instant,
     ) -> Result<(), DispatchError> {
         let name = job_name(&run.name);
-        // Background propagation: the Job goes now, and the garbage collector deletes its pods.
-        let params = kube::api::DeleteParams::background();
-        self.retrying(
-            Instant::from_std(deadline),
-            &format!("delete Job {name}"),
-            || async {
-                match self.jobs.delete(&name, &params).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if status_code(&e) == Some(404) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            },
-        )
-        .await
+        let deadline = Instant::from_std(deadline);
+        let params = kube::api::DeleteParams::foreground();
+        self.retrying(deadline, &format!("delete Job {name}"), || async {
+            match self.jobs.delete(&name, &params).await {
+                Ok(_) => Ok(()),
+                Err(e) if status_code(&e) == Some(404) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
+        let mut pause = STOP_POLL_FIRST;
+        loop {
+            let Some(job) = self.read_job(&name, deadline).await? else {
+                return Ok(());
+            };
+            let now = Instant::now();
+            if now + STOP_POLL_FIRST >= deadline {
+                let deleting = job.metadata.deletion_timestamp.is_some();
+                return Err(DispatchError::Unconfirmed(format!(
+                    "kubernetes delete Job {}/{name}: the Job {} at the deadline",
+                    self.namespace,
+                    if deleting {
+                        "and its pods were still being deleted"
+                    } else {
+                        "was still there"
+                    }
+                )));
+            }
+            // The last read comes a moment before the deadline, so its answer is still heard.
+            tokio::time::sleep(pause.min(deadline - now - STOP_POLL_FIRST)).await;
+            pause = (pause * 2).min(STOP_POLL_MOST);
+        }
     }
 }
+
+/// How long a stop first waits before reading a Job it deleted back.
+const STOP_POLL_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The longest a stop waits between two reads of a Job being deleted.
+const STOP_POLL_MOST: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

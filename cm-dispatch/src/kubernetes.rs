@@ -817,11 +817,9 @@ impl crate::MissionRuntime for KubernetesDispatcher {
         Ok(missing)
     }
 
-    /// Deletes the Job with foreground propagation, then reads it back until it is gone: the
-    /// API server keeps a Job deleted in the foreground (with its `deletionTimestamp`) until
-    /// the garbage collector has deleted its pods, and a pod is deleted once the kubelet saw
-    /// its containers end. So `Ok` means no pod of the run is left; a Job still there at the
-    /// deadline is an unconfirmed stop (its deletion goes on).
+    /// Deletes the Job in the foreground and reads it back until it is gone: the API server
+    /// keeps it (with a `deletionTimestamp`) until its pods are deleted. A Job still there at
+    /// the deadline is an unconfirmed stop (its deletion goes on).
     async fn stop(
         &self,
         run: &crate::RunRef,
@@ -845,28 +843,21 @@ impl crate::MissionRuntime for KubernetesDispatcher {
             };
             let now = Instant::now();
             if now + STOP_POLL_FIRST >= deadline {
-                let deleting = job.metadata.deletion_timestamp.is_some();
-                return Err(DispatchError::Unconfirmed(format!(
-                    "kubernetes delete Job {}/{name}: the Job {} at the deadline",
-                    self.namespace,
-                    if deleting {
-                        "and its pods were still being deleted"
-                    } else {
-                        "was still there"
-                    }
-                )));
+                let (ns, deleting) = (&self.namespace, job.metadata.deletion_timestamp.is_some());
+                let what = ["was still there", "and its pods were still being deleted"];
+                let what = what[usize::from(deleting)];
+                let why =
+                    format!("kubernetes delete Job {ns}/{name}: the Job {what} at the deadline");
+                return Err(DispatchError::Unconfirmed(why));
             }
-            // The last read comes a moment before the deadline, so its answer is still heard.
             tokio::time::sleep(pause.min(deadline - now - STOP_POLL_FIRST)).await;
             pause = (pause * 2).min(STOP_POLL_MOST);
         }
     }
 }
 
-/// How long a stop first waits before reading a Job it deleted back.
+/// A stop's first and longest wait between reads of a Job it deleted.
 const STOP_POLL_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// The longest a stop waits between two reads of a Job being deleted.
 const STOP_POLL_MOST: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]

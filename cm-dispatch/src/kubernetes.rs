@@ -817,28 +817,48 @@ impl crate::MissionRuntime for KubernetesDispatcher {
         Ok(missing)
     }
 
+    /// Deletes the Job in the foreground and reads it back until it is gone: the API server
+    /// keeps it (with a `deletionTimestamp`) until its pods are deleted. A Job still there at
+    /// the deadline is an unconfirmed stop (its deletion goes on).
     async fn stop(
         &self,
         run: &crate::RunRef,
         deadline: std::time::Instant,
     ) -> Result<(), DispatchError> {
         let name = job_name(&run.name);
-        // Background propagation: the Job goes now, and the garbage collector deletes its pods.
-        let params = kube::api::DeleteParams::background();
-        self.retrying(
-            Instant::from_std(deadline),
-            &format!("delete Job {name}"),
-            || async {
-                match self.jobs.delete(&name, &params).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if status_code(&e) == Some(404) => Ok(()),
-                    Err(e) => Err(e),
-                }
-            },
-        )
-        .await
+        let deadline = Instant::from_std(deadline);
+        let params = kube::api::DeleteParams::foreground();
+        self.retrying(deadline, &format!("delete Job {name}"), || async {
+            match self.jobs.delete(&name, &params).await {
+                Ok(_) => Ok(()),
+                Err(e) if status_code(&e) == Some(404) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+        .await?;
+        let mut pause = STOP_POLL_FIRST;
+        loop {
+            let Some(job) = self.read_job(&name, deadline).await? else {
+                return Ok(());
+            };
+            let now = Instant::now();
+            if now + STOP_POLL_FIRST >= deadline {
+                let (ns, deleting) = (&self.namespace, job.metadata.deletion_timestamp.is_some());
+                let what = ["was still there", "and its pods were still being deleted"];
+                let what = what[usize::from(deleting)];
+                let why =
+                    format!("kubernetes delete Job {ns}/{name}: the Job {what} at the deadline");
+                return Err(DispatchError::Unconfirmed(why));
+            }
+            tokio::time::sleep(pause.min(deadline - now - STOP_POLL_FIRST)).await;
+            pause = (pause * 2).min(STOP_POLL_MOST);
+        }
     }
 }
+
+/// A stop's first and longest wait between reads of a Job it deleted.
+const STOP_POLL_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+const STOP_POLL_MOST: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {

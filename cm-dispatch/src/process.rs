@@ -21,6 +21,20 @@
 //! when the child started (`started_at <RFC 3339>`); the exit file's time is when it ended. A
 //! run's report is those times and the log's last [`MAX_RUN_OUTPUT`](crate::MAX_RUN_OUTPUT)
 //! bytes, read from its end.
+//!
+//! The work directory is made absolute (and its symbolic links resolved) when the backend is
+//! built, and the runner's place ([`MissionRuntime::place`](crate::MissionRuntime::place)) is
+//! `HOST:DIR`, this host's name and that directory, recorded on every run's fire. A scheduler
+//! judges a run only from the files at its recorded place: a run whose place is on this host,
+//! in a directory this scheduler can read, is watched and stopped from there whatever its own
+//! work directory; a run on another host, or in a directory it cannot see, is left to a
+//! scheduler that can ([`MissionRuntime::sees`](crate::MissionRuntime::sees)), and never judged
+//! lost for the absence of files in this scheduler's own directory.
+//!
+//! A stop sends SIGTERM to the run's process group and waits until no process of the group is
+//! left (zombies not counted); after [`STOP_GRACE`] it sends SIGKILL and waits [`KILL_WAIT`]
+//! more. Only a group gone confirms the stop; one still there at the stop's deadline is an
+//! error, and the run may still be running.
 
 use std::ffi::OsString;
 use std::io::{Read as _, Seek as _, Write as _};
@@ -40,6 +54,8 @@ pub struct ProcessDispatcher {
     program: PathBuf,
     args: Vec<OsString>,
     workdir: PathBuf,
+    /// This host's name, the first half of the runner's place.
+    host: String,
     path: Option<OsString>,
     policy: MissionPolicy,
     resolver: std::sync::Arc<dyn HostResolver>,
@@ -47,9 +63,10 @@ pub struct ProcessDispatcher {
 
 impl ProcessDispatcher {
     /// Runs `program` with `args` for every mission, keeping markers and logs in `workdir`
-    /// (created if missing). A `program` without a `/` is looked up now in this process's
-    /// `PATH` (an error if it is not there); one with a `/` is made absolute against the current
-    /// directory, since the child starts in `workdir`.
+    /// (created if missing, then made absolute against the current directory with its symbolic
+    /// links resolved: the runner's place names it whole). A `program` without a `/` is looked
+    /// up now in this process's `PATH` (an error if it is not there); one with a `/` is made
+    /// absolute against the current directory, since the child starts in `workdir`.
     pub fn new(
         program: impl Into<OsString>,
         args: Vec<OsString>,
@@ -59,10 +76,12 @@ impl ProcessDispatcher {
         let program = resolve_program(&program.into(), path.as_deref())?;
         let workdir = workdir.into();
         std::fs::create_dir_all(&workdir)?;
+        let workdir = std::fs::canonicalize(&workdir)?;
         Ok(ProcessDispatcher {
             program,
             args,
             workdir,
+            host: this_host(),
             path,
             policy: MissionPolicy::default(),
             resolver: std::sync::Arc::new(SystemResolver),
@@ -91,6 +110,11 @@ impl ProcessDispatcher {
         &self.program
     }
 
+    /// The work directory, absolute, as the runner's place names it.
+    pub fn workdir(&self) -> &Path {
+        &self.workdir
+    }
+
     /// The marker of the occurrence named `name`.
     pub fn marker_path(&self, name: &str) -> PathBuf {
         self.workdir.join(format!("{name}.launched"))
@@ -98,27 +122,69 @@ impl ProcessDispatcher {
 
     /// The file the wrapper writes the exit status of the occurrence named `name` to.
     fn exit_path(&self, name: &str) -> PathBuf {
-        self.workdir.join(format!("{name}.exit"))
+        exit_in(&self.workdir, name)
     }
 
-    /// How the run of `name` ended, if its exit file says so yet, with the file's time.
-    fn ended(
-        &self,
-        name: &str,
-    ) -> Option<(cm_domain::RunState, Option<chrono::DateTime<chrono::Utc>>)> {
-        let path = self.exit_path(name);
-        let text = std::fs::read_to_string(&path).ok()?;
-        // Written whole, through a rename; a file without its line is still being written.
-        if !text.contains('\n') {
+    /// The directory holding the files of `run`: the one its recorded place names, when it is
+    /// on this host and this process can see it (this runner's own directory for a run with no
+    /// place recorded); `None` when this scheduler cannot see the run's files.
+    fn folder_of(&self, run: &crate::RunRef) -> Option<PathBuf> {
+        let Some(place) = &run.place else {
+            return Some(self.workdir.clone());
+        };
+        let (host, dir) = place.split_once(':')?;
+        let dir = Path::new(dir);
+        if host != self.host || !dir.is_absolute() {
             return None;
         }
-        let at = recorded_time(&text, FINISHED_AT).or_else(|| {
-            let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
-            Some(chrono::DateTime::<chrono::Utc>::from(modified))
-        });
-        Some((exit_run_state(&text), at))
+        if dir == self.workdir || dir.is_dir() {
+            return Some(dir.to_path_buf());
+        }
+        None
     }
 
+    /// Why `run` is not this scheduler's to judge or stop.
+    fn unseen(&self, run: &crate::RunRef) -> DispatchError {
+        DispatchError::Unavailable(format!(
+            "the files of run {} are at {}, which this scheduler (at {}:{}) cannot see; \
+             a scheduler there judges and stops it",
+            run.name,
+            run.place.as_deref().unwrap_or_default(),
+            self.host,
+            self.workdir.display()
+        ))
+    }
+}
+
+/// The marker of the occurrence named `name` in `folder`.
+fn marker_in(folder: &Path, name: &str) -> PathBuf {
+    folder.join(format!("{name}.launched"))
+}
+
+/// The exit file of the occurrence named `name` in `folder`.
+fn exit_in(folder: &Path, name: &str) -> PathBuf {
+    folder.join(format!("{name}.exit"))
+}
+
+/// When a run ended and how, as its exit file records them.
+type Ended = (cm_domain::RunState, Option<chrono::DateTime<chrono::Utc>>);
+
+/// How the run of `name` in `folder` ended, if its exit file says so yet, with the file's time.
+fn ended_in(folder: &Path, name: &str) -> Option<Ended> {
+    let path = exit_in(folder, name);
+    let text = std::fs::read_to_string(&path).ok()?;
+    // Written whole, through a rename; a file without its line is still being written.
+    if !text.contains('\n') {
+        return None;
+    }
+    let at = recorded_time(&text, FINISHED_AT).or_else(|| {
+        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
+        Some(chrono::DateTime::<chrono::Utc>::from(modified))
+    });
+    Some((exit_run_state(&text), at))
+}
+
+impl ProcessDispatcher {
     fn launch(&self, launch: &Launch) -> Result<Receipt, DispatchError> {
         let marker_path = self.marker_path(&launch.name);
         let mut marker = match std::fs::OpenOptions::new()
@@ -381,66 +447,111 @@ impl crate::MissionRuntime for ProcessDispatcher {
 
     /// The exit file once the program ended; while it has none, running if the marker's pid is
     /// still the wrapper it started (whether this scheduler started it or one before a
-    /// restart), else lost.
+    /// restart, or another scheduler on this host with another work directory), else lost. All
+    /// read in the folder the run's place names; a run whose files this scheduler cannot see
+    /// is an error, never a verdict.
     async fn observe(
         &self,
         run: &crate::RunRef,
         _deadline: std::time::Instant,
     ) -> Result<cm_domain::RunState, DispatchError> {
-        if let Some((state, _)) = self.ended(&run.name) {
+        let Some(folder) = self.folder_of(run) else {
+            return Err(self.unseen(run));
+        };
+        if let Some((state, _)) = ended_in(&folder, &run.name) {
             return Ok(state);
         }
-        let marker = std::fs::read_to_string(self.marker_path(&run.name)).unwrap_or_default();
+        let marker = std::fs::read_to_string(marker_in(&folder, &run.name)).unwrap_or_default();
         let pid = recorded_pid(&marker).unwrap_or_default();
         if is_the_run(pid, &marker) {
             return Ok(cm_domain::RunState::Running);
         }
         // The wrapper may have written the exit and gone between the two reads.
-        if let Some((state, _)) = self.ended(&run.name) {
+        if let Some((state, _)) = ended_in(&folder, &run.name) {
             return Ok(state);
         }
         Ok(cm_domain::RunState::Lost {
             reason: cm_domain::ErrorText::new(format!(
                 "no process {} and no exit status in {}",
                 if pid.is_empty() { "recorded" } else { pid },
-                self.exit_path(&run.name).display()
+                exit_in(&folder, &run.name).display()
             )),
         })
     }
 
-    /// Sends SIGTERM to the child's process group (it runs in a group of its own).
+    /// Sends SIGTERM to the run's process group (it runs in a group of its own) and waits
+    /// until no process of the group is left; after [`STOP_GRACE`], SIGKILL, and [`KILL_WAIT`]
+    /// more. `Ok` only once the group is gone; a run whose files this scheduler cannot see is
+    /// not stopped.
     async fn stop(
         &self,
         run: &crate::RunRef,
-        _deadline: std::time::Instant,
+        deadline: std::time::Instant,
     ) -> Result<(), DispatchError> {
-        let marker = std::fs::read_to_string(self.marker_path(&run.name)).unwrap_or_default();
+        let Some(folder) = self.folder_of(run) else {
+            return Err(self.unseen(run));
+        };
+        let marker = std::fs::read_to_string(marker_in(&folder, &run.name)).unwrap_or_default();
         let Some(pid) = recorded_pid(&marker) else {
             return Ok(());
         };
         // An ended run, or a pid now another process's, gets no signal.
-        if self.ended(&run.name).is_some() || !is_the_run(pid, &marker) {
+        if ended_in(&folder, &run.name).is_some() || !is_the_run(pid, &marker) {
             return Ok(());
         }
-        let _ = tokio::process::Command::new("kill")
-            .args(["-TERM", "--", &format!("-{pid}")])
-            .status()
-            .await;
+        let Ok(group) = pid.parse::<u32>() else {
+            return Ok(());
+        };
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let began = tokio::time::Instant::now();
+        signal_group(group, "TERM").await;
+        if group_gone_by(group, deadline.min(began + STOP_GRACE)).await {
+            return Ok(());
+        }
+        let still = |what: &str| {
+            DispatchError::Unconfirmed(format!(
+                "process group {group} of run {} still runs {:.1} s after {what}",
+                run.name,
+                began.elapsed().as_secs_f64()
+            ))
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(still("SIGTERM"));
+        }
+        signal_group(group, "KILL").await;
+        if !group_gone_by(group, deadline.min(tokio::time::Instant::now() + KILL_WAIT)).await {
+            return Err(still("SIGTERM, then SIGKILL"));
+        }
+        // The wrapper was killed with the rest and could not record the end: the stop does,
+        // as Docker reports a kill (128 + 9), unless the wrapper's parent already did.
+        record_killed(&exit_in(&folder, &run.name));
         Ok(())
+    }
+
+    fn place(&self) -> Option<String> {
+        Some(format!("{}:{}", self.host, self.workdir.display()))
+    }
+
+    fn sees(&self, run: &crate::RunRef) -> bool {
+        self.folder_of(run).is_some()
     }
 
     /// The last 16 KiB of `<key>.log` (`None` without one), the start the marker records and
     /// the end the exit file records (each `None` when not recorded: a marker written before
-    /// times were, a run still going or whose scheduler died before it ended).
+    /// times were, a run still going or whose scheduler died before it ended), in the folder
+    /// the run's place names.
     async fn report(
         &self,
         run: &crate::RunRef,
         _deadline: std::time::Instant,
     ) -> Result<crate::RunReport, DispatchError> {
+        let Some(folder) = self.folder_of(run) else {
+            return Err(self.unseen(run));
+        };
         let read = |path: PathBuf| std::fs::read_to_string(path).unwrap_or_default();
-        let marker = read(self.marker_path(&run.name));
+        let marker = read(marker_in(&folder, &run.name));
         let started_at = recorded_time(&marker, STARTED_AT);
-        let log = self.workdir.join(format!("{}.log", run.name));
+        let log = folder.join(format!("{}.log", run.name));
         let output = log_tail(&log).map_err(|e| {
             DispatchError::Unavailable(format!("cannot read {}: {e}", log.display()))
         })?;
@@ -448,12 +559,104 @@ impl crate::MissionRuntime for ProcessDispatcher {
             output,
             started_at,
             // A file's time is coarser than the clock: never before the start.
-            finished_at: self
-                .ended(&run.name)
+            finished_at: ended_in(&folder, &run.name)
                 .and_then(|(_, at)| at)
                 .map(|at| started_at.map_or(at, |started| at.max(started))),
         })
     }
+}
+
+/// How long a stop waits after SIGTERM for the run's process group to exit before it sends
+/// SIGKILL: 10 s, as `docker stop` and the Docker backend's default grace.
+pub const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a stop waits after SIGKILL for the group to be gone before it reports the stop
+/// unconfirmed (a process in uninterruptible sleep outlives a SIGKILL until its I/O returns).
+pub const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How often a stop looks whether the group is gone.
+const GROUP_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Sends `SIG` to every process of the group `group`.
+async fn signal_group(group: u32, signal: &str) {
+    let _ = tokio::process::Command::new("kill")
+        .args([&format!("-{signal}"), "--", &format!("-{group}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+}
+
+/// Whether the process group `group` is gone by `until`, looking every [`GROUP_POLL`].
+async fn group_gone_by(group: u32, until: tokio::time::Instant) -> bool {
+    loop {
+        let alive = tokio::task::spawn_blocking(move || group_alive(group))
+            .await
+            .unwrap_or(true);
+        if !alive {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return false;
+        }
+        tokio::time::sleep(GROUP_POLL.min(until - now)).await;
+    }
+}
+
+/// Whether a process of the group `group` is alive (a zombie, ended and not yet reaped, is
+/// not), from `/proc/*/stat`; `true` when `/proc` cannot be read, since nothing confirms the
+/// group gone then.
+fn group_alive(group: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    entries.filter_map(Result::ok).any(|entry| {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // The command name, in parentheses, may hold spaces: the state, the parent and the
+        // group follow it.
+        let Some(after) = stat.rfind(')').map(|at| &stat[at + 1..]) else {
+            return false;
+        };
+        let mut fields = after.split_whitespace();
+        let state = fields.next().unwrap_or_default();
+        let pgrp = fields.nth(1).and_then(|g| g.parse::<u32>().ok());
+        pgrp == Some(group) && !matches!(state, "Z" | "X")
+    })
+}
+
+/// Records the end of a run whose wrapper a stop killed (`exit status: 137`, as Docker reports
+/// SIGKILL) at `exit_path`, unless something recorded it first: written beside it, then linked
+/// in place, which never replaces a file already there.
+fn record_killed(exit_path: &Path) {
+    let part = exit_path.with_extension("exit.stopped");
+    let text = format!(
+        "exit status: 137\n{FINISHED_AT} {}\n",
+        rfc3339(chrono::Utc::now())
+    );
+    if std::fs::write(&part, text).is_ok() {
+        let _ = std::fs::hard_link(&part, exit_path);
+    }
+    let _ = std::fs::remove_file(&part);
+}
+
+/// This host's name (`/proc/sys/kernel/hostname`), or `localhost` when it cannot be read.
+fn this_host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty() && !name.contains(':'))
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 #[async_trait]

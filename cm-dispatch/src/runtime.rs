@@ -41,6 +41,21 @@ pub struct RunRef {
     /// The runtime name: the occurrence's idempotency key (the container's name, the key the
     /// Job name is derived from, the process runner's marker).
     pub name: String,
+    /// Where the run's evidence is, as the runtime that launched it named its place
+    /// ([`MissionRuntime::place`]) and the ledger recorded it; `None` when nothing was
+    /// recorded (a runtime every scheduler sees alike, or a run begun before places were).
+    pub place: Option<String>,
+}
+
+impl RunRef {
+    /// The run named `name`, with no place recorded: looked for where this runtime keeps its
+    /// own runs.
+    pub fn named(name: impl Into<String>) -> RunRef {
+        RunRef {
+            name: name.into(),
+            place: None,
+        }
+    }
 }
 
 /// A mission runtime, seen after its launches.
@@ -56,9 +71,29 @@ pub trait MissionRuntime: Send + Sync {
     /// [`RunState::Lost`].
     async fn observe(&self, run: &RunRef, deadline: Instant) -> Result<RunState, DispatchError>;
 
-    /// Stops the run (Docker stop with the configured grace, the Job deleted with its pods). A run
-    /// already ended or gone is stopped already.
+    /// Stops the run, and returns `Ok` only once the runtime confirms it is gone: the
+    /// container stopped (Docker stop with the configured grace), the Job and its pods deleted
+    /// (foreground deletion, read back until the Job is gone), the process group exited. A run
+    /// already ended or gone is stopped already. A stop not confirmed by `deadline` is an
+    /// error, and the run may still be running.
     async fn stop(&self, run: &RunRef, deadline: Instant) -> Result<(), DispatchError>;
+
+    /// Where this runtime keeps the evidence of the runs it launches, when that differs from
+    /// one scheduler to another (the process runner: its host and its absolute work
+    /// directory); recorded on each run's fire as it begins, and handed back in
+    /// [`RunRef::place`]. `None` (the default) for a runtime every scheduler asks alike.
+    fn place(&self) -> Option<String> {
+        None
+    }
+
+    /// Whether this runtime can see the evidence of `run`, recorded at [`RunRef::place`]: only
+    /// then may it judge the run (and say it is [`RunState::Lost`]). A run it cannot see is
+    /// left to a scheduler that can. `true` (the default) for a runtime every scheduler asks
+    /// alike.
+    fn sees(&self, run: &RunRef) -> bool {
+        let _ = run;
+        true
+    }
 
     /// What the scheduler's identity may not do of what this backend needs, each as
     /// `verb resource` (`delete jobs`), asked of the runtime once it answers: the scheduler

@@ -66,9 +66,12 @@ impl RunWatch {
         occurrence: Occurrence,
         deadline: Instant,
     ) -> Result<BeforeLaunch, StoreError> {
-        let mut take = self.store.take_run(occurrence).await?;
+        // Where the runtime keeps the run's evidence, recorded as its run begins, so whichever
+        // scheduler watches it looks there (and one that cannot see it leaves it alone).
+        let place = self.runtime.place();
+        let mut take = self.store.take_run(occurrence, place.clone()).await?;
         for _ in 0..REPLACE_TRIES {
-            let holder = match take {
+            let (holder, holder_place) = match take {
                 RunTake::Launch => return Ok(BeforeLaunch::Launch),
                 RunTake::Gone => return Ok(BeforeLaunch::Gone),
                 RunTake::Skip { holder, state } => {
@@ -81,14 +84,16 @@ impl RunWatch {
                         fire_name(holder)
                     )));
                 }
-                RunTake::Replace { holder } => holder,
+                RunTake::Replace { holder, place } => (holder, place),
             };
             let name = holder.idempotency_key().to_string();
-            if let Err(e) = self
-                .runtime
-                .stop(&RunRef { name: name.clone() }, deadline)
-                .await
-            {
+            let run = RunRef {
+                name: name.clone(),
+                place: holder_place,
+            };
+            // Only a stop the runtime confirmed frees the run: one that failed, or did not see
+            // the run gone by the deadline, leaves it the routine's.
+            if let Err(e) = self.runtime.stop(&run, deadline).await {
                 warn!(routine_id = %occurrence.routine_id, running = %name, error = %e,
                     "overlap replace: the runtime did not stop the running mission; it keeps the routine's run");
                 return Ok(skipped(format!(
@@ -99,12 +104,15 @@ impl RunWatch {
             }
             info!(routine_id = %occurrence.routine_id, replaced = %name,
                 "stopped the running mission to launch the next (overlap replace)");
-            take = self.store.take_replaced(occurrence, holder).await?;
+            take = self
+                .store
+                .take_replaced(occurrence, holder, place.clone())
+                .await?;
         }
         Ok(match take {
             RunTake::Launch => BeforeLaunch::Launch,
             RunTake::Gone => BeforeLaunch::Gone,
-            RunTake::Skip { holder, .. } | RunTake::Replace { holder } => skipped(format!(
+            RunTake::Skip { holder, .. } | RunTake::Replace { holder, .. } => skipped(format!(
                 "skipped: overlap replace stopped {REPLACE_TRIES} runs and the run of the fire \
                  of {} still holds the routine",
                 fire_name(holder)
@@ -139,6 +147,11 @@ impl RunWatch {
             .filter(|r| r.status == FireStatus::Fired)
             .map(|r| r.occurrence)
             .collect();
+        // Each run's report is read where its evidence is.
+        let places: std::collections::HashMap<Occurrence, Option<String>> = runs
+            .iter()
+            .map(|r| (r.occurrence, r.place.clone()))
+            .collect();
         let room = Arc::new(tokio::sync::Semaphore::new(WATCH_CONCURRENCY));
         let mut asking = tokio::task::JoinSet::new();
         for run in runs {
@@ -171,10 +184,12 @@ impl RunWatch {
         let mut reporting = tokio::task::JoinSet::new();
         for (occurrence, _) in &ended {
             let (runtime, room, occurrence) = (self.runtime.clone(), room.clone(), *occurrence);
+            let place = places.get(&occurrence).cloned().flatten();
             reporting.spawn(async move {
                 let _turn = room.acquire_owned().await;
                 let run = RunRef {
                     name: occurrence.idempotency_key().to_string(),
+                    place,
                 };
                 let report = runtime.report(&run, Instant::now() + OBSERVE_TIMEOUT).await;
                 (occurrence, report)
@@ -222,14 +237,25 @@ async fn update(
         // unconfirmed tries) may still have a container: it is asked about like a launched one,
         // and keeps the routine's run until the runtime says it is gone.
         FireStatus::Fired | FireStatus::Failed => {
-            let name = occurrence.idempotency_key().to_string();
+            let status = run.status;
+            let run = RunRef {
+                name: occurrence.idempotency_key().to_string(),
+                place: run.place,
+            };
+            // A run whose evidence this scheduler cannot see (another host's, a directory it
+            // cannot read) is not judged here, lost least of all: a scheduler that sees it does.
+            if run.place.is_some() && !runtime.sees(&run) {
+                debug!(routine_id = %occurrence.routine_id, scheduled_at = %occurrence.scheduled_at,
+                    place = run.place.as_deref().unwrap_or_default(),
+                    "a mission run this scheduler cannot see; left to one that can");
+                return Some((occurrence, RunUpdate::Unseen));
+            }
             let deadline = Instant::now() + OBSERVE_TIMEOUT;
             let observed =
-                tokio::time::timeout(OBSERVE_TIMEOUT, runtime.observe(&RunRef { name }, deadline))
-                    .await;
+                tokio::time::timeout(OBSERVE_TIMEOUT, runtime.observe(&run, deadline)).await;
             match observed {
                 // A failed launch the runtime does not know: it never ran.
-                Ok(Ok(cm_domain::RunState::Lost { .. })) if run.status == FireStatus::Failed => {
+                Ok(Ok(cm_domain::RunState::Lost { .. })) if status == FireStatus::Failed => {
                     RunUpdate::NotLaunched
                 }
                 Ok(Ok(state)) => RunUpdate::Observed(state),

@@ -127,6 +127,9 @@ mod slow_target;
 // A routine written through SQL is planned and fires; one cm cannot read is paused, never fired.
 #[path = "scheduler/sql_writes.rs"]
 mod sql_writes;
+// A stop counts once the process group exited; runs judged where their files are, never lost.
+#[path = "scheduler/stops.rs"]
+mod stops;
 // A webhook carries the `traceparent` that `fires` names; spans reach an OTLP receiver.
 #[path = "scheduler/trace.rs"]
 mod trace;

@@ -26,6 +26,9 @@ pub struct UnfinishedRun {
     /// The fire's status: `claimed` while its launch is under way, `fired` once launched,
     /// `failed` when the launch failed after the run was begun.
     pub status: FireStatus,
+    /// Where the run's evidence is, as its runtime named its place when the run was begun
+    /// (`None`: not recorded).
+    pub place: Option<String>,
 }
 
 /// What the watch pass learned about one run.
@@ -37,6 +40,9 @@ pub enum RunUpdate {
     NotLaunched,
     /// Its launch is still under way: only marked checked, so the pass moves on to others.
     Launching,
+    /// This scheduler cannot see the run's evidence (its place is another host's, or a
+    /// directory it cannot read): only marked checked, and left to a scheduler that can.
+    Unseen,
 }
 
 /// What an ended run left, as its runtime reported it: kept on its fire.
@@ -74,6 +80,8 @@ pub enum RunTake {
     Replace {
         /// The occurrence whose run to stop.
         holder: Occurrence,
+        /// Where its run's evidence is, as recorded when it was begun (`None`: not recorded).
+        place: Option<String>,
     },
     /// The routine, or this occurrence's claim, is gone (the routine was deleted, the claim
     /// settled by another attempt): launch nothing.
@@ -92,8 +100,14 @@ pub trait MissionRuns: Send + Sync {
     /// its run in the same transaction and, unless the policy is `allow`, makes it the
     /// routine's run holder. A retry of the holder itself finds the run its own. The deciders
     /// of one routine take turns on a transaction-scoped advisory lock: the routine's row is
-    /// neither locked nor written, so no claim skips it meanwhile.
-    async fn take_run(&self, occurrence: Occurrence) -> Result<RunTake, StoreError>;
+    /// neither locked nor written, so no claim skips it meanwhile. A run begun records `place`,
+    /// where the runtime that launches it keeps its evidence
+    /// (`cm_dispatch::MissionRuntime::place`).
+    async fn take_run(
+        &self,
+        occurrence: Occurrence,
+        place: Option<String>,
+    ) -> Result<RunTake, StoreError>;
 
     /// After the runtime confirmed that the run of `stopped` (the holder a [`RunTake::Replace`]
     /// named) is stopped: decides again as [`MissionRuns::take_run`] does, with that run taken
@@ -102,6 +116,7 @@ pub trait MissionRuns: Send + Sync {
         &self,
         occurrence: Occurrence,
         stopped: Occurrence,
+        place: Option<String>,
     ) -> Result<RunTake, StoreError>;
 
     /// Sets the overlap policy of the routine `routine_id`; `false` when there is no such
@@ -150,6 +165,7 @@ impl MissionRuns for PgStore {
             .bind(occurrence.routine_id)
             .bind(occurrence.scheduled_at)
             .bind(group)
+            .bind(None::<String>)
             .execute(e))?;
         Ok(())
     }
@@ -173,21 +189,26 @@ impl MissionRuns for PgStore {
         Ok(updated == 1)
     }
 
-    async fn take_run(&self, occurrence: Occurrence) -> Result<RunTake, StoreError> {
-        self.take(occurrence, None).await
+    async fn take_run(
+        &self,
+        occurrence: Occurrence,
+        place: Option<String>,
+    ) -> Result<RunTake, StoreError> {
+        self.take(occurrence, None, place).await
     }
 
     async fn take_replaced(
         &self,
         occurrence: Occurrence,
         stopped: Occurrence,
+        place: Option<String>,
     ) -> Result<RunTake, StoreError> {
-        self.take(occurrence, Some(stopped)).await
+        self.take(occurrence, Some(stopped), place).await
     }
 
     async fn unfinished_runs(&self, limit: u32) -> Result<Vec<UnfinishedRun>, StoreError> {
         let rows = on_store!(self, |e| unfinished_runs_query(None, limit)
-            .try_map(|row| <(Uuid, DateTime<Utc>, String)>::from_row(&row))
+            .try_map(|row| <UnfinishedRow>::from_row(&row))
             .fetch_all(e))?;
         unfinished(rows)
     }
@@ -198,7 +219,7 @@ impl MissionRuns for PgStore {
         limit: u32,
     ) -> Result<Vec<UnfinishedRun>, StoreError> {
         let rows = on_store!(self, |e| unfinished_runs_query(Some(group), limit)
-            .try_map(|row| <(Uuid, DateTime<Utc>, String)>::from_row(&row))
+            .try_map(|row| <UnfinishedRow>::from_row(&row))
             .fetch_all(e))?;
         unfinished(rows)
     }
@@ -273,6 +294,7 @@ impl PgStore {
         &self,
         occurrence: Occurrence,
         stopped: Option<Occurrence>,
+        place: Option<String>,
     ) -> Result<RunTake, StoreError> {
         // Every statement names the routine's group: on Citus the transaction is one shard's
         // (the advisory lock is the coordinator's, which every scheduler talks to).
@@ -308,19 +330,22 @@ impl PgStore {
                         reason: e.to_string(),
                     },
                 )?;
-        let held: Option<(DateTime<Utc>, String, Option<String>)> =
-            crate::schema::query_as(HOLDER_SQL)
+        let held: Option<(DateTime<Utc>, String, Option<String>, Option<String>)> =
+            sqlx::query_as(HOLDER_SQL)
                 .bind(occurrence.routine_id)
                 .bind(group)
                 .fetch_optional(&mut *tx)
                 .await?;
         let holder = match &held {
             None => RunHolder::Free,
-            Some((at, _, _)) if *at == occurrence.scheduled_at => RunHolder::Free,
-            Some((at, _, _)) if stopped.is_some_and(|s| s.scheduled_at == *at) => RunHolder::Free,
-            Some((_, status, run)) => holder_state(status, run.as_deref()),
+            Some((at, ..)) if *at == occurrence.scheduled_at => RunHolder::Free,
+            Some((at, ..)) if stopped.is_some_and(|s| s.scheduled_at == *at) => RunHolder::Free,
+            Some((_, status, run, _)) => holder_state(status, run.as_deref()),
         };
-        let held_by = held.map(|(at, _, _)| Occurrence::new(occurrence.routine_id, at));
+        let (held_by, held_place) = match held {
+            Some((at, _, _, place)) => (Some(Occurrence::new(occurrence.routine_id, at)), place),
+            None => (None, None),
+        };
         match (decide_overlap(policy, &holder), held_by) {
             (OverlapDecision::Skip, Some(holder_of)) => {
                 return Ok(RunTake::Skip {
@@ -329,7 +354,10 @@ impl PgStore {
                 });
             }
             (OverlapDecision::ReplaceRunning, Some(holder_of)) => {
-                return Ok(RunTake::Replace { holder: holder_of });
+                return Ok(RunTake::Replace {
+                    holder: holder_of,
+                    place: held_place,
+                });
             }
             _ => {}
         }
@@ -337,6 +365,7 @@ impl PgStore {
             .bind(occurrence.routine_id)
             .bind(occurrence.scheduled_at)
             .bind(group)
+            .bind(place)
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -375,15 +404,16 @@ fn holder_state(status: &str, run: Option<&str>) -> RunHolder {
 
 /// The fire that holds a routine's run (`$1` the routine, `$2` its group), if one does.
 const HOLDER_SQL: &str = "
-SELECT scheduled_at, status, run_state FROM cm.routine_fires
+SELECT scheduled_at, status, run_state, run_place FROM routine_fires
 WHERE routine_id = $1 AND group_id = $2 AND holds_run
 ORDER BY scheduled_at DESC
 LIMIT 1";
 
-/// Begins a run: `$1`/`$2` the occurrence, a fire still `claimed`, `$3` its routine's group.
+/// Begins a run: `$1`/`$2` the occurrence, a fire still `claimed`, `$3` its routine's group,
+/// `$4` its place.
 const BEGIN_RUN_SQL: &str = "
-UPDATE cm.routine_fires SET run_state = 'running', run_exit_code = NULL, run_reason = NULL,
-    run_checked_at = now()
+UPDATE routine_fires SET run_state = 'running', run_exit_code = NULL, run_reason = NULL,
+    run_checked_at = now(), run_place = $4
 WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3 AND status = 'claimed'";
 
 /// [`MissionRuns::record_runs`]'s statement, with `$tail` added to its conditions. The rows
@@ -442,7 +472,7 @@ impl PgStore {
                     state.reason().map(str::to_owned),
                 ),
                 RunUpdate::NotLaunched => (None, None, None),
-                RunUpdate::Launching => (Some("running"), None, None),
+                RunUpdate::Launching | RunUpdate::Unseen => (Some("running"), None, None),
             };
             states.push(state);
             codes.push(code);
@@ -486,16 +516,16 @@ impl PgStore {
 /// The watch pass's read. `$1` is the most runs to return. It reads `routine_fires_running_idx`
 /// in its order and stops after `$1` rows: the runs still running, never the finished ledger.
 const UNFINISHED_RUNS_SQL: &str = "
-SELECT routine_id, scheduled_at, status
-FROM cm.routine_fires
+SELECT routine_id, scheduled_at, status, run_place
+FROM routine_fires
 WHERE run_state = 'running'
 ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
 LIMIT $1";
 
 /// The same in the group `$2`.
 const UNFINISHED_RUNS_IN_SQL: &str = "
-SELECT routine_id, scheduled_at, status
-FROM cm.routine_fires
+SELECT routine_id, scheduled_at, status, run_place
+FROM routine_fires
 WHERE run_state = 'running' AND group_id = $2
 ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
 LIMIT $1";
@@ -513,10 +543,13 @@ pub(crate) fn unfinished_runs_query(
     crate::ledger::bind_group(query, group)
 }
 
+/// A row of the watch pass's read: the occurrence, its status and its run's place.
+type UnfinishedRow = (Uuid, DateTime<Utc>, String, Option<String>);
+
 /// The runs an unfinished-runs read returned.
-fn unfinished(rows: Vec<(Uuid, DateTime<Utc>, String)>) -> Result<Vec<UnfinishedRun>, StoreError> {
+fn unfinished(rows: Vec<UnfinishedRow>) -> Result<Vec<UnfinishedRun>, StoreError> {
     rows.into_iter()
-        .map(|(routine_id, scheduled_at, status)| {
+        .map(|(routine_id, scheduled_at, status, place)| {
             let status = status
                 .parse()
                 .map_err(
@@ -528,6 +561,7 @@ fn unfinished(rows: Vec<(Uuid, DateTime<Utc>, String)>) -> Result<Vec<Unfinished
             Ok(UnfinishedRun {
                 occurrence: Occurrence::new(routine_id, scheduled_at),
                 status,
+                place,
             })
         })
         .collect()

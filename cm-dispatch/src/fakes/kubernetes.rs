@@ -12,8 +12,14 @@
 //! without a name or image; 401 `Unauthorized` for a request without the configured bearer
 //! token.
 //!
-//! `DELETE /apis/batch/v1/namespaces/{ns}/jobs/{name}` deletes a Job and its pods (background
-//! propagation, done at once). A Job's pods are the test's to make ([`FakeKubernetes::add_pod`],
+//! `DELETE /apis/batch/v1/namespaces/{ns}/jobs/{name}` deletes a Job as its `propagationPolicy`
+//! (in the body's `DeleteOptions`, or the query) says: `Background`, the Job goes at once and its
+//! pods are deleted after it; `Foreground`, its pods are deleted first and the Job stays, with a
+//! `deletionTimestamp` and the `foregroundDeletion` finalizer, until none is left; `Orphan` (the
+//! API's default for Jobs), the Job goes and its pods stay. A pod being deleted carries a
+//! `deletionTimestamp` and is gone once its termination took
+//! [`FakeKubernetes::set_pod_termination`] (at once unless set), as the kubelet stops its
+//! containers with their grace. A Job's pods are the test's to make ([`FakeKubernetes::add_pod`],
 //! each with the canned text of its log): `GET /api/v1/namespaces/{ns}/pods` lists them
 //! (`labelSelector` of `key=value` terms, as the Job controller labels them:
 //! `batch.kubernetes.io/job-name`, `job-name`, `controller-uid`); `GET
@@ -98,6 +104,9 @@ struct StoredPod {
     job: String,
     object: Value,
     log: String,
+    /// When a pod being deleted is gone (its termination over); `None` while it is not being
+    /// deleted.
+    gone_at: Option<std::time::Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -115,6 +124,40 @@ struct State {
     granted: Option<BTreeSet<String>>,
     /// The permission each authenticated request needed, as `verb resource`, granted or not.
     asked: BTreeSet<String>,
+    /// How long a pod takes to go once deleted (its containers' termination).
+    pod_termination: std::time::Duration,
+}
+
+impl State {
+    /// Ends the terminations that are over: the pods whose time came go, then every Job being
+    /// deleted in the foreground that has no pod left.
+    fn sweep(&mut self) {
+        let now = std::time::Instant::now();
+        self.pods.retain(|p| p.gone_at.is_none_or(|at| at > now));
+        let pods = &self.pods;
+        self.jobs.retain(|j| {
+            j.object["metadata"]["deletionTimestamp"].is_null()
+                || pods
+                    .iter()
+                    .any(|p| p.namespace == j.namespace && p.job == j.name)
+        });
+    }
+
+    /// Begins the deletion of the pods of the Job `job` in `namespace`, as the garbage
+    /// collector does: each is gone once its termination took `pod_termination`.
+    fn delete_pods_of(&mut self, namespace: &str, job: &str) {
+        let now = std::time::Instant::now();
+        let stamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        for pod in self
+            .pods
+            .iter_mut()
+            .filter(|p| p.namespace == namespace && p.job == job && p.gone_at.is_none())
+        {
+            pod.gone_at = Some(now + self.pod_termination);
+            pod.object["metadata"]["deletionTimestamp"] = json!(stamp);
+        }
+        self.sweep();
+    }
 }
 
 /// The fake API server; it stops when dropped.
@@ -267,8 +310,28 @@ impl FakeKubernetes {
             job: job.to_owned(),
             object,
             log: log.to_owned(),
+            gone_at: None,
         });
         name
+    }
+
+    /// Makes every pod deleted from now on take `termination` to go (its containers stopping
+    /// within their grace), so a Job deleted in the foreground lingers that long.
+    pub fn set_pod_termination(&self, termination: std::time::Duration) {
+        lock(&self.state).pod_termination = termination;
+    }
+
+    /// The names of the pods of the Job `job` in `namespace` still there, those being deleted
+    /// included.
+    pub fn pods_of(&self, namespace: &str, job: &str) -> Vec<String> {
+        let mut state = lock(&self.state);
+        state.sweep();
+        state
+            .pods
+            .iter()
+            .filter(|p| p.namespace == namespace && p.job == job)
+            .map(|p| p.name.clone())
+            .collect()
     }
 
     /// The permission every authenticated request so far needed, as `verb resource` (`create
@@ -283,9 +346,11 @@ impl FakeKubernetes {
         lock(&self.state).calls.clone()
     }
 
-    /// Every Job, in the order created.
+    /// Every Job, in the order created (those being deleted in the foreground included).
     pub fn jobs(&self) -> Vec<StoredJob> {
-        lock(&self.state).jobs.clone()
+        let mut state = lock(&self.state);
+        state.sweep();
+        state.jobs.clone()
     }
 
     /// The Job `name` in `namespace`.
@@ -355,6 +420,7 @@ impl Handler for ApiServer {
 }
 
 fn route(state: &mut State, request: &FakeRequest) -> Option<Answer> {
+    state.sweep();
     let segments: Vec<&str> = request.path.trim_matches('/').split('/').collect();
     if let (
         "POST",
@@ -403,14 +469,7 @@ fn route(state: &mut State, request: &FakeRequest) -> Option<Answer> {
                 .iter()
                 .position(|j| j.namespace == *ns && j.name == *name)
             {
-                Some(at) => {
-                    let job = state.jobs.remove(at);
-                    // Background propagation: the garbage collector deletes the Job's pods.
-                    state
-                        .pods
-                        .retain(|p| !(p.namespace == job.namespace && p.job == job.name));
-                    Some((200, job.object.to_string()))
-                }
+                Some(at) => delete_job(state, at, request),
                 None => status(
                     404,
                     format!("jobs.batch \"{name}\" not found"),
@@ -444,6 +503,50 @@ fn route(state: &mut State, request: &FakeRequest) -> Option<Answer> {
             Some(
                 json!({ "causes": [{ "reason": "UnexpectedServerResponse", "message": "404 page not found" }] }),
             ),
+        ),
+    }
+}
+
+/// The propagation policy a delete asks for: the body's `DeleteOptions`, else the query's.
+fn propagation_policy(request: &FakeRequest) -> Option<String> {
+    serde_json::from_slice::<Value>(&request.body)
+        .ok()
+        .and_then(|options| options["propagationPolicy"].as_str().map(str::to_owned))
+        .or_else(|| request.param("propagationPolicy").map(str::to_owned))
+}
+
+/// Deletes the Job at `at` as the request's propagation policy says, and answers it as the
+/// server does: the Job as it was, or as it now is while it waits for its pods.
+fn delete_job(state: &mut State, at: usize, request: &FakeRequest) -> Option<Answer> {
+    let (namespace, name) = (
+        state.jobs[at].namespace.clone(),
+        state.jobs[at].name.clone(),
+    );
+    match propagation_policy(request).as_deref() {
+        Some("Foreground") => {
+            let stamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            let meta = &mut state.jobs[at].object["metadata"];
+            if meta["deletionTimestamp"].is_null() {
+                meta["deletionTimestamp"] = json!(stamp);
+                meta["finalizers"] = json!(["foregroundDeletion"]);
+            }
+            let answer = state.jobs[at].object.to_string();
+            // Sweeps the Job too once no pod is left.
+            state.delete_pods_of(&namespace, &name);
+            Some((200, answer))
+        }
+        Some("Background") => {
+            let job = state.jobs.remove(at);
+            state.delete_pods_of(&namespace, &name);
+            Some((200, job.object.to_string()))
+        }
+        Some("Orphan") | None => Some((200, state.jobs.remove(at).object.to_string())),
+        Some(other) => status(
+            400,
+            format!(
+                "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: \"{other}\""
+            ),
+            None,
         ),
     }
 }

@@ -233,9 +233,7 @@ async fn real_engine_stop_ends_a_running_mission() {
     );
     let dispatch = mission_dispatch(mission(), 1);
     docker.dispatch(&dispatch).await.unwrap();
-    let run = RunRef {
-        name: dispatch.idempotency_key.to_string(),
-    };
+    let run = RunRef::named(dispatch.idempotency_key.to_string());
     let deadline = || Instant::now() + Duration::from_secs(10);
     assert_eq!(
         docker.observe(&run, deadline()).await.unwrap(),
@@ -261,9 +259,7 @@ async fn real_engine_reports_a_runs_output_and_times() {
     );
     let dispatch = mission_dispatch(mission(), 1);
     docker.dispatch(&dispatch).await.unwrap();
-    let run = RunRef {
-        name: dispatch.idempotency_key.to_string(),
-    };
+    let run = RunRef::named(dispatch.idempotency_key.to_string());
     assert_eq!(run_ended(&docker, &run.name).await.exit_code(), Some(3));
     let report = docker.report(&run, deadline()).await.unwrap();
     let output = report.output.clone().unwrap();
@@ -292,9 +288,7 @@ async fn real_engine_reports_a_runs_output_and_times() {
     );
     let dispatch = mission_dispatch(mission(), 1);
     long.dispatch(&dispatch).await.unwrap();
-    let run = RunRef {
-        name: dispatch.idempotency_key.to_string(),
-    };
+    let run = RunRef::named(dispatch.idempotency_key.to_string());
     assert_eq!(run_ended(&long, &run.name).await, RunState::Succeeded);
     let output = long.report(&run, deadline()).await.unwrap().output.unwrap();
     assert!(output.len() <= MAX_RUN_OUTPUT, "{}", output.len());
@@ -315,9 +309,7 @@ async fn real_engine_reports_a_runs_output_and_times() {
     );
     let dispatch = mission_dispatch(mission(), 1);
     removed.dispatch(&dispatch).await.unwrap();
-    let run = RunRef {
-        name: dispatch.idempotency_key.to_string(),
-    };
+    let run = RunRef::named(dispatch.idempotency_key.to_string());
     // The watch may see it exited, or already gone.
     let seen = run_ended(&removed, &run.name).await;
     assert!(

@@ -169,7 +169,7 @@ async fn kubernetes_reports_the_newest_pods_log_tail_and_the_jobs_times() {
     let launched = dispatch(mission(), 1, Duration::from_secs(10));
     kube.dispatch(&launched).await.unwrap();
     let job = launched.idempotency_key.to_string();
-    let run = RunRef { name: job.clone() };
+    let run = RunRef::named(job.clone());
     let deadline = || Instant::now() + Duration::from_secs(5);
 
     // Created, no pod yet, no status: nothing to say.
@@ -267,6 +267,75 @@ async fn kubernetes_reports_the_newest_pods_log_tail_and_the_jobs_times() {
         kube.report(&run, deadline()).await.unwrap(),
         RunReport::default()
     );
+}
+
+/// A stop (overlap `replace`) deletes the Job in the foreground and returns only once the Job
+/// and its pods are gone: while the pod's containers take their grace to end, the Job lingers
+/// with a `deletionTimestamp`, and the stop waits. One whose pods outlast its deadline is not
+/// confirmed, and the Job is left being deleted.
+#[tokio::test]
+async fn kubernetes_stop_returns_once_the_job_and_its_pods_are_gone() {
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    let launched = dispatch(mission(), 1, Duration::from_secs(10));
+    kube.dispatch(&launched).await.unwrap();
+    let job = launched.idempotency_key.to_string();
+    fake.add_pod("default", &job, "working\n");
+    fake.set_pod_termination(Duration::from_millis(1500));
+    let run = RunRef::named(job.clone());
+    let began = Instant::now();
+    kube.stop(&run, Instant::now() + Duration::from_secs(10))
+        .await
+        .expect("stopped");
+    assert_eq!(
+        fake.pods_of("default", &job),
+        Vec::<String>::new(),
+        "a pod outlived the stop"
+    );
+    assert_eq!(fake.job("default", &job), None, "the Job outlived the stop");
+    assert!(
+        began.elapsed() >= Duration::from_millis(1500),
+        "the stop did not wait for the pod: {:?}",
+        began.elapsed()
+    );
+    // The Job was read back while it waited for its pod, until the server had no Job.
+    let calls = calls(&fake, &job);
+    let deleted = calls
+        .iter()
+        .position(|c| c.starts_with("DELETE "))
+        .expect("a delete");
+    let reads: Vec<&String> = calls[deleted + 1..]
+        .iter()
+        .filter(|c| c.starts_with("GET ") && c.contains("/jobs/NAME"))
+        .collect();
+    assert!(reads.len() >= 2, "{calls:?}");
+    assert!(reads.last().unwrap().ends_with(" 404"), "{calls:?}");
+
+    // A pod that takes longer than the stop may wait: not confirmed, the Job still there.
+    let second = dispatch(mission(), 1, Duration::from_secs(10));
+    kube.dispatch(&second).await.unwrap();
+    let job = second.idempotency_key.to_string();
+    fake.add_pod("default", &job, "working\n");
+    fake.set_pod_termination(Duration::from_secs(60));
+    let refused = kube
+        .stop(
+            &RunRef::named(job.clone()),
+            Instant::now() + Duration::from_millis(800),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(DispatchError::Unconfirmed(e)) if e.contains("still being deleted")),
+        "{refused:?}"
+    );
+    let lingering = fake
+        .job("default", &job)
+        .expect("the Job is still being deleted");
+    assert!(
+        !lingering.object["metadata"]["deletionTimestamp"].is_null(),
+        "{:?}",
+        lingering.object
+    );
+    assert_eq!(fake.pods_of("default", &job).len(), 1);
 }
 
 #[tokio::test]
@@ -793,7 +862,7 @@ async fn the_role_grants_exactly_what_the_backend_calls() {
     assert!(!kube.dispatch(&d).await.unwrap().duplicate);
     assert!(kube.dispatch(&d).await.unwrap().duplicate);
     let job = d.idempotency_key.to_string();
-    let run = RunRef { name: job.clone() };
+    let run = RunRef::named(job.clone());
     let deadline = || Instant::now() + Duration::from_secs(5);
     assert_eq!(
         kube.observe(&run, deadline()).await.unwrap(),

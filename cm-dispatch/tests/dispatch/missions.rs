@@ -217,7 +217,7 @@ async fn process_runner_that_cannot_start_its_program_leaves_no_marker() {
 /// Waits until `runtime` sees the run of `name` ended, and returns what it last saw (the
 /// caller's check shows a run that never ended).
 pub(crate) async fn run_ended(runtime: &dyn MissionRuntime, name: &str) -> RunState {
-    let run = RunRef { name: name.into() };
+    let run = RunRef::named(name);
     poll(
         PATIENCE,
         async || {
@@ -264,7 +264,7 @@ exit 3
     let name = short.idempotency_key.to_string();
     assert_eq!(run_ended(&runner, &name).await.exit_code(), Some(3));
     let report = runner
-        .report(&RunRef { name: name.clone() }, deadline())
+        .report(&RunRef::named(name.clone()), deadline())
         .await
         .unwrap();
     assert_eq!(report.output.as_deref(), Some("one\ntwo password=***\n"));
@@ -281,7 +281,7 @@ exit 3
     let log = std::fs::read_to_string(dir.0.join(format!("work/{name}.log"))).unwrap();
     assert!(log.len() > 20 * MAX_RUN_OUTPUT, "{}", log.len());
     let output = runner
-        .report(&RunRef { name }, deadline())
+        .report(&RunRef::named(name), deadline())
         .await
         .unwrap()
         .output
@@ -294,12 +294,7 @@ exit 3
 
     // A run this work directory has no record of.
     let unknown = runner
-        .report(
-            &RunRef {
-                name: "cm-never-launched".into(),
-            },
-            deadline(),
-        )
+        .report(&RunRef::named("cm-never-launched"), deadline())
         .await
         .unwrap();
     assert_eq!(unknown, RunReport::default());
@@ -319,9 +314,7 @@ async fn process_runner_stops_a_run_and_never_mistakes_a_reused_pid_for_it() {
     let deadline = || Instant::now() + Duration::from_secs(5);
     let dispatch = mission_dispatch(mission(), 1);
     runner.dispatch(&dispatch).await.unwrap();
-    let run = RunRef {
-        name: dispatch.idempotency_key.to_string(),
-    };
+    let run = RunRef::named(dispatch.idempotency_key.to_string());
     assert_eq!(
         runner.observe(&run, deadline()).await.unwrap(),
         RunState::Running
@@ -341,9 +334,7 @@ async fn process_runner_stops_a_run_and_never_mistakes_a_reused_pid_for_it() {
         ),
     )
     .unwrap();
-    let stale = RunRef {
-        name: stale.idempotency_key.to_string(),
-    };
+    let stale = RunRef::named(stale.idempotency_key.to_string());
     let state = runner.observe(&stale, deadline()).await.unwrap();
     assert!(matches!(state, RunState::Lost { .. }), "{state:?}");
     // Still here: the stop sent this process nothing.
@@ -741,9 +732,7 @@ async fn docker_runs_are_observed_from_inspect() {
     for code in [0, 3] {
         let dispatch = mission_dispatch(mission(), 1);
         docker.dispatch(&dispatch).await.unwrap();
-        let run = RunRef {
-            name: dispatch.idempotency_key.to_string(),
-        };
+        let run = RunRef::named(dispatch.idempotency_key.to_string());
         states.push(docker.observe(&run, deadline()).await.unwrap());
         fake.exit(&run.name, code);
         states.push(docker.observe(&run, deadline()).await.unwrap());
@@ -769,9 +758,7 @@ async fn docker_runs_report_their_logs_tail_and_times() {
     let docker = docker_backend(&fake, MissionConfig::default());
     let dispatch = mission_dispatch(mission(), 1);
     docker.dispatch(&dispatch).await.unwrap();
-    let run = RunRef {
-        name: dispatch.idempotency_key.to_string(),
-    };
+    let run = RunRef::named(dispatch.idempotency_key.to_string());
     let deadline = || Instant::now() + Duration::from_secs(5);
     fake.print(&run.name, LogStream::Stdout, "one\n");
     fake.print(&run.name, LogStream::Stderr, "two token=abc123\n");
@@ -810,7 +797,7 @@ async fn docker_runs_report_their_logs_tail_and_times() {
     fake.print(&name, LogStream::Stderr, "two token=abc123\n");
     fake.exit(&name, 0);
     let report = docker
-        .report(&RunRef { name: name.clone() }, deadline())
+        .report(&RunRef::named(name.clone()), deadline())
         .await
         .unwrap();
     assert_eq!(report.output.as_deref(), Some("one\ntwo token=***\n"));
@@ -818,7 +805,10 @@ async fn docker_runs_report_their_logs_tail_and_times() {
     // A container removed (auto_remove, or someone else): nothing left, and no error.
     fake.forget(&name);
     assert_eq!(
-        docker.report(&RunRef { name }, deadline()).await.unwrap(),
+        docker
+            .report(&RunRef::named(name), deadline())
+            .await
+            .unwrap(),
         RunReport::default()
     );
 }

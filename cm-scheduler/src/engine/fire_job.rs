@@ -249,9 +249,7 @@ impl FireJob {
         else {
             return;
         };
-        let run = cm_dispatch::RunRef {
-            name: fire.occurrence.idempotency_key().to_string(),
-        };
+        let run = cm_dispatch::RunRef::named(fire.occurrence.idempotency_key().to_string());
         let deadline = Instant::now() + ORPHAN_STOP_TIMEOUT;
         match tokio::time::timeout(ORPHAN_STOP_TIMEOUT, runs.runtime.stop(&run, deadline)).await {
             Ok(Ok(())) => info!(routine_id = %fire.occurrence.routine_id, run = %run.name,

@@ -33,7 +33,10 @@ pub struct MissionArgs {
     /// command line, so give it last. No shell is involved.
     #[arg(long, num_args = 1.., allow_hyphen_values = true, value_name = "PROG [ARG]...")]
     pub mission_command: Vec<OsString>,
-    /// Where the process backend keeps its per-occurrence markers and logs.
+    /// Where the process backend keeps its per-occurrence markers, exit files and logs, made
+    /// absolute when run starts (a relative path against the directory it starts in: by default
+    /// ./cm-missions there). Each run records this host and that path, and every scheduler looks
+    /// for a run's files there, never in its own directory.
     #[arg(long, default_value = "cm-missions")]
     pub mission_workdir: PathBuf,
     /// What routines' missions may ask for.
@@ -180,7 +183,7 @@ impl MissionArgs {
                 })?
                 .with_policy(policy);
                 tracing::warn!(
-                    workdir = %self.mission_workdir.display(),
+                    workdir = %runner.workdir().display(),
                     "the process mission backend is for development only"
                 );
                 Ok(Some(both(Arc::new(runner))))
@@ -226,7 +229,13 @@ impl MissionArgs {
                 vec![
                     pair("Backend", "process (development only)".into()),
                     pair("Command", quoted(&command)),
-                    pair("Work directory", self.mission_workdir.display().to_string()),
+                    pair(
+                        "Work directory",
+                        std::path::absolute(&self.mission_workdir)
+                            .unwrap_or_else(|_| self.mission_workdir.clone())
+                            .display()
+                            .to_string(),
+                    ),
                 ]
             }
             MissionBackend::Docker | MissionBackend::Kubernetes => {

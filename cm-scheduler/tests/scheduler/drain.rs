@@ -296,6 +296,7 @@ async fn a_held_forbid_mission_among_2000_messages_keeps_the_drains_batches_grow
     runtime
         .expect_observe()
         .returning(|_, _| Ok(cm_domain::RunState::Running));
+    runtime.expect_place().returning(|| None);
     let config = SchedulerConfig {
         max_in_flight: 10_000,
         ..SchedulerConfig::default()

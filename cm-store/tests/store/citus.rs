@@ -826,7 +826,7 @@ async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
     let before = db.two_phase_commits().await;
     for occurrence in &fires {
         assert_eq!(
-            db.store.take_run(*occurrence).await.unwrap(),
+            db.store.take_run(*occurrence, None).await.unwrap(),
             RunTake::Launch
         );
     }
@@ -840,7 +840,10 @@ async fn mission_runs_are_taken_and_watched_in_one_shard_on_citus() {
     .unwrap();
     assert_eq!(holder, Some(first.scheduled_at), "forbid keeps the holder");
     // A retry of the holder finds the run its own.
-    assert_eq!(db.store.take_run(*first).await.unwrap(), RunTake::Launch);
+    assert_eq!(
+        db.store.take_run(*first, None).await.unwrap(),
+        RunTake::Launch
+    );
 
     let mut unfinished = unfinished_occurrences(&db.store).await;
     unfinished.sort();

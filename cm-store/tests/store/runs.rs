@@ -151,7 +151,7 @@ async fn overlap_is_decided_one_decider_at_a_time(pool: PgPool) {
     }
     // Two schedulers take the run of two occurrences at once: one launches, one is skipped
     // naming the other (the default policy is forbid).
-    let (a, b) = tokio::join!(store.take_run(first), store.take_run(second));
+    let (a, b) = tokio::join!(store.take_run(first, None), store.take_run(second, None));
     let (a, b) = (a.unwrap(), b.unwrap());
     let launched = [&a, &b]
         .iter()
@@ -169,7 +169,12 @@ async fn overlap_is_decided_one_decider_at_a_time(pool: PgPool) {
         "{skipped:?}"
     );
     // The winner's retry (same occurrence) finds the run its own.
-    assert_eq!(store.take_run(winner).await.unwrap(), RunTake::Launch);
+    // The retry begins the run again, recording where its runtime keeps it.
+    let place_a = || Some("host-a:/var/lib/cm/missions".to_owned());
+    assert_eq!(
+        store.take_run(winner, place_a()).await.unwrap(),
+        RunTake::Launch
+    );
     let _ = loser;
     // Once launched and running, replace asks to stop it; allow launches regardless.
     sqlx::query(
@@ -184,8 +189,11 @@ async fn overlap_is_decided_one_decider_at_a_time(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(
-        store.take_run(third).await.unwrap(),
-        RunTake::Replace { holder: winner }
+        store.take_run(third, None).await.unwrap(),
+        RunTake::Replace {
+            holder: winner,
+            place: place_a()
+        }
     );
     // Asking to replace takes nothing: until the stop is confirmed the winner keeps the run,
     // and asking again still names it.
@@ -194,20 +202,37 @@ async fn overlap_is_decided_one_decider_at_a_time(pool: PgPool) {
         Some(winner.scheduled_at)
     );
     assert_eq!(
-        store.take_run(third).await.unwrap(),
-        RunTake::Replace { holder: winner }
+        store.take_run(third, None).await.unwrap(),
+        RunTake::Replace {
+            holder: winner,
+            place: place_a()
+        }
     );
     // Once the runtime confirmed the winner's run stopped, the run is the third's.
+    let place_b = Some("host-b:/srv/cm-missions".to_owned());
     assert_eq!(
-        store.take_replaced(third, winner).await.unwrap(),
+        store
+            .take_replaced(third, winner, place_b.clone())
+            .await
+            .unwrap(),
         RunTake::Launch
     );
     assert_eq!(holder_of(&pool, routine.id).await, Some(third.scheduled_at));
+    let watched = store.unfinished_runs(10).await.unwrap();
+    let place_of = |o: Occurrence| {
+        watched
+            .iter()
+            .find(|r| r.occurrence == o)
+            .unwrap()
+            .place
+            .clone()
+    };
+    assert_eq!((place_of(winner), place_of(third)), (place_a(), place_b));
     // A replace that stopped a run which no longer holds the routine decides again: the third
     // is still being launched, so the second is skipped.
     assert!(
         matches!(
-            store.take_replaced(second, winner).await.unwrap(),
+            store.take_replaced(second, winner, None).await.unwrap(),
             RunTake::Skip { holder, state: cm_domain::RunHolder::Launching } if holder == third
         ),
         "a replace launched beside a run it did not stop"
@@ -217,7 +242,7 @@ async fn overlap_is_decided_one_decider_at_a_time(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(
-        store.take_run(winner).await.unwrap(),
+        store.take_run(winner, None).await.unwrap(),
         RunTake::Gone,
         "settled: not launched again"
     );
@@ -244,7 +269,7 @@ async fn a_claim_whose_routine_was_deleted_launches_nothing(pool: PgPool) {
     // Deleted between its claim and its launch: the take finds nothing to launch, and writes
     // nothing (no run begun that nothing would watch).
     store.delete_routine(routine.id).await.unwrap();
-    assert_eq!(store.take_run(claimed).await.unwrap(), RunTake::Gone);
+    assert_eq!(store.take_run(claimed, None).await.unwrap(), RunTake::Gone);
     assert!(store.unfinished_runs(10).await.unwrap().is_empty());
 }
 
@@ -258,7 +283,10 @@ async fn an_abandoned_launch_holds_the_run_until_the_watch_finds_it_gone(pool: P
     for o in [abandoned, next] {
         seed_fire(&pool, o, &Seed::claimed(30.0)).await;
     }
-    assert_eq!(store.take_run(abandoned).await.unwrap(), RunTake::Launch);
+    assert_eq!(
+        store.take_run(abandoned, None).await.unwrap(),
+        RunTake::Launch
+    );
     // Its launches went unconfirmed until the attempts ran out: settled `failed`, while its
     // container may exist.
     sqlx::query(
@@ -271,7 +299,7 @@ async fn an_abandoned_launch_holds_the_run_until_the_watch_finds_it_gone(pool: P
     .unwrap();
     assert!(
         matches!(
-            store.take_run(next).await.unwrap(),
+            store.take_run(next, None).await.unwrap(),
             RunTake::Skip { holder, state: RunHolder::Running } if holder == abandoned
         ),
         "a launch beside a container that may exist"
@@ -289,7 +317,7 @@ async fn an_abandoned_launch_holds_the_run_until_the_watch_finds_it_gone(pool: P
         .record_runs(&[(abandoned, RunUpdate::NotLaunched)])
         .await
         .unwrap();
-    assert_eq!(store.take_run(next).await.unwrap(), RunTake::Launch);
+    assert_eq!(store.take_run(next, None).await.unwrap(), RunTake::Launch);
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
@@ -310,7 +338,7 @@ async fn a_run_being_decided_hides_its_routine_from_no_claim(pool: PgPool) {
         .unwrap();
     let waiting = tokio::spawn({
         let store = store.clone();
-        async move { store.take_run(deciding).await }
+        async move { store.take_run(deciding, None).await }
     });
     lock_waiters(&pool, 1).await;
     // Meanwhile the routine's row is free: a claim locks it and claims its due occurrence.

@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::cli::{create_args, ok};
 use crate::crash::SchedulerProcess;
-use crate::support::{TestDb, eventually_within};
+use crate::support::{TestDb, cm_scheduler, eventually_within};
 
 /// What the collector answers each export with: 1 GiB, written lazily from one small buffer.
 const HUGE_REPLY: u64 = 1 << 30;
@@ -135,4 +135,80 @@ async fn a_collector_answering_a_gigabyte_costs_the_scheduler_no_memory() {
         peak >> 20,
         MOST_RESIDENT >> 20
     );
+}
+
+/// A `/readyz` that answers every connection with `head`, then with `body` written again and
+/// again, `times` times (`None`: until the reader leaves); its address.
+async fn readyz_answering(
+    head: &'static [u8],
+    body: &'static [u8],
+    times: Option<usize>,
+) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                if !read_request(&mut stream).await || stream.write_all(head).await.is_err() {
+                    return;
+                }
+                let mut sent = 0;
+                while times.is_none_or(|t| sent < t) {
+                    if stream.write_all(body).await.is_err() {
+                        return;
+                    }
+                    sent += 1;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// `cm-scheduler health --listen addr`: its exit code and what it printed on stderr.
+async fn health(addr: &str) -> (Option<i32>, String) {
+    let mut command = tokio::process::Command::from(cm_scheduler());
+    let out = command
+        .env_remove("CM_LISTEN")
+        .args(["health", "--listen", addr, "--timeout", "10s"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("running cm-scheduler health");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reads_a_503_chunked_inside_a_character() {
+    // "é" is two bytes; a proxy's chunks may fall between them.
+    let addr = readyz_answering(
+        b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"3\r\ncaf\r\n1\r\n\xc3\r\n1\r\n\xa9\r\n0\r\n\r\n",
+        Some(1),
+    )
+    .await;
+    let (code, stderr) = health(&addr).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr, "cm-scheduler: not ready (503): café\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_an_endless_503_in_one_short_line() {
+    let addr = readyz_answering(
+        b"HTTP/1.1 503 Service Unavailable\r\n\r\n",
+        b"the database is far away ",
+        None,
+    )
+    .await;
+    let (code, stderr) = health(&addr).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("cm-scheduler: not ready (503): the database is far away"),
+        "{stderr}"
+    );
+    assert!(stderr.len() < 1024, "{} bytes: {stderr}", stderr.len());
 }

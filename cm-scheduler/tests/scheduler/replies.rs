@@ -205,10 +205,11 @@ async fn health_answers_an_endless_503_in_one_short_line() {
     .await;
     let (code, stderr) = health(&addr).await;
     assert_eq!(code, Some(1), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let start: String = stderr.chars().take(200).collect();
+    assert_eq!(stderr.lines().count(), 1, "{start}");
     assert!(
         stderr.starts_with("cm-scheduler: not ready (503): the database is far away"),
-        "{stderr}"
+        "{start}"
     );
-    assert!(stderr.len() < 1024, "{} bytes: {stderr}", stderr.len());
+    assert!(stderr.len() < 1024, "{} bytes: {start}…", stderr.len());
 }

@@ -28,6 +28,13 @@
 //! such a run, asked after the watch saw it end, is most often empty (no output, no times),
 //! which is no error. A logging driver that cannot be read back (`none`, `syslog`) keeps no
 //! output either.
+//!
+//! The logs are read up to `FETCH_LIMIT` bytes, a frame at a time (bollard takes each frame
+//! whole, at the length the engine declares). Every other reply
+//! (inspect, create, an error's text) bollard reads whole before it parses it, and it lets no
+//! caller bound that read (its custom transport must hand back hyper's own body type). Those
+//! replies are bounded in time only: by `CLIENT_TIMEOUT_SECS` and the dispatch's deadline.
+//! The engine is the operator's own, on its socket.
 
 use std::collections::HashMap;
 use std::time::Duration;

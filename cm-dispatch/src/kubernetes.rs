@@ -28,10 +28,15 @@
 //! The cluster is the one `kube::Config::infer` finds: `KUBECONFIG` or `~/.kube/config`, else
 //! the in-cluster service account. Tested against a fake of the API
 //! (`fakes::kubernetes`, feature `fakes`); no cluster was available where it was built.
+//!
+//! A pod's log is read up to `FETCH_LIMIT` bytes, whatever `limitBytes` the server honours.
+//! Every other reply (a Job, a pod list, an error's `Status`) kube reads whole before it parses
+//! it, with no bound of its own; those are bounded in time only, by the dispatch's deadline.
 
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
+use futures_util::AsyncReadExt as _;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, Pod, PodSpec, PodTemplateSpec, ResourceRequirements, SecurityContext,
@@ -420,10 +425,18 @@ impl KubernetesDispatcher {
             };
             let read = self
                 .retrying(deadline, &format!("read the log of pod {pod}"), || async {
-                    match pods.logs(&pod, &params).await {
-                        Ok(text) => Ok(Some(text.into_bytes())),
-                        // Not UTF-8: read lossily, as every output is.
-                        Err(kube::Error::FromUtf8(e)) => Ok(Some(e.into_bytes())),
+                    match pods.log_stream(&pod, &params).await {
+                        // `limitBytes` asks the server for no more than FETCH_LIMIT bytes; one
+                        // that sends more anyway (or without end) is not read past it. The bytes
+                        // need not be UTF-8: they are read lossily, as every output is.
+                        Ok(log) => {
+                            let mut end = Vec::new();
+                            log.take(FETCH_LIMIT as u64)
+                                .read_to_end(&mut end)
+                                .await
+                                .map_err(kube::Error::ReadEvents)?;
+                            Ok(Some(end))
+                        }
                         // Gone, or a container that never started (400: waiting to start).
                         Err(e) if matches!(status_code(&e), Some(400 | 404)) => Ok(None),
                         Err(e) => Err(e),

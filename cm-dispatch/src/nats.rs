@@ -9,6 +9,12 @@
 //! `duplicate` is `fired` too, and its receipt says so. A publish that gets no acknowledgement
 //! is sent again (same `Nats-Msg-Id`, so the stream still stores it once) until the dispatch's
 //! deadline.
+//!
+//! What the server sends back (an acknowledgement, a stream's info, a stored message) is read
+//! by async-nats, which takes each protocol message whole at the length the server declares:
+//! it has no bound of its own on what it receives, and no hook to add one. Only time bounds
+//! it here: every call is made under the dispatch's deadline (or start-up's connect timeout).
+//! The server is the operator's own, like the database.
 
 use std::path::PathBuf;
 use std::time::Duration;

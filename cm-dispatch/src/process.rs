@@ -172,7 +172,7 @@ type Ended = (cm_domain::RunState, Option<chrono::DateTime<chrono::Utc>>);
 /// How the run of `name` in `folder` ended, if its exit file says so yet, with the file's time.
 fn ended_in(folder: &Path, name: &str) -> Option<Ended> {
     let path = exit_in(folder, name);
-    let text = std::fs::read_to_string(&path).ok()?;
+    let text = read_record(&path).ok()?;
     // Written whole, through a rename; a file without its line is still being written.
     if !text.contains('\n') {
         return None;
@@ -407,9 +407,23 @@ fn log_tail(path: &Path) -> std::io::Result<Option<String>> {
     Ok(Some(crate::output::kept_output(&end, from == 0)))
 }
 
+/// The most bytes of a marker or an exit file read: each is a few short lines.
+const MAX_RECORD: u64 = 4096;
+
+/// The start of a marker or exit file, at most [`MAX_RECORD`] bytes, read lossily: the files
+/// lie in a folder the run itself can write to, so one grown large (or made something else than
+/// the few lines cm writes) costs no more than that to read.
+fn read_record(path: &Path) -> std::io::Result<String> {
+    let mut start = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_RECORD)
+        .read_to_end(&mut start)?;
+    Ok(String::from_utf8_lossy(&start).into_owned())
+}
+
 /// The receipt for an occurrence whose marker exists.
 fn already_launched(marker_path: &Path) -> Result<Receipt, DispatchError> {
-    let text = std::fs::read_to_string(marker_path).unwrap_or_default();
+    let text = read_record(marker_path).unwrap_or_default();
     match text.lines().next().filter(|line| line.starts_with("pid ")) {
         Some(pid) => Ok(Receipt {
             duplicate: true,
@@ -461,7 +475,7 @@ impl crate::MissionRuntime for ProcessDispatcher {
         if let Some((state, _)) = ended_in(&folder, &run.name) {
             return Ok(state);
         }
-        let marker = std::fs::read_to_string(marker_in(&folder, &run.name)).unwrap_or_default();
+        let marker = read_record(&marker_in(&folder, &run.name)).unwrap_or_default();
         let pid = recorded_pid(&marker).unwrap_or_default();
         if is_the_run(pid, &marker) {
             return Ok(cm_domain::RunState::Running);
@@ -491,7 +505,7 @@ impl crate::MissionRuntime for ProcessDispatcher {
         let Some(folder) = self.folder_of(run) else {
             return Err(self.unseen(run));
         };
-        let marker = std::fs::read_to_string(marker_in(&folder, &run.name)).unwrap_or_default();
+        let marker = read_record(&marker_in(&folder, &run.name)).unwrap_or_default();
         let Some(pid) = recorded_pid(&marker) else {
             return Ok(());
         };
@@ -548,7 +562,7 @@ impl crate::MissionRuntime for ProcessDispatcher {
         let Some(folder) = self.folder_of(run) else {
             return Err(self.unseen(run));
         };
-        let read = |path: PathBuf| std::fs::read_to_string(path).unwrap_or_default();
+        let read = |path: PathBuf| read_record(&path).unwrap_or_default();
         let marker = read(marker_in(&folder, &run.name));
         let started_at = recorded_time(&marker, STARTED_AT);
         let log = folder.join(format!("{}.log", run.name));

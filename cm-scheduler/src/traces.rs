@@ -18,7 +18,8 @@
 //! take the one the ledger names.
 //!
 //! Spans are batched and sent by the SDK's own thread; a collector that is down or slow costs
-//! dropped spans (the queue is bounded: `QUEUED_SPANS`), never a fire.
+//! dropped spans (the queue is bounded: `QUEUED_SPANS`), never a fire. Of a collector's reply
+//! only the status and the first `MAX_REPLY` bytes are read, whatever it sends.
 
 use std::cell::Cell;
 use std::time::{Duration, SystemTime};
@@ -45,6 +46,10 @@ const TRACES_PATH: &str = "/v1/traces";
 /// The most spans waiting to be sent (about 8 MiB); more are dropped. Four spans a fire: a burst
 /// of 4,000 fires is held whole, where the SDK's default (2,048) would drop most of it.
 const QUEUED_SPANS: usize = 16_384;
+
+/// The most bytes of a collector's reply read. The exporter needs only its status, and at most a
+/// short protobuf saying how many spans were refused and why.
+const MAX_REPLY: usize = 4 * 1024;
 
 /// How long one export may take before its batch is given up.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -364,15 +369,32 @@ impl HttpClient for OnRuntime {
             let answer = client.execute(request).await?;
             let status = answer.status();
             let headers = answer.headers().clone();
-            // A collector's answer is a short protobuf; a large one is not read whole.
-            let body = answer.bytes().await?;
-            let mut response = Response::new(body.slice(..body.len().min(64 * 1024)));
+            let body = reply_start(answer).await;
+            let mut response = Response::new(body);
             *response.status_mut() = status;
             *response.headers_mut() = headers;
             Ok::<_, HttpError>(response)
         });
         sent.await?
     }
+}
+
+/// The start of a collector's reply: at most [`MAX_REPLY`] bytes, read a chunk at a time. The
+/// rest is never read: the connection is dropped with it, so a collector answering without end
+/// costs a few KiB, and a reply that stops coming is ended by the client's timeout. A body cut
+/// short (or broken off) still leaves the status to judge the export by.
+async fn reply_start(mut answer: reqwest::Response) -> Bytes {
+    let mut start = Vec::new();
+    while start.len() < MAX_REPLY {
+        match answer.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_REPLY - start.len();
+                start.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    Bytes::from(start)
 }
 
 #[cfg(test)]

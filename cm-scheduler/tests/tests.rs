@@ -109,6 +109,9 @@ mod page_host;
 // `run` behind a transaction-mode PgBouncer it cannot work through refuses to start.
 #[path = "scheduler/pooler.rs"]
 mod pooler;
+// Replies from outside (a collector's, a `/readyz`'s) are read up to a bound, whatever they hold.
+#[path = "scheduler/replies.rs"]
+mod replies;
 // Windows, exclusions, one-shots, run limits and jitter fire what `schedule next` lists.
 #[path = "scheduler/schedules_beyond.rs"]
 mod schedules_beyond;

@@ -812,3 +812,42 @@ async fn docker_runs_report_their_logs_tail_and_times() {
         RunReport::default()
     );
 }
+
+/// The bytes this thread has read so far (`rchar` of `/proc/thread-self/io`).
+fn bytes_read_by_this_thread() -> u64 {
+    let io = std::fs::read_to_string("/proc/thread-self/io").unwrap();
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("rchar in /proc/thread-self/io")
+}
+
+/// The run's folder is the run's to write in: a marker and an exit file grown to 1 GiB (sparse,
+/// so no disk is spent) are read no further than their first lines.
+#[tokio::test]
+async fn process_runner_reads_a_huge_marker_and_exit_file_only_at_their_start() {
+    let dir = TempDir::new();
+    let runner = process_runner(&dir.0);
+    std::fs::create_dir_all(dir.0.join("work")).unwrap();
+    let name = "cm-huge-records";
+    for (path, first) in [
+        (runner.marker_path(name), "pid 1\n"),
+        (
+            dir.0.join("work").join(format!("{name}.exit")),
+            "exit status: 3\n",
+        ),
+    ] {
+        let file = std::fs::File::create(&path).unwrap();
+        std::io::Write::write_all(&mut &file, first.as_bytes()).unwrap();
+        file.set_len(1 << 30).unwrap();
+    }
+    let run = RunRef { name: name.into() };
+    let before = bytes_read_by_this_thread();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let state = runner.observe(&run, deadline).await.unwrap();
+    runner.report(&run, deadline).await.unwrap();
+    runner.stop(&run, deadline).await.unwrap();
+    let read = bytes_read_by_this_thread() - before;
+    assert_eq!(state, RunState::exited(3, ""));
+    assert!(read < 1 << 20, "{read} bytes read");
+}

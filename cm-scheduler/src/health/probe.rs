@@ -62,21 +62,30 @@ async fn ask(addr: SocketAddr) -> Result<(), String> {
 }
 
 /// The status line's code decides; the body of anything but a 200 is the reason.
+///
+/// The answer is taken as bytes, whatever they are: a chunk may end inside a character and the
+/// body need not be UTF-8. What is printed is one line of at most [`MAX_REASON`] characters.
 fn verdict(addr: SocketAddr, answer: &[u8]) -> Result<(), String> {
-    let text = String::from_utf8_lossy(answer);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.lines().next().unwrap_or("");
+    let (head, body) = match find(answer, b"\r\n\r\n") {
+        Some(at) => (&answer[..at], &answer[at + 4..]),
+        None => (answer, &[][..]),
+    };
+    let status = head.split(|&b| b == b'\n').next().unwrap_or_default();
     let code = status
-        .strip_prefix("HTTP/1.")
+        .strip_prefix(b"HTTP/1.")
         .and_then(|rest| rest.get(2..))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|code| code.parse::<u16>().ok())
-        .ok_or_else(|| format!("{addr} did not answer HTTP (status line {status:?})"))?;
+        .map(String::from_utf8_lossy)
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<u16>().ok())
+        .ok_or_else(|| {
+            format!(
+                "{addr} did not answer HTTP (status line \"{}\")",
+                one_line(status)
+            )
+        })?;
     if code == 200 {
         return Ok(());
     }
-    let body = unchunk(head, body);
-    let reason = body.split_whitespace().collect::<Vec<_>>().join(" ");
+    let reason = one_line(&unchunk(head, body));
     if reason.is_empty() {
         Err(format!("not ready: /readyz at {addr} answered {code}"))
     } else {
@@ -84,27 +93,65 @@ fn verdict(addr: SocketAddr, answer: &[u8]) -> Result<(), String> {
     }
 }
 
-/// A chunked body's data (axum sends a short `String` with a length, but a proxy may chunk it).
-fn unchunk(head: &str, body: &str) -> String {
-    let chunked = head.lines().any(|line| {
-        let line = line.to_ascii_lowercase();
+/// The most characters of an answer's text printed.
+const MAX_REASON: usize = 300;
+
+/// `bytes` as one line of text: invalid UTF-8 replaced, control characters and runs of
+/// whitespace made one space, cut to [`MAX_REASON`] characters (an ellipsis marks the cut).
+fn one_line(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let words = text
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|w| !w.is_empty());
+    let mut line = String::new();
+    for word in words {
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+        if line.chars().count() > MAX_REASON {
+            let mut cut: String = line.chars().take(MAX_REASON).collect();
+            cut.push('…');
+            return cut;
+        }
+    }
+    line
+}
+
+/// Where `needle` first occurs in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A chunked body's data (axum sends a short `String` with a length, but a proxy may chunk it),
+/// as bytes: a chunk's size counts bytes, so a chunk may end inside a character. A chunk cut
+/// short by the read's bound gives what was read of it.
+fn unchunk(head: &[u8], body: &[u8]) -> Vec<u8> {
+    let chunked = head.split(|&b| b == b'\n').any(|line| {
+        let line = String::from_utf8_lossy(line).to_ascii_lowercase();
         line.starts_with("transfer-encoding:") && line.contains("chunked")
     });
     if !chunked {
-        return body.to_string();
+        return body.to_vec();
     }
-    let mut data = String::new();
+    let mut data = Vec::new();
     let mut rest = body;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+    while let Some(at) = find(rest, b"\r\n") {
+        let line = String::from_utf8_lossy(&rest[..at]);
+        let Ok(size) = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
         else {
             break;
         };
-        if size == 0 || after.len() < size {
+        let after = &rest[at + 2..];
+        if size == 0 {
             break;
         }
-        data.push_str(&after[..size]);
-        rest = after[size..].trim_start_matches("\r\n");
+        let taken = size.min(after.len());
+        data.extend_from_slice(&after[..taken]);
+        rest = &after[taken..];
+        while let Some(next) = rest.strip_prefix(b"\r\n") {
+            rest = next;
+        }
     }
     data
 }
@@ -112,6 +159,9 @@ fn unchunk(head: &str, body: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use proptest::test_runner::TestCaseError;
 
     fn addr() -> SocketAddr {
         "127.0.0.1:8080".parse().unwrap()
@@ -140,6 +190,104 @@ mod tests {
             verdict(addr(), answer),
             Err("not ready (503): late".to_string())
         );
+    }
+
+    #[test]
+    fn a_chunk_ending_inside_a_character_is_read_back_whole() {
+        // "é" is two bytes, each in a chunk of its own.
+        let answer = b"HTTP/1.1 503 No\r\nTransfer-Encoding: chunked\r\n\r\n\
+                       3\r\ncaf\r\n1\r\n\xc3\r\n1\r\n\xa9\r\n0\r\n\r\n";
+        assert_eq!(
+            verdict(addr(), answer),
+            Err("not ready (503): café".to_string())
+        );
+    }
+
+    #[test]
+    fn a_long_reason_is_cut_to_one_short_line() {
+        let mut answer = b"HTTP/1.1 503 No\r\n\r\n".to_vec();
+        answer.extend(b"word\x1b[2J\n".repeat(10_000));
+        let Err(line) = verdict(addr(), &answer) else {
+            panic!("a 503 is not ready");
+        };
+        let reason = line.strip_prefix("not ready (503): ").unwrap();
+        assert_eq!(reason.chars().count(), MAX_REASON + 1, "{reason}");
+        assert!(
+            reason.ends_with('…') && !reason.contains('\x1b'),
+            "{reason}"
+        );
+    }
+
+    /// `body` sent chunked, cut into chunks after each of `cuts` (byte offsets, any order).
+    fn chunked(code: u16, body: &[u8], cuts: &[usize]) -> Vec<u8> {
+        let mut at: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+        at.extend([0, body.len()]);
+        at.sort_unstable();
+        at.dedup();
+        let mut answer =
+            format!("HTTP/1.1 {code} X\r\nTransfer-Encoding: chunked\r\n\r\n").into_bytes();
+        for piece in at.windows(2) {
+            let chunk = &body[piece[0]..piece[1]];
+            answer.extend(format!("{:x}\r\n", chunk.len()).into_bytes());
+            answer.extend(chunk);
+            answer.extend(b"\r\n");
+        }
+        answer.extend(b"0\r\n\r\n");
+        answer
+    }
+
+    /// What is printed of a refusal: one line, short, whatever the answer held.
+    fn printable(verdict: Result<(), String>) -> Result<(), TestCaseError> {
+        if let Err(line) = verdict {
+            prop_assert!(!line.chars().any(char::is_control), "{line:?}");
+            // The reason, and the words around it.
+            prop_assert!(line.chars().count() <= MAX_REASON + 64, "{line:?}");
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_make_a_verdict_and_never_a_panic(answer in vec(any::<u8>(), 0..2048)) {
+            printable(verdict(addr(), &answer))?;
+            let mut after_head = b"HTTP/1.1 503 X\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            after_head.extend(&answer);
+            printable(verdict(addr(), &after_head))?;
+        }
+
+        #[test]
+        fn any_body_in_any_chunks_is_read_back(
+            code in 201u16..600,
+            body in vec(any::<u8>(), 0..1024),
+            cuts in vec(any::<usize>(), 0..16),
+        ) {
+            let answer = chunked(code, &body, &cuts);
+            let seen = verdict(addr(), &answer);
+            printable(seen.clone())?;
+            // However it was chunked, the reason is the body's, as one line.
+            let reason = one_line(&body);
+            let expected = if reason.is_empty() {
+                format!("not ready: /readyz at {} answered {code}", addr())
+            } else {
+                format!("not ready ({code}): {reason}")
+            };
+            prop_assert_eq!(seen, Err(expected));
+        }
+
+        #[test]
+        fn text_in_any_chunks_is_read_back_as_its_words(
+            text in "[a-zé€😀 \n\t]{0,200}",
+            cuts in vec(any::<usize>(), 0..16),
+        ) {
+            let answer = chunked(503, text.as_bytes(), &cuts);
+            let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+            let seen = verdict(addr(), &answer);
+            if words.is_empty() {
+                prop_assert!(seen.is_err());
+            } else {
+                prop_assert_eq!(seen, Err(format!("not ready (503): {words}")));
+            }
+        }
     }
 
     #[test]

@@ -216,6 +216,11 @@ impl SchedulerProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The process's id, to read its `/proc` entries.
+    pub(crate) fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: the process gets no chance to settle anything.
     pub(crate) fn kill(&mut self) {
         self.child.kill().expect("sending SIGKILL");

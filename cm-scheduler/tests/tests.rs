@@ -121,6 +121,9 @@ mod slow_target;
 // A routine written through SQL is planned and fires; one cm cannot read is paused, never fired.
 #[path = "scheduler/sql_writes.rs"]
 mod sql_writes;
+// TLS to a cluster of the test's own: verify-full fires; another CA, another name, no TLS refused.
+#[path = "scheduler/tls.rs"]
+mod tls;
 // A webhook carries the `traceparent` that `fires` names; spans reach an OTLP receiver.
 #[path = "scheduler/trace.rs"]
 mod trace;

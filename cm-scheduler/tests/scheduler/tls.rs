@@ -433,6 +433,17 @@ async fn a_host_name_the_certificate_does_not_name_is_refused_under_verify_full(
         &format!("sslmode=verify-full&{ca}"),
     );
     check_fails(&by_address, &["migrate"], 1, OTHER_NAME);
+    // The same asked through libpq's variables, the URL naming neither: without
+    // PGSSLROOTCERT the CA would be unknown, without PGSSLMODE nothing would be verified.
+    let bare = cluster.url("postgres", "127.0.0.1", "");
+    let mut from_env = cm_scheduler();
+    from_env
+        .env("PGSSLMODE", "verify-full")
+        .env("PGSSLROOTCERT", cluster.file("ca.crt"))
+        .args(["--database-url", &bare, "migrate"]);
+    let out = run(from_env);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains(OTHER_NAME), "{out:?}");
     // verify-ca checks the CA, not the name.
     let by_address = cluster.url("postgres", "127.0.0.1", &format!("sslmode=verify-ca&{ca}"));
     let out = migrate(&by_address);

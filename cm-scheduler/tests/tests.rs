@@ -133,6 +133,10 @@ mod sql_writes;
 // A stop counts once the process group exited; runs judged where their files are, never lost.
 #[path = "scheduler/stops.rs"]
 mod stops;
+
+// TLS to a cluster of the test's own: verify-full fires; another CA, another name, no TLS refused.
+#[path = "scheduler/tls.rs"]
+mod tls;
 // A webhook carries the `traceparent` that `fires` names; spans reach an OTLP receiver.
 #[path = "scheduler/trace.rs"]
 mod trace;

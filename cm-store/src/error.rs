@@ -191,7 +191,12 @@ fn explain_sqlx(e: &sqlx::Error) -> String {
         sqlx::Error::Io(io) if io.to_string().contains("failed to lookup address") => {
             format!("the host is not known ({io})")
         }
+        // rustls's refusal of the handshake reaches sqlx as an I/O error of kind InvalidData.
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData && is_tls(io) => {
+            explain_tls(&io.to_string())
+        }
         sqlx::Error::Io(io) => format!("{} ({io})", io.kind()),
+        sqlx::Error::Tls(e) => explain_tls(&e.to_string()),
         sqlx::Error::Database(db) => match db.code().as_deref() {
             // invalid_catalog_name: the database does not exist.
             Some("3D000") => format!(
@@ -200,6 +205,13 @@ fn explain_sqlx(e: &sqlx::Error) -> String {
             ),
             // undefined_table: the schema was never applied.
             Some("42P01") => StoreError::SchemaMissing.to_string(),
+            // invalid_authorization_specification for a connection without TLS, on a server
+            // whose pg_hba.conf admits only `hostssl`.
+            Some("28000") if db.message().ends_with("no encryption") => format!(
+                "{} (the server may admit only TLS connections: set sslmode=verify-full in the \
+                 database URL)",
+                db.message()
+            ),
             _ if refuses_startup_parameters(db.message()) => format!(
                 "{} (a PgBouncer in front of PostgreSQL refuses cm's settings as startup \
                  parameters: run cm-scheduler with --pooled, CM_DATABASE_POOLED=true, which sets \
@@ -215,9 +227,97 @@ fn explain_sqlx(e: &sqlx::Error) -> String {
     }
 }
 
+/// rustls's words for a handshake it refused or was refused, as its `Error` displays them.
+const TLS_REFUSALS: [&str; 5] = [
+    "invalid peer certificate",
+    "received fatal alert",
+    "peer is incompatible",
+    "peer misbehaved",
+    "peer sent no certificates",
+];
+
+/// Whether an I/O error is rustls's refusal of a handshake.
+fn is_tls(io: &std::io::Error) -> bool {
+    io.get_ref().is_some_and(|inner| {
+        TLS_REFUSALS
+            .iter()
+            .any(|w| inner.to_string().starts_with(w))
+    })
+}
+
+/// A TLS failure in words: what is wrong and what to change, then rustls's own text.
+fn explain_tls(text: &str) -> String {
+    let advice = if text.contains("UnknownIssuer") {
+        "the server's certificate is not signed by a CA this host trusts: name its CA with \
+         sslrootcert=FILE"
+    } else if text.contains("not valid for name") {
+        "the server's certificate does not name the host connected to: connect by a name it \
+         holds (sslmode=verify-full checks the name, verify-ca does not)"
+    } else if text.starts_with("received fatal alert") {
+        "the server refused the handshake, often the client certificate: sslcert and sslkey \
+         must be a pair signed by a CA the server trusts, naming the user"
+    } else if text.contains("server does not support TLS") {
+        "the server does not offer TLS (its ssl setting is off), and sslmode=require, \
+         verify-ca and verify-full need it"
+    } else {
+        "the TLS handshake failed"
+    };
+    format!("TLS: {advice} ({text})")
+}
+
 #[cfg(test)]
 mod tests {
     use super::{StoreError, is_transient_sqlstate};
+
+    /// Each TLS failure is told in words, one line, with rustls's text kept.
+    #[test]
+    fn tls_failures_are_explained() {
+        let io = |text: &str| {
+            StoreError::Database(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                text.to_string(),
+            )))
+            .explain()
+        };
+        for (given, expected) in [
+            (
+                "invalid peer certificate: UnknownIssuer",
+                "TLS: the server's certificate is not signed by a CA this host trusts",
+            ),
+            (
+                "invalid peer certificate: certificate not valid for name \"127.0.0.1\"; \
+                 certificate is only valid for DnsName(\"localhost\")",
+                "TLS: the server's certificate does not name the host connected to",
+            ),
+            (
+                "received fatal alert: UnknownCA",
+                "TLS: the server refused the handshake, often the client certificate",
+            ),
+            (
+                "peer misbehaved: X",
+                "TLS: the TLS handshake failed (peer misbehaved: X)",
+            ),
+            // Not rustls's: left as it was.
+            (
+                "stream did not contain valid UTF-8",
+                "invalid data (stream did not",
+            ),
+        ] {
+            let explained = io(given);
+            assert!(explained.starts_with(expected), "{explained}");
+            assert!(explained.contains(given), "{explained}");
+            assert_eq!(explained.lines().count(), 1, "{explained}");
+        }
+        let unoffered =
+            StoreError::Database(sqlx::Error::Tls("server does not support TLS".into()));
+        assert!(
+            unoffered
+                .explain()
+                .starts_with("TLS: the server does not offer TLS"),
+            "{}",
+            unoffered.explain()
+        );
+    }
 
     /// A migration that found no free connection (a server whose connections are all taken)
     /// is worth retrying; one the database refused is not.

@@ -104,54 +104,10 @@ impl DatabaseUrl {
     /// default (`PGPORT`, else 5432). `target_session_attrs` is taken out of the query; the rest
     /// is read by sqlx for each host.
     pub fn parse(url: &str) -> Result<Self, StoreError> {
-        let invalid = |why: String| StoreError::InvalidUrl(why);
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| invalid("it has no scheme (postgres://)".into()))?;
-        let (before_query, query) = match rest.split_once('?') {
-            Some((before, query)) => (before, Some(query)),
-            None => (rest, None),
-        };
-        let (authority, path) = match before_query.find('/') {
-            Some(at) => before_query.split_at(at),
-            None => (before_query, ""),
-        };
-        let (userinfo, hostlist) = match authority.rsplit_once('@') {
-            Some((userinfo, hosts)) => (Some(userinfo), hosts),
-            None => (None, authority),
-        };
-        let mut target = TargetSessionAttrs::Any;
-        let mut kept = Vec::new();
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("target_session_attrs", value)) => {
-                    target = TargetSessionAttrs::parse(value).map_err(invalid)?;
-                }
-                _ => kept.push(pair),
-            }
-        }
-        let query = if kept.is_empty() {
-            String::new()
-        } else {
-            format!("?{}", kept.join("&"))
-        };
-        let userinfo = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-        let hosts = if hostlist.is_empty() {
-            // A socket directory or host given as a query parameter.
-            vec![hostlist]
-        } else {
-            hostlist.split(',').collect()
-        };
+        let (hosts, target) = split_hosts(url)?;
         let hosts = hosts
-            .into_iter()
-            .map(|host| {
-                if host.is_empty() && hostlist.contains(',') {
-                    return Err(invalid(format!("an empty host in {hostlist:?}")));
-                }
-                format!("{scheme}://{userinfo}{host}{path}{query}")
-                    .parse::<PgConnectOptions>()
-                    .map_err(StoreError::from)
-            })
+            .iter()
+            .map(|host| host.parse::<PgConnectOptions>().map_err(StoreError::from))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(DatabaseUrl { hosts, target })
     }
@@ -161,6 +117,61 @@ impl DatabaseUrl {
     pub fn is_plain(&self) -> bool {
         self.hosts.len() == 1 && self.target == TargetSessionAttrs::Any
     }
+}
+
+/// `url` as one URL per host, in its order, each with every other part of `url` but
+/// `target_session_attrs`, and that attribute. A host's URL keeps the query as written, so its
+/// TLS parameters (`sslrootcert`, `sslcert`, `sslkey`) reach sqlx unchanged; sqlx's own
+/// `to_url_lossy` writes a certificate file as `file: PATH`, which no connection can read.
+pub(crate) fn split_hosts(url: &str) -> Result<(Vec<String>, TargetSessionAttrs), StoreError> {
+    let invalid = |why: String| StoreError::InvalidUrl(why);
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| invalid("it has no scheme (postgres://)".into()))?;
+    let (before_query, query) = match rest.split_once('?') {
+        Some((before, query)) => (before, Some(query)),
+        None => (rest, None),
+    };
+    let (authority, path) = match before_query.find('/') {
+        Some(at) => before_query.split_at(at),
+        None => (before_query, ""),
+    };
+    let (userinfo, hostlist) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let mut target = TargetSessionAttrs::Any;
+    let mut kept = Vec::new();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("target_session_attrs", value)) => {
+                target = TargetSessionAttrs::parse(value).map_err(invalid)?;
+            }
+            _ => kept.push(pair),
+        }
+    }
+    let query = if kept.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", kept.join("&"))
+    };
+    let userinfo = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+    let hosts = if hostlist.is_empty() {
+        // A socket directory or host given as a query parameter.
+        vec![hostlist]
+    } else {
+        hostlist.split(',').collect()
+    };
+    let hosts = hosts
+        .into_iter()
+        .map(|host| {
+            if host.is_empty() && hostlist.contains(',') {
+                return Err(invalid(format!("an empty host in {hostlist:?}")));
+            }
+            Ok(format!("{scheme}://{userinfo}{host}{path}{query}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((hosts, target))
 }
 
 /// `host:port` of a host's options, for messages.

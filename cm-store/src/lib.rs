@@ -461,7 +461,9 @@ impl PgStore {
                 use sqlx::Connection;
                 let _ = conn.close().await;
             }
-            single = sqlx::ConnectOptions::to_url_lossy(&parsed.hosts[index]).to_string();
+            // That host's URL as written, its TLS parameters whole.
+            let (mut host_urls, _) = failover::split_hosts(url)?;
+            single = host_urls.swap_remove(index);
             &single
         };
         if sqlx::Postgres::database_exists(url).await? {

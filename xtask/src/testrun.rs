@@ -61,6 +61,11 @@ pub(crate) const SERVICES: &[Service] = &[
         needs: "needs systemd-analyze",
         present: || on_path("systemd-analyze"),
     },
+    // The TLS tests start a PostgreSQL cluster of their own, with certificates they make.
+    Service {
+        needs: "needs initdb and openssl",
+        present: || on_path("openssl") && has_initdb(),
+    },
     Service {
         needs: "needs tmux",
         present: || on_path("tmux"),
@@ -78,6 +83,20 @@ pub(crate) const SERVICES: &[Service] = &[
 
 fn set(variable: &str) -> bool {
     std::env::var_os(variable).is_some_and(|v| !v.is_empty())
+}
+
+/// Whether PostgreSQL's `initdb` is where the TLS tests look: in `CM_TEST_PG_BIN`, in
+/// Debian's `/usr/lib/postgresql/*/bin`, or on the `PATH`.
+fn has_initdb() -> bool {
+    if let Some(dir) = std::env::var_os("CM_TEST_PG_BIN").filter(|d| !d.is_empty()) {
+        return std::path::Path::new(&dir).join("initdb").is_file();
+    }
+    let debian = std::fs::read_dir("/usr/lib/postgresql").is_ok_and(|versions| {
+        versions
+            .filter_map(Result::ok)
+            .any(|v| v.path().join("bin/initdb").is_file())
+    });
+    debian || on_path("initdb")
 }
 
 fn on_path(program: &str) -> bool {

@@ -104,6 +104,7 @@ pub fn check_url(url: &str) -> Result<(), Failure> {
             redact(url)
         ))
     };
+    check_tls_parameters(url).map_err(|why| refuse(&why))?;
     // Several hosts (`postgres://h1:5432,h2:5433/cm`, as libpq reads them) are checked by the
     // store's own parser, each host as a URL of its own.
     if let Some((_, rest)) = url.split_once("://")
@@ -134,6 +135,44 @@ pub fn check_url(url: &str) -> Result<(), Failure> {
     let socket = parsed.query_pairs().any(|(key, _)| key == "host");
     if parsed.host_str().is_none_or(str::is_empty) && !socket {
         return Err(refuse("it names no host"));
+    }
+    Ok(())
+}
+
+/// libpq's `sslmode` values, as sqlx reads them (`allow` as `disable`).
+const SSL_MODES: [&str; 6] = [
+    "disable",
+    "allow",
+    "prefer",
+    "require",
+    "verify-ca",
+    "verify-full",
+];
+
+/// Refuses an `sslmode` the driver does not know and a certificate or key file that cannot be
+/// opened, naming the parameter: the driver would say only "entity not found" at the first
+/// connection, without saying which file.
+fn check_tls_parameters(url: &str) -> Result<(), String> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(());
+    };
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match &*key {
+            "sslmode" | "ssl-mode" if !SSL_MODES.contains(&&*value) => {
+                return Err(format!(
+                    "{key}={value:?} is not one of {}",
+                    SSL_MODES.join(", ")
+                ));
+            }
+            // A PEM given inline (`-----BEGIN …`) is not a file.
+            "sslrootcert" | "ssl-root-cert" | "ssl-ca" | "sslcert" | "ssl-cert" | "sslkey"
+            | "ssl-key"
+                if !value.trim_start().starts_with("-----BEGIN") =>
+            {
+                std::fs::File::open(&*value).map_err(|e| format!("{key}={value}: {e}"))?;
+            }
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -271,6 +310,38 @@ mod tests {
             scrub("bad password \"p@ss\" for cm", "postgres://cm:p%40ss@db/cm"),
             "bad password \"***\" for cm"
         );
+    }
+
+    #[test]
+    fn tls_parameters_are_checked_before_connecting() {
+        for good in [
+            "postgres://cm@db/cm?sslmode=verify-full&sslrootcert=/dev/null",
+            "postgres://cm@h1,h2/cm?sslmode=require&sslcert=/dev/null&sslkey=/dev/null",
+            "postgres://cm@db/cm?sslmode=disable",
+        ] {
+            assert!(check_url(good).is_ok(), "{good}");
+        }
+        for (bad, why) in [
+            (
+                "postgres://cm@db/cm?sslmode=verify_full",
+                "sslmode=\"verify_full\" is not one of disable, allow, prefer, require, \
+                 verify-ca, verify-full",
+            ),
+            (
+                "postgres://cm@db/cm?sslmode=verify-full&sslrootcert=/no/such/ca.pem",
+                "sslrootcert=/no/such/ca.pem: No such file",
+            ),
+            (
+                "postgres://cm@h1,h2/cm?sslcert=/no/such/client.pem",
+                "sslcert=/no/such/client.pem: No such file",
+            ),
+        ] {
+            let Err(Failure::Input(message)) = check_url(bad) else {
+                panic!("{bad} was accepted");
+            };
+            assert!(message.contains(why), "{message}");
+            assert_eq!(message.lines().count(), 1, "{message}");
+        }
     }
 
     #[test]

@@ -331,7 +331,7 @@ impl PgStore {
                     },
                 )?;
         let held: Option<(DateTime<Utc>, String, Option<String>, Option<String>)> =
-            sqlx::query_as(HOLDER_SQL)
+            crate::schema::query_as(HOLDER_SQL)
                 .bind(occurrence.routine_id)
                 .bind(group)
                 .fetch_optional(&mut *tx)
@@ -404,7 +404,7 @@ fn holder_state(status: &str, run: Option<&str>) -> RunHolder {
 
 /// The fire that holds a routine's run (`$1` the routine, `$2` its group), if one does.
 const HOLDER_SQL: &str = "
-SELECT scheduled_at, status, run_state, run_place FROM routine_fires
+SELECT scheduled_at, status, run_state, run_place FROM cm.routine_fires
 WHERE routine_id = $1 AND group_id = $2 AND holds_run
 ORDER BY scheduled_at DESC
 LIMIT 1";
@@ -412,7 +412,7 @@ LIMIT 1";
 /// Begins a run: `$1`/`$2` the occurrence, a fire still `claimed`, `$3` its routine's group,
 /// `$4` its place.
 const BEGIN_RUN_SQL: &str = "
-UPDATE routine_fires SET run_state = 'running', run_exit_code = NULL, run_reason = NULL,
+UPDATE cm.routine_fires SET run_state = 'running', run_exit_code = NULL, run_reason = NULL,
     run_checked_at = now(), run_place = $4
 WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3 AND status = 'claimed'";
 
@@ -426,7 +426,7 @@ macro_rules! record_runs_sql {
         concat!(
             "WITH held AS (
                  SELECT f.routine_id, f.scheduled_at, f.group_id, t.state, t.exit_code, t.reason
-                 FROM routine_fires AS f
+                 FROM cm.routine_fires AS f
                  JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $4::int[], $5::text[])
                       AS t(routine_id, scheduled_at, state, exit_code, reason)
                    ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
@@ -435,7 +435,7 @@ macro_rules! record_runs_sql {
             "
                  FOR UPDATE OF f SKIP LOCKED
              )
-             UPDATE routine_fires AS f
+             UPDATE cm.routine_fires AS f
              SET run_state = h.state, run_exit_code = h.exit_code, run_reason = h.reason,
                  run_checked_at = now()
              FROM held AS h
@@ -517,7 +517,7 @@ impl PgStore {
 /// in its order and stops after `$1` rows: the runs still running, never the finished ledger.
 const UNFINISHED_RUNS_SQL: &str = "
 SELECT routine_id, scheduled_at, status, run_place
-FROM routine_fires
+FROM cm.routine_fires
 WHERE run_state = 'running'
 ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
 LIMIT $1";
@@ -525,7 +525,7 @@ LIMIT $1";
 /// The same in the group `$2`.
 const UNFINISHED_RUNS_IN_SQL: &str = "
 SELECT routine_id, scheduled_at, status, run_place
-FROM routine_fires
+FROM cm.routine_fires
 WHERE run_state = 'running' AND group_id = $2
 ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
 LIMIT $1";

@@ -69,7 +69,7 @@ async fn a_costly_schedule_is_refused_by_the_cli_and_set_aside_from_sql_while_ot
         refused_in_one_line(&db.url, args);
     }
     let _ = std::fs::remove_file(&jsonl);
-    let routines: i64 = sqlx::query_scalar("SELECT count(*) FROM routines")
+    let routines: i64 = sqlx::query_scalar("SELECT count(*) FROM cm.routines")
         .fetch_one(&db.pool)
         .await
         .unwrap();
@@ -92,7 +92,7 @@ async fn a_costly_schedule_is_refused_by_the_cli_and_set_aside_from_sql_while_ot
         &[],
     );
     let fired = async || -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE routine_id = $1")
+        sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE routine_id = $1")
             .bind(heartbeat)
             .fetch_one(&db.pool)
             .await
@@ -104,7 +104,7 @@ async fn a_costly_schedule_is_refused_by_the_cli_and_set_aside_from_sql_while_ot
         &db.url,
         &["routine", "update", "heartbeat", "--schedule", POISON],
     );
-    let kept: String = sqlx::query_scalar("SELECT schedule FROM routines WHERE id = $1")
+    let kept: String = sqlx::query_scalar("SELECT schedule FROM cm.routines WHERE id = $1")
         .bind(heartbeat)
         .fetch_one(&db.pool)
         .await
@@ -115,7 +115,7 @@ async fn a_costly_schedule_is_refused_by_the_cli_and_set_aside_from_sql_while_ot
     let poison = create_through_sql(&db.pool, "poison", POISON).await;
     let written = db_now(&db.pool).await;
     let set_aside = async || -> (bool, Option<String>, Option<DateTime<Utc>>) {
-        sqlx::query_as("SELECT paused, paused_reason, next_run_at FROM routines WHERE id = $1")
+        sqlx::query_as("SELECT paused, paused_reason, next_run_at FROM cm.routines WHERE id = $1")
             .bind(poison)
             .fetch_one(&db.pool)
             .await
@@ -141,7 +141,7 @@ async fn a_costly_schedule_is_refused_by_the_cli_and_set_aside_from_sql_while_ot
     )
     .await;
     let fires: Vec<(DateTime<Utc>, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT scheduled_at, first_claimed_at FROM routine_fires
+        "SELECT scheduled_at, first_claimed_at FROM cm.routine_fires
          WHERE routine_id = $1 AND scheduled_at BETWEEN $2 AND $3 ORDER BY scheduled_at",
     )
     .bind(heartbeat)
@@ -168,7 +168,7 @@ async fn a_costly_schedule_is_refused_by_the_cli_and_set_aside_from_sql_while_ot
     assert!(late.is_empty(), "late heartbeats: {late:?}");
     // Nothing was written for the poison.
     let poison_fires: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM routine_fires WHERE routine_id = $1")
+        sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE routine_id = $1")
             .bind(poison)
             .fetch_one(&db.pool)
             .await

@@ -58,7 +58,7 @@ async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> 
 
 /// The id of the routine named `name`.
 async fn routine_id(db: &TestDb, name: &str) -> uuid::Uuid {
-    sqlx::query_scalar("SELECT id FROM routines WHERE name = $1")
+    sqlx::query_scalar("SELECT id FROM cm.routines WHERE name = $1")
         .bind(name)
         .fetch_one(&db.pool)
         .await
@@ -132,7 +132,7 @@ async fn a_callers_open_transaction_holds_back_only_its_own_routine() {
     // Every occurrence claimed so far is settled, the held routine's too.
     let unsettled = || async {
         sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM routine_fires WHERE status = 'claimed'
+            "SELECT count(*) FROM cm.routine_fires WHERE status = 'claimed'
              AND claimed_at < now() - interval '1 second'",
         )
         .fetch_one(&db.pool)
@@ -150,7 +150,7 @@ async fn a_callers_open_transaction_holds_back_only_its_own_routine() {
 
     // Nothing was taken over, and nothing was delivered twice.
     let taken_over: Vec<(uuid::Uuid, i32)> =
-        sqlx::query_as("SELECT routine_id, attempt FROM routine_fires WHERE attempt > 1")
+        sqlx::query_as("SELECT routine_id, attempt FROM cm.routine_fires WHERE attempt > 1")
             .fetch_all(&db.pool)
             .await
             .unwrap();
@@ -165,7 +165,7 @@ async fn a_callers_open_transaction_holds_back_only_its_own_routine() {
         scheduler.log()
     );
     let held_fired: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM routine_fires WHERE routine_id = $1::uuid AND status = 'fired'",
+        "SELECT count(*) FROM cm.routine_fires WHERE routine_id = $1::uuid AND status = 'fired'",
     )
     .bind(&held)
     .fetch_one(&db.pool)

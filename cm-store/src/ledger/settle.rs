@@ -107,12 +107,12 @@ pub(super) async fn settle_waiting(
     let columns = Columns::of(std::slice::from_ref(settle));
     let mut conn = store.pool.acquire().await?;
     let mut tx = store.begin_on(&mut conn).await?;
-    sqlx::query(LOCAL_LOCK_TIMEOUT_SQL)
+    crate::schema::query(LOCAL_LOCK_TIMEOUT_SQL)
         .bind(format!("{}ms", wait.as_millis().max(1)))
         .execute(&mut *tx)
         .await?;
     let settled: Result<Vec<(Uuid, DateTime<Utc>)>, sqlx::Error> = columns
-        .bind(sqlx::query_as(SETTLE_WAITING_SQL))
+        .bind(crate::schema::query_as(SETTLE_WAITING_SQL))
         .bind(group)
         .fetch_all(&mut *tx)
         .await;
@@ -227,7 +227,7 @@ async fn unsettled(
             missed.3.push(columns.attempts[i]);
         }
     }
-    let query = sqlx::query_as(match group {
+    let query = crate::schema::query_as(match group {
         None => PRESENT_FIRES_SQL,
         Some(_) => PRESENT_GROUP_FIRES_SQL,
     })
@@ -274,7 +274,7 @@ async fn settle_fires_of(
     // One fenced UPDATE for the batch, of the rows it could lock; the rows it did not settle
     // are then told apart (locked by another transaction, taken over, or gone with a deleted
     // routine) by a read of the same keys.
-    let query = columns.bind(sqlx::query_as(match group {
+    let query = columns.bind(crate::schema::query_as(match group {
         None => SETTLE_FIRES_SQL,
         Some(_) => SETTLE_GROUP_FIRES_SQL,
     }));

@@ -97,7 +97,7 @@ impl Drop for TestRoles {
 /// sends as a role whose search path does not name it.
 async fn tables_schema(pool: &PgPool) -> String {
     sqlx::query_scalar(
-        "SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = 'routines'::regclass",
+        "SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = 'cm.routines'::regclass",
     )
     .fetch_one(pool)
     .await
@@ -201,15 +201,15 @@ async fn a_cm_writer_manages_routines_through_functions_only(pool: PgPool) {
     assert_eq!(shadowed, 0);
     drop(session);
     let (group, named): (i16, i64) = sqlx::query_as(
-        "SELECT r.group_id, (SELECT count(*) FROM routine_names n WHERE n.routine_id = r.id)
-         FROM routines r WHERE r.id = $1",
+        "SELECT r.group_id, (SELECT count(*) FROM cm.routine_names n WHERE n.routine_id = r.id)
+         FROM cm.routines r WHERE r.id = $1",
     )
     .bind(second)
     .fetch_one(&pool)
     .await
     .unwrap();
     let expected: i16 =
-        sqlx::query_scalar("SELECT cm_group_of($1, (SELECT group_count FROM cm_settings))")
+        sqlx::query_scalar("SELECT cm.cm_group_of($1, (SELECT group_count FROM cm.cm_settings))")
             .bind(second)
             .fetch_one(&pool)
             .await

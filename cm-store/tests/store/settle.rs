@@ -446,7 +446,7 @@ async fn a_settle_waiting_on_a_lock_takes_the_row_when_its_holder_lets_go(pool: 
     // The lease ran out while another transaction held the row.
     expire_lease(&pool, occurrence).await;
     let mut caller = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM routine_fires WHERE routine_id = $1 FOR UPDATE")
+    sqlx::query("SELECT 1 FROM cm.routine_fires WHERE routine_id = $1 FOR UPDATE")
         .bind(occurrence.routine_id)
         .execute(&mut *caller)
         .await

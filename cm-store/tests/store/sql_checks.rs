@@ -39,7 +39,7 @@ fn check_refused<T: std::fmt::Debug>(what: &str, result: Result<T, String>, word
 }
 
 async fn routine_count(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM routines")
+    sqlx::query_scalar("SELECT count(*) FROM cm.routines")
         .fetch_one(pool)
         .await
         .unwrap()

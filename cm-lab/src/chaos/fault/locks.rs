@@ -60,8 +60,8 @@ impl HeldLocks {
     ) -> anyhow::Result<Option<(PgConnection, Uuid, DateTime<Utc>)>> {
         // A routine with an occurrence in flight now, else any active one.
         let routine: Option<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM routines r WHERE NOT paused
-             ORDER BY EXISTS (SELECT 1 FROM routine_fires f
+            "SELECT id FROM cm.routines r WHERE NOT paused
+             ORDER BY EXISTS (SELECT 1 FROM cm.routine_fires f
                               WHERE f.routine_id = r.id AND f.status = 'claimed') DESC,
                       random()
              LIMIT 1",
@@ -116,7 +116,7 @@ impl HeldLocks {
             let rows: Vec<f64> = chaos.rt.block_on(
                 sqlx::query_scalar(
                     "SELECT extract(epoch FROM claimed_at - scheduled_at)::float8
-                     FROM routine_fires
+                     FROM cm.routine_fires
                      WHERE scheduled_at BETWEEN $1 AND $2 AND routine_id <> $3",
                 )
                 .bind(hold.from)

@@ -66,7 +66,7 @@ impl Poison {
     /// Reads back the poison routine and the other routines' lateness since it was written.
     fn look(chaos: &Chaos<'_>, poison: Uuid, since: DateTime<Utc>) -> anyhow::Result<Seen> {
         let (paused, reason): (bool, Option<String>) = chaos.rt.block_on(
-            sqlx::query_as("SELECT paused, paused_reason FROM routines WHERE id = $1")
+            sqlx::query_as("SELECT paused, paused_reason FROM cm.routines WHERE id = $1")
                 .bind(poison)
                 .fetch_one(&chaos.pool),
         )?;
@@ -77,7 +77,7 @@ impl Poison {
                         (percentile_cont(0.99) WITHIN GROUP (
                             ORDER BY extract(epoch FROM first_claimed_at - scheduled_at)::float8)
                          FILTER (WHERE routine_id <> $1))::float8 * 1000
-                 FROM routine_fires WHERE scheduled_at >= $2",
+                 FROM cm.routine_fires WHERE scheduled_at >= $2",
             )
             .bind(poison)
             .bind(since)

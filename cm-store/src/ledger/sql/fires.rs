@@ -59,7 +59,7 @@ macro_rules! settle_fires_sql {
         concat!(
             "WITH held AS (
                  SELECT f.routine_id, f.scheduled_at, f.group_id, t.status, t.error, t.receipt
-                 FROM routine_fires AS f
+                 FROM cm.routine_fires AS f
                  JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
                              $6::text[], $7::text[])
                       AS t(routine_id, scheduled_at, claim_token, attempt, status, error, receipt)
@@ -70,7 +70,7 @@ macro_rules! settle_fires_sql {
             "
                  FOR UPDATE OF f SKIP LOCKED
              )
-             UPDATE routine_fires AS f
+             UPDATE cm.routine_fires AS f
              SET status = h.status, error = h.error, receipt = h.receipt, completed_at = now()
              FROM held AS h
              WHERE f.routine_id = h.routine_id AND f.scheduled_at = h.scheduled_at
@@ -92,7 +92,7 @@ pub(crate) const SETTLE_GROUP_FIRES_SQL: &str = settle_fires_sql!(group: " AND f
 /// each, `$8` the group. A settle that found its row locked comes back through this one, so
 /// that, queued on the lock, it takes the row before any reaper can (the reaper skips locked
 /// rows rather than queue).
-pub(crate) const SETTLE_WAITING_SQL: &str = "UPDATE routine_fires AS f
+pub(crate) const SETTLE_WAITING_SQL: &str = "UPDATE cm.routine_fires AS f
              SET status = t.status, error = t.error, receipt = t.receipt, completed_at = now()
              FROM UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
                          $6::text[], $7::text[])
@@ -113,7 +113,7 @@ pub(crate) const LOCAL_LOCK_TIMEOUT_SQL: &str = "SELECT set_config('lock_timeout
 pub(crate) const PRESENT_FIRES_SQL: &str = "SELECT f.routine_id, f.scheduled_at,
                         (f.claim_token = t.claim_token AND f.attempt = t.attempt
                          AND f.status = 'claimed') AS held
-                 FROM routine_fires f
+                 FROM cm.routine_fires f
                  JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[])
                       AS t(routine_id, scheduled_at, claim_token, attempt)
                    ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at";
@@ -122,7 +122,7 @@ pub(crate) const PRESENT_FIRES_SQL: &str = "SELECT f.routine_id, f.scheduled_at,
 pub(crate) const PRESENT_GROUP_FIRES_SQL: &str = "SELECT f.routine_id, f.scheduled_at,
                         (f.claim_token = t.claim_token AND f.attempt = t.attempt
                          AND f.status = 'claimed') AS held
-                 FROM routine_fires f
+                 FROM cm.routine_fires f
                  JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[])
                       AS t(routine_id, scheduled_at, claim_token, attempt)
                    ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at

@@ -5,7 +5,7 @@
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/cm cargo run -p cm-store --example create_routine
 //! ```
 
-use cm_domain::{MisfirePolicy, Schedule};
+use cm_domain::Schedule;
 use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
 
 #[tokio::main]

@@ -142,7 +142,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 mod tests {
     use super::*;
     use chrono::{TimeZone, Utc};
-    use cm_domain::{MisfirePolicy, Occurrence, Schedule};
+    use cm_domain::{Occurrence, Schedule};
     use cm_store::{NewRoutine, OutboxMessage, OutboxStore, RoutineKind, RoutineStore};
     use serde_json::json;
 

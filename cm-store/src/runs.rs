@@ -330,12 +330,11 @@ impl PgStore {
                         reason: e.to_string(),
                     },
                 )?;
-        let held: Option<(DateTime<Utc>, String, Option<String>, Option<String>)> =
-            crate::schema::query_as(HOLDER_SQL)
-                .bind(occurrence.routine_id)
-                .bind(group)
-                .fetch_optional(&mut *tx)
-                .await?;
+        let held: Option<HolderRow> = crate::schema::query_as(HOLDER_SQL)
+            .bind(occurrence.routine_id)
+            .bind(group)
+            .fetch_optional(&mut *tx)
+            .await?;
         let holder = match &held {
             None => RunHolder::Free,
             Some((at, ..)) if *at == occurrence.scheduled_at => RunHolder::Free,
@@ -566,3 +565,6 @@ fn unfinished(rows: Vec<UnfinishedRow>) -> Result<Vec<UnfinishedRun>, StoreError
         })
         .collect()
 }
+
+/// The run holder's row: its occurrence, status, run state and place.
+type HolderRow = (DateTime<Utc>, String, Option<String>, Option<String>);

@@ -841,7 +841,7 @@ async fn process_runner_reads_a_huge_marker_and_exit_file_only_at_their_start() 
         std::io::Write::write_all(&mut &file, first.as_bytes()).unwrap();
         file.set_len(1 << 30).unwrap();
     }
-    let run = RunRef { name: name.into() };
+    let run = RunRef::named(name);
     let before = bytes_read_by_this_thread();
     let deadline = Instant::now() + Duration::from_secs(5);
     let state = runner.observe(&run, deadline).await.unwrap();

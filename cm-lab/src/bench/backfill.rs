@@ -17,7 +17,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use cm_dispatch::{
     Dispatch, DispatchError, Dispatcher, OutboxDispatcher, Receipt, RoutedDispatcher,
 };
-use cm_domain::{MisfirePolicy, Schedule, SchedulerConfig};
+use cm_domain::{Schedule, SchedulerConfig};
 use cm_scheduler::Scheduler;
 use cm_store::{NewRoutine, PgStore, RoutineKind, RoutineStore};
 use sqlx::PgPool;

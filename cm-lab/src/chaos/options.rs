@@ -196,6 +196,7 @@ impl Options {
         );
         if self.poison_routine {
             c += " --poison-routine";
+        }
         if self.held_locks > 0 {
             c += &format!(" --held-locks {}", self.held_locks);
         }

@@ -2,4 +2,10 @@
 -- trigger function that fills in a hand-written row's group names `cm_settings` and
 -- `cm_group_of` unqualified, so it keeps the path it is created under (the schema, then the
 -- catalog, then pg_temp), not the path of whoever inserts the row.
-ALTER FUNCTION cm_fill_group_id() SET search_path FROM CURRENT;
+-- Written as a constant, not `FROM CURRENT`, which Citus refuses for a distributed function.
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION cm_fill_group_id() SET search_path TO %s',
+                   current_setting('search_path'));
+END
+$$;

@@ -8,14 +8,11 @@
 -- For that every function of schema `cm` is SECURITY DEFINER: it runs as its owner, the role
 -- that ran `cm-scheduler migrate` (so that role should own cm's schema and be no superuser;
 -- deploy/postgres/roles.sql makes one). A SECURITY DEFINER function must not look anything up
--- on a path its caller controls: its path is pinned. `SET search_path FROM CURRENT` pins the
--- path the migration runs under; when that path does not name `pg_temp` (the old layout's
--- `"$user", public`), PostgreSQL searches the caller's temporary schema *first*, and a caller's
--- temporary table `routine_names` or `cm_settings` would stand in for cm's. So, in that case,
--- the path is set here, before the functions are pinned, to `pg_catalog` (nothing shadows the
--- built-in functions), the tables' schema, `cm`, then `pg_temp` last. `"$user"` is left out: in
--- a SECURITY DEFINER function it is the owner's name. A path that names `pg_temp` already (the
--- layout where migrations run under `cm, pg_catalog, pg_temp`) is kept as it is.
+-- on a path its caller controls: its path is pinned to the one the migrations run under,
+-- `cm, pg_catalog, pg_temp`. `pg_temp` is named, and last: a path that does not name it has
+-- PostgreSQL search the caller's temporary schema *first*, where a caller's temporary table
+-- `routine_names` or `cm_settings` would stand in for cm's. `"$user"` is not on it: in a
+-- SECURITY DEFINER function it is the owner's name.
 --
 -- EXECUTE on cm's functions is revoked from PUBLIC, now and for the functions later migrations
 -- create; `cm_writer` gets USAGE on schema `cm` and EXECUTE on the write and read functions,
@@ -39,28 +36,26 @@ BEGIN
 END
 $$;
 
+-- The schema is the one these migrations run in (the first on their pinned path), so the same
+-- text serves `cm` and a schema set with `--schema`. The path is written as a constant, not
+-- `FROM CURRENT`, which Citus refuses for a distributed function.
 DO $$
 DECLARE
+    s TEXT := current_schema();
     path TEXT := current_setting('search_path');
-    tables TEXT := (SELECT relnamespace::regnamespace::text FROM pg_class
-                    WHERE oid = 'routines'::regclass);
     f REGPROCEDURE;
 BEGIN
     IF path !~ 'pg_temp' THEN
-        path := 'pg_catalog, ' || tables || CASE WHEN tables = 'cm' THEN '' ELSE ', cm' END
-            || ', pg_temp';
+        path := format('%I, pg_catalog, pg_temp', s);
     END IF;
-    PERFORM set_config('search_path', path, true);
-    FOR f IN SELECT p.oid FROM pg_proc p WHERE p.pronamespace = 'cm'::regnamespace LOOP
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path FROM CURRENT', f);
+    FOR f IN SELECT p.oid FROM pg_proc p WHERE p.pronamespace = s::regnamespace LOOP
+        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path TO %s', f, path);
     END LOOP;
+    EXECUTE format('REVOKE ALL ON ALL FUNCTIONS IN SCHEMA %I FROM PUBLIC', s);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA %I REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC', s);
+    EXECUTE format('GRANT USAGE ON SCHEMA %I TO cm_writer', s);
 END
 $$;
-
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA cm FROM PUBLIC;
-ALTER DEFAULT PRIVILEGES IN SCHEMA cm REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;
-
-GRANT USAGE ON SCHEMA cm TO cm_writer;
 GRANT EXECUTE ON FUNCTION
     cm.create_routine(TEXT, TEXT, TEXT, TEXT, TEXT, BOOLEAN),
     cm.create_mission_routine(TEXT, TEXT, TEXT, JSONB, TEXT, TEXT, BOOLEAN),

@@ -14,8 +14,8 @@
 //! use cm_domain::definition::{check_payload, message_payload};
 //!
 //! let payload = message_payload("standup in 5").unwrap();
-//! assert!(check_payload(RoutineKind::Message, &payload).is_ok());
-//! let refused = check_payload(RoutineKind::Message, &serde_json::json!({ "nope": 1 }));
+//! assert!(check_payload(RoutineKind::Message, &payload, None).is_ok());
+//! let refused = check_payload(RoutineKind::Message, &serde_json::json!({ "nope": 1 }), None);
 //! assert_eq!(
 //!     refused.unwrap_err().to_string(),
 //!     "a message routine's payload must be a JSON object with a \"text\" string"

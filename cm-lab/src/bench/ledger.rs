@@ -10,10 +10,10 @@ use uuid::Uuid;
 /// Empties the bench database (routines, ledger, requests, outbox) and vacuums it, so every run
 /// starts from the same small tables.
 pub(super) async fn reset(pool: &PgPool) -> anyhow::Result<()> {
-    sqlx::query("TRUNCATE routine_fires, outbox_messages, routine_requests, routines")
+    sqlx::query("TRUNCATE cm.routine_fires, cm.outbox_messages, cm.routine_requests, cm.routines")
         .execute(pool)
         .await?;
-    sqlx::query("VACUUM ANALYZE routines, routine_fires, outbox_messages")
+    sqlx::query("VACUUM ANALYZE cm.routines, cm.routine_fires, cm.outbox_messages")
         .execute(pool)
         .await?;
     Ok(())
@@ -53,7 +53,9 @@ pub(super) async fn create_routines(
     .await?
     .rows_affected();
     ensure!(made == u64::from(n), "{made} routines made, not {n}");
-    sqlx::query("VACUUM ANALYZE routines").execute(pool).await?;
+    sqlx::query("VACUUM ANALYZE cm.routines")
+        .execute(pool)
+        .await?;
     Ok(first)
 }
 
@@ -257,7 +259,7 @@ mod tests {
         assert_eq!(sound.fires, 12);
         assert!(sound.problems().is_empty(), "{:?}", sound.problems());
         // The same ledger without outbox rows is sound only for a backend that writes none.
-        sqlx::query("TRUNCATE outbox_messages")
+        sqlx::query("TRUNCATE cm.outbox_messages")
             .execute(&pool)
             .await
             .unwrap();

@@ -6,7 +6,7 @@ use sqlx::PgPool;
 
 /// Empties every table and vacuums, so a step starts from small tables.
 pub(super) async fn reset(pool: &PgPool) -> anyhow::Result<()> {
-    sqlx::query("TRUNCATE routine_fires, outbox_messages, routine_requests, routines")
+    sqlx::query("TRUNCATE cm.routine_fires, cm.outbox_messages, cm.routine_requests, cm.routines")
         .execute(pool)
         .await?;
     vacuum(pool).await
@@ -14,7 +14,7 @@ pub(super) async fn reset(pool: &PgPool) -> anyhow::Result<()> {
 
 /// `VACUUM ANALYZE` of the tables the steps read, as autovacuum would leave them.
 pub(super) async fn vacuum(pool: &PgPool) -> anyhow::Result<()> {
-    sqlx::query("VACUUM ANALYZE routines, routine_fires, outbox_messages")
+    sqlx::query("VACUUM ANALYZE cm.routines, cm.routine_fires, cm.outbox_messages")
         .execute(pool)
         .await?;
     Ok(())
@@ -104,7 +104,7 @@ async fn add_due(
     .bind(at)
     .fetch_one(pool)
     .await?;
-    sqlx::query("ANALYZE routines").execute(pool).await?;
+    sqlx::query("ANALYZE cm.routines").execute(pool).await?;
     Ok(done)
 }
 

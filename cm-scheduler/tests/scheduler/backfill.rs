@@ -51,7 +51,12 @@ async fn routine(store: &PgStore, name: &str, schedule: &str, kind: RoutineKind)
             schedule,
             "UTC",
             kind,
-            json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
+            match kind {
+                RoutineKind::Message => json!({ "text": "hello" }),
+                RoutineKind::Mission => {
+                    json!({ "task": "hello", "repository": "https://git.example.com/r.git" })
+                }
+            },
         ))
         .await
         .unwrap()

@@ -30,7 +30,12 @@ async fn due_yearly(store: &PgStore, pool: &PgPool, n: usize, kind: RoutineKind)
                 "0 0 1 1 *",
                 "UTC",
                 kind,
-                json!({ "text": "hello", "repository": "https://git.example.com/r.git" }),
+                match kind {
+                    RoutineKind::Message => json!({ "text": "hello" }),
+                    RoutineKind::Mission => {
+                        json!({ "task": "hello", "repository": "https://git.example.com/r.git" })
+                    }
+                },
             ))
             .await
             .unwrap();

@@ -3,8 +3,8 @@
 //! status page's edit form (through the router), `cm_store::tx`'s create and update, and the
 //! SQL function `cm.create_routine` (or `cm.create_mission_routine`), and each path gives the
 //! same verdict: stored under the same name, or refused in the domain's words (one line) with
-//! nothing changed. What SQL does not check at insert yet is marked in the table
-//! ([`Sql::AtPlanning`]): the row is written unplanned, and the planning pass refuses it.
+//! nothing changed. SQL checks every case it can express at insert (names, zones, cron fields,
+//! payloads); what it cannot express is marked [`Sql::NotExpressible`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,9 +63,6 @@ enum Verdict {
 enum Sql {
     /// The same verdict as every other path, at insert.
     Same,
-    /// Not checked by SQL at insert yet: written unplanned, then refused and paused by the
-    /// planning pass (in the domain's words).
-    AtPlanning,
     /// `cm.create_routine` takes no such input.
     NotExpressible,
 }
@@ -105,7 +102,7 @@ fn mission_json(task: &str) -> String {
 }
 
 fn cases() -> Vec<Case> {
-    use Sql::{AtPlanning, NotExpressible, Same};
+    use Sql::{NotExpressible, Same};
     use Verdict::Refused;
     let long_message = "x".repeat(cm_domain::MAX_MESSAGE_BYTES + 1);
     let long_mission = mission_json(&"y".repeat(cm_domain::mission::MAX_MISSION_BYTES));
@@ -126,21 +123,14 @@ fn cases() -> Vec<Case> {
             "zero-width space",
             "zero\u{200B}width",
             Refused("(found U+200B)"),
-            AtPlanning,
+            Same,
         ),
-        // Rust trims every Unicode space; SQL's btrim only ASCII ones, so the planning pass
-        // refuses the name SQL stored with its no-break space.
-        case(
-            "NBSP-leading name",
-            "\u{A0}nbsp",
-            stored("nbsp"),
-            AtPlanning,
-        ),
+        case("NBSP-leading name", "\u{A0}nbsp", stored("nbsp"), Same),
         case(
             "RTL override",
             "pay\u{202E}roll",
             Refused("(found U+202E)"),
-            AtPlanning,
+            Same,
         ),
         case(
             "UUID-like name",
@@ -152,7 +142,7 @@ fn cases() -> Vec<Case> {
             "braced UUID name",
             "{67e55044-10b1-426f-9247-bb680e5fe0c8}",
             Refused("must not be a UUID"),
-            AtPlanning,
+            Same,
         ),
         case(
             "over-long name",
@@ -161,12 +151,7 @@ fn cases() -> Vec<Case> {
             Same,
         ),
         with(
-            case(
-                "bad cron",
-                "cron",
-                Refused("61 is out of range"),
-                AtPlanning,
-            ),
+            case("bad cron", "cron", Refused("61 is out of range"), Same),
             &|c| {
                 c.cron = "61 * * * *";
                 c.varies = Varies::Schedule;
@@ -177,7 +162,7 @@ fn cases() -> Vec<Case> {
                 "bad zone",
                 "zone",
                 Refused("unknown time zone \"Mars/Olympus\""),
-                AtPlanning,
+                Same,
             ),
             &|c| {
                 c.zone = "Mars/Olympus";
@@ -201,7 +186,7 @@ fn cases() -> Vec<Case> {
                 "mission {\"nope\":1}",
                 "nope",
                 Refused("mission field \"nope\": unknown field"),
-                AtPlanning,
+                Same,
             ),
             &|c| {
                 c.action = Action::Mission(r#"{"nope":1}"#.into());
@@ -680,7 +665,6 @@ fn agrees(path: &str, c: &Case, said: &str) -> bool {
     if path == "sql" {
         match c.sql {
             Sql::NotExpressible => return false,
-            Sql::AtPlanning => return said.starts_with("refused when planned"),
             Sql::Same => {
                 return match &c.expected {
                     Verdict::Stored(name) => said == format!("stored as {name:?}"),

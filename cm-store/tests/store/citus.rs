@@ -971,8 +971,21 @@ async fn writes_in_the_callers_transaction_and_from_sql_on_citus() {
             .fetch_one(&db.pool)
             .await
             .unwrap();
+    // A zone SQL can check is refused at insert, in the caller's transaction.
+    let refused = sqlx::query_scalar::<_, Uuid>(
+        "SELECT cm.create_routine('sql zone', '0 9 * * *', 'Mars/Olympus', 'hi')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap_err();
+    assert!(
+        refused.to_string().contains("unknown time zone"),
+        "{refused}"
+    );
+    // A jitter longer than the schedule's interval only the planning pass can read: written,
+    // then paused with the reason.
     let bad: Uuid = sqlx::query_scalar(
-        "SELECT cm.create_routine('sql bad', '0 9 * * *', 'Mars/Olympus', 'hi')",
+        "SELECT cm.create_routine('sql bad', '* * * * * jitter 2m', 'UTC', 'hi')",
     )
     .fetch_one(&db.pool)
     .await

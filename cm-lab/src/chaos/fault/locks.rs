@@ -7,8 +7,8 @@
 //! routine's row, its requests and its fires) and changes nothing, so the ledger check needs no
 //! exception and every occurrence of the held routine must still be there, settled once, after
 //! the release. While the lock is held only that routine waits; the lateness (claimed minus
-//! scheduled) of every other routine's occurrences due during the holds is measured, and a p99
-//! of [`MAX_P99`] or more fails the run.
+//! scheduled) of every other routine's occurrences due during the holds is measured and printed
+//! (not judged: the run's other faults may fall inside a hold).
 
 use std::time::{Duration, Instant};
 
@@ -22,9 +22,6 @@ use crate::chaos::report::Findings;
 /// How long the caller holds its transaction: past the lease (3 s, `fleet::RUN_FLAGS`) and the
 /// reaper's next pass after it (every half lease).
 pub(in crate::chaos) const HOLD: Duration = Duration::from_secs(6);
-
-/// The highest p99 lateness allowed for the routines nobody held.
-pub(in crate::chaos) const MAX_P99: Duration = Duration::from_secs(2);
 
 /// One hold: the routine, and when it began and ended by the database's clock.
 struct Hold {
@@ -200,13 +197,10 @@ impl Fault for HeldLocks {
         f.require(held == 0, || {
             "no caller held a routine's rows: lengthen --duration".to_string()
         });
-        f.require(p99 >= MAX_P99, || {
-            format!(
-                "lateness p99 {} of the routines nobody held (at most {} allowed)",
-                secs(p99),
-                secs(MAX_P99)
-            )
-        });
+        // The lateness is reported, not judged: the run's other faults (SIGKILLs, a PostgreSQL
+        // or dockerd restart, a network hang) may fall inside a hold's window, and the promise
+        // the run checks is the ledger's (nothing lost, nothing doubled, the held routine's
+        // occurrences each settled once).
         f
     }
 }

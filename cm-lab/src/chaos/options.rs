@@ -280,6 +280,7 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
     let mut broker_restarts = None;
     let mut dockerd_restarts = None;
     let mut routines_given = false;
+    let mut held_locks_given = false;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         match flag.as_str() {
@@ -295,7 +296,10 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
             "--terminate-backends" => {
                 options.terminate_backends = number(flag, value(&mut it, flag)?)?;
             }
-            "--held-locks" => options.held_locks = number(flag, value(&mut it, flag)?)?,
+            "--held-locks" => {
+                options.held_locks = number(flag, value(&mut it, flag)?)?;
+                held_locks_given = true;
+            }
             "--short" => options = options.short(),
             "--pg-cluster" => options.pg_cluster = Some(value(&mut it, flag)?.to_string()),
             "--keep" => options.keep = true,
@@ -364,6 +368,11 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
     };
     if options.refuse_stops && !options.docker {
         bail!("--refuse-stops needs --mission-backend docker");
+    }
+    // On a Citus cluster the held-locks fault's caller has not yet been seen to take a hold in a
+    // short run; it is left to runs that ask for it there.
+    if !options.citus_workers.is_empty() && !held_locks_given {
+        options.held_locks = 0;
     }
     // Every occurrence is a container on one small engine: a few routines, unless asked.
     if options.docker && !routines_given {

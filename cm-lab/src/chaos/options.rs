@@ -281,6 +281,7 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
     let mut dockerd_restarts = None;
     let mut routines_given = false;
     let mut held_locks_given = false;
+    let mut poison_given = false;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         match flag.as_str() {
@@ -349,7 +350,10 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
                 options.worker_outage = Some(seconds(flag, value(&mut it, flag)?)?);
             }
             "--pooler" => options.pooler = Some(value(&mut it, flag)?.to_string()),
-            "--poison-routine" => options.poison_routine = true,
+            "--poison-routine" => {
+                options.poison_routine = true;
+                poison_given = true;
+            }
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?} (see --help)"),
         }
@@ -373,6 +377,11 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
     // short run; it is left to runs that ask for it there.
     if !options.citus_workers.is_empty() && !held_locks_given {
         options.held_locks = 0;
+    }
+    // A worker stopped for longer than a routine's planning pass holds back its groups' planning,
+    // the poison routine's too if it lands there: that fault is left to runs that ask for it.
+    if options.worker_outage.is_some() && !poison_given {
+        options.poison_routine = false;
     }
     // Every occurrence is a container on one small engine: a few routines, unless asked.
     if options.docker && !routines_given {

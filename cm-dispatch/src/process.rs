@@ -494,8 +494,7 @@ impl crate::MissionRuntime for ProcessDispatcher {
     }
 
     /// Sends SIGTERM to the run's process group (it runs in a group of its own) and waits
-    /// until no process of the group is left; after [`STOP_GRACE`], SIGKILL, and [`KILL_WAIT`]
-    /// more. `Ok` only once the group is gone; a run whose files this scheduler cannot see is
+    /// until no process of the group is left; after a grace of 10 s, SIGKILL, and 5 s more. `Ok` only once the group is gone; a run whose files this scheduler cannot see is
     /// not stopped.
     async fn stop(
         &self,

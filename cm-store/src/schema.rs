@@ -21,8 +21,9 @@
 //! [`migrator`] applies the embedded migrations (crate `cm-migrations`) into the schema, with the
 //! search path of each migration's transaction pinned to `<schema>, pg_catalog, pg_temp`, and
 //! records them in `<schema>.migrations`. For `cm` the texts are applied byte for byte, so their
-//! checksums are those sqlx recorded before cm had a schema of its own (see [`crate::relocate`]);
-//! for another schema the texts name that schema, and their checksums are stable per schema.
+//! checksums are those sqlx recorded before cm had a schema of its own (a `public` layout from
+//! then is moved into `cm` first); for another schema the texts name that schema, and their
+//! checksums are stable per schema.
 
 use std::borrow::Cow;
 use std::collections::HashMap;

@@ -596,6 +596,22 @@ BEGIN
 END
 $$;
 
+-- Takes `name` for the routine `routine_id` of group `routine_group`; a name another routine
+-- holds is refused as a unique violation that names it.
+CREATE FUNCTION cm.take_name(name TEXT, routine_id UUID, routine_group SMALLINT) RETURNS VOID
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    INSERT INTO routine_names (name, routine_id, group_id)
+    VALUES (take_name.name, take_name.routine_id, routine_group);
+EXCEPTION WHEN unique_violation THEN
+    RAISE EXCEPTION 'a routine named % exists', quote_literal(take_name.name)
+        USING ERRCODE = '23505';
+END
+$$;
+
 -- Inserts an unplanned routine of `kind` with `payload` (already checked by the caller), its
 -- name, zone, schedule and policies checked here.
 CREATE OR REPLACE FUNCTION cm.insert_unplanned(
@@ -614,13 +630,7 @@ DECLARE
     stored TEXT := cm.checked_schedule(schedule, zone);
 BEGIN
     PERFORM cm.checked_policies(kind, misfire, overlap);
-    BEGIN
-        INSERT INTO routine_names (name, routine_id, group_id)
-        VALUES (checked, routine_id, routine_group);
-    EXCEPTION WHEN unique_violation THEN
-        RAISE EXCEPTION 'a routine named % exists', quote_literal(checked)
-            USING ERRCODE = '23505';
-    END;
+    PERFORM cm.take_name(checked, routine_id, routine_group);
     INSERT INTO routines
         (id, name, schedule, timezone, kind, payload, misfire_policy, overlap, paused,
          next_run_at, planned, group_id)
@@ -718,13 +728,7 @@ BEGIN
     PERFORM cm.checked_policies(new_kind, coalesce(misfire, was.misfire_policy),
         new_overlap);
     IF new_name <> was.name THEN
-        BEGIN
-            INSERT INTO routine_names (name, routine_id, group_id)
-            VALUES (new_name, was.id, was.group_id);
-        EXCEPTION WHEN unique_violation THEN
-            RAISE EXCEPTION 'a routine named % exists', quote_literal(new_name)
-                USING ERRCODE = '23505';
-        END;
+        PERFORM cm.take_name(new_name, was.id, was.group_id);
         DELETE FROM routine_names n
         WHERE n.name = was.name AND n.routine_id = was.id;
     END IF;

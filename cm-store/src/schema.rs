@@ -326,16 +326,7 @@ mod tests {
     }
 
     /// cm's tables, as its statements must never name them: bare.
-    const TABLES: [&str; 8] = [
-        "routines",
-        "routine_fires",
-        "routine_requests",
-        "routine_names",
-        "outbox_messages",
-        "cm_settings",
-        "group_leases",
-        "group_holders",
-    ];
+    const TABLES: [&str; 8] = crate::relocate::TABLES;
 
     /// The words after which a table's name is a table (not a column or a variable).
     const KEYWORDS: [&str; 9] = [

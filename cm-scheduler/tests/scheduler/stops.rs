@@ -106,50 +106,83 @@ fn settings<'a>(dispatch_timeout: &'a str, lease: &'a str) -> [&'a str; 8] {
     ]
 }
 
+/// A `replace` mission routine every 10 s whose runs clean up for 8 s on SIGTERM, and one
+/// process scheduler running it with the dispatch's deadline `dispatch_timeout`. Fields drop in
+/// order: the scheduler ends before its files and its database go.
+struct Replacing {
+    scheduler: SchedulerProcess,
+    routine: Uuid,
+    runs: PathBuf,
+    _files: MissionFiles,
+    db: TestDb,
+}
+
+impl Replacing {
+    async fn start(dispatch_timeout: &str, lease: &str) -> Replacing {
+        let db = TestDb::new().await;
+        let files = MissionFiles::new();
+        let runs = runs_dir(&files);
+        let script = script(&runs, 60, 8);
+        let workdir = files.path("workdir");
+        let routine = mission_routine(&db, &files, "*/10 * * * * *", "replace");
+        let scheduler = SchedulerProcess::start_with_settings(
+            &db,
+            "A",
+            &settings(dispatch_timeout, lease),
+            &[
+                "--mission-backend",
+                "process",
+                "--mission-workdir",
+                &workdir,
+                "--mission-command",
+                "/bin/sh",
+                "-c",
+                &script,
+            ],
+            &[],
+        );
+        Replacing {
+            scheduler,
+            routine,
+            runs,
+            _files: files,
+            db,
+        }
+    }
+
+    /// The routine's fire rows.
+    fn fires(&self) -> Vec<serde_json::Value> {
+        fires(&self.db, self.routine)
+    }
+
+    /// What went wrong, for a failed assertion: the runs' lives, the fires and the log.
+    fn state(&self) -> String {
+        format!(
+            "{:?}\n{:?}\n{}",
+            lifetimes(&self.runs),
+            self.fires(),
+            self.scheduler.log()
+        )
+    }
+}
+
 /// Under `replace`, the next run is launched only once the old run's process group has exited:
 /// a run that cleans up for 8 s after SIGTERM (within the stop's grace) is never alive beside
 /// its successor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replace_launches_the_next_process_run_only_once_the_old_one_exited() {
-    let db = TestDb::new().await;
-    let files = MissionFiles::new();
-    let runs = runs_dir(&files);
-    let script = script(&runs, 60, 8);
-    let workdir = files.path("workdir");
-    let routine = mission_routine(&db, &files, "*/10 * * * * *", "replace");
-    let scheduler = SchedulerProcess::start_with_settings(
-        &db,
-        "A",
-        &settings("30s", "40s"),
-        &[
-            "--mission-backend",
-            "process",
-            "--mission-workdir",
-            &workdir,
-            "--mission-command",
-            "/bin/sh",
-            "-c",
-            &script,
-        ],
-        &[],
-    );
+    let case = Replacing::start("30s", "40s").await;
     // Two runs replaced (each stopped, cleaned up and ended) and a third started.
     let replaced = eventually_within(Duration::from_secs(75), async || {
-        let lives = lifetimes(&runs);
+        let lives = lifetimes(&case.runs);
         (lives.len() >= 3 && lives.iter().filter(|(_, _, end)| end.is_some()).count() >= 2)
             .then_some(lives)
     })
     .await;
-    assert!(
-        replaced.is_some(),
-        "{:?}\n{:?}\n{}",
-        lifetimes(&runs),
-        fires(&db, routine),
-        scheduler.log()
-    );
-    assert_never_two_at_once(&runs, &scheduler.log());
+    assert!(replaced.is_some(), "{}", case.state());
+    assert_never_two_at_once(&case.runs, &case.scheduler.log());
     // The stopped runs ended by their SIGTERM (143), after their cleanup: failed, not lost.
-    let fires = fires(&db, routine);
+    let fires = case.fires();
     assert!(fires.iter().all(|f| f["run_state"] != "lost"), "{fires:?}");
 }
 
@@ -158,43 +191,15 @@ async fn replace_launches_the_next_process_run_only_once_the_old_one_exited() {
 /// launches once the old one ended. Never two runs at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replace_whose_stop_outlasts_its_deadline_skips_the_new_occurrence() {
-    let db = TestDb::new().await;
-    let files = MissionFiles::new();
-    let runs = runs_dir(&files);
-    let script = script(&runs, 60, 8);
-    let workdir = files.path("workdir");
-    let routine = mission_routine(&db, &files, "*/10 * * * * *", "replace");
-    let scheduler = SchedulerProcess::start_with_settings(
-        &db,
-        "A",
-        &settings("3s", "6s"),
-        &[
-            "--mission-backend",
-            "process",
-            "--mission-workdir",
-            &workdir,
-            "--mission-command",
-            "/bin/sh",
-            "-c",
-            &script,
-        ],
-        &[],
-    );
+    let case = Replacing::start("3s", "6s").await;
     // The first run, a skipped occurrence, and a second run launched after the first ended.
     let settled = eventually_within(Duration::from_secs(75), async || {
-        let fires = fires(&db, routine);
+        let fires = case.fires();
         let skipped = fires.iter().any(|f| f["status"] == "skipped");
-        (skipped && lifetimes(&runs).len() >= 2).then_some(fires)
+        (skipped && lifetimes(&case.runs).len() >= 2).then_some(fires)
     })
     .await;
-    let fires = settled.unwrap_or_else(|| {
-        panic!(
-            "{:?}\n{:?}\n{}",
-            fires(&db, routine),
-            lifetimes(&runs),
-            scheduler.log()
-        )
-    });
+    let fires = settled.unwrap_or_else(|| panic!("{}", case.state()));
     let skipped: Vec<_> = fires.iter().filter(|f| f["status"] == "skipped").collect();
     for fire in &skipped {
         let error = fire["error"].as_str().unwrap_or_default();
@@ -203,7 +208,7 @@ async fn replace_whose_stop_outlasts_its_deadline_skips_the_new_occurrence() {
             "{fire:?}"
         );
     }
-    assert_never_two_at_once(&runs, &scheduler.log());
+    assert_never_two_at_once(&case.runs, &case.scheduler.log());
     assert!(fires.iter().all(|f| f["run_state"] != "lost"), "{fires:?}");
 }
 

@@ -361,13 +361,7 @@ async fn a_run_being_decided_hides_its_routine_from_no_claim(pool: PgPool) {
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn a_watch_pass_records_the_runs_around_a_row_another_transaction_holds(pool: PgPool) {
-    let options = cm_store::StoreOptions {
-        lock_timeout: Some(std::time::Duration::from_millis(300)),
-        ..cm_store::StoreOptions::default()
-    };
-    let store = PgStore::connect_with_options((*pool.connect_options()).clone(), &options)
-        .await
-        .unwrap();
+    let store = crate::support::impatient_store(&pool).await;
     let held_routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
     let other_routine = create(&store, "* * * * *", MisfirePolicy::FireOnce).await;
     let (held, other) = (minute_of(&held_routine, 0), minute_of(&other_routine, 0));

@@ -368,13 +368,7 @@ async fn three_claimed(pool: &PgPool) -> (PgStore, Vec<ClaimedFire>) {
     }
     let tick = setup.claim_due(&params("a")).await.unwrap();
     assert_eq!(tick.fires.len(), 3);
-    let options = cm_store::StoreOptions {
-        lock_timeout: Some(std::time::Duration::from_millis(300)),
-        ..cm_store::StoreOptions::default()
-    };
-    let store = PgStore::connect_with_options((*pool.connect_options()).clone(), &options)
-        .await
-        .unwrap();
+    let store = crate::support::impatient_store(pool).await;
     (store, tick.fires)
 }
 
@@ -439,6 +433,21 @@ async fn a_batched_settle_settles_around_a_row_another_transaction_holds(pool: P
     assert_eq!(fire_of(&store, fires[1].occurrence).await.status, "fired");
 }
 
+/// `fire` settled `fired` with `PgStore::settle_waiting` on a task of its own, waiting up to a
+/// minute for a lock another transaction holds.
+fn settle_in_background(
+    store: &PgStore,
+    fire: &ClaimedFire,
+) -> tokio::task::JoinHandle<Result<SettleOutcome, cm_store::StoreError>> {
+    let store = store.clone();
+    let settle = fired(fire);
+    tokio::spawn(async move {
+        store
+            .settle_waiting(&settle, std::time::Duration::from_secs(60))
+            .await
+    })
+}
+
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn a_settle_waiting_on_a_lock_takes_the_row_when_its_holder_lets_go(pool: PgPool) {
     let (store, fires) = three_claimed(&pool).await;
@@ -453,15 +462,7 @@ async fn a_settle_waiting_on_a_lock_takes_the_row_when_its_holder_lets_go(pool: 
         .unwrap();
 
     // The settle queues on the lock; a reaper meanwhile skips the row rather than queue.
-    let waiting = {
-        let store = store.clone();
-        let settle = fired(&fires[0]);
-        tokio::spawn(async move {
-            store
-                .settle_waiting(&settle, std::time::Duration::from_secs(60))
-                .await
-        })
-    };
+    let waiting = settle_in_background(&store, &fires[0]);
     crate::support::lock_waiters(&pool, 1).await;
     let reaped = store.reap_expired(&reap_params("b", 10)).await.unwrap();
     assert!(reaped.fires.is_empty(), "{reaped:?}");
@@ -485,15 +486,7 @@ async fn a_settle_whose_locked_row_was_deleted_says_it_is_gone(pool: PgPool) {
         .execute(&mut *caller)
         .await
         .unwrap();
-    let waiting = {
-        let store = store.clone();
-        let settle = fired(&fires[0]);
-        tokio::spawn(async move {
-            store
-                .settle_waiting(&settle, std::time::Duration::from_secs(60))
-                .await
-        })
-    };
+    let waiting = settle_in_background(&store, &fires[0]);
     crate::support::lock_waiters(&pool, 1).await;
     caller.commit().await.unwrap();
     assert_eq!(waiting.await.unwrap().unwrap(), SettleOutcome::Gone);

@@ -403,3 +403,15 @@ pub async fn lock_waiters(pool: &PgPool, n: i64) {
     )
     .await;
 }
+
+/// A store on `pool`'s database whose connections give up a lock wait after 300 ms, as a
+/// scheduler's do (`StoreOptions::for_lease`).
+pub async fn impatient_store(pool: &PgPool) -> PgStore {
+    let options = cm_store::StoreOptions {
+        lock_timeout: Some(std::time::Duration::from_millis(300)),
+        ..cm_store::StoreOptions::default()
+    };
+    PgStore::connect_with_options((*pool.connect_options()).clone(), &options)
+        .await
+        .unwrap()
+}

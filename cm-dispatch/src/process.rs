@@ -494,8 +494,9 @@ impl crate::MissionRuntime for ProcessDispatcher {
     }
 
     /// Sends SIGTERM to the run's process group (it runs in a group of its own) and waits
-    /// until no process of the group is left; after a grace of 10 s, SIGKILL, and 5 s more. `Ok` only once the group is gone; a run whose files this scheduler cannot see is
-    /// not stopped.
+    /// until no process of the group is left; after a grace of 10 s, SIGKILL, and 5 s more.
+    /// `Ok` only once the group is gone; a run whose files this scheduler cannot see is not
+    /// stopped.
     async fn stop(
         &self,
         run: &crate::RunRef,

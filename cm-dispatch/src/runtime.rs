@@ -20,6 +20,14 @@ pub use crate::output::scrub_output;
 /// The most bytes of a run's output kept: its last 16 KiB.
 pub const MAX_RUN_OUTPUT: usize = 16 * 1024;
 
+/// The most bytes of one reply the Docker and Kubernetes backends read from their runtime's API:
+/// 16 MiB. A reply past it is not read further; the call fails with an error naming the bound,
+/// and is treated as any other failed call (tried again within the deadline, never judged by
+/// what was read of it). A list of a Job's pods, a container's inspection or an error's text is
+/// a few KiB to a few hundred; a log read asks for a few times [`MAX_RUN_OUTPUT`]; an image
+/// pull's progress, throttled by the engine, takes tens of minutes to reach it.
+pub const MAX_REPLY_BYTES: u64 = 16 * 1024 * 1024;
+
 /// What an ended run left behind, as its runtime reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunReport {

@@ -34,6 +34,19 @@ impl fmt::Display for TooLarge {
 
 impl std::error::Error for TooLarge {}
 
+/// Whether `e` is, at its root, a reply cut at the bound.
+#[cfg(feature = "docker")]
+pub(crate) fn too_large(e: &(dyn std::error::Error + 'static)) -> Option<TooLarge> {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if let Some(cut) = e.downcast_ref::<TooLarge>() {
+            return Some(*cut);
+        }
+        cause = e.source();
+    }
+    None
+}
+
 #[cfg(feature = "kubernetes")]
 pub(crate) use body::Bounded;
 
@@ -114,6 +127,122 @@ mod body {
 
         fn size_hint(&self) -> SizeHint {
             self.inner.size_hint()
+        }
+    }
+}
+
+#[cfg(feature = "docker")]
+pub(crate) use stream::Capped;
+
+#[cfg(feature = "docker")]
+mod stream {
+    use std::io;
+    use std::pin::Pin;
+    use std::task::{Context, Poll, ready};
+
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+    use super::TooLarge;
+    use crate::runtime::MAX_REPLY_BYTES;
+
+    /// A connection whose reads fail once more than [`MAX_REPLY_BYTES`] came through them; its
+    /// writes are the connection's own. The bytes of the read that passed the bound are not
+    /// handed on.
+    #[derive(Debug)]
+    pub(crate) struct Capped<S> {
+        inner: S,
+        read: u64,
+        from: &'static str,
+    }
+
+    impl<S> Capped<S> {
+        /// `inner`, capped, a connection to `from`.
+        pub(crate) fn new(inner: S, from: &'static str) -> Self {
+            Capped {
+                inner,
+                read: 0,
+                from,
+            }
+        }
+
+        fn cut(&self) -> io::Error {
+            io::Error::other(TooLarge { from: self.from })
+        }
+    }
+
+    impl<S: AsyncRead + Unpin> AsyncRead for Capped<S> {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let this = self.get_mut();
+            if this.read > MAX_REPLY_BYTES {
+                return Poll::Ready(Err(this.cut()));
+            }
+            let before = buf.filled().len();
+            ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+            let read = (buf.filled().len() - before) as u64;
+            this.read = this.read.saturating_add(read);
+            if this.read > MAX_REPLY_BYTES {
+                buf.set_filled(before);
+                return Poll::Ready(Err(this.cut()));
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl<S: AsyncWrite + Unpin> AsyncWrite for Capped<S> {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            self.inner.is_write_vectored()
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use tokio::io::AsyncReadExt as _;
+
+        use super::*;
+
+        /// A connection that sends more than the bound hands on the bound at most, then fails
+        /// naming it; one that sends less is read to its end.
+        #[tokio::test]
+        async fn a_capped_connection_fails_past_the_bound() {
+            let long = vec![b'x'; MAX_REPLY_BYTES as usize + 10];
+            let mut capped = Capped::new(&long[..], "the Docker engine");
+            let mut read = Vec::new();
+            let err = capped.read_to_end(&mut read).await.unwrap_err();
+            assert!(read.len() as u64 <= MAX_REPLY_BYTES, "{}", read.len());
+            assert!(err.to_string().contains("16 MiB"), "{err}");
+            let short = b"HTTP/1.1 200 OK\r\n\r\n{}";
+            let mut capped = Capped::new(&short[..], "the Docker engine");
+            let mut read = Vec::new();
+            capped.read_to_end(&mut read).await.unwrap();
+            assert_eq!(read, short);
         }
     }
 }

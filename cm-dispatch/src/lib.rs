@@ -34,7 +34,7 @@
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-#[cfg(feature = "kubernetes")]
+#[cfg(any(feature = "docker", feature = "kubernetes"))]
 mod bounded;
 pub mod conformance;
 #[cfg(feature = "docker")]

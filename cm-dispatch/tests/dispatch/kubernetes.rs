@@ -20,7 +20,7 @@ use cm_domain::{IdempotencyKey, Occurrence};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::missions::{mission, mission_dispatch};
+use crate::missions::{BUFFERED_AT_MOST, floods_closed, mission, mission_dispatch};
 
 const IMAGE: &str = "registry.example.com/cm/mission-runner:1.4";
 const TOKEN: &str = "kube-token-4f1d8c0b9a7e";
@@ -603,23 +603,6 @@ async fn kubernetes_bad_credentials_are_refused_and_never_printed() {
     assert!(!text.contains(wrong) && !format!("{kube:?}").contains(wrong));
     assert_eq!(fake.calls().len(), 1);
     assert!(fake.jobs().is_empty());
-}
-
-/// What the kernel's buffers and the client's may hold beyond what the client read when it
-/// stopped: a flood's sender gets that far past the bound before its writes stop.
-const BUFFERED_AT_MOST: u64 = 16 << 20;
-
-/// Waits until the client closed every flood's connection, and returns the record.
-pub(crate) async fn floods_closed(
-    floods: impl Fn() -> cm_dispatch::fakes::FloodRecord,
-) -> cm_dispatch::fakes::FloodRecord {
-    cm_dispatch::fakes::wait::wait_until(
-        "the client to close every flood's connection",
-        cm_dispatch::fakes::wait::PATIENCE,
-        async || floods(),
-        |record| record.open == 0,
-    )
-    .await
 }
 
 /// A reply that never ends (or declares a terabyte) is read no further than MAX_REPLY_BYTES:

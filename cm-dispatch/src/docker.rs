@@ -30,14 +30,19 @@
 //! output either.
 //!
 //! The logs are read up to `FETCH_LIMIT` bytes, a frame at a time (bollard takes each frame
-//! whole, at the length the engine declares). Every other reply
-//! (inspect, create, an error's text) bollard reads whole before it parses it, and it lets no
-//! caller bound that read (its custom transport must hand back hyper's own body type). Those
-//! replies are bounded in time only: by `CLIENT_TIMEOUT_SECS` and the dispatch's deadline.
-//! The engine is the operator's own, on its socket.
+//! whole, at the length the engine declares). Every other reply (inspect, create, an error's
+//! text) bollard reads whole before it parses it, and it lets no caller wrap a reply's body (its
+//! custom transport must hand back hyper's own body type). So the backend connects to the
+//! engine itself (`transport.rs`): bollard over a hyper client of cm's, one request and its
+//! reply per connection, whose reads fail past [`crate::MAX_REPLY_BYTES`] (16 MiB; a frame of
+//! the logs declaring more is cut there too). A reply past it fails the call with an error
+//! naming the bound, which is retried and reported as any failed call: a launch whose create
+//! answer was cut is unconfirmed, and no run is judged by a part of a reply. An image pull's
+//! progress stream counts as one reply too: one whose progress lines pass the bound is cut and
+//! tried again within the deadline. Time bounds every call as well: `CLIENT_TIMEOUT_SECS` for
+//! an answer's head, and the dispatch's deadline.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::Docker;
@@ -53,6 +58,9 @@ use cm_domain::{ErrorText, RunState};
 use futures_util::StreamExt as _;
 use tokio::time::Instant;
 
+mod transport;
+
+use crate::bounded::too_large;
 use crate::mission::{HostResolver, Launch, MissionConfig, SystemResolver};
 use crate::output::{FETCH_LIMIT, TAIL_LINES, kept_output};
 use crate::retry::{
@@ -165,8 +173,7 @@ impl DockerDispatcher {
     async fn client(&self) -> Result<&Docker, DockerError> {
         self.client
             .get_or_try_init(|| async {
-                let docker = Docker::connect_with_host(&self.host)?
-                    .with_timeout(Duration::from_secs(CLIENT_TIMEOUT_SECS))
+                let docker = transport::connect(&self.host, CLIENT_TIMEOUT_SECS)?
                     .negotiate_version()
                     .await?;
                 let version = docker.client_version();
@@ -223,6 +230,9 @@ impl DockerDispatcher {
     /// An error as the operator reads it: the engine's message and status for an answer; the
     /// address and the deepest cause when the engine could not be reached.
     fn describe(&self, e: &DockerError) -> String {
+        if let Some(cut) = too_large(e) {
+            return format!("{cut} (at {})", self.host);
+        }
         match e {
             DockerError::DockerResponseServerError {
                 status_code,

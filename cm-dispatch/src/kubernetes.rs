@@ -31,7 +31,11 @@
 //!
 //! A pod's log is read up to `FETCH_LIMIT` bytes, whatever `limitBytes` the server honours.
 //! Every other reply (a Job, a pod list, an error's `Status`) kube reads whole before it parses
-//! it, with no bound of its own; those are bounded in time only, by the dispatch's deadline.
+//! it, with no bound of its own: the client is built with a layer that bounds each reply's body
+//! at [`crate::MAX_REPLY_BYTES`] (one declaring a longer `Content-Length` is refused unread). A
+//! reply past it fails the call with an error naming the bound, which is retried and reported as
+//! any failed call: a launch whose create answer was cut is unconfirmed, a watch's read is
+//! asked again, and no run is judged by a part of a reply.
 
 use std::collections::BTreeMap;
 
@@ -52,6 +56,7 @@ mod names;
 use names::checked_settings;
 pub use names::{is_dns_label, is_label_value, is_quantity, job_name};
 
+use crate::bounded::Bounded;
 use crate::mission::{HostResolver, Launch, MissionConfig, SystemResolver};
 use crate::output::{FETCH_LIMIT, TAIL_LINES, kept_output};
 use crate::retry::{Retried, never_connected, unconfirmed, until_deadline};
@@ -172,8 +177,16 @@ impl KubernetesDispatcher {
     ) -> Result<Self, KubernetesSetupError> {
         // Every try is this backend's, bounded by the dispatch's deadline.
         cluster.default_retry = false;
-        let client = kube::Client::try_from(cluster)
-            .map_err(|e| KubernetesSetupError::Cluster(e.to_string()))?;
+        // Every reply is read up to MAX_REPLY_BYTES (kube reads a reply whole to parse it).
+        let bound = tower::util::MapResponseLayer::new(
+            |reply: http::Response<Box<kube::client::DynBody>>| {
+                reply.map(|body| Bounded::new(body, "the Kubernetes API"))
+            },
+        );
+        let client = kube::client::ClientBuilder::try_from(cluster)
+            .map_err(|e| KubernetesSetupError::Cluster(e.to_string()))?
+            .with_layer(&bound)
+            .build();
         let namespace = config.kubernetes.namespace.clone();
         Ok(KubernetesDispatcher {
             jobs: Api::namespaced(client.clone(), &namespace),

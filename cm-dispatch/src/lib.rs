@@ -34,6 +34,8 @@
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+#[cfg(any(feature = "docker", feature = "kubernetes"))]
+mod bounded;
 pub mod conformance;
 #[cfg(feature = "docker")]
 mod docker;
@@ -74,7 +76,9 @@ pub use nats::NatsDispatcher;
 pub use outbox::OutboxDispatcher;
 pub use process::ProcessDispatcher;
 pub use routed::RoutedDispatcher;
-pub use runtime::{MAX_RUN_OUTPUT, MissionRuntime, RunRef, RunReport, scrub_output};
+pub use runtime::{
+    MAX_REPLY_BYTES, MAX_RUN_OUTPUT, MissionRuntime, RunRef, RunReport, scrub_output,
+};
 #[cfg(feature = "webhook")]
 pub use webhook::WebhookDispatcher;
 

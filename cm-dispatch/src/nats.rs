@@ -10,11 +10,25 @@
 //! is sent again (same `Nats-Msg-Id`, so the stream still stores it once) until the dispatch's
 //! deadline.
 //!
+//! # What is read of the server, unbounded
+//!
 //! What the server sends back (an acknowledgement, a stream's info, a stored message) is read
-//! by async-nats, which takes each protocol message whole at the length the server declares:
-//! it has no bound of its own on what it receives, and no hook to add one. Only time bounds
-//! it here: every call is made under the dispatch's deadline (or start-up's connect timeout).
-//! The server is the operator's own, like the database.
+//! by async-nats (0.51), whose connection task buffers each protocol message whole at the length
+//! the server declares (`MSG`/`HMSG`, not checked against any maximum) and each control line up
+//! to its line end, however long. It has no bound of its own on what it receives, and no hook
+//! to add one: it opens its connections itself (no custom transport), and its
+//! `read_buffer_capacity` is only the buffer's initial size. So a server that answers with a
+//! message that never completes (declared a terabyte long, or bytes without a line end) makes
+//! the client read and keep all it sends, in the background, after the dispatch is over; and
+//! the rest of that connection's traffic waits behind it.
+//!
+//! What is bounded is time: every call is made under the dispatch's deadline (or start-up's
+//! connect timeout), so a dispatch ends, unacknowledged (`unavailable`), at its deadline
+//! whatever the server sends. The test
+//! `an_endless_reply_ends_the_dispatch_at_its_deadline_but_async_nats_reads_all_of_it` shows
+//! both: the deadline kept, and the client reading the whole flood. The server is the
+//! operator's own, like the database; use TLS to it where the network between is not the
+//! operator's.
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -20,6 +20,15 @@ pub use crate::output::scrub_output;
 /// The most bytes of a run's output kept: its last 16 KiB.
 pub const MAX_RUN_OUTPUT: usize = 16 * 1024;
 
+/// The most bytes of one reply the Docker and Kubernetes backends read from their runtime's API:
+/// 16 MiB. A reply past it is not read further; the call fails with an error naming the bound,
+/// and is treated as any other failed call (tried again within the deadline, never judged by
+/// what was read of it). A list of a Job's pods, a container's inspection or an error's text is
+/// a few KiB to a few hundred, and a log read asks for a few times [`MAX_RUN_OUTPUT`]. The
+/// Docker backend bounds each connection, which carries one reply: an image pull's progress
+/// lines count as one reply, cut and tried again past the bound.
+pub const MAX_REPLY_BYTES: u64 = 16 * 1024 * 1024;
+
 /// What an ended run left behind, as its runtime reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunReport {

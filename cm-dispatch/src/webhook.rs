@@ -22,6 +22,9 @@
 //! Every send, retries included, is signed afresh with its own timestamp, so a receiver's
 //! replay window never refuses a retry. A failure's text names the status and a short excerpt of
 //! the answer (at most [`EXCERPT_CHARS`] characters), never a header, the URL or the secret.
+//! Of an answer's body no more than 1 KiB is read, whatever its length or framing: an answer
+//! is judged by its status, and a body that never ends holds neither the dispatch nor memory
+//! (its connection is closed, not returned to the pool).
 //! One pooled client serves every dispatch, so connections to the endpoint are reused.
 
 use std::fmt;

@@ -14,14 +14,15 @@
 //! Tests set it up with [`FakeDocker::start`] (point `DOCKER_HOST` at [`FakeDocker::host`]),
 //! make starts fail or stall with [`FakeDocker::fault_next_start`], give a container output with
 //! [`FakeDocker::print`] and end it with [`FakeDocker::exit`], and read what happened with
-//! [`FakeDocker::calls`] and [`FakeDocker::containers`].
+//! [`FakeDocker::calls`] and [`FakeDocker::containers`]. [`FakeDocker::flood`] answers the
+//! calls of one route with a body that does not end.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use super::{Answer, Call, FakeRequest, Handler, Server, lock};
+use super::{Answer, Call, FakeRequest, Flood, FloodRecord, Handler, Server, lock};
 
 /// What the next `start` of a container does instead of starting it normally.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +102,8 @@ struct State {
     /// What every stop answers instead of stopping, while set: an engine whose authorization
     /// plugin refuses the caller the stop.
     refused_stops: Option<(u16, String)>,
+    /// The calls answered with a flood instead: method, the path's end, and the flood.
+    flood: Option<(String, String, Flood)>,
 }
 
 /// The fake engine; it stops when dropped.
@@ -130,6 +133,19 @@ impl FakeDocker {
     /// Makes the next start of a container (one call) behave as `fault` says.
     pub fn fault_next_start(&self, fault: StartFault) {
         lock(&self.state).start_faults.push_back(fault);
+    }
+
+    /// Answers every `method` call whose path (without its version) ends with `path_end`
+    /// (`/containers/create`, `/json` for inspections) with `flood`, a body that does not end;
+    /// `None` stops. What the floods sent is [`FakeDocker::floods`].
+    pub fn flood(&self, method: &str, path_end: &str, flood: Option<Flood>) {
+        lock(&self.state).flood =
+            flood.map(|flood| (method.to_owned(), path_end.to_owned(), flood));
+    }
+
+    /// What the floods sent so far.
+    pub fn floods(&self) -> FloodRecord {
+        self.server.floods()
     }
 
     /// Makes the next `calls` calls (any route) answer 503, as an engine in the middle of a
@@ -215,6 +231,20 @@ fn message(status: u16, text: String) -> Option<Answer> {
 }
 
 impl Handler for Engine {
+    fn flood(&self, request: &FakeRequest) -> Option<Flood> {
+        let mut state = lock(&self.0);
+        let (method, path_end, flood) = state.flood.clone()?;
+        let path = strip_version(&request.path);
+        let flooded = request.method == method && path.ends_with(&path_end);
+        if flooded {
+            let mut call = Call::received(request, path);
+            call.version = version_of(&request.path);
+            call.status = flood.status;
+            state.calls.push(call);
+        }
+        flooded.then_some(flood)
+    }
+
     fn answer(&self, request: &FakeRequest) -> Option<Answer> {
         let mut state = lock(&self.0);
         let path = strip_version(&request.path).to_owned();

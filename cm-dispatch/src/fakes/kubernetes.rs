@@ -33,7 +33,7 @@
 //! and read what happened with [`FakeKubernetes::calls`] and [`FakeKubernetes::jobs`].
 //!
 //! `GET /apis/batch/v1/namespaces/{ns}/jobs` lists the Jobs' metadata (the readiness check's
-//! call). [`FakeKubernetes::permissions_asked`] says which permission (`verb resource`) each
+//! call). [`FakeKubernetes::flood`] answers the calls of one route with a body that does not end. [`FakeKubernetes::permissions_asked`] says which permission (`verb resource`) each
 //! request needed, so a test can hold a Role to what the backend calls.
 //!
 //! What it does not do: run the Jobs (no controller makes pods, `status` stays what the test
@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
-use super::{Answer, Call, FakeRequest, Handler, Server, lock};
+use super::{Answer, Call, FakeRequest, Flood, FloodRecord, Handler, Server, lock};
 
 /// What the next create of a Job does instead of creating it normally.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +126,8 @@ struct State {
     asked: BTreeSet<String>,
     /// How long a pod takes to go once deleted (its containers' termination).
     pod_termination: std::time::Duration,
+    /// The calls answered with a flood instead: method, the path's end, and the flood.
+    flood: Option<(String, String, Flood)>,
 }
 
 impl State {
@@ -211,6 +213,19 @@ impl FakeKubernetes {
     pub fn grant_only(&self, permissions: Option<&[&str]>) {
         lock(&self.state).granted =
             permissions.map(|p| p.iter().map(|s| (*s).to_owned()).collect());
+    }
+
+    /// Answers every `method` call whose path ends with `path_end` (`/jobs` for creates, a
+    /// Job's name for its reads) with `flood`, a body that does not end; `None` stops. What
+    /// the floods sent is [`FakeKubernetes::floods`].
+    pub fn flood(&self, method: &str, path_end: &str, flood: Option<Flood>) {
+        lock(&self.state).flood =
+            flood.map(|flood| (method.to_owned(), path_end.to_owned(), flood));
+    }
+
+    /// What the floods sent so far.
+    pub fn floods(&self) -> FloodRecord {
+        self.server.floods()
     }
 
     /// Drops the faults not yet spent.
@@ -402,6 +417,21 @@ fn job_details(name: &str) -> Value {
 }
 
 impl Handler for ApiServer {
+    fn flood(&self, request: &FakeRequest) -> Option<Flood> {
+        let mut state = lock(&self.0);
+        let (method, path_end, flood) = state.flood.clone()?;
+        let expected = format!("Bearer {}", state.token);
+        let flooded = request.method == method
+            && request.path.ends_with(&path_end)
+            && request.authorization.as_deref() == Some(expected.as_str());
+        if flooded {
+            let mut call = Call::received(request, &request.path);
+            call.status = flood.status;
+            state.calls.push(call);
+        }
+        flooded.then_some(flood)
+    }
+
     fn answer(&self, request: &FakeRequest) -> Option<Answer> {
         let mut state = lock(&self.0);
         let index = state.calls.len();

@@ -18,7 +18,8 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http_body_util::Full;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt as _, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response};
 use tokio::sync::oneshot;
@@ -89,12 +90,102 @@ impl FakeRequest {
 pub(crate) trait Handler: Send + Sync + 'static {
     /// The answer to `request`, or `None` to withhold it until the client gives up.
     fn answer(&self, request: &FakeRequest) -> Option<Answer>;
+
+    /// A flood to answer `request` with instead, if the fake was told to.
+    fn flood(&self, _request: &FakeRequest) -> Option<Flood> {
+        None
+    }
+}
+
+/// An answer whose body does not end, to see that a client reads no more of it than it
+/// should: its status, then `flood ` again and again, as long as the client reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flood {
+    /// The status it answers with.
+    pub status: u16,
+    /// How the body is framed.
+    pub framing: Framing,
+}
+
+/// How a [`Flood`]'s body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// `Transfer-Encoding: chunked`, chunk after chunk, never the last.
+    Chunked,
+    /// A `Content-Length` of a terabyte.
+    HugeLength,
+}
+
+/// What a fake's floods sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FloodRecord {
+    /// How many floods were answered.
+    pub answered: usize,
+    /// How many are still being sent: their client has not closed the connection yet.
+    pub open: usize,
+    /// The most body bytes one flood handed to its connection before the client closed it.
+    /// The client read that much, less what the kernel's buffers held when it stopped.
+    pub most_sent: u64,
+}
+
+/// One flood's body, counting what it hands on into the fake's record.
+struct FloodBody {
+    piece: Bytes,
+    sent: u64,
+    framing: Framing,
+    record: Arc<std::sync::Mutex<FloodRecord>>,
+}
+
+impl FloodBody {
+    fn new(framing: Framing, record: Arc<std::sync::Mutex<FloodRecord>>) -> FloodBody {
+        {
+            let mut record = lock(&record);
+            record.answered += 1;
+            record.open += 1;
+        }
+        FloodBody {
+            piece: Bytes::from("flood ".repeat(64 * 1024 / 6)),
+            sent: 0,
+            framing,
+            record,
+        }
+    }
+}
+
+impl hyper::body::Body for FloodBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.sent += self.piece.len() as u64;
+        let sent = self.sent;
+        let most = &mut lock(&self.record).most_sent;
+        *most = (*most).max(sent);
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(self.piece.clone()))))
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self.framing {
+            Framing::Chunked => hyper::body::SizeHint::default(),
+            Framing::HugeLength => hyper::body::SizeHint::with_exact(1 << 40),
+        }
+    }
+}
+
+impl Drop for FloodBody {
+    fn drop(&mut self) {
+        lock(&self.record).open -= 1;
+    }
 }
 
 /// A running fake server; dropping it stops it.
 pub(crate) struct Server {
     pub addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
+    floods: Arc<std::sync::Mutex<FloodRecord>>,
 }
 
 impl Server {
@@ -106,6 +197,8 @@ impl Server {
             .expect("making the fake's socket non-blocking");
         let addr = listener.local_addr().expect("the fake's address");
         let (stop, stopped) = oneshot::channel::<()>();
+        let floods = Arc::new(std::sync::Mutex::new(FloodRecord::default()));
+        let record = floods.clone();
         std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -119,11 +212,11 @@ impl Server {
                         let Ok((stream, _)) = listener.accept().await else {
                             continue;
                         };
-                        let handler = handler.clone();
+                        let (handler, record) = (handler.clone(), record.clone());
                         tokio::spawn(async move {
                             let service = hyper::service::service_fn(move |request| {
-                                let handler = handler.clone();
-                                async move { serve(handler.as_ref(), request).await }
+                                let (handler, record) = (handler.clone(), record.clone());
+                                async move { serve(handler.as_ref(), request, record).await }
                             });
                             let _ = hyper::server::conn::http1::Builder::new()
                                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
@@ -140,7 +233,13 @@ impl Server {
         Server {
             addr,
             stop: Some(stop),
+            floods,
         }
+    }
+
+    /// What its floods sent so far.
+    pub fn floods(&self) -> FloodRecord {
+        *lock(&self.floods)
     }
 }
 
@@ -155,8 +254,8 @@ impl Drop for Server {
 async fn serve(
     handler: &dyn Handler,
     request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    use http_body_util::BodyExt as _;
+    floods: Arc<std::sync::Mutex<FloodRecord>>,
+) -> Result<Response<BoxBody<Bytes, Infallible>>, Infallible> {
     let method = request.method().to_string();
     let path = request.uri().path().to_owned();
     let query = url::form_urlencoded::parse(request.uri().query().unwrap_or("").as_bytes())
@@ -178,6 +277,13 @@ async fn serve(
         authorization,
         body,
     };
+    if let Some(flood) = handler.flood(&request) {
+        return Ok(Response::builder()
+            .status(flood.status)
+            .header("content-type", "application/json")
+            .body(FloodBody::new(flood.framing, floods).boxed())
+            .expect("a fake's response is well formed"));
+    }
     let Some((status, body)) = handler.answer(&request) else {
         // Withheld: the client's deadline, or its death, ends the call.
         std::future::pending::<()>().await;
@@ -188,6 +294,6 @@ async fn serve(
         response = response.header("content-type", "application/json");
     }
     Ok(response
-        .body(Full::new(Bytes::from(body)))
+        .body(Full::new(Bytes::from(body)).boxed())
         .expect("a fake's response is well formed"))
 }

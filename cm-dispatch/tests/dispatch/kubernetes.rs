@@ -20,7 +20,7 @@ use cm_domain::{IdempotencyKey, Occurrence};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::missions::{mission, mission_dispatch};
+use crate::missions::{BUFFERED_AT_MOST, floods_closed, mission, mission_dispatch};
 
 const IMAGE: &str = "registry.example.com/cm/mission-runner:1.4";
 const TOKEN: &str = "kube-token-4f1d8c0b9a7e";
@@ -603,6 +603,72 @@ async fn kubernetes_bad_credentials_are_refused_and_never_printed() {
     assert!(!text.contains(wrong) && !format!("{kube:?}").contains(wrong));
     assert_eq!(fake.calls().len(), 1);
     assert!(fake.jobs().is_empty());
+}
+
+/// A reply that never ends (or declares a terabyte) is read no further than MAX_REPLY_BYTES:
+/// the call fails naming the bound, as any failed call, and is tried again until the deadline;
+/// the run is not judged by a part of a reply.
+#[tokio::test]
+async fn kubernetes_reads_no_reply_past_its_bound() {
+    use cm_dispatch::MAX_REPLY_BYTES;
+    use cm_dispatch::fakes::{Flood, Framing};
+    let fake = FakeKubernetes::start(&["default"], TOKEN);
+    let kube = backend(&fake, MissionConfig::default()).await;
+    let launched = dispatch(mission(), 1, Duration::from_secs(10));
+    kube.dispatch(&launched).await.unwrap();
+    let job = launched.idempotency_key.to_string();
+
+    // The watch reads the Job: an endless 200 is neither the Job's state nor its absence.
+    let endless = Flood {
+        status: 200,
+        framing: Framing::Chunked,
+    };
+    fake.flood("GET", &format!("/jobs/{job}"), Some(endless));
+    let err = kube
+        .observe(
+            &RunRef::named(job.clone()),
+            Instant::now() + Duration::from_secs(3),
+        )
+        .await
+        .unwrap_err();
+    // Not answered, as a read cut short by a reset is.
+    assert!(
+        matches!(&err, DispatchError::Unavailable(t) | DispatchError::Unconfirmed(t)
+            if t.contains("read Job") && t.contains("longer than 16 MiB")),
+        "{err}"
+    );
+    let record = floods_closed(|| fake.floods()).await;
+    assert!(record.answered >= 2, "not tried again: {record:?}");
+    // Each flood was read up to the bound and no further.
+    assert!(
+        record.most_sent > MAX_REPLY_BYTES && record.most_sent < MAX_REPLY_BYTES + BUFFERED_AT_MOST,
+        "{record:?}"
+    );
+
+    // A create answered 500 with a terabyte's Content-Length: refused unread, and the launch
+    // is unconfirmed (what the API server did is unknown).
+    fake.flood("GET", "/none", None);
+    let huge = Flood {
+        status: 500,
+        framing: Framing::HugeLength,
+    };
+    fake.flood("POST", "/jobs", Some(huge));
+    let before = fake.floods().answered;
+    let err = kube
+        .dispatch(&dispatch(mission(), 1, Duration::from_secs(3)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Unconfirmed(t)
+            if t.contains("create Job") && t.contains("longer than 16 MiB")),
+        "{err}"
+    );
+    let record = floods_closed(|| fake.floods()).await;
+    assert!(record.answered >= before + 2, "not tried again: {record:?}");
+    assert!(
+        record.most_sent < MAX_REPLY_BYTES + BUFFERED_AT_MOST,
+        "{record:?}"
+    );
 }
 
 #[tokio::test]

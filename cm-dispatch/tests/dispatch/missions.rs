@@ -707,6 +707,89 @@ async fn docker_sends_the_negotiated_api_version_in_every_path() {
     }
 }
 
+/// What the kernel's buffers and the client's may hold beyond what the client read when it
+/// stopped: a flood's sender gets that far past the bound before its writes stop.
+pub(crate) const BUFFERED_AT_MOST: u64 = 16 << 20;
+
+/// Waits until the client closed every flood's connection, and returns the record.
+pub(crate) async fn floods_closed(
+    floods: impl Fn() -> cm_dispatch::fakes::FloodRecord,
+) -> cm_dispatch::fakes::FloodRecord {
+    cm_dispatch::fakes::wait::wait_until(
+        "the client to close every flood's connection",
+        cm_dispatch::fakes::wait::PATIENCE,
+        async || floods(),
+        |record| record.open == 0,
+    )
+    .await
+}
+
+/// A reply that never ends (or declares a terabyte) is read no further than MAX_REPLY_BYTES
+/// on its connection: the call fails naming the bound, as any failed call, and is tried again
+/// until the deadline; the connection is closed.
+#[tokio::test]
+async fn docker_reads_no_reply_past_its_bound() {
+    use cm_dispatch::MAX_REPLY_BYTES;
+    use cm_dispatch::fakes::{Flood, Framing};
+    let fake = FakeDocker::start(&[IMAGE]);
+    let docker = docker_backend(&fake, MissionConfig::default());
+    let launched = mission_dispatch(mission(), 1);
+    docker.dispatch(&launched).await.unwrap();
+    let name = launched.idempotency_key.to_string();
+
+    // The watch inspects the container: an endless 200 is neither its state nor its absence.
+    let endless = Flood {
+        status: 200,
+        framing: Framing::Chunked,
+    };
+    fake.flood("GET", &format!("/containers/{name}/json"), Some(endless));
+    let err = docker
+        .observe(
+            &RunRef::named(name.clone()),
+            Instant::now() + Duration::from_secs(3),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Unavailable(t) | DispatchError::Unconfirmed(t)
+            if t.contains("inspect container") && t.contains("longer than 16 MiB")),
+        "{err}"
+    );
+    let record = floods_closed(|| fake.floods()).await;
+    assert!(record.answered >= 2, "not tried again: {record:?}");
+    // Each flood was read up to the bound and no further.
+    assert!(
+        record.most_sent > MAX_REPLY_BYTES - (1 << 20)
+            && record.most_sent < MAX_REPLY_BYTES + BUFFERED_AT_MOST,
+        "{record:?}"
+    );
+
+    // A create answered 500 with a terabyte's Content-Length, read to the bound: the launch is
+    // unconfirmed (what the engine did is unknown).
+    let huge = Flood {
+        status: 500,
+        framing: Framing::HugeLength,
+    };
+    fake.flood("POST", "/containers/create", Some(huge));
+    let before = fake.floods().answered;
+    let d = Dispatch {
+        deadline: Instant::now() + Duration::from_secs(3),
+        ..mission_dispatch(mission(), 1)
+    };
+    let err = docker.dispatch(&d).await.unwrap_err();
+    assert!(
+        matches!(&err, DispatchError::Unconfirmed(t)
+            if t.contains("create container") && t.contains("longer than 16 MiB")),
+        "{err}"
+    );
+    let record = floods_closed(|| fake.floods()).await;
+    assert!(record.answered >= before + 2, "not tried again: {record:?}");
+    assert!(
+        record.most_sent < MAX_REPLY_BYTES + BUFFERED_AT_MOST,
+        "{record:?}"
+    );
+}
+
 #[tokio::test]
 async fn docker_start_refused_removes_the_container() {
     let fake = FakeDocker::start(&[IMAGE]);

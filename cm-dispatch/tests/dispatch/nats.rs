@@ -301,3 +301,49 @@ async fn nats_backend_conforms() {
     probe.jetstream.delete_stream(&config.stream).await.unwrap();
     outcome.unwrap();
 }
+
+/// What is bounded of a NATS reply, and what is not. async-nats reads every protocol message
+/// whole at the length the server declares, and a control line up to its line end, with no
+/// bound of its own and no hook to add one (see `cm_dispatch::nats`). So a reply that never
+/// completes (an acknowledgement declared a terabyte long, or bytes without a line end) ends the
+/// dispatch at its deadline, but the client goes on reading it into memory: the test's proxy
+/// sees the client take all FLOOD_BYTES it sends. Should async-nats ever bound its reads, the
+/// last assertion fails, and the module's documentation is to be updated.
+#[tokio::test]
+async fn an_endless_reply_ends_the_dispatch_at_its_deadline_but_async_nats_reads_all_of_it() {
+    use crate::nats_proxy::{FLOOD_BYTES, Flood};
+    use cm_dispatch::DispatchError;
+    for flood in [Flood::HugeMessage, Flood::NoLineEnd] {
+        let mut config = config(Duration::from_secs(120));
+        let upstream = server()
+            .trim_start_matches("nats://")
+            .trim_end_matches('/')
+            .to_owned();
+        let proxy = NatsProxy::start(upstream, config.subject_prefix.clone()).await;
+        config.url = proxy.url();
+        let nats = NatsDispatcher::connect(&config).await.unwrap();
+        proxy.set(Mode::Flood(flood));
+        let mut d = dispatch(uuid::Uuid::new_v4(), 0, 1);
+        d.deadline = Instant::now() + Duration::from_secs(2);
+        // Bounded: the dispatch ends at its deadline, unacknowledged.
+        let err = nats.dispatch(&d).await.unwrap_err();
+        assert!(
+            matches!(err, DispatchError::Unavailable(_)),
+            "{flood:?}: {err:?}"
+        );
+        // Not bounded: the client takes every byte, far more than the kernel's buffers hold
+        // (a client that stopped reading would hold the proxy's writes a few MiB in).
+        cm_dispatch::fakes::wait::wait_until(
+            "the client to take the whole flood",
+            cm_dispatch::fakes::wait::PATIENCE,
+            async || proxy.flooded(),
+            |taken| *taken == FLOOD_BYTES,
+        )
+        .await;
+        jetstream()
+            .await
+            .delete_stream(&config.stream)
+            .await
+            .unwrap();
+    }
+}

@@ -7,12 +7,15 @@
 //! - **stall**: swallow the publish, so no acknowledgement ever comes (a hung server);
 //! - **refuse**: answer the publish itself with a JetStream error whose description is the
 //!   suite's text, the way the server answers a publish it rejects
-//!   (`{"error": {"code", "err_code", "description"}}` on the request's reply subject).
+//!   (`{"error": {"code", "err_code", "description"}}` on the request's reply subject);
+//! - **flood**: answer the publish with a reply that never completes (an `HMSG` declaring a
+//!   terabyte, or bytes without a line end), counting the bytes the client takes.
 //!
 //! Everything else (the stream API under `$JS.API`, pings, subscriptions) passes through
 //! untouched, so the stream stays the judge of how many messages were stored.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -27,12 +30,27 @@ pub enum Mode {
     Stall,
     /// Answer it with a JetStream error carrying this description.
     Refuse(String),
+    /// Answer it with [`FLOOD_BYTES`] bytes of a reply that never completes, then nothing.
+    Flood(Flood),
 }
+
+/// How a flooding answer never completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flood {
+    /// An `HMSG` to the reply subject declaring a terabyte, of which [`FLOOD_BYTES`] come.
+    HugeMessage,
+    /// [`FLOOD_BYTES`] bytes with no line end: no operation the client can parse, ever.
+    NoLineEnd,
+}
+
+/// How many bytes a flooding answer sends, a piece at a time, as fast as the client reads.
+pub const FLOOD_BYTES: u64 = 64 << 20;
 
 /// A running proxy; it stops with the test's runtime.
 pub struct NatsProxy {
     addr: SocketAddr,
     mode: Arc<Mutex<Mode>>,
+    flooded: Arc<AtomicU64>,
 }
 
 impl NatsProxy {
@@ -42,6 +60,8 @@ impl NatsProxy {
         let addr = listener.local_addr().unwrap();
         let mode = Arc::new(Mutex::new(Mode::Pass));
         let shared = mode.clone();
+        let flooded = Arc::new(AtomicU64::new(0));
+        let counted = flooded.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(&upstream).await else {
@@ -49,10 +69,26 @@ impl NatsProxy {
                 };
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                tokio::spawn(relay(client, server, prefix.clone(), shared.clone()));
+                tokio::spawn(relay(
+                    client,
+                    server,
+                    prefix.clone(),
+                    shared.clone(),
+                    counted.clone(),
+                ));
             }
         });
-        NatsProxy { addr, mode }
+        NatsProxy {
+            addr,
+            mode,
+            flooded,
+        }
+    }
+
+    /// How many bytes of flooding answers the client has taken so far: what it read, less what
+    /// the kernel's buffers hold.
+    pub fn flooded(&self) -> u64 {
+        self.flooded.load(Ordering::SeqCst)
     }
 
     /// The URL a client connects to.
@@ -68,7 +104,13 @@ impl NatsProxy {
 
 /// One client connection: frames from the server go to the client as they are; frames from the
 /// client go to the server unless the mode says otherwise.
-async fn relay(client: TcpStream, server: TcpStream, prefix: String, mode: Arc<Mutex<Mode>>) {
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    prefix: String,
+    mode: Arc<Mutex<Mode>>,
+    flooded: Arc<AtomicU64>,
+) {
     let (client_read, client_write) = client.into_split();
     let (server_read, mut server_write) = server.into_split();
     let client_write = Arc::new(tokio::sync::Mutex::new(client_write));
@@ -110,7 +152,7 @@ async fn relay(client: TcpStream, server: TcpStream, prefix: String, mode: Arc<M
         let current = mode.lock().unwrap().clone();
         match current {
             Mode::Stall if under_prefix => continue,
-            Mode::Refuse(reason) if under_prefix => {
+            Mode::Refuse(_) | Mode::Flood(_) if under_prefix => {
                 // PUB <subject> <reply> <size>, HPUB <subject> <reply> <hdr> <total>.
                 let reply = if (op == "PUB" && words.len() == 4) || words.len() == 5 {
                     words[2].clone()
@@ -124,18 +166,53 @@ async fn relay(client: TcpStream, server: TcpStream, prefix: String, mode: Arc<M
                 else {
                     continue;
                 };
-                let body = serde_json::json!({
-                    "error": {"code": 503, "err_code": 10077, "description": reason}
-                })
-                .to_string();
-                let answer = format!("MSG {reply} {sid} {}\r\n{body}\r\n", body.len());
-                if client_write
-                    .lock()
-                    .await
-                    .write_all(answer.as_bytes())
-                    .await
-                    .is_err()
-                {
+                let answered = match current {
+                    Mode::Flood(flood) => {
+                        let head = match flood {
+                            Flood::HugeMessage => {
+                                format!("HMSG {reply} {sid} 12 {}\r\nNATS/1.0\r\n\r\n", 1u64 << 40)
+                            }
+                            Flood::NoLineEnd => String::new(),
+                        };
+                        // The flood goes on in the background: the relay keeps passing the
+                        // client's frames (its pings, its next publishes) meanwhile.
+                        let client_write = client_write.clone();
+                        let flooded = flooded.clone();
+                        tokio::spawn(async move {
+                            let mut client_write = client_write.lock().await;
+                            if client_write.write_all(head.as_bytes()).await.is_err() {
+                                return;
+                            }
+                            let piece = "flood ".repeat(64 * 1024 / 6);
+                            let mut sent = 0u64;
+                            while sent < FLOOD_BYTES {
+                                let piece = &piece.as_bytes()
+                                    [..piece.len().min((FLOOD_BYTES - sent) as usize)];
+                                if client_write.write_all(piece).await.is_err() {
+                                    return;
+                                }
+                                sent += piece.len() as u64;
+                                flooded.fetch_add(piece.len() as u64, Ordering::SeqCst);
+                            }
+                        });
+                        true
+                    }
+                    Mode::Refuse(reason) => {
+                        let body = serde_json::json!({
+                            "error": {"code": 503, "err_code": 10077, "description": reason}
+                        })
+                        .to_string();
+                        let answer = format!("MSG {reply} {sid} {}\r\n{body}\r\n", body.len());
+                        client_write
+                            .lock()
+                            .await
+                            .write_all(answer.as_bytes())
+                            .await
+                            .is_ok()
+                    }
+                    _ => true,
+                };
+                if !answered {
                     break;
                 }
             }

@@ -309,3 +309,167 @@ async fn errors_hold_no_secret_and_a_bounded_excerpt() {
         "{shown}"
     );
 }
+
+/// How an [`Endless`] receiver frames the body it never finishes.
+#[derive(Debug, Clone, Copy)]
+enum Framing {
+    /// `Transfer-Encoding: chunked`, chunk after chunk, never the last.
+    Chunked,
+    /// A `Content-Length` of a terabyte, sent as fast as it is read.
+    HugeLength,
+}
+
+/// A receiver that answers every request with a status and a body that does not end (or would
+/// take a terabyte to), counting the bytes it manages to send. A raw TCP server: an HTTP
+/// framework would buffer or pace the body itself.
+struct Endless {
+    addr: std::net::SocketAddr,
+    /// Requests answered so far.
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Connections still being written to.
+    open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The most body bytes the receiver got into one connection before it was closed.
+    most_sent: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Endless {
+    async fn start(status: &'static str, framing: Framing) -> Endless {
+        use std::sync::atomic::Ordering::SeqCst;
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endless = Endless {
+            addr: listener.local_addr().unwrap(),
+            requests: Default::default(),
+            open: Default::default(),
+            most_sent: Default::default(),
+        };
+        let (requests, open, most_sent) = (
+            endless.requests.clone(),
+            endless.open.clone(),
+            endless.most_sent.clone(),
+        );
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let (requests, open, most_sent) =
+                    (requests.clone(), open.clone(), most_sent.clone());
+                open.fetch_add(1, SeqCst);
+                tokio::spawn(async move {
+                    // The request: its head, then as many body bytes as it declares.
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    let complete = |request: &[u8]| {
+                        let text = String::from_utf8_lossy(request).to_ascii_lowercase();
+                        let Some(end) = text.find("\r\n\r\n") else {
+                            return false;
+                        };
+                        let length = text[..end]
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        request.len() >= end + 4 + length
+                    };
+                    while !complete(&request) {
+                        match socket.read(&mut buf).await {
+                            Ok(0) | Err(_) => {
+                                open.fetch_sub(1, SeqCst);
+                                return;
+                            }
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    requests.fetch_add(1, SeqCst);
+                    let framing_header = match framing {
+                        Framing::Chunked => "transfer-encoding: chunked".to_string(),
+                        Framing::HugeLength => format!("content-length: {}", 1u64 << 40),
+                    };
+                    let head = format!(
+                        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\n{framing_header}\r\n\r\n"
+                    );
+                    let piece = "endless answer ".repeat(4096);
+                    let piece = match framing {
+                        Framing::Chunked => format!("{:x}\r\n{piece}\r\n", piece.len()),
+                        Framing::HugeLength => piece,
+                    };
+                    let mut sent = 0u64;
+                    if socket.write_all(head.as_bytes()).await.is_ok() {
+                        while socket.write_all(piece.as_bytes()).await.is_ok() {
+                            sent += piece.len() as u64;
+                            most_sent.fetch_max(sent, SeqCst);
+                        }
+                    }
+                    open.fetch_sub(1, SeqCst);
+                });
+            }
+        });
+        endless
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hook", self.addr)
+    }
+
+    /// Waits until the client has closed every connection, and returns the most body bytes one
+    /// of them carried.
+    async fn closed(&self) -> u64 {
+        use std::sync::atomic::Ordering::SeqCst;
+        cm_dispatch::fakes::wait::wait_until(
+            "the client to close every connection",
+            cm_dispatch::fakes::wait::PATIENCE,
+            async || self.open.load(SeqCst),
+            |open| *open == 0,
+        )
+        .await;
+        self.most_sent.load(SeqCst)
+    }
+}
+
+/// What the kernel's buffers and the client's may hold of an answer the client stopped
+/// reading: the sender gets that far before its writes fail. A client reading the body whole
+/// would take it all, gigabytes within the test's deadline.
+const BUFFERED_AT_MOST: u64 = 64 << 20;
+
+/// A receiver's answer is judged by its status; of its body only an excerpt is read, and one
+/// that never ends (or declares a terabyte) does not hold the dispatch or its memory.
+#[tokio::test]
+async fn an_endless_answer_is_judged_by_its_status_and_read_no_further_than_an_excerpt() {
+    use std::sync::atomic::Ordering::SeqCst;
+    for framing in [Framing::Chunked, Framing::HugeLength] {
+        // A success: fired at once, well before the deadline it would otherwise wait for.
+        let ok = Endless::start("200 OK", framing).await;
+        let receipt = backend(&ok.url())
+            .dispatch(&dispatch(Duration::from_secs(30)))
+            .await
+            .unwrap_or_else(|e| panic!("{framing:?}: {e}"));
+        assert_eq!(receipt.detail, "HTTP 200", "{framing:?}");
+        assert_eq!(ok.requests.load(SeqCst), 1, "{framing:?}");
+        let sent = ok.closed().await;
+        assert!(sent < BUFFERED_AT_MOST, "{framing:?}: {sent} bytes sent");
+
+        // A server error: retried until the deadline, and the error keeps a bounded excerpt.
+        let failing = Endless::start("500 Internal Server Error", framing).await;
+        let err = backend(&failing.url())
+            .dispatch(&dispatch(Duration::from_secs(2)))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, DispatchError::Unavailable(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("HTTP 500 Internal Server Error: endless answer endless answer"),
+            "{framing:?}: {text}"
+        );
+        // The excerpt (EXCERPT_CHARS) and the words around it.
+        assert!(
+            text.chars().count() < cm_dispatch::webhook::EXCERPT_CHARS + 200,
+            "{framing:?}: {} characters",
+            text.chars().count()
+        );
+        // Each send's answer was left after its excerpt, so the backend had time to try again.
+        assert!(failing.requests.load(SeqCst) >= 2, "{framing:?}: no retry");
+        let sent = failing.closed().await;
+        assert!(sent < BUFFERED_AT_MOST, "{framing:?}: {sent} bytes sent");
+    }
+}

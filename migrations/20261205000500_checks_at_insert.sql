@@ -630,11 +630,30 @@ EXCEPTION WHEN unique_violation THEN
 END
 $$;
 
+-- A run limit as cm_domain::definition::check_run_limit takes it: none (NULL), or 1 or more.
+CREATE FUNCTION cm.checked_run_limit(run_limit INT) RETURNS INT
+LANGUAGE plpgsql IMMUTABLE
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF run_limit < 1 THEN
+        PERFORM cm.refuse(format('a run limit must be 1 to 2147483647 (it was %s)', run_limit));
+    END IF;
+    RETURN run_limit;
+END
+$$;
+
+-- The functions below take a run limit: their earlier forms, without one, are replaced.
+DROP FUNCTION cm.create_routine(TEXT, TEXT, TEXT, TEXT, TEXT, BOOLEAN);
+DROP FUNCTION cm.create_mission_routine(TEXT, TEXT, TEXT, JSONB, TEXT, TEXT, BOOLEAN);
+DROP FUNCTION cm.insert_unplanned(TEXT, TEXT, TEXT, TEXT, JSONB, TEXT, TEXT, BOOLEAN);
+
 -- Inserts an unplanned routine of `kind` with `payload` (already checked by the caller), its
--- name, zone, schedule and policies checked here.
-CREATE OR REPLACE FUNCTION cm.insert_unplanned(
+-- name, zone, schedule, policies and run limit checked here.
+CREATE FUNCTION cm.insert_unplanned(
     name TEXT, schedule TEXT, timezone TEXT, kind TEXT, payload JSONB, misfire TEXT,
-    overlap TEXT, paused BOOLEAN
+    overlap TEXT, paused BOOLEAN, run_limit INT
 ) RETURNS UUID
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -646,23 +665,26 @@ DECLARE
     checked TEXT := cm.checked_name(name);
     zone TEXT := cm.checked_zone(timezone);
     stored TEXT := cm.checked_schedule(schedule, zone);
+    runs_left INT := cm.checked_run_limit(run_limit);
 BEGIN
     PERFORM cm.checked_policies(kind, misfire, overlap);
     PERFORM cm.take_name(checked, routine_id, routine_group);
     INSERT INTO routines
         (id, name, schedule, timezone, kind, payload, misfire_policy, overlap, paused,
-         next_run_at, planned, group_id)
+         next_run_at, planned, group_id, runs_left)
     VALUES
         (routine_id, checked, stored, zone, kind, payload, misfire, overlap,
-         coalesce(paused, false), NULL, false, routine_group);
+         coalesce(paused, false), NULL, false, routine_group, runs_left);
     RETURN routine_id;
 END
 $$;
 
 -- A message routine; its id. Planned (its first run from the schedule) by the next pass.
-CREATE OR REPLACE FUNCTION cm.create_routine(
+-- `run_limit`: it fires that many times at most, then is finished (`--limit-runs`).
+CREATE FUNCTION cm.create_routine(
     name TEXT, schedule TEXT, timezone TEXT, message TEXT,
-    misfire TEXT DEFAULT 'fire-once', paused BOOLEAN DEFAULT false
+    misfire TEXT DEFAULT 'fire-once', paused BOOLEAN DEFAULT false,
+    run_limit INT DEFAULT NULL
 ) RETURNS UUID
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -670,16 +692,16 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     RETURN cm.insert_unplanned(name, schedule, timezone, 'message', cm.checked_message(message),
-        misfire, 'forbid', paused);
+        misfire, 'forbid', paused, run_limit);
 END
 $$;
 
 -- A mission routine described by `mission` (the JSON a mission file holds); its id. What SQL
 -- cannot read of the mission is checked by the next pass, as `routine create --mission` does.
-CREATE OR REPLACE FUNCTION cm.create_mission_routine(
+CREATE FUNCTION cm.create_mission_routine(
     name TEXT, schedule TEXT, timezone TEXT, mission JSONB,
     misfire TEXT DEFAULT 'fire-once', overlap TEXT DEFAULT 'forbid',
-    paused BOOLEAN DEFAULT false
+    paused BOOLEAN DEFAULT false, run_limit INT DEFAULT NULL
 ) RETURNS UUID
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -687,7 +709,7 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     RETURN cm.insert_unplanned(name, schedule, timezone, 'mission', cm.checked_mission(mission),
-        misfire, overlap, paused);
+        misfire, overlap, paused, run_limit);
 END
 $$;
 
@@ -695,11 +717,14 @@ $$;
 -- it) a message routine, `mission` a mission routine. Checked as at insert. A new schedule,
 -- zone or mission is planned again by the next pass: until then the routine is not due, and
 -- its next run is then the new schedule's first occurrence after that moment (what the old
--- schedule owed is not owed by the new one). Whether the routine exists.
+-- schedule owed is not owed by the new one). `run_limit` sets how many more times it may fire
+-- (`--limit-runs`), `no_run_limit` lifts it (`--limit-runs none`); a routine its limit had
+-- finished is planned again. Whether the routine exists.
 CREATE FUNCTION cm.update_routine(
     routine_id UUID, name TEXT DEFAULT NULL, schedule TEXT DEFAULT NULL,
     timezone TEXT DEFAULT NULL, message TEXT DEFAULT NULL, mission JSONB DEFAULT NULL,
-    misfire TEXT DEFAULT NULL, overlap TEXT DEFAULT NULL
+    misfire TEXT DEFAULT NULL, overlap TEXT DEFAULT NULL, run_limit INT DEFAULT NULL,
+    no_run_limit BOOLEAN DEFAULT false
 ) RETURNS BOOLEAN
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -714,10 +739,14 @@ DECLARE
     new_kind TEXT;
     new_payload JSONB;
     new_overlap TEXT;
+    new_runs_left INT;
     replan BOOLEAN;
 BEGIN
     IF message IS NOT NULL AND mission IS NOT NULL THEN
         PERFORM cm.refuse('give at most one of message and mission');
+    END IF;
+    IF run_limit IS NOT NULL AND coalesce(no_run_limit, false) THEN
+        PERFORM cm.refuse('give at most one of run_limit and no_run_limit');
     END IF;
     SELECT * INTO was FROM routines r
     WHERE r.id = update_routine.routine_id AND r.group_id = routine_group FOR UPDATE;
@@ -750,15 +779,20 @@ BEGIN
         DELETE FROM routine_names n
         WHERE n.name = was.name AND n.routine_id = was.id;
     END IF;
-    -- A routine its run limit finished stays finished, as `routine update` leaves it.
+    new_runs_left := CASE WHEN coalesce(no_run_limit, false) THEN NULL
+                          WHEN run_limit IS NOT NULL THEN cm.checked_run_limit(run_limit)
+                          ELSE was.runs_left END;
+    -- A routine its run limit finished stays finished unless the limit changes, as
+    -- `routine update` leaves it.
     replan := (new_schedule IS DISTINCT FROM was.schedule
                OR new_zone IS DISTINCT FROM was.timezone
-               OR mission IS NOT NULL)
-              AND coalesce(was.runs_left, 1) > 0;
+               OR mission IS NOT NULL
+               OR new_runs_left IS DISTINCT FROM was.runs_left)
+              AND coalesce(new_runs_left, 1) > 0;
     UPDATE routines r
     SET name = new_name, schedule = new_schedule, timezone = new_zone, kind = new_kind,
         payload = new_payload, misfire_policy = coalesce(misfire, was.misfire_policy),
-        overlap = new_overlap,
+        overlap = new_overlap, runs_left = new_runs_left,
         planned = CASE WHEN replan THEN false ELSE r.planned END,
         next_run_at = CASE WHEN replan THEN NULL ELSE r.next_run_at END,
         updated_at = now()

@@ -57,9 +57,9 @@ BEGIN
 END
 $$;
 GRANT EXECUTE ON FUNCTION
-    cm.create_routine(TEXT, TEXT, TEXT, TEXT, TEXT, BOOLEAN),
-    cm.create_mission_routine(TEXT, TEXT, TEXT, JSONB, TEXT, TEXT, BOOLEAN),
-    cm.update_routine(UUID, TEXT, TEXT, TEXT, TEXT, JSONB, TEXT, TEXT),
+    cm.create_routine(TEXT, TEXT, TEXT, TEXT, TEXT, BOOLEAN, INT),
+    cm.create_mission_routine(TEXT, TEXT, TEXT, JSONB, TEXT, TEXT, BOOLEAN, INT),
+    cm.update_routine(UUID, TEXT, TEXT, TEXT, TEXT, JSONB, TEXT, TEXT, INT, BOOLEAN),
     cm.set_routine_paused(UUID, BOOLEAN),
     cm.trigger_routine(UUID),
     cm.delete_routine(UUID),

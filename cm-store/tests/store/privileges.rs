@@ -228,7 +228,7 @@ async fn a_cm_writer_manages_routines_through_functions_only(pool: PgPool) {
         format!("DELETE FROM {schema}.routine_names"),
         format!("SELECT * FROM {schema}.routines"),
         "SELECT cm.insert_unplanned('direct', '* * * * *', 'UTC', 'message', '{}', \
-         'fire-once', 'forbid', false)"
+         'fire-once', 'forbid', false, NULL)"
             .to_owned(),
     ] {
         assert_eq!(

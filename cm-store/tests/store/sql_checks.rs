@@ -307,3 +307,77 @@ async fn update_routine_checks_the_change_and_plans_it_again(pool: PgPool) {
         .unwrap();
     assert!(!missing);
 }
+
+/// A run limit written through SQL: checked as `--limit-runs` is (1 or more), kept at insert,
+/// set and lifted by `cm.update_routine`; a routine its limit finished is planned again when
+/// given more runs.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn run_limits_are_checked_kept_and_changed_through_sql(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let runs_left = |id: Uuid| {
+        let store = store.clone();
+        async move { store.get_routine(id).await.unwrap().runs_left }
+    };
+    let zero = sqlx::query_scalar::<_, Uuid>(
+        "SELECT cm.create_routine('never', '@daily', 'UTC', 'hi', run_limit => 0)",
+    )
+    .fetch_one(&pool)
+    .await
+    .map_err(refusal);
+    check_refused(
+        "run_limit 0",
+        zero,
+        "a run limit must be 1 to 2147483647 (it was 0)",
+    );
+    assert_eq!(routine_count(&pool).await, 0);
+
+    let id: Uuid = sqlx::query_scalar(
+        "SELECT cm.create_mission_routine('twice', '@daily', 'UTC', \
+         '{\"repository\": \"https://git.example.com/r.git\", \"task\": \"t\"}', run_limit => 2)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(runs_left(id).await, Some(2));
+
+    let update = |args: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(format!(
+                "SELECT cm.update_routine($1, {args})"
+            )))
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .map_err(refusal)
+        }
+    };
+    check_refused("-1", update("run_limit => -1").await, "(it was -1)");
+    check_refused(
+        "both",
+        update("run_limit => 3, no_run_limit => true").await,
+        "at most one of run_limit and no_run_limit",
+    );
+    assert_eq!(runs_left(id).await, Some(2));
+    assert!(update("no_run_limit => true").await.unwrap());
+    assert_eq!(runs_left(id).await, None);
+
+    // Finished by its limit (as the claim leaves it: no runs left, no next run), then given
+    // one more run: planned again by the next pass.
+    sqlx::query("UPDATE cm.routines SET runs_left = 0, next_run_at = NULL WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(update("run_limit => 1").await.unwrap());
+    assert_eq!(runs_left(id).await, Some(1));
+    store.plan_routines(None, 10).await.unwrap();
+    assert!(store.get_routine(id).await.unwrap().next_run_at.is_some());
+    // A change of the message alone leaves the limit.
+    assert!(
+        update("mission => '{\"repository\": \"https://git.example.com/r.git\", \"task\": \"u\"}'")
+            .await
+            .unwrap()
+    );
+    assert_eq!(runs_left(id).await, Some(1));
+}

@@ -373,9 +373,10 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
     if options.refuse_stops && !options.docker {
         bail!("--refuse-stops needs --mission-backend docker");
     }
-    // On a Citus cluster the held-locks fault's caller has not yet been seen to take a hold in a
-    // short run; it is left to runs that ask for it there.
-    if !options.citus_workers.is_empty() && !held_locks_given {
+    // A worker stopped for longer than a hold can take the held routine's shard with it, and
+    // the caller's delete then fails rather than holds: that fault is left to runs that ask
+    // for it.
+    if options.worker_outage.is_some() && !held_locks_given {
         options.held_locks = 0;
     }
     // A worker stopped for longer than a routine's planning pass holds back its groups' planning,

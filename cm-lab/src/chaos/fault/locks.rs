@@ -55,11 +55,13 @@ impl HeldLocks {
     async fn hold(
         chaos_pool: &sqlx::PgPool,
     ) -> anyhow::Result<Option<(PgConnection, Uuid, DateTime<Utc>)>> {
-        // A routine with an occurrence in flight now, else any active one.
+        // A routine with an occurrence in flight now, else any active one. The fires are
+        // joined on the group too, as Citus needs to keep the join within a shard.
         let routine: Option<Uuid> = sqlx::query_scalar(
             "SELECT id FROM cm.routines r WHERE NOT paused
              ORDER BY EXISTS (SELECT 1 FROM cm.routine_fires f
-                              WHERE f.routine_id = r.id AND f.status = 'claimed') DESC,
+                              WHERE f.routine_id = r.id AND f.group_id = r.group_id
+                                AND f.status = 'claimed') DESC,
                       random()
              LIMIT 1",
         )

@@ -598,7 +598,10 @@ impl crate::MissionRuntime for KubernetesDispatcher {
         let params = kube::api::ListParams::default().limit(1);
         match self.jobs.list_metadata(&params).await {
             Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
-            Err(e) => Err(format!("cannot reach the Kubernetes API: {}", describe(&e))),
+            Err(e) => Err(format!(
+                "no usable answer from the Kubernetes API: {}",
+                describe(&e)
+            )),
         }
     }
 

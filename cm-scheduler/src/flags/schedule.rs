@@ -64,6 +64,15 @@ impl ScheduleFlags {
         if !self.any() {
             return Ok(current.map(str::to_owned));
         }
+        // An offset counts an --every interval from the epoch; written beside a cron line or
+        // --at it would be dropped unsaid.
+        if self.offset.is_some() && self.every.is_none() {
+            return Err(
+                "--offset goes with --every (the offset of an interval from the epoch); \
+                        a cron schedule or --at has none"
+                    .into(),
+            );
+        }
         let mut parts = match current {
             Some(current) => ScheduleText::parse(current).map_err(|e| e.to_string())?,
             None => ScheduleText::default(),
@@ -164,5 +173,32 @@ mod tests {
             .unwrap_err()
             .contains("a schedule is needed")
         );
+    }
+
+    /// `--offset` beside a cron line, beside `--at`, or alone on an update is refused, never
+    /// dropped: only an `--every` interval has an offset.
+    #[test]
+    fn an_offset_without_every_is_refused() {
+        for flags in [
+            ScheduleFlags {
+                schedule: Some("0 9 * * *".into()),
+                offset: Some("5m".into()),
+                ..ScheduleFlags::default()
+            },
+            ScheduleFlags {
+                at: Some("2027-01-01T00:00".into()),
+                offset: Some("5m".into()),
+                ..ScheduleFlags::default()
+            },
+            ScheduleFlags {
+                offset: Some("5m".into()),
+                ..ScheduleFlags::default()
+            },
+        ] {
+            for current in [None, Some("@every 1h")] {
+                let refused = flags.text(current).unwrap_err();
+                assert!(refused.contains("--offset goes with --every"), "{refused}");
+            }
+        }
     }
 }

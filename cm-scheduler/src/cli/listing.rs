@@ -157,8 +157,8 @@ impl<'a> RoutineLine<'a> {
 }
 
 /// The columns of `fires`: OUTCOME is what the fire's effect did (a mission's is its run's:
-/// `failed (exit 3)`), STATUS the ledger's word on its dispatch, ERROR why it failed (the
-/// dispatch's error or the run's reason) or was skipped.
+/// `failed (exit 3)`), STATUS the ledger's word on its dispatch, FIRE the key `fires show`
+/// takes, ERROR why it failed (the dispatch's error or the run's reason) or was skipped.
 pub(super) const FIRE_COLUMNS: &[&str] = &[
     "SCHEDULED AT (UTC)",
     "ROUTINE",
@@ -169,6 +169,7 @@ pub(super) const FIRE_COLUMNS: &[&str] = &[
     "ATTEMPT",
     "CLAIMANT",
     "RECEIPT",
+    "FIRE",
     "ERROR",
 ];
 
@@ -179,6 +180,8 @@ const DELETED: &str = "(deleted)";
 /// A fire as a row of `fires`: its routine's name (from `names`) beside its id.
 pub(super) fn fire_row(f: &Fire, names: &HashMap<Uuid, String>) -> Vec<String> {
     let mut row = fire_columns(f);
+    // The key `fires show` takes, before the error (the widest column, kept last).
+    row.insert(row.len() - 1, fire_key(f));
     let name = names
         .get(&f.routine_id)
         .map_or_else(|| DELETED.to_string(), |n| printable(n));
@@ -202,12 +205,21 @@ fn fire_columns(f: &Fire) -> Vec<String> {
     ]
 }
 
-/// A fire as a line of `fires --json`: its row with its outcome and its routine's name (`null`
-/// once the routine is deleted).
+/// The fire's key (`cm-<routine id>-<microseconds>`), as `fires show` takes it.
+fn fire_key(f: &Fire) -> String {
+    cm_domain::Occurrence::new(f.routine_id, f.scheduled_at)
+        .idempotency_key()
+        .to_string()
+}
+
+/// A fire as a line of `fires --json`: its row with its key, its outcome and its routine's
+/// name (`null` once the routine is deleted).
 #[derive(serde::Serialize)]
 pub(super) struct FireLine<'a> {
     #[serde(flatten)]
     fire: &'a Fire,
+    /// The key `fires show` takes.
+    key: String,
     outcome: &'static str,
     routine_name: Option<&'a str>,
     /// The W3C `traceparent` its last attempt was sent with.
@@ -219,6 +231,7 @@ impl<'a> FireLine<'a> {
     pub(super) fn new(fire: &'a Fire, names: &'a HashMap<Uuid, String>) -> Self {
         FireLine {
             fire,
+            key: fire_key(fire),
             outcome: fire.outcome().as_str(),
             routine_name: names.get(&fire.routine_id).map(String::as_str),
             traceparent: fire_traceparent(fire),

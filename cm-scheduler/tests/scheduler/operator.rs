@@ -576,6 +576,12 @@ async fn names_are_unique_printable_handles() {
         shown.contains(&format!("routine     hourly ({id})")),
         "{shown}"
     );
+    // The key `fires show` takes is in the JSON and the table, and `fires show` takes it.
+    let key = line["key"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no key: {by_name}"));
+    assert!(row.split_whitespace().any(|cell| cell == key), "{table}");
+    assert_eq!(ok(url, &["fires", "show", key]), shown);
     ok(url, &["routine", "delete", "hourly"]);
     assert_eq!(db.count("routines").await, 0);
 }

@@ -711,17 +711,28 @@ async fn docker_sends_the_negotiated_api_version_in_every_path() {
 /// stopped: a flood's sender gets that far past the bound before its writes stop.
 pub(crate) const BUFFERED_AT_MOST: u64 = 16 << 20;
 
-/// Waits until the client closed every flood's connection, and returns the record.
-pub(crate) async fn floods_closed(
+/// Waits until the client closed every flood's connection, then asserts that the call was
+/// tried again (at least two answers past `before`) and that no flood was read past the bound:
+/// each sent less than `MAX_REPLY_BYTES + BUFFERED_AT_MOST`, and the most any sent is above
+/// `more_than` when given (the client read up to the bound).
+pub(crate) async fn floods_cut(
     floods: impl Fn() -> cm_dispatch::fakes::FloodRecord,
-) -> cm_dispatch::fakes::FloodRecord {
-    cm_dispatch::fakes::wait::wait_until(
+    before: usize,
+    more_than: Option<u64>,
+) {
+    let record = cm_dispatch::fakes::wait::wait_until(
         "the client to close every flood's connection",
         cm_dispatch::fakes::wait::PATIENCE,
         async || floods(),
         |record| record.open == 0,
     )
-    .await
+    .await;
+    assert!(record.answered >= before + 2, "not tried again: {record:?}");
+    assert!(
+        more_than.is_none_or(|least| record.most_sent > least)
+            && record.most_sent < cm_dispatch::MAX_REPLY_BYTES + BUFFERED_AT_MOST,
+        "{record:?}"
+    );
 }
 
 /// A reply that never ends (or declares a terabyte) is read no further than MAX_REPLY_BYTES
@@ -755,14 +766,8 @@ async fn docker_reads_no_reply_past_its_bound() {
             if t.contains("inspect container") && t.contains("longer than 16 MiB")),
         "{err}"
     );
-    let record = floods_closed(|| fake.floods()).await;
-    assert!(record.answered >= 2, "not tried again: {record:?}");
     // Each flood was read up to the bound and no further.
-    assert!(
-        record.most_sent > MAX_REPLY_BYTES - (1 << 20)
-            && record.most_sent < MAX_REPLY_BYTES + BUFFERED_AT_MOST,
-        "{record:?}"
-    );
+    floods_cut(|| fake.floods(), 0, Some(MAX_REPLY_BYTES - (1 << 20))).await;
 
     // A create answered 500 with a terabyte's Content-Length, read to the bound: the launch is
     // unconfirmed (what the engine did is unknown).
@@ -782,12 +787,7 @@ async fn docker_reads_no_reply_past_its_bound() {
             if t.contains("create container") && t.contains("longer than 16 MiB")),
         "{err}"
     );
-    let record = floods_closed(|| fake.floods()).await;
-    assert!(record.answered >= before + 2, "not tried again: {record:?}");
-    assert!(
-        record.most_sent < MAX_REPLY_BYTES + BUFFERED_AT_MOST,
-        "{record:?}"
-    );
+    floods_cut(|| fake.floods(), before, None).await;
 }
 
 #[tokio::test]

@@ -280,10 +280,9 @@ impl EffectProbe for NatsProbe {
     }
 }
 
-/// The whole conformance suite, stall and refusal included: the backend talks to the real
-/// server through a proxy that can swallow publishes or answer them with a JetStream error.
-#[tokio::test]
-async fn nats_backend_conforms() {
+/// A configuration whose URL is a proxy in front of the real server, the proxy, and a backend
+/// connected through it.
+async fn through_proxy() -> (NatsConfig, NatsProxy, NatsDispatcher) {
     let mut config = config(Duration::from_secs(120));
     let upstream = server()
         .trim_start_matches("nats://")
@@ -292,6 +291,14 @@ async fn nats_backend_conforms() {
     let proxy = NatsProxy::start(upstream, config.subject_prefix.clone()).await;
     config.url = proxy.url();
     let nats = NatsDispatcher::connect(&config).await.unwrap();
+    (config, proxy, nats)
+}
+
+/// The whole conformance suite, stall and refusal included: the backend talks to the real
+/// server through a proxy that can swallow publishes or answer them with a JetStream error.
+#[tokio::test]
+async fn nats_backend_conforms() {
+    let (config, proxy, nats) = through_proxy().await;
     let probe = NatsProbe {
         proxy,
         jetstream: jetstream().await,
@@ -314,14 +321,7 @@ async fn an_endless_reply_ends_the_dispatch_at_its_deadline_but_async_nats_reads
     use crate::nats_proxy::{FLOOD_BYTES, Flood};
     use cm_dispatch::DispatchError;
     for flood in [Flood::HugeMessage, Flood::NoLineEnd] {
-        let mut config = config(Duration::from_secs(120));
-        let upstream = server()
-            .trim_start_matches("nats://")
-            .trim_end_matches('/')
-            .to_owned();
-        let proxy = NatsProxy::start(upstream, config.subject_prefix.clone()).await;
-        config.url = proxy.url();
-        let nats = NatsDispatcher::connect(&config).await.unwrap();
+        let (config, proxy, nats) = through_proxy().await;
         proxy.set(Mode::Flood(flood));
         let mut d = dispatch(uuid::Uuid::new_v4(), 0, 1);
         d.deadline = Instant::now() + Duration::from_secs(2);

@@ -38,6 +38,18 @@ fn check_refused<T: std::fmt::Debug>(what: &str, result: Result<T, String>, word
     );
 }
 
+/// `cm.update_routine(id, ARGS)` with `args` its named arguments: whether the routine exists,
+/// or the refusal.
+async fn update_routine(pool: &PgPool, id: Uuid, args: &str) -> Result<bool, String> {
+    sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(format!(
+        "SELECT cm.update_routine($1, {args})"
+    )))
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .map_err(refusal)
+}
+
 async fn routine_count(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM cm.routines")
         .fetch_one(pool)
@@ -226,18 +238,7 @@ async fn update_routine_checks_the_change_and_plans_it_again(pool: PgPool) {
     let before = store.get_routine(id).await.unwrap();
     assert!(before.next_run_at.is_some());
 
-    let update = |args: &'static str| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(format!(
-                "SELECT cm.update_routine($1, {args})"
-            )))
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .map_err(refusal)
-        }
-    };
+    let update = |args: &'static str| update_routine(&pool, id, args);
     for (args, words) in [
         ("schedule => '0 9 * 13 *'", "month field \"13\""),
         ("timezone => 'Mars/Olympus'", "time zone"),
@@ -340,18 +341,7 @@ async fn run_limits_are_checked_kept_and_changed_through_sql(pool: PgPool) {
     .unwrap();
     assert_eq!(runs_left(id).await, Some(2));
 
-    let update = |args: &'static str| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(format!(
-                "SELECT cm.update_routine($1, {args})"
-            )))
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .map_err(refusal)
-        }
-    };
+    let update = |args: &'static str| update_routine(&pool, id, args);
     check_refused("-1", update("run_limit => -1").await, "(it was -1)");
     check_refused(
         "both",

@@ -148,6 +148,7 @@ const DISPATCHING: &str = "cm_dispatches_in_flight";
 const TICK_DURATION: &str = "cm_tick_duration_seconds";
 const LATENESS: &str = "cm_fire_lateness_seconds";
 const MISSION_RUNS: &str = "cm_mission_runs_total";
+const MISSION_LAUNCHES: &str = "cm_mission_launches_total";
 
 /// A Prometheus recorder with cm's histogram buckets, not installed (tests record into it
 /// with [`metrics::with_local_recorder`]).
@@ -195,7 +196,12 @@ pub fn describe() {
     );
     describe_counter!(
         MISSION_RUNS,
-        "Mission runs by the state they reached: running (launched), succeeded, failed, lost."
+        "Mission runs by how they ended: succeeded, failed, lost; each run once, at its end."
+    );
+    describe_counter!(
+        MISSION_LAUNCHES,
+        "Mission runs launched (the runtime confirmed the start); runs going on are launches \
+         minus ends."
     );
     metrics::describe_gauge!(DISPATCHING, "Dispatches running now.");
     describe_histogram!(TICK_DURATION, "Time one tick took.");
@@ -264,7 +270,8 @@ pub struct Stats {
     /// on Citus, a worker that is down fails only its groups).
     pub group_errors: Counter,
     /// Mission runs that reached each state, in the order of [`cm_domain::RunStateName::ALL`]:
-    /// begun (`running`), `succeeded`, `failed`, `lost`.
+    /// launched (`cm_mission_launches_total`), then ended `succeeded`, `failed`, `lost`
+    /// (`cm_mission_runs_total{state}`).
     pub mission_runs: [Counter; 4],
     /// Dispatches running now.
     pub dispatching: Gauge,
@@ -304,8 +311,10 @@ impl Default for Stats {
             saturated_ticks: Counter::new(SATURATED, None),
             tick_overruns: Counter::new(OVERRUNS, None),
             group_errors: Counter::new(GROUP_ERRORS, None),
-            mission_runs: cm_domain::RunStateName::ALL
-                .map(|state| Counter::labelled(MISSION_RUNS, "state", state.as_str())),
+            mission_runs: cm_domain::RunStateName::ALL.map(|state| match state {
+                cm_domain::RunStateName::Running => Counter::new(MISSION_LAUNCHES, None),
+                ended => Counter::labelled(MISSION_RUNS, "state", ended.as_str()),
+            }),
             dispatching: Gauge::new(DISPATCHING),
             tick_duration: Histogram::new(TICK_DURATION),
             lateness: Histogram::new(LATENESS),

@@ -173,7 +173,8 @@ pub struct RunArgs {
     /// a loopback address; /metrics, /livez and /readyz stay open).
     #[arg(long)]
     pub http_token_file: Option<PathBuf>,
-    /// Pause a routine whose last N fires all failed, keeping the reason (0: never).
+    /// Pause a routine whose last N fires all failed, keeping the reason (0: never): in the
+    /// transaction that records the Nth failure, so no further occurrence is claimed.
     #[arg(long, default_value_t = 5)]
     pub pause_after_failures: u32,
     /// Claim one routine group at a time, in the groups this scheduler leases, also on plain
@@ -304,9 +305,10 @@ pub struct OutboxArgs {
 #[derive(Debug, Args)]
 pub struct HealthArgs {
     /// The address the scheduler's `run --listen` serves on (an unspecified address such as
-    /// 0.0.0.0 is asked on loopback).
-    #[arg(long, env = "CM_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+    /// 0.0.0.0 is asked on loopback). Both read `CM_LISTEN`, so setting it once serves and
+    /// asks the same address; with neither, `health` says so (`run` serves nothing by default).
+    #[arg(long, env = "CM_LISTEN")]
+    pub listen: Option<SocketAddr>,
     /// How long the whole request may take.
     #[arg(long, default_value = "2s", value_parser = duration)]
     pub timeout: Duration,

@@ -14,7 +14,15 @@ const MAX_ANSWER: u64 = 64 * 1024;
 
 /// Asks `/readyz`; `Err` is the one line saying why the scheduler is not ready.
 pub async fn probe(args: HealthArgs) -> Result<(), String> {
-    let addr = probe_address(args.listen);
+    let Some(listen) = args.listen else {
+        return Err(
+            "no address to ask: give --listen ADDR or set CM_LISTEN to the address \
+                    `run --listen` serves (run serves nothing without it; `cargo xtask demo` \
+                    serves 127.0.0.1:9464)"
+                .into(),
+        );
+    };
+    let addr = probe_address(listen);
     match tokio::time::timeout(args.timeout, ask(addr)).await {
         Ok(result) => result,
         Err(_) => Err(format!(

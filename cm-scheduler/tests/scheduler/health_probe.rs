@@ -92,3 +92,22 @@ fn health_refuses_a_bad_address_in_one_line() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
 }
+
+#[test]
+fn health_without_an_address_says_where_to_give_one() {
+    // `run` serves nothing unless told where; `health` must not guess an address that another
+    // process may hold.
+    let out = cm_scheduler()
+        .env_remove("CM_LISTEN")
+        .arg("health")
+        .stdin(Stdio::null())
+        .output()
+        .expect("running cm-scheduler health");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let line = stderr(&out);
+    assert_eq!(line.lines().count(), 1, "{line:?}");
+    assert!(
+        line.contains("--listen") && line.contains("CM_LISTEN"),
+        "{line:?}"
+    );
+}

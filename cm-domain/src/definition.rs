@@ -61,6 +61,9 @@ pub enum DefinitionError {
     /// A run limit of 0 (it would never fire) or over [`MAX_RUN_LIMIT`].
     #[error("a run limit must be 1 to {MAX_RUN_LIMIT} (it was {0})")]
     RunLimit(u32),
+    /// A run limit on a one-shot (`@at`), which fires once whatever the limit.
+    #[error("a run limit is for a recurring schedule: a one-shot (--at) fires once")]
+    RunLimitOfOneShot,
 }
 
 /// The name as stored: [`RoutineName::parse`] of `text` (trimmed, checked).
@@ -132,6 +135,19 @@ pub fn check_run_limit(limit: Option<u32>) -> Result<(), DefinitionError> {
     }
 }
 
+/// Checks that a run limit, if any, limits a recurring schedule: on a one-shot (`@at`, the
+/// schedule's first word) it would be stored and never mean anything, so it is refused.
+pub fn check_limited_schedule(schedule: &str, limit: Option<u32>) -> Result<(), DefinitionError> {
+    let one_shot = schedule
+        .split_whitespace()
+        .next()
+        .is_some_and(|word| word.eq_ignore_ascii_case("@at"));
+    if one_shot && limit.is_some() {
+        return Err(DefinitionError::RunLimitOfOneShot);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,5 +214,14 @@ mod tests {
             "a run limit must be 1 to 2147483647 (it was 0)"
         );
         assert!(check_run_limit(Some(MAX_RUN_LIMIT + 1)).is_err());
+        assert!(check_limited_schedule("@at 2027-01-01T00:00:00Z", None).is_ok());
+        assert!(check_limited_schedule("0 9 * * *", Some(3)).is_ok());
+        assert!(check_limited_schedule("@every 5m", Some(3)).is_ok());
+        assert_eq!(
+            check_limited_schedule("  @AT 2027-01-01T00:00:00Z until 2027-02-01", Some(3))
+                .unwrap_err()
+                .to_string(),
+            "a run limit is for a recurring schedule: a one-shot (--at) fires once"
+        );
     }
 }

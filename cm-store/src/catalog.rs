@@ -259,6 +259,9 @@ async fn apply_update(
     if let Some(limit) = update.runs_left {
         definition::check_run_limit(limit)?;
     }
+    if update.expression.is_some() || update.runs_left.is_some() {
+        definition::check_limited_schedule(expression, runs_left)?;
+    }
     let misfire = update.misfire.unwrap_or(current.misfire_policy);
     if update.overlap.is_some() && kind != RoutineKind::Mission {
         return Err(DefinitionError::OverlapOfMessage.into());

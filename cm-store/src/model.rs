@@ -195,6 +195,7 @@ impl NewRoutineBuilder {
         definition::check_payload(routine.kind, &routine.payload, policy.as_ref())?;
         definition::check_overlap(routine.kind, routine.overlap)?;
         definition::check_run_limit(routine.runs_left)?;
+        definition::check_limited_schedule(routine.schedule.expression(), routine.runs_left)?;
         Ok(routine)
     }
 }

@@ -111,12 +111,12 @@ mod tests {
             "1: backup | 0 3 * * * | UTC | fire-once | message run",
         );
         check_json(
-            r#"{"name": "b", "every": "90m", "offset": "15m", "timezone": "Europe/Berlin", "misfire": "skip", "message": "m"}"#,
-            "1: b | @every 90m offset 15m | Europe/Berlin | skip | message m",
+            r#"{"name": "b", "every": "90m", "offset": "15m", "timezone": "Europe/Berlin", "misfire": "skip", "message": "m", "limit_runs": 3}"#,
+            "1: b | @every 90m offset 15m | Europe/Berlin | skip | message m | 3 runs",
         );
         check_json(
-            r#"{"name": "once", "at": "2026-12-24T15:30", "mission": "m.json", "overlap": "replace", "paused": true, "limit_runs": 3}"#,
-            "1: once | @at 2026-12-24T15:30 | UTC | fire-once | mission m.json | overlap replace | paused | 3 runs",
+            r#"{"name": "once", "at": "2026-12-24T15:30", "mission": "m.json", "overlap": "replace", "paused": true}"#,
+            "1: once | @at 2026-12-24T15:30 | UTC | fire-once | mission m.json | overlap replace | paused",
         );
         check_json(
             r#"{"name": "c", "schedule": "0 9 * * 1-5", "except": ["0 0 25 12 *"], "jitter": "5m", "start": "2027-01-01", "end": "2028-01-01", "message": "m"}"#,

@@ -158,7 +158,14 @@ impl MissionArgs {
             return Err(config("--mission-command needs --mission-backend process"));
         }
         match self.mission_backend {
-            MissionBackend::None => Ok(None),
+            MissionBackend::None => {
+                // A file given is read and checked even when no backend will use it: a
+                // missing, unreadable or malformed one is found now, not when a backend is set.
+                if self.mission_config.is_some() {
+                    self.settings()?;
+                }
+                Ok(None)
+            }
             MissionBackend::Process => {
                 let Some((program, args)) = self.mission_command.split_first() else {
                     return Err(config(

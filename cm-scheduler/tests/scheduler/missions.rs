@@ -62,6 +62,7 @@ async fn mission_backend_settings_are_refused_at_start() {
     let cpu = k8s("cpu.json", r#"{"cpu": "1.5cores"}"#);
     let memory = k8s("memory.json", r#"{"memory": "lots"}"#);
     let namespace = k8s("namespace.json", r#"{"namespace": "Not_A_Namespace"}"#);
+    let not_json = files.write("not-json.json", "image: busybox\n");
     let missing = files.write("dir-marker", "");
     let missing = format!("{missing}.absent");
     let run = |rest: &[&str]| -> Vec<String> {
@@ -87,6 +88,11 @@ async fn mission_backend_settings_are_refused_at_start() {
         (run(&["--mission-image", IMAGE]), "--mission-backend"),
         (run(&["--mission-backend", "docker", "--mission-image", IMAGE, "--mission-command", "/bin/true"]), "--mission-command"),
         (run(&["--mission-backend", "podman"]), "podman"),
+        // With no backend, a file given is still read and checked: missing, a directory, not
+        // JSON.
+        (run(&["--mission-config", &missing]), "--mission-config"),
+        (run(&["--mission-config", &files.path("")]), "--mission-config"),
+        (run(&["--mission-config", &not_json]), "--mission-config"),
     ];
     for (args, fragment) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

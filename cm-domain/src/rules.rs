@@ -395,12 +395,26 @@ pub fn parse_duration(text: &str) -> Result<i64, String> {
     if text.is_empty() {
         return Err("a duration is needed (such as 90m, 1h30m or 1d)".into());
     }
+    if let Some(rest) = text.strip_prefix('-') {
+        return Err(if rest.starts_with(|c: char| c.is_ascii_digit()) {
+            format!("{text:?} is negative: a duration is at least one second")
+        } else {
+            format!("{text:?} is a flag, not a duration (was the value left out?)")
+        });
+    }
     let mut total: i64 = 0;
     let mut number = String::new();
-    for c in text.chars() {
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
         if c.is_ascii_digit() {
             number.push(c);
             continue;
+        }
+        if c == 'm' && chars.peek() == Some(&'s') {
+            return Err(format!(
+                "{text:?} is not a duration here: it counts whole seconds (s, m, h or d), \
+                 not milliseconds"
+            ));
         }
         let unit = match c {
             's' => 1,
@@ -483,6 +497,16 @@ mod tests {
         for bad in ["", "0s", "90", "m", "1.5h", "1w", "-5m", "1h 30m"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} was taken");
         }
+        // Refusals say what is wrong with what was typed.
+        let said = |bad| parse_duration(bad).unwrap_err();
+        assert!(said("-5m").contains("negative"), "{}", said("-5m"));
+        assert!(said("--name").contains("flag"), "{}", said("--name"));
+        assert!(said("500ms").contains("milliseconds"), "{}", said("500ms"));
+        assert!(
+            said("1m500ms").contains("milliseconds"),
+            "{}",
+            said("1m500ms")
+        );
     }
 
     #[test]

@@ -223,7 +223,43 @@ fn explain_sqlx(e: &sqlx::Error) -> String {
         sqlx::Error::PoolTimedOut => {
             "no database connection came free in time (is PostgreSQL overloaded or gone?)".into()
         }
-        other => other.to_string(),
+        // Something answered the handshake, but not as PostgreSQL does: another server's port
+        // (MariaDB's greeting, an HTTP error page). The driver's wording names its own source
+        // file; the server's first byte is what tells.
+        sqlx::Error::Protocol(text) => match not_postgres(text) {
+            Some(what) => format!("the server there is not PostgreSQL: {what}"),
+            None => format!(
+                "PostgreSQL's protocol was not followed: {}",
+                driver_words(text)
+            ),
+        },
+        other => driver_words(&other.to_string()),
+    }
+}
+
+/// What answered the handshake, when a protocol error shows it was not PostgreSQL.
+fn not_postgres(text: &str) -> Option<String> {
+    let byte = text
+        .strip_prefix(
+            "encountered unexpected or invalid data: unexpected response from SSLRequest: ",
+        )
+        .or_else(|| text.strip_prefix("unexpected response from SSLRequest: "))?;
+    let byte = byte.split_whitespace().next()?;
+    let value = u8::from_str_radix(byte.trim_start_matches("0x"), 16).ok()?;
+    Some(match value {
+        b'H' => "it answered as an HTTP server does; is the port PostgreSQL's (5432)?".into(),
+        _ => format!(
+            "it answered the handshake with byte {byte} where PostgreSQL answers S or N (a \
+             MySQL or MariaDB server greets first); is the port PostgreSQL's (5432)?"
+        ),
+    })
+}
+
+/// The driver's words without the source location it appends (`(sqlx_postgres::…:95)`).
+fn driver_words(text: &str) -> String {
+    match text.rfind(" (sqlx") {
+        Some(at) if text.ends_with(')') => text[..at].to_string(),
+        _ => text.to_string(),
     }
 }
 
@@ -268,6 +304,35 @@ fn explain_tls(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::{StoreError, is_transient_sqlstate};
+
+    /// Another server's port answers the handshake with bytes PostgreSQL never sends: said as
+    /// such, without the driver's source location.
+    #[test]
+    fn a_server_that_is_not_postgres_is_named_so() {
+        let protocol =
+            |text: &str| StoreError::Database(sqlx::Error::Protocol(text.to_string())).explain();
+        let mariadb = protocol(
+            "unexpected response from SSLRequest: 0x64 (sqlx_postgres::connection::tls:95)",
+        );
+        assert!(
+            mariadb.starts_with("the server there is not PostgreSQL: "),
+            "{mariadb}"
+        );
+        assert!(
+            mariadb.contains("0x64") && !mariadb.contains("sqlx_postgres"),
+            "{mariadb}"
+        );
+        let http = protocol(
+            "unexpected response from SSLRequest: 0x48 (sqlx_postgres::connection::tls:95)",
+        );
+        assert!(http.contains("HTTP"), "{http}");
+        let other =
+            protocol("expected 0x52 but received 0x45 (sqlx_postgres::connection::stream:12)");
+        assert_eq!(
+            other,
+            "PostgreSQL's protocol was not followed: expected 0x52 but received 0x45"
+        );
+    }
 
     /// Each TLS failure is told in words, one line, with rustls's text kept.
     #[test]

@@ -73,7 +73,10 @@ pub enum ScheduleError {
     #[error(transparent)]
     Zone(#[from] ZoneError),
     /// The expression is empty or blank.
-    #[error("invalid cron expression: it is empty")]
+    #[error(
+        "the schedule is empty: give a cron line (such as '0 9 * * *'), an interval \
+         (@every 90m) or a one-shot (@at 2026-12-24T15:30)"
+    )]
     Empty,
     /// The expression is longer than [`MAX_EXPRESSION_CHARS`].
     #[error(

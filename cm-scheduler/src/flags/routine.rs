@@ -113,7 +113,7 @@ pub struct CreateArgs {
     /// Fire at most N scheduled occurrences (counted as they are claimed, so several
     /// schedulers never fire N+1), then the routine is finished. Triggers and backfills are
     /// not counted.
-    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=i32::MAX as u64))]
+    #[arg(long, value_name = "N", value_parser = run_count, allow_negative_numbers = true)]
     pub limit_runs: Option<u32>,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
     /// refused unless its env names, label keys and repository host are among the
@@ -159,7 +159,7 @@ pub struct UpdateArgs {
     pub overlap: Option<String>,
     /// Let it fire N more scheduled occurrences from now (reviving one whose limit was spent);
     /// `none` removes the limit.
-    #[arg(long, value_name = "N|none", value_parser = limit_runs)]
+    #[arg(long, value_name = "N|none", value_parser = limit_runs, allow_negative_numbers = true)]
     pub limit_runs: Option<LimitRuns>,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
     /// refused unless its env names, label keys and repository host are among the
@@ -229,7 +229,10 @@ impl TryFrom<&CreateArgs> for RoutineFields {
         Ok(RoutineFields {
             line: 0,
             name: args.name.clone(),
-            schedule: args.when.text(None)?.unwrap_or_default(),
+            schedule: args
+                .when
+                .text(None)?
+                .ok_or("a schedule is needed: --schedule EXPR, --every DURATION or --at TIME")?,
             timezone: args.timezone.clone(),
             misfire: args.misfire.clone(),
             message: args.message.clone(),
@@ -249,10 +252,18 @@ fn limit_runs(text: &str) -> Result<LimitRuns, String> {
     if text.eq_ignore_ascii_case("none") {
         return Ok(LimitRuns(None));
     }
-    match text.parse::<u32>() {
-        Ok(n) if (1..=i32::MAX as u32).contains(&n) => Ok(LimitRuns(Some(n))),
-        _ => Err(format!(
-            "{text:?} is not a run limit (a number from 1, or none)"
+    run_count(text)
+        .map(|n| LimitRuns(Some(n)))
+        .map_err(|e| format!("{e}, or none"))
+}
+
+/// A run limit's count: 1 to `i32::MAX` (a negative or zero one said as such).
+fn run_count(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<i64>() {
+        Ok(n) if (1..=i64::from(i32::MAX)).contains(&n) => Ok(n as u32),
+        Ok(n) if n < 1 => Err(format!(
+            "{text:?} is not a run limit: it counts runs, from 1"
         )),
+        _ => Err(format!("{text:?} is not a run limit (a number from 1)")),
     }
 }

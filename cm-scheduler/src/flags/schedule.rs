@@ -15,10 +15,15 @@ pub struct ScheduleFlags {
     pub schedule: Option<String>,
     /// Instead of a cron line: every DURATION in absolute time (90m, 1h30m, 1d), counted from
     /// 1970-01-01T00:00:00Z plus --offset, so daylight saving moves nothing.
-    #[arg(long, value_name = "DURATION", conflicts_with_all = ["schedule", "at"])]
+    #[arg(long, value_name = "DURATION", conflicts_with_all = ["schedule", "at"], allow_hyphen_values = true)]
     pub every: Option<String>,
     /// With --every: the offset from the epoch, shorter than the interval.
-    #[arg(long, value_name = "DURATION", requires = "every")]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        requires = "every",
+        allow_hyphen_values = true
+    )]
     pub offset: Option<String>,
     /// Instead of a cron line: once, at TIME (RFC 3339, or a wall time like 2026-12-24T15:30
     /// in --timezone). The routine is finished after it fires.
@@ -33,7 +38,7 @@ pub struct ScheduleFlags {
     /// occurrence (the same in every scheduler, on every retry), at most the schedule's
     /// shortest interval: a million routines at 09:00 with --jitter 5m come due spread over
     /// five minutes. The occurrence keeps its instant as its key. `none` clears it on update.
-    #[arg(long, value_name = "DURATION")]
+    #[arg(long, value_name = "DURATION", allow_hyphen_values = true)]
     pub jitter: Option<String>,
     /// Nothing is owed before TIME (RFC 3339, a wall time or a date in --timezone); `none`
     /// clears it on update.

@@ -29,10 +29,12 @@ impl ServiceConfig {
             .ok_or_else(|| input("--max-fires-per-tick must be at least 1"))?;
         if args.group_lease < args.tick_interval * 3 {
             return Err(input(format!(
-                "--group-lease {} must be at least three tick intervals ({}): it is renewed \
-                 every third of it, and at most once a tick",
+                "--tick-interval {} needs a --group-lease of at least three tick intervals \
+                 ({}; it is {}, 15s unless given): a group's lease is renewed at most once a \
+                 tick; shorten the interval or lengthen the lease",
+                humantime::format_duration(args.tick_interval),
+                humantime::format_duration(args.tick_interval * 3),
                 humantime::format_duration(args.group_lease),
-                humantime::format_duration(args.tick_interval * 3)
             )));
         }
         let config = SchedulerConfig {

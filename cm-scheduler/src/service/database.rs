@@ -85,14 +85,45 @@ pub async fn connect(url: &str, create: bool) -> Result<PgStore, Failure> {
         match tokio::time::timeout(CONNECT_TIMEOUT, check).await {
             Ok(result) => result.map_err(fail)?,
             Err(_) => {
-                return Err(Failure::Other(format!(
-                    "cannot connect to PostgreSQL at {shown}: no answer within {}s",
-                    CONNECT_TIMEOUT.as_secs()
-                )));
+                let accepted = match url::Url::parse(url) {
+                    Ok(parsed) => accepts_connections(&parsed).await,
+                    Err(_) => false,
+                };
+                return Err(Failure::Other(if accepted {
+                    format!(
+                        "cannot connect to PostgreSQL at {shown}: the server accepts connections \
+                         but did not answer PostgreSQL's handshake within {}s (is that port \
+                         PostgreSQL's, 5432 by default, or another server's?)",
+                        CONNECT_TIMEOUT.as_secs()
+                    )
+                } else {
+                    format!(
+                        "cannot connect to PostgreSQL at {shown}: no answer within {}s",
+                        CONNECT_TIMEOUT.as_secs()
+                    )
+                }));
             }
         }
     }
     PgStore::connect_with(url, &options).await.map_err(fail)
+}
+
+/// Whether the URL's single host takes a TCP connection within a second: a server that does
+/// but never answers the handshake is some other service's port.
+async fn accepts_connections(url: &url::Url) -> bool {
+    let Some(host) = url.host_str().filter(|h| !h.is_empty()) else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = url.port().unwrap_or(5432);
+    matches!(
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect((host, port))
+        )
+        .await,
+        Ok(Ok(_))
+    )
 }
 
 /// Refuses, as bad input, a database URL that is not a PostgreSQL URL with a host, before any

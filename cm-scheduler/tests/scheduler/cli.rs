@@ -586,6 +586,47 @@ fn a_database_that_does_not_answer_exits_1() {
     });
 }
 
+/// A port that is another server's: one that greets first (as MySQL and MariaDB do) is named
+/// not PostgreSQL at once, without the driver's source location; one that takes the
+/// connection and says nothing is told apart from a host that does not answer at all.
+#[test]
+fn another_servers_port_is_said_to_be_one() {
+    let greeter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url =
+        |l: &std::net::TcpListener| format!("postgres://postgres@{}/test", l.local_addr().unwrap());
+    let (greeter_url, silent_url) = (url(&greeter), url(&silent));
+    std::thread::spawn(move || {
+        use std::io::Write as _;
+        for mut stream in greeter.incoming().flatten() {
+            let _ = stream.write_all(b"d\x00\x00\x00\x0a5.5.5-10.11.19-MariaDB");
+        }
+    });
+    let held = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for stream in silent.incoming().flatten().take(4) {
+                held.lock().unwrap().push(stream);
+            }
+        });
+        scope.spawn(|| {
+            check_fails(&greeter_url, &["routine", "list"], 1, "is not PostgreSQL");
+            let out = cm(&greeter_url, &["routine", "list"]);
+            assert!(!out.stderr.contains("sqlx_postgres"), "{out:?}");
+        });
+        check_fails(
+            &silent_url,
+            &["routine", "list"],
+            1,
+            "accepts connections but did not answer PostgreSQL's handshake",
+        );
+        // Wake the acceptor so the scope ends.
+        for _ in 0..4 {
+            let _ = std::net::TcpStream::connect(silent.local_addr().unwrap());
+        }
+    });
+}
+
 #[tokio::test]
 async fn trigger_and_backfill_go_through_the_ledger() {
     let db = TestDb::new().await;

@@ -40,8 +40,9 @@ fn run_flags_are_checked_before_anything_starts() {
     );
     check(
         "--tick-interval 10s",
-        "--group-lease 15s must be at least three tick intervals (30s): it is renewed every \
-         third of it, and at most once a tick",
+        "--tick-interval 10s needs a --group-lease of at least three tick intervals (30s; it \
+         is 15s, 15s unless given): a group's lease is renewed at most once a tick; shorten the \
+         interval or lengthen the lease",
     );
     check("--listen 127.0.0.1:0", "ok");
     check(

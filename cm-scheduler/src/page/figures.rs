@@ -50,9 +50,9 @@ pub(super) fn figures(
             div.figure { "Last good tick" b { (last_tick) } }
             div.figure { "Ticks" b { (Stats::get(&stats.ticks)) } }
             div.figure { "Tick errors" b { (Stats::get(&stats.tick_errors)) } }
-            div.figure { "Fired" b { (Stats::get(&stats.fired)) } }
-            div.figure title="launched missions whose run succeeded" { "Succeeded" b { (Stats::get(&stats.succeeded)) } }
-            div.figure title="failed dispatches, and missions whose run failed or was lost" { "Failed" b { (Stats::get(&stats.failed) + Stats::get(&stats.lost)) } }
+            div.figure title="messages this scheduler delivered since it started (the chart below counts every scheduler's fires)" { "Fired here" b { (Stats::get(&stats.fired)) } }
+            div.figure title="missions this scheduler launched whose run succeeded, since it started" { "Missions succeeded here" b { (Stats::get(&stats.succeeded)) } }
+            div.figure title="this scheduler's failed dispatches, and missions whose run failed or was lost, since it started" { "Failed here" b { (Stats::get(&stats.failed) + Stats::get(&stats.lost)) } }
             div.figure { "Deferred" b { (Stats::get(&stats.deferred)) } }
             div.figure { "Lateness" b { (lateness) } }
         }
@@ -158,9 +158,9 @@ pub(super) fn rate_chart(rate: &FireRate) -> Markup {
     let axis = HEIGHT - BOTTOM;
     html! {
         p.legend.small {
-            span { span.cell.fired {} (fired) " fired" }
-            span { span.cell.failed {} (failed) " failed" }
-            span.muted { "in the last hour, by occurrence time; busiest minute " (peak) }
+            span { span.cell.fired {} (fired) " fired or succeeded" }
+            span { span.cell.failed {} (failed) " failed or lost" }
+            span.muted { "by every scheduler in the last hour, by occurrence time; busiest minute " (peak) }
         }
         svg.chart id="fire-rate" xmlns="http://www.w3.org/2000/svg" viewBox={ "0 0 " (WIDTH) " " (HEIGHT) }
             role="img" aria-label={ "fires per minute over the last hour: " (fired) " fired, " (failed) " failed" } {

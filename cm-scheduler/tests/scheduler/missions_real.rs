@@ -710,7 +710,7 @@ async fn a_mission_that_exits_3_every_run_is_failing_everywhere_and_paused() {
     let (code, page) = http_get(&addr, "/?live=off");
     assert_eq!(code, 200, "{page}");
     let figure = page
-        .split("Failed<b>")
+        .split("Failed here<b>")
         .nth(1)
         .and_then(|rest| rest.split("</b>").next())
         .and_then(|n| n.parse::<u64>().ok());

@@ -43,17 +43,18 @@ impl Running {
         let addr = format!("127.0.0.1:{port}");
         let log = std::env::temp_dir().join(format!("cm-operate-{}.log", Uuid::new_v4().simple()));
         let mut command = cm_scheduler();
-        command
-            .args(["--database-url", url, "run", "--listen", &addr])
-            .args([
-                "--tick-interval",
-                "200ms",
-                "--lease",
-                "4s",
-                "--dispatch-timeout",
-                "2s",
-            ])
-            .args(extra);
+        command.args(["--database-url", url, "run", "--listen", &addr]);
+        // The test's quick defaults, each unless `extra` gives its own.
+        for (flag, value) in [
+            ("--tick-interval", "200ms"),
+            ("--lease", "4s"),
+            ("--dispatch-timeout", "2s"),
+        ] {
+            if !extra.contains(&flag) {
+                command.args([flag, value]);
+            }
+        }
+        command.args(extra);
         let child = crate::support::spawn_logged(&mut command, env, &log);
         Running { child, log, addr }
     }
@@ -605,13 +606,13 @@ async fn pause_clicked_in_a_browser_pauses_and_a_cross_site_form_is_refused() {
 /// The fires a routine's strip on the index shows.
 const STRIP_FIRES: i64 = cm_scheduler::page::STRIP_FIRES as i64;
 
-/// At 1,280 px a 150-character name wraps inside its cell and the routines table fits its
-/// width, so the Actions column is on screen without scrolling sideways; a mission's page shows
+/// At 1,280 px a 150-character name and a schedule with every clause wrap inside their cells
+/// and the routines table fits its width, so the Actions column is on screen without scrolling sideways; a mission's page shows
 /// its repository, task and env (secrets masked) and how this scheduler runs it, and its edit
 /// form opens. Screenshots of both go to `CM_PAGE_SCREENSHOTS` when set (docs/ has them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs Chromium: apt-get install chromium, or set CHROMIUM to a Chromium binary"]
-async fn long_names_wrap_and_actions_stay_in_view_at_1280_px() {
+async fn long_names_and_schedules_wrap_and_actions_stay_in_view_at_1280_px() {
     let db = TestDb::new().await;
     let store = PgStore::new(db.pool.clone());
     let mut long = String::from("quarterly-revenue-reconciliation");
@@ -631,6 +632,14 @@ async fn long_names_wrap_and_actions_stay_in_view_at_1280_px() {
             RoutineKind::Message,
             json!({ "text": "hello" }),
             "*/30 * * * * *",
+        ),
+        // The schedules' guide's longest kind of line: a cron line with exclusions, jitter and
+        // a window wraps in its cell too.
+        (
+            "payroll",
+            RoutineKind::Message,
+            json!({ "text": "hello" }),
+            "0 9 * * MON-FRI except 0 0 25 12 * except 0 0 1 1 * jitter 5m from 2026-01-01 until 2036-01-01",
         ),
         (
             "nightly-audit",

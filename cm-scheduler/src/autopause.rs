@@ -1,6 +1,8 @@
-//! Failing routines stop themselves: in the loop's periodic maintenance, every routine whose
-//! last N fires all failed is paused with the reason kept, and logged as an error, so a broken
-//! routine does not hammer its target occurrence after occurrence.
+//! Failing routines stop themselves. The store pauses a routine in the transaction that
+//! records its Nth failure in a row (`PgStore::pausing_after_failures`); this is the safety net
+//! in the loop's periodic maintenance, for a pause that could not be taken then: every routine
+//! whose last N fires all failed is paused with the reason kept, and logged as an error, so a
+//! broken routine does not hammer its target occurrence after occurrence.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -67,7 +67,7 @@ pub trait FailingRoutines: Send + Sync {
 /// order, a routine with fewer than `$1` fires since its update was read back to its first
 /// fire. A routine a tick holds locked is skipped this pass.
 macro_rules! pause_failing_sql {
-    ($recent:literal, $routines:literal) => {
+    ($recent:literal, $routines:literal, $lock:literal) => {
         concat!(
             "
 WITH recent AS (
@@ -105,7 +105,9 @@ failing AS (
     WHERE NOT r.paused AND last.fires = $1 AND last.failed = $1",
             $routines,
             "
-    FOR UPDATE OF r SKIP LOCKED
+    FOR UPDATE OF r",
+            $lock,
+            "
 )
 UPDATE cm.routines r
 SET paused = true, next_run_at = NULL, updated_at = now(), paused_reason = failing.reason
@@ -119,11 +121,93 @@ RETURNING r.id, r.name, r.paused_reason AS reason"
 }
 
 /// The automatic pause across every group (see `pause_failing_sql!`).
-const PAUSE_FAILING_SQL: &str = pause_failing_sql!("", "");
+const PAUSE_FAILING_SQL: &str = pause_failing_sql!("", "", " SKIP LOCKED");
 
 /// [`PAUSE_FAILING_SQL`] within the group `$3` (one shard on Citus).
 const PAUSE_FAILING_GROUP_SQL: &str =
-    pause_failing_sql!(" AND group_id = $3", " AND r.group_id = $3");
+    pause_failing_sql!(" AND group_id = $3", " AND r.group_id = $3", " SKIP LOCKED");
+
+/// The automatic pause of the routines `$3` alone, in the transaction that recorded their
+/// failures: it waits for a routine's row (up to the transaction's `lock_timeout`) rather than
+/// skip it, since the routine it skipped would be claimed again.
+const PAUSE_FAILED_SQL: &str =
+    pause_failing_sql!(" AND routine_id = ANY($3)", " AND r.id = ANY($3)", "");
+
+/// [`PAUSE_FAILED_SQL`] within the group `$4` (one shard on Citus).
+const PAUSE_FAILED_GROUP_SQL: &str = pause_failing_sql!(
+    " AND routine_id = ANY($3) AND group_id = $4",
+    " AND r.id = ANY($3) AND r.group_id = $4",
+    ""
+);
+
+/// How far back the pause in the failure's transaction looks for the failure it was called
+/// for: any instant a late occurrence may have (a routine's own fires are few to read).
+const FAILED_WINDOW: Duration = Duration::from_secs(366 * 86_400);
+
+/// How long the pause in the failure's transaction waits for a routine's row that another
+/// transaction holds (a tick claiming it, a caller's update) before leaving it to the
+/// maintenance pass.
+const FAILED_LOCK_WAIT: &str = "1s";
+
+/// In the transaction `tx` that has just recorded failed outcomes of `routines` (in `group`,
+/// or any): pauses those whose newest `after` fires all failed, as
+/// [`FailingRoutines::pause_failing_routines`] does, and logs each. Under a savepoint: a
+/// routine's row held past [`FAILED_LOCK_WAIT`], or any error, leaves the pause to the
+/// maintenance pass and the recorded outcomes stand.
+pub(crate) async fn pause_failed_in(
+    tx: &mut sqlx::PgConnection,
+    group: Option<GroupId>,
+    after: std::num::NonZeroU32,
+    routines: &[Uuid],
+) -> Result<Vec<AutoPaused>, StoreError> {
+    if routines.is_empty() {
+        return Ok(Vec::new());
+    }
+    crate::schema::query("SAVEPOINT cm_pause_failed")
+        .execute(&mut *tx)
+        .await?;
+    let paused: Result<Vec<AutoPaused>, sqlx::Error> = async {
+        crate::schema::query("SELECT set_config('lock_timeout', $1, true)")
+            .bind(FAILED_LOCK_WAIT)
+            .execute(&mut *tx)
+            .await?;
+        let query = crate::schema::query(match group {
+            None => PAUSE_FAILED_SQL,
+            Some(_) => PAUSE_FAILED_GROUP_SQL,
+        })
+        .bind(i64::from(after.get()))
+        .bind(FAILED_WINDOW.as_secs_f64())
+        .bind(routines);
+        crate::ledger::bind_group(query, group)
+            .try_map(|row| AutoPaused::from_row(&row))
+            .fetch_all(&mut *tx)
+            .await
+    }
+    .await;
+    match paused {
+        Ok(paused) => {
+            // Released, the lock_timeout set inside stays for the rest of this transaction,
+            // which only commits after this.
+            crate::schema::query("RELEASE SAVEPOINT cm_pause_failed")
+                .execute(&mut *tx)
+                .await?;
+            for routine in &paused {
+                tracing::error!(routine = %routine.name, routine_id = %routine.id,
+                    reason = %routine.reason,
+                    "routine paused: its last {after} fires failed; resume it once it is fixed");
+            }
+            Ok(paused)
+        }
+        Err(e) => {
+            crate::schema::query("ROLLBACK TO SAVEPOINT cm_pause_failed")
+                .execute(&mut *tx)
+                .await?;
+            tracing::warn!(error = %e,
+                "the automatic pause at a failure was left to the maintenance pass");
+            Ok(Vec::new())
+        }
+    }
+}
 
 #[async_trait]
 impl FailingRoutines for PgStore {

@@ -256,6 +256,9 @@ pub struct PgStore {
     begin: Option<std::sync::Arc<str>>,
     /// The schedules the claim and the planning pass parsed, by their text (`schedules.rs`).
     schedules: std::sync::Arc<schedules::ScheduleCache>,
+    /// Pause a routine in the transaction that records its Nth failed outcome in a row
+    /// ([`PgStore::pausing_after_failures`]); `None`: never.
+    pause_after: Option<std::num::NonZeroU32>,
 }
 
 impl PgStore {
@@ -270,7 +273,20 @@ impl PgStore {
             follow: None,
             begin: None,
             schedules: std::sync::Arc::default(),
+            pause_after: None,
         }
+    }
+
+    /// This store, pausing a routine in the same transaction that records its `failures`th
+    /// failed outcome in a row (a failed dispatch's settle, the end of a mission's run that
+    /// failed or was lost), so no later occurrence of it is claimed once that transaction
+    /// commits; 0 never pauses. The reason is kept on the routine as
+    /// [`FailingRoutines::pause_failing_routines`] keeps it, which stays the safety net for a
+    /// failure whose pause could not be taken at once (its routine's row held by another
+    /// transaction for more than a second).
+    pub fn pausing_after_failures(mut self, failures: u32) -> Self {
+        self.pause_after = std::num::NonZeroU32::new(failures);
+        self
     }
 
     /// A pool on `url`'s hosts that follows the primary (see [`failover`]): every new

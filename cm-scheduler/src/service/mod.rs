@@ -103,11 +103,13 @@ impl Service {
         let setup =
             PgStore::connect_lazy_with(url, &database::store_options(StoreOptions::default()))
                 .map_err(invalid)?;
+        // The transaction that records a routine's Nth failure in a row pauses it.
         let store = PgStore::connect_lazy_with(
             url,
             &database::store_options(StoreOptions::for_lease(lease)),
         )
-        .map_err(invalid)?;
+        .map_err(invalid)?
+        .pausing_after_failures(args.pause_after_failures);
         let message = messages.build(&store, &setup).await?;
         let instance_id = args
             .instance_id

@@ -124,3 +124,71 @@ async fn a_routine_whose_last_fires_all_failed_is_paused_with_its_reason(pool: P
             .is_empty()
     );
 }
+
+/// A store that pauses after N failures pauses in the settle that records the Nth, with no
+/// maintenance pass at all: the routine fails every second and is paused with at most one
+/// more occurrence claimed (one claimed while the Nth was being settled), its reason kept.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_settle_of_the_nth_failure_pauses_the_routine(pool: PgPool) {
+    let store = PgStore::new(pool).pausing_after_failures(AFTER);
+    let broken = store
+        .create_routine(every_second("broken-mission", RoutineKind::Mission))
+        .await
+        .unwrap();
+    let healthy = store
+        .create_routine(every_second("healthy-message", RoutineKind::Message))
+        .await
+        .unwrap();
+    let config = SchedulerConfig {
+        tick_interval: Duration::from_millis(100),
+        dispatch_timeout: Duration::from_millis(500),
+        ..SchedulerConfig::default()
+    };
+    // No `with_auto_pause`: nothing but the settle can pause it.
+    let scheduler = Arc::new(
+        Scheduler::new(
+            Arc::new(store.clone()),
+            Arc::new(RoutedDispatcher::new(
+                Some(Arc::new(MemoryDispatcher::new())),
+                None,
+            )),
+            config,
+            "autopause-settle-test",
+        )
+        .unwrap(),
+    );
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = scheduler.clone().spawn(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    });
+    let paused = poll(
+        PATIENCE,
+        async || store.get_routine(broken.id).await.unwrap(),
+        |routine| routine.paused,
+    )
+    .await;
+    // Two more seconds of ticks: nothing more of it is claimed.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.send(true).unwrap();
+    run.await.expect("the loop does not panic");
+    let paused =
+        paused.unwrap_or_else(|last| panic!("the failing routine was never paused: {last:?}"));
+    let reason = paused.paused_reason.clone().unwrap_or_default();
+    assert!(reason.contains("its last 3 fires failed"), "{reason:?}");
+    let fires = store
+        .list_fires(&FireFilter {
+            routine_id: Some(broken.id),
+            outcome: None,
+            limit: 100,
+            after: None,
+        })
+        .await
+        .unwrap();
+    assert!(
+        fires.len() >= AFTER as usize && fires.len() <= AFTER as usize + 1,
+        "{} fires: {fires:?}",
+        fires.len()
+    );
+    let healthy = store.get_routine(healthy.id).await.unwrap();
+    assert!(!healthy.paused, "{healthy:?}");
+}

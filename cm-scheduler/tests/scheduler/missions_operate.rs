@@ -306,3 +306,41 @@ async fn process_missions_outlive_a_restart_and_are_re_adopted() {
     );
     let _ = std::fs::remove_dir_all(&workdir);
 }
+
+/// `--pause-after-failures 3` on a mission that exits 3, due every 2 s: the transaction that
+/// records its third failed run pauses it, so it runs at most four times (the fourth only if
+/// it was claimed while the third's end was being recorded), however long the maintenance
+/// pass's period. Before, the pause came with that pass, every half lease: 15 runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mission_failing_every_2_s_is_paused_at_its_third_failure() {
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let three = routine(&db, &files, "three", "*/2 * * * * *", 0, 3, "forbid");
+    let workdir = format!("{}.d", files.write("workdir-marker", ""));
+    // The maintenance pass (and its pause) every 30 s: later than this test waits. The
+    // backend's flags come last: --mission-command takes the rest of the line.
+    let mut flags = vec!["--pause-after-failures", "3", "--lease", "60s"];
+    flags.extend(process_backend(&workdir));
+    let scheduler = Running::start_with(&db.url, &flags, &[]);
+    let paused = eventually_within(Duration::from_secs(25), async || {
+        let shown = db.stored("three").await;
+        (shown["paused"] == true).then_some(shown)
+    })
+    .await;
+    let Some(paused) = paused else {
+        panic!("not paused within 25 s:\n{}", scheduler.log());
+    };
+    assert!(
+        paused["paused_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("its last 3 fires failed") && r.contains("exit code 3")),
+        "{paused}"
+    );
+    // Nothing claimed after the pause: wait for two more occurrences' time and count.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let runs = fires(&db, three);
+    let failed = runs.iter().filter(|f| f["run_state"] == "failed").count();
+    assert!(failed >= 3, "{runs:?}");
+    assert!(runs.len() <= 4, "{} runs: {runs:?}", runs.len());
+    let _ = std::fs::remove_dir_all(&workdir);
+}

@@ -474,6 +474,17 @@ async fn claims_settles_reaps_and_consumes_per_group_on_citus() {
     db.drop_all().await;
 }
 
+/// The automatic pause written in the settle of a routine's third failure, on Citus: the
+/// pause statement names the routine's group, so it runs on its shard, in the settle's
+/// transaction.
+#[tokio::test]
+#[ignore = "needs Citus: start it with .ci/citus and set CM_TEST_CITUS_URL to what it prints"]
+async fn the_third_failed_settle_pauses_its_routine_on_citus() {
+    let db = CitusDb::create().await;
+    crate::settle::the_third_failed_settle_pauses(&db.store, &db.pool, true).await;
+    db.drop_all().await;
+}
+
 /// The claim statements' plans, as `EXPLAIN` prints them on the coordinator, with the group
 /// bound: each is one task (a router query on one shard).
 #[tokio::test]

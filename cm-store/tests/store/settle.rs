@@ -2,7 +2,9 @@
 
 use cm_domain::claim::MAX_ERROR_BYTES;
 use cm_domain::{ClaimOutcome, ErrorText, FireOutcome, MisfirePolicy, Settlement};
-use cm_store::{ClaimedFire, FireFilter, FireLedger, FireRef, FireSettle, PgStore, SettleOutcome};
+use cm_store::{
+    ClaimedFire, FireFilter, FireLedger, FireRef, FireSettle, PgStore, RoutineStore, SettleOutcome,
+};
 use sqlx::PgPool;
 
 use crate::support::{due_yearly, expire_lease, fire_of, params, reap_params};
@@ -490,4 +492,58 @@ async fn a_settle_whose_locked_row_was_deleted_says_it_is_gone(pool: PgPool) {
     crate::support::lock_waiters(&pool, 1).await;
     caller.commit().await.unwrap();
     assert_eq!(waiting.await.unwrap().unwrap(), SettleOutcome::Gone);
+}
+
+/// A store that pauses after three failures writes the pause in the settle of the third: the
+/// first two failed settles leave the routine running, the third pauses it with the reason.
+/// `per_group` claims in the routine's group (on Citus, on its shard), as a per-group
+/// scheduler does.
+pub(crate) async fn the_third_failed_settle_pauses(
+    store: &PgStore,
+    pool: &PgPool,
+    per_group: bool,
+) {
+    use crate::support::{YEARLY, create, db_now, minute_floor};
+    let store = store.clone().pausing_after_failures(3);
+    // Never due by its schedule: each round asks for one past occurrence, as a backfill does.
+    let failing = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
+    let count = store.group_count().await.unwrap();
+    let now = minute_floor(db_now(pool).await);
+    for round in 1..=3 {
+        let at = now - chrono::TimeDelta::minutes(10 - round);
+        store.request_occurrences(failing.id, &[at]).await.unwrap();
+        let claim = store
+            .claim_due(&cm_store::ClaimDueParams {
+                group: per_group.then(|| cm_store::group_of(failing.id, count)),
+                ..params("a")
+            })
+            .await
+            .unwrap();
+        assert_eq!(claim.fires.len(), 1, "round {round}: {claim:?}");
+        let outcomes = store
+            .settle_fires(&[FireSettle {
+                fire: claim.fires[0].fire_ref(),
+                settlement: failed("HTTP 503"),
+                receipt: None,
+            }])
+            .await
+            .unwrap();
+        assert_eq!(outcomes, vec![SettleOutcome::Settled]);
+        let routine = store.get_routine(failing.id).await.unwrap();
+        assert_eq!(routine.paused, round == 3, "round {round}: {routine:?}");
+        if round == 3 {
+            let reason = routine.paused_reason.unwrap_or_default();
+            assert!(
+                reason.contains("its last 3 fires failed") && reason.contains("HTTP 503"),
+                "{reason}"
+            );
+            assert_eq!(routine.next_run_at, None);
+        }
+    }
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_third_failed_settle_pauses_its_routine(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    the_third_failed_settle_pauses(&store, &pool, false).await;
 }

@@ -52,7 +52,7 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
                 eprintln!("dry run: nothing was written");
                 return Ok(());
             }
-            let written = match &import.source {
+            let written = match import.synced_source() {
                 Some(source) => import::sync(&store, &import, source).await?,
                 None => import::import(&store, &import, args.upsert).await?,
             };

@@ -191,9 +191,10 @@ pub struct ImportArgs {
     /// file has, without a source, joins it).
     #[arg(long)]
     pub sync: bool,
-    /// With --sync: the source's name, which also names unnamed crontab entries [default: the
-    /// file's name; required for standard input].
-    #[arg(long, requires = "sync")]
+    /// The source every routine written records (what a later --sync of it keeps in step
+    /// with the file), which also names unnamed crontab entries [default: the file's name;
+    /// none for standard input, where --sync requires it].
+    #[arg(long)]
     pub source: Option<String>,
     /// Print what the import would create, update, adopt, leave and delete, and change
     /// nothing.

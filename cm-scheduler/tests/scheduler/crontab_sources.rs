@@ -1,0 +1,93 @@
+//! Every `routine import` records its source (the file's name, or `--source`), so a later
+//! `--sync` deletes the routines of lines deleted before it.
+
+use crate::cli::ok;
+use crate::operator_day::{crontab_file, tempdir};
+use crate::support::TestDb;
+
+/// The first cell (the action) of each line `routine import` printed.
+fn actions(out: &str) -> Vec<String> {
+    out.lines()
+        .map(|l| l.split("  ").next().unwrap().trim().to_string())
+        .collect()
+}
+
+/// Each line's action and name (its third cell).
+fn actions_and_names(out: &str) -> Vec<(String, String)> {
+    out.lines()
+        .map(|l| {
+            let cells: Vec<&str> = l.splitn(3, "  ").collect();
+            (cells[0].trim().to_string(), cells[2].trim().to_string())
+        })
+        .collect()
+}
+
+/// Whether a routine of that name exists.
+async fn exists(db: &TestDb, name: &str) -> bool {
+    sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM cm.routines WHERE name = $1)")
+        .bind(name)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+const ROTATE: &str = "ops.crontab: 30 4 * * 0 rotate-logs";
+
+#[tokio::test]
+async fn a_plain_import_records_its_source_so_a_sync_deletes_the_lines_deleted_since() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let dir = tempdir();
+    // A plain import of three lines; one line deleted before the first --sync.
+    let v1 = "*/10 * * * * check-disk\n@hourly ping\n30 4 * * 0 rotate-logs\n";
+    let file = crontab_file(dir.path(), "ops.crontab", v1);
+    ok(url, &["routine", "import", "--crontab", &file]);
+    let file = crontab_file(
+        dir.path(),
+        "ops.crontab",
+        "*/10 * * * * check-disk\n@hourly ping\n",
+    );
+    let out = ok(url, &["routine", "import", "--crontab", "--sync", &file]);
+    assert_eq!(
+        actions_and_names(&out),
+        [
+            (
+                "unchanged".into(),
+                "ops.crontab: */10 * * * * check-disk".into()
+            ),
+            ("unchanged".into(), "ops.crontab: @hourly ping".into()),
+            ("deleted".into(), ROTATE.into()),
+        ],
+        "{out}"
+    );
+    assert!(
+        !exists(&db, ROTATE).await,
+        "the deleted line's routine is gone"
+    );
+    let show = ok(url, &["routine", "show", "ops.crontab: @hourly ping"]);
+    assert!(show.contains("source      ops.crontab\n"), "{show}");
+
+    // JSON Lines alike, and --upsert and --source too: the upsert's routines are the
+    // source's, so the sync deletes the one its file lost.
+    let jsonl = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| {
+                format!("{{\"name\": \"{n}\", \"schedule\": \"@daily\", \"message\": \"m\"}}\n")
+            })
+            .collect::<String>()
+    };
+    let file = crontab_file(dir.path(), "team.jsonl", &jsonl(&["standup", "retro"]));
+    ok(url, &["routine", "import", &file]);
+    ok(
+        url,
+        &["routine", "import", "--upsert", "--source", "team", &file],
+    );
+    let file = crontab_file(dir.path(), "team.jsonl", &jsonl(&["standup"]));
+    let out = ok(
+        url,
+        &["routine", "import", "--sync", "--source", "team", &file],
+    );
+    assert_eq!(actions(&out), ["unchanged", "deleted"], "{out}");
+    assert!(exists(&db, "standup").await && !exists(&db, "retro").await);
+}

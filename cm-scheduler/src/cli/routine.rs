@@ -47,7 +47,7 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
                     let id = planned
                         .id
                         .map_or_else(|| "-".to_string(), |id| id.to_string());
-                    say!("{:<6}  {id}  {}", planned.action, printable(&planned.name));
+                    say!("{}  {id}  {}", planned.action, printable(&planned.name));
                 }
                 eprintln!("dry run: nothing was written");
                 return Ok(());

@@ -196,8 +196,9 @@ pub struct ImportArgs {
     /// none for standard input, where --sync requires it].
     #[arg(long)]
     pub source: Option<String>,
-    /// Print what the import would create, update, adopt, leave and delete, and change
-    /// nothing.
+    /// Print what the import would do, and change nothing: `create`, `update`, `adopt`,
+    /// `unchanged` and `delete` for what it prints as `created`, `updated`, `adopted`,
+    /// `unchanged` and `deleted`.
     #[arg(long)]
     pub dry_run: bool,
     /// With --crontab: the zone entries are read in until a CRON_TZ= line.

@@ -39,8 +39,9 @@ pub struct Written {
     pub routine: Routine,
 }
 
-/// A routine a dry run would write: what it would do (`create`, `update`, `adopt`, `leave`,
-/// `delete`), its id where it has one, its name.
+/// A routine a dry run would write: what it would do, in the words the import prints
+/// ([`Written`]) in the present (`create`, `update`, `adopt`, `unchanged`, `delete`), its id
+/// where it has one, its name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Planned {
     /// What the import would do.
@@ -224,7 +225,7 @@ pub async fn dry_run(
                     SyncAction::Created => planned("create", None, name),
                     SyncAction::Updated => planned("update", id, name),
                     SyncAction::Adopted => planned("adopt", id, name),
-                    SyncAction::Unchanged => planned("leave", id, name),
+                    SyncAction::Unchanged => planned("unchanged", id, name),
                     SyncAction::Deleted => planned("delete", id, name),
                 }
             })

@@ -1,7 +1,8 @@
 //! Every `routine import` records its source (the file's name, or `--source`), so a later
-//! `--sync` deletes the routines of lines deleted before it.
+//! `--sync` deletes the routines of lines deleted before it; a dry run says what the import would
+//! do in the import's own words.
 
-use crate::cli::ok;
+use crate::cli::{cm, create_args, ok};
 use crate::operator_day::{crontab_file, tempdir};
 use crate::support::TestDb;
 
@@ -90,4 +91,58 @@ async fn a_plain_import_records_its_source_so_a_sync_deletes_the_lines_deleted_s
     );
     assert_eq!(actions(&out), ["unchanged", "deleted"], "{out}");
     assert!(exists(&db, "standup").await && !exists(&db, "retro").await);
+}
+
+#[tokio::test]
+async fn an_import_dry_run_says_what_it_would_do_in_the_words_the_import_prints() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let dir = tempdir();
+    let v1 = "*/10 * * * * check-disk\n@hourly ping\n30 4 * * 0 rotate-logs\n";
+    let file = crontab_file(dir.path(), "ops.crontab", v1);
+    ok(url, &["routine", "import", "--crontab", &file]);
+    // A routine made by hand that a line of the next version names.
+    ok(
+        url,
+        &create_args(
+            "ops.crontab: @daily report",
+            "@daily",
+            &["--message", "report"],
+        ),
+    );
+    // Every action at once: a schedule edited, a line kept, the routine made by hand named,
+    // a line added, a line deleted.
+    let v2 = "*/15 * * * * check-disk\n@hourly ping\n@daily report\n0 5 * * * vacuum\n";
+    let file = crontab_file(dir.path(), "ops.crontab", v2);
+    let sync = ["routine", "import", "--crontab", "--sync"];
+    let planned = cm(url, &[&sync[..], &["--dry-run", &file]].concat());
+    assert_eq!(planned.code, Some(0), "{}", planned.stderr);
+    assert!(planned.stderr.contains("dry run: nothing was written"));
+    let done = ok(url, &[&sync[..], &[file.as_str()]].concat());
+    let words = |out: &str| -> Vec<(String, String)> {
+        out.lines()
+            .map(|l| {
+                let cells: Vec<&str> = l.split("  ").map(str::trim).collect();
+                (cells[0].to_string(), cells.last().unwrap().to_string())
+            })
+            .collect()
+    };
+    assert_eq!(
+        words(&planned.stdout),
+        [
+            ("update", "ops.crontab: */15 * * * * check-disk"),
+            ("unchanged", "ops.crontab: @hourly ping"),
+            ("adopt", "ops.crontab: @daily report"),
+            ("create", "ops.crontab: 0 5 * * * vacuum"),
+            ("delete", ROTATE),
+        ]
+        .map(|(a, n)| (a.to_string(), n.to_string())),
+        "{}",
+        planned.stdout
+    );
+    assert_eq!(
+        actions(&done),
+        ["updated", "unchanged", "adopted", "created", "deleted"],
+        "{done}"
+    );
 }

@@ -235,7 +235,7 @@ async fn a_plain_import_then_a_sync_of_the_edited_crontab_converges_and_a_dry_ru
         plan,
         [
             ("update".into(), "ops.cron: */10 * * * * check-disk".into()),
-            ("leave".into(), ROTATE.into()),
+            ("unchanged".into(), ROTATE.into()),
             ("create".into(), "ops.cron: @hourly ping".into()),
         ],
         "{}",

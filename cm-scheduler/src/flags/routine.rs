@@ -182,6 +182,13 @@ pub struct ImportArgs {
     /// The file is a classic crontab, not JSON Lines.
     #[arg(long)]
     pub crontab: bool,
+    /// With --crontab: the file is a system crontab (/etc/crontab, /etc/cron.d/*), whose sixth
+    /// field is the user: each entry's user is kept in its routine's name, not in its message.
+    /// Without it, an entry whose command starts with a user name of this machine is refused
+    /// in a file kept as a system crontab is (in a cron.d directory, or etc/crontab), and noted
+    /// elsewhere.
+    #[arg(long, requires = "crontab")]
+    pub system: bool,
     /// A routine whose name exists already is updated instead of refused.
     #[arg(long, conflicts_with = "sync")]
     pub upsert: bool,

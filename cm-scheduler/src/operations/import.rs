@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::{OperationError, new_routine, refused};
 use crate::flags::routine::ImportArgs;
-use crate::import::{LineError, crontab, json_lines};
+use crate::import::{CrontabKind, LineError, crontab, json_lines, kept_as_system, machine_users};
 
 /// An import's file, read and checked: nothing is written yet.
 #[derive(Debug)]
@@ -91,7 +91,15 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
         // Unnamed entries are named after the source, so the same crontab read from standard
         // input with --source FILE names its entries as the file does.
         let label = source.as_deref().unwrap_or("stdin");
-        crontab(reader, label, &args.timezone, &args.misfire, notes)
+        let kind = if args.system {
+            CrontabKind::System
+        } else {
+            CrontabKind::User {
+                users: machine_users(),
+                system_file: !stdin && kept_as_system(&args.file),
+            }
+        };
+        crontab(reader, label, &args.timezone, &args.misfire, &kind, notes)
     } else {
         json_lines(reader)
     }

@@ -1,8 +1,9 @@
 //! Every `routine import` records its source (the file's name, or `--source`), so a later
 //! `--sync` deletes the routines of lines deleted before it; a dry run says what the import would
-//! do in the import's own words.
+//! do in the import's own words; a system crontab's user column is read with `--system`, and
+//! without it is refused (in a file kept where system crontabs are) or noted.
 
-use crate::cli::{cm, create_args, ok};
+use crate::cli::{check_fails, cm, create_args, ok};
 use crate::operator_day::{crontab_file, tempdir};
 use crate::support::TestDb;
 
@@ -144,5 +145,75 @@ async fn an_import_dry_run_says_what_it_would_do_in_the_words_the_import_prints(
         actions(&done),
         ["updated", "unchanged", "adopted", "created", "deleted"],
         "{done}"
+    );
+}
+
+/// A system crontab's entry: its sixth field is the user.
+const HOURLY: &str = "17 * * * * root cd / && run-parts --report /etc/cron.hourly\n";
+
+#[tokio::test]
+async fn a_system_crontab_import_reads_the_user_column_with_system_and_refuses_it_without() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let dir = tempdir();
+    // Kept where system crontabs are (a cron.d directory): refused, naming the line and the flag.
+    std::fs::create_dir(dir.path().join("cron.d")).unwrap();
+    let file = crontab_file(
+        &dir.path().join("cron.d"),
+        "hourly",
+        &format!("# the hourly jobs\n{HOURLY}"),
+    );
+    check_fails(
+        url,
+        &["routine", "import", "--crontab", &file],
+        2,
+        "hourly:2: \"root\" after the schedule is a user name",
+    );
+    check_fails(
+        url,
+        &["routine", "import", "--crontab", &file],
+        2,
+        "--system",
+    );
+    assert_eq!(db.count("routines").await, 0);
+
+    // --system: the user is in the routine's name (the line's content), not in its message.
+    let out = ok(url, &["routine", "import", "--crontab", "--system", &file]);
+    let name = "hourly: 17 * * * * root cd / && run-parts --report /etc/cron.hourly";
+    assert!(
+        out.starts_with("created  ") && out.ends_with(&format!("{name}\n")),
+        "{out}"
+    );
+    let show = ok(url, &["routine", "show", name]);
+    assert!(
+        show.contains("message     cd / && run-parts --report /etc/cron.hourly\n"),
+        "{show}"
+    );
+
+    // Elsewhere, the same line imports as a per-user crontab's, with one line saying why the
+    // message starts with a user name and what to do if the file is a system crontab.
+    let daily = "25 6 * * * root test -x /usr/sbin/anacron || run-parts /etc/cron.daily\n";
+    let file = crontab_file(dir.path(), "ops.crontab", &format!("{HOURLY}{daily}"));
+    let out = cm(url, &["routine", "import", "--crontab", &file]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let warned: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(warned.len(), 1, "{}", out.stderr);
+    assert!(
+        warned[0].starts_with("ops.crontab:1: ") || warned[0].contains("/ops.crontab:1: "),
+        "{}",
+        out.stderr
+    );
+    assert!(warned[0].contains("--system"), "{}", out.stderr);
+    let show = ok(
+        url,
+        &[
+            "routine",
+            "show",
+            "ops.crontab: 17 * * * * root cd / && run-parts --report /etc/cron.hourly",
+        ],
+    );
+    assert!(
+        show.contains("message     root cd / && run-parts"),
+        "{show}"
     );
 }

@@ -46,6 +46,9 @@ mod completer;
 // Whole processes killed between claim and settle lose and double nothing; SIGTERM exits 0.
 #[path = "scheduler/crash.rs"]
 mod crash;
+// Every import records its source, so a sync deletes what the file lost; a system crontab's user.
+#[path = "scheduler/crontab_sources.rs"]
+mod crontab_sources;
 // The database URL from `--database-url-file`, given once, its password never printed.
 #[path = "scheduler/database_file.rs"]
 mod database_file;

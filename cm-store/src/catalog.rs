@@ -40,25 +40,48 @@ pub(crate) async fn lock_routine(conn: &mut PgConnection, id: Uuid) -> Result<Ro
     .try_into()
 }
 
+/// Takes the transaction-scoped advisory lock on `source`: imports and syncs of one source take
+/// turns, so a routine another import of that source creates meanwhile is not missed.
+async fn lock_source(conn: &mut PgConnection, source: &str) -> Result<(), StoreError> {
+    crate::schema::query("SELECT pg_advisory_xact_lock(hashtextextended('cm.source:' || $1, 0))")
+        .bind(source)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Records that the routine `current` comes from `source`, in the caller's transaction, and
+/// returns it as stored.
+async fn set_source(
+    conn: &mut PgConnection,
+    current: &Routine,
+    source: &str,
+) -> Result<Routine, StoreError> {
+    crate::schema::query_as::<_, RoutineRow>(
+        "UPDATE cm.routines SET source = $2 WHERE id = $1 AND group_id = $3 RETURNING *",
+    )
+    .bind(current.id)
+    .bind(source)
+    .bind(current.group_id)
+    .fetch_one(&mut *conn)
+    .await?
+    .try_into()
+}
+
 /// The routines named `names` and, with a `source`, those that came from it, locked `FOR UPDATE`
 /// in the caller's transaction, in name order. Names resolve through `routine_names` and
 /// sources through an unlocked read; the rows are then locked group by group, each statement
 /// naming its group (on Citus one shard each), in `(group, id)` order, so two imports naming
 /// the same routines cannot deadlock. A routine renamed or moved to another source between the
-/// read and the lock is left out. Syncs of one source take a transaction-scoped advisory lock
-/// on it first, so a routine another sync of that source creates meanwhile is not missed.
+/// read and the lock is left out. With a source, its advisory lock ([`lock_source`]) is taken
+/// first, so a routine another import of that source creates meanwhile is not missed.
 async fn lock_named(
     conn: &mut PgConnection,
     names: &[&str],
     source: Option<&str>,
 ) -> Result<Vec<Routine>, StoreError> {
     if let Some(source) = source {
-        crate::schema::query(
-            "SELECT pg_advisory_xact_lock(hashtextextended('cm.source:' || $1, 0))",
-        )
-        .bind(source)
-        .execute(&mut *conn)
-        .await?;
+        lock_source(conn, source).await?;
     }
     let mut targets: Vec<(GroupId, Uuid)> = crate::schema::query_as(
         "SELECT group_id, routine_id FROM cm.routine_names WHERE name = ANY($1)",
@@ -377,10 +400,14 @@ pub(crate) async fn import_routines(
     conn: &mut PgConnection,
     routines: &[NewRoutine],
     upsert: bool,
+    source: Option<&str>,
     write: Write,
 ) -> Result<Vec<ImportedRoutine>, StoreError> {
     let mut tx = conn.begin().await?;
     let now = db_now(&mut tx).await?;
+    if let Some(source) = source {
+        lock_source(&mut tx, source).await?;
+    }
     let names: Vec<&str> = routines.iter().map(|r| r.name.as_str()).collect();
     let existing = lock_named(&mut tx, &names, None).await?;
     let mut imported = Vec::with_capacity(routines.len());
@@ -388,14 +415,22 @@ pub(crate) async fn import_routines(
         let found = existing.iter().find(|r| r.name == routine.name);
         let written = match found {
             None => ImportedRoutine {
-                routine: insert_routine(&mut tx, routine, None, now).await?,
+                routine: insert_routine(&mut tx, routine, source, now).await?,
                 created: true,
             },
             Some(_) if !upsert => return Err(StoreError::NameTaken(routine.name.clone())),
-            Some(current) => ImportedRoutine {
-                routine: apply_update(&mut tx, current, &settings_of(routine), now).await?,
-                created: false,
-            },
+            Some(current) => {
+                let mut updated =
+                    apply_update(&mut tx, current, &settings_of(routine), now).await?;
+                // The file now gives the routine its settings: it comes from the file.
+                if let Some(source) = source.filter(|s| current.source.as_deref() != Some(*s)) {
+                    updated = set_source(&mut tx, &updated, source).await?;
+                }
+                ImportedRoutine {
+                    routine: updated,
+                    created: false,
+                }
+            }
         };
         imported.push(written);
     }
@@ -489,9 +524,10 @@ async fn lock_sourceless_like(
 
 /// Whether `stored` may be the routine of `line` by identity: one with the line's kind and
 /// payload (its command: an edited schedule keeps its routine) that is the source's, or has no
-/// source and a name the source gave it (`SOURCE: …`, as an import of a crontab of that file
-/// name, without `--sync`, names its entries). A routine made by hand, or named from another
-/// file, is never taken for a line it does not name.
+/// source and a name the source gave it (`SOURCE: …`, as a crontab import of that file name
+/// names its entries: one from standard input, or from before imports recorded their source).
+/// A routine made by hand, or named from another file, is never taken for a line it does not
+/// name.
 fn same_identity(stored: &Routine, line: &NewRoutine, source: &str) -> bool {
     let same_action = stored.kind == line.kind && stored.payload == line.payload;
     let ours = match stored.source.as_deref() {
@@ -573,18 +609,9 @@ pub(crate) async fn sync_routines(
                         update.name = Some(routine.name.clone());
                     }
                     apply_update(&mut tx, current, &update, now).await?;
-                    // A routine without a source (made by hand, or imported without --sync)
+                    // A routine without a source (made by hand, or imported without one)
                     // joins this one.
-                    let updated: Routine = crate::schema::query_as::<_, RoutineRow>(
-                        "UPDATE cm.routines SET source = $2 WHERE id = $1 AND group_id = $3
-                         RETURNING *",
-                    )
-                    .bind(current.id)
-                    .bind(source)
-                    .bind(current.group_id)
-                    .fetch_one(&mut *tx)
-                    .await?
-                    .try_into()?;
+                    let updated = set_source(&mut tx, current, source).await?;
                     let action = if from.is_none() {
                         SyncAction::Adopted
                     } else {
@@ -653,11 +680,13 @@ impl PgStore {
         &self,
         routines: &[NewRoutine],
         upsert: bool,
+        source: Option<&str>,
     ) -> Result<Vec<ImportedRoutine>, StoreError> {
         on_store_conn!(self, |c| import_routines(
             c,
             routines,
             upsert,
+            source,
             Write::RollBack
         ))
     }

@@ -239,8 +239,9 @@ pub struct Routine {
     pub created_at: DateTime<Utc>,
     /// When it was last changed.
     pub updated_at: DateTime<Utc>,
-    /// The file `routine import --sync` keeps it in step with; `None` for a routine made by
-    /// hand or imported without a source.
+    /// The file `routine import` wrote it from, which `--sync` keeps it in step with; `None`
+    /// for a routine made by hand or imported without a source (from standard input without
+    /// `--source`).
     pub source: Option<String>,
     /// How many more scheduled occurrences it may fire (`--limit-runs`); `None` is no limit.
     pub runs_left: Option<u32>,
@@ -490,9 +491,9 @@ pub enum SyncAction {
     /// The file changes a routine of the source (or claims one of its name without a source):
     /// updated in place, its history kept.
     Updated,
-    /// A routine without a source that a line of the file names, or whose schedule and
-    /// payload a line has: it joins the source (its settings made the line's, its history
-    /// kept), so a plain import followed by a sync converges to the file.
+    /// A routine without a source (made by hand, or imported without one) that a line of the
+    /// file names, or whose payload a line has under a name the source gave it: it joins the
+    /// source (its settings made the line's, its history kept).
     Adopted,
     /// The file has the routine as stored: not written.
     Unchanged,

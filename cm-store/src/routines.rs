@@ -48,11 +48,14 @@ pub trait RoutineStore: Send + Sync {
     /// Stores every routine of `routines` in one transaction, or none: a name that exists is
     /// refused with [`StoreError::NameTaken`], unless `upsert`, where that routine takes the
     /// new schedule, policy, kind and payload (as [`RoutineStore::update_routine`] would; its
-    /// paused state is kept). Returns what was written, in order.
-    async fn import_routines(
+    /// paused state is kept). With a `source` (the file's name), every routine written records
+    /// it, so a later [`RoutineStore::sync_routines`] of that source deletes the ones the file
+    /// no longer has. Returns what was written, in order.
+    async fn import_routines<'a>(
         &self,
         routines: &[NewRoutine],
         upsert: bool,
+        source: Option<&'a str>,
     ) -> Result<Vec<ImportedRoutine>, StoreError>;
 
     /// Makes the routines of `source` (a file's name) what `routines` are, in one transaction or
@@ -144,12 +147,13 @@ impl RoutineStore for PgStore {
         on_store_conn!(self, |c| tx::update_routine(c, id, update))
     }
 
-    async fn import_routines(
+    async fn import_routines<'a>(
         &self,
         routines: &[NewRoutine],
         upsert: bool,
+        source: Option<&'a str>,
     ) -> Result<Vec<ImportedRoutine>, StoreError> {
-        on_store_conn!(self, |c| tx::import_routines(c, routines, upsert))
+        on_store_conn!(self, |c| tx::import_routines(c, routines, upsert, source))
     }
 
     async fn sync_routines(

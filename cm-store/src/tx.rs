@@ -239,13 +239,16 @@ pub async fn delete_routine(conn: &mut PgConnection, id: Uuid) -> Result<(), Sto
 
 /// Stores every routine of `routines`, or none: a name that exists is refused with
 /// [`StoreError::NameTaken`], unless `upsert`, where that routine takes the new settings (its
-/// paused state kept). Returns what was written, in order.
+/// paused state kept). With a `source`, every routine written records it, as
+/// [`RoutineStore::import_routines`](crate::RoutineStore::import_routines) describes. Returns
+/// what was written, in order.
 pub async fn import_routines(
     conn: &mut PgConnection,
     routines: &[NewRoutine],
     upsert: bool,
+    source: Option<&str>,
 ) -> Result<Vec<ImportedRoutine>, StoreError> {
-    catalog::import_routines(conn, routines, upsert, Write::Commit).await
+    catalog::import_routines(conn, routines, upsert, source, Write::Commit).await
 }
 
 /// Makes the routines of `source` what `routines` are, or changes nothing, as

@@ -47,12 +47,12 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
                     let id = planned
                         .id
                         .map_or_else(|| "-".to_string(), |id| id.to_string());
-                    say!("{:<6}  {id}  {}", planned.action, printable(&planned.name));
+                    say!("{}  {id}  {}", planned.action, printable(&planned.name));
                 }
                 eprintln!("dry run: nothing was written");
                 return Ok(());
             }
-            let written = match &import.source {
+            let written = match import.synced_source() {
                 Some(source) => import::sync(&store, &import, source).await?,
                 None => import::import(&store, &import, args.upsert).await?,
             };

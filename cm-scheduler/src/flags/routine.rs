@@ -182,6 +182,13 @@ pub struct ImportArgs {
     /// The file is a classic crontab, not JSON Lines.
     #[arg(long)]
     pub crontab: bool,
+    /// With --crontab: the file is a system crontab (/etc/crontab, /etc/cron.d/*), whose sixth
+    /// field is the user: each entry's user is kept in its routine's name, not in its message.
+    /// Without it, an entry whose command starts with a user name of this machine is refused
+    /// in a file kept as a system crontab is (in a cron.d directory, or etc/crontab), and noted
+    /// elsewhere.
+    #[arg(long, requires = "crontab")]
+    pub system: bool,
     /// A routine whose name exists already is updated instead of refused.
     #[arg(long, conflicts_with = "sync")]
     pub upsert: bool,
@@ -191,12 +198,14 @@ pub struct ImportArgs {
     /// file has, without a source, joins it).
     #[arg(long)]
     pub sync: bool,
-    /// With --sync: the source's name, which also names unnamed crontab entries [default: the
-    /// file's name; required for standard input].
-    #[arg(long, requires = "sync")]
+    /// The source every routine written records (what a later --sync of it keeps in step
+    /// with the file), which also names unnamed crontab entries [default: the file's name;
+    /// none for standard input, where --sync requires it].
+    #[arg(long)]
     pub source: Option<String>,
-    /// Print what the import would create, update, adopt, leave and delete, and change
-    /// nothing.
+    /// Print what the import would do, and change nothing: `create`, `update`, `adopt`,
+    /// `unchanged` and `delete` for what it prints as `created`, `updated`, `adopted`,
+    /// `unchanged` and `deleted`.
     #[arg(long)]
     pub dry_run: bool,
     /// With --crontab: the zone entries are read in until a CRON_TZ= line.

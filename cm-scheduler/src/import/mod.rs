@@ -8,7 +8,7 @@ use std::path::PathBuf;
 mod crontab;
 mod json_lines;
 
-pub use crontab::crontab;
+pub use crontab::{CrontabKind, crontab, kept_as_system, machine_users};
 pub use json_lines::json_lines;
 
 /// A routine as a line of the file describes it, before the checks `routine create` makes.
@@ -92,13 +92,26 @@ mod tests {
         );
     }
 
+    /// A per-user crontab's kind, on a machine whose users are `root` and `backup`.
+    fn per_user(system_file: bool) -> CrontabKind {
+        CrontabKind::User {
+            users: ["root", "backup"].map(String::from).into(),
+            system_file,
+        }
+    }
+
     fn check_crontab(input: &str, expected: &str) {
+        check_crontab_as(&per_user(false), input, expected);
+    }
+
+    fn check_crontab_as(kind: &CrontabKind, input: &str, expected: &str) {
         let mut notes = Vec::new();
         let read = crontab(
             input.as_bytes(),
             "jobs.cron",
             "UTC",
             "fire-once",
+            kind,
             &mut notes,
         );
         assert_eq!(outcome(read, &notes), expected, "{input}");
@@ -209,12 +222,77 @@ mod tests {
             "backups",
             "Europe/Paris",
             "skip",
+            &per_user(false),
             &mut notes,
         );
         assert_eq!(
             outcome(read, &notes),
             "1: backups: CRON_TZ=Europe/Paris 0 3 * * * b | 0 3 * * * | Europe/Paris | skip | message b"
         );
+    }
+
+    #[test]
+    fn a_system_crontabs_user_column_is_read_with_system_and_refused_or_noted_without() {
+        let hourly = "17 * * * * root cd / && run-parts --report /etc/cron.hourly";
+        // --system: the user is in the name (the entry's content), not in the message.
+        check_crontab_as(
+            &CrontabKind::System,
+            &format!("SHELL=/bin/sh\n{hourly}\n@daily  nobody   /bin/true"),
+            "2: jobs.cron: 17 * * * * root cd / && run-parts --report /etc/cron.hourly | \
+             17 * * * * | UTC | fire-once | message cd / && run-parts --report /etc/cron.hourly\n\
+             3: jobs.cron: @daily nobody /bin/true | @daily | UTC | fire-once | message /bin/true\n\
+             note 1: SHELL= ignored: cm runs no shell and no command: each entry's command \
+             becomes a message's text",
+        );
+        check_crontab_as(
+            &CrontabKind::System,
+            "0 3 * * * root",
+            "line 1: the entry has no command after its user \"root\"",
+        );
+        // A file kept where system crontabs are, read as a per-user one: refused on the first
+        // entry that starts with a user name.
+        check_crontab_as(
+            &per_user(true),
+            &format!("0 3 * * * backup-all\n{hourly}"),
+            "line 2: \"root\" after the schedule is a user name, as in a system crontab \
+             (cron.d, /etc/crontab), whose sixth field is the user: import it with --system",
+        );
+        // Elsewhere, one note for the file, on the first such entry, after the notes above it.
+        check_crontab(
+            &format!("MAILTO=x\n{hourly}\n0 3 * * * backup --all\n@daily root"),
+            "2: jobs.cron: 17 * * * * root cd / && run-parts --report /etc/cron.hourly | \
+             17 * * * * | UTC | fire-once | message root cd / && run-parts --report /etc/cron.hourly\n\
+             3: jobs.cron: 0 3 * * * backup --all | 0 3 * * * | UTC | fire-once | message backup --all\n\
+             4: jobs.cron: @daily root | @daily | UTC | fire-once | message root\n\
+             note 1: MAILTO= ignored: cm sends no mail: each fire's outcome is in `fires`, on the \
+             status page and in /metrics\n\
+             note 2: \"root\" after the schedule is a user name, kept in the message (and in 1 \
+             more entry): if this is a system crontab, whose sixth field is the user, import it \
+             with --system",
+        );
+        // A command that is a user name alone, or starts with no user's, is nobody's.
+        check_crontab_as(
+            &per_user(true),
+            "@daily root\n0 3 * * * rooted x",
+            "1: jobs.cron: @daily root | @daily | UTC | fire-once | message root\n2: jobs.cron: 0 3 * * * rooted x | 0 3 * * * | UTC | fire-once | message rooted x",
+        );
+    }
+
+    #[test]
+    fn system_crontabs_are_known_by_where_they_are_kept() {
+        use std::path::Path;
+        for (path, system) in [
+            ("/etc/crontab", true),
+            ("/etc/cron.d/backup", true),
+            ("deploy/cron.d/backup", true),
+            ("etc/crontab", true),
+            ("ops.crontab", false),
+            ("crontab", false),
+            ("/etc/cron.daily/backup", false),
+            ("/home/ops/crontab", false),
+        ] {
+            assert_eq!(kept_as_system(Path::new(path)), system, "{path}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Importing routines from a file, all or none: JSON Lines or a crontab
 //! ([`crate::import`]), every line checked as `routine create` checks its flags before anything
 //! is written; then created (or updated with `--upsert`), or synced with the file's source
-//! (`--sync`), or only planned (`--dry-run`).
+//! (`--sync`), or only planned (`--dry-run`). Every routine written records the source (the
+//! file's name, or `--source`), so a later `--sync` deletes those the file no longer has.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,15 +12,18 @@ use uuid::Uuid;
 
 use super::{OperationError, new_routine, refused};
 use crate::flags::routine::ImportArgs;
-use crate::import::{LineError, crontab, json_lines};
+use crate::import::{CrontabKind, LineError, crontab, json_lines, kept_as_system, machine_users};
 
 /// An import's file, read and checked: nothing is written yet.
 #[derive(Debug)]
 pub struct Import {
     /// The file as messages name it (`-` for standard input).
     pub shown: String,
-    /// With `--sync`: the source whose routines the file replaces.
+    /// The source the routines written record: `--source`, else the file's name (none for
+    /// standard input without `--source`).
     pub source: Option<String>,
+    /// `--sync`: the file replaces the routines of its source.
+    sync: bool,
     routines: Vec<NewRoutine>,
     /// Each routine's line, by name.
     lines: HashMap<String, usize>,
@@ -35,8 +39,9 @@ pub struct Written {
     pub routine: Routine,
 }
 
-/// A routine a dry run would write: what it would do (`create`, `update`, `adopt`, `leave`,
-/// `delete`), its id where it has one, its name.
+/// A routine a dry run would write: what it would do, in the words the import prints
+/// ([`Written`]) in the present (`create`, `update`, `adopt`, `unchanged`, `delete`), its id
+/// where it has one, its name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Planned {
     /// What the import would do.
@@ -50,23 +55,31 @@ pub struct Planned {
 /// Reads and checks the file `args` names (standard input for `-`). A crontab's assignments
 /// that mean nothing to cm go to `notes`, each with its line.
 pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, OperationError> {
-    let source = if args.sync {
-        let source = match (&args.source, args.file.file_name()) {
-            (Some(source), _) => source.clone(),
-            (None, Some(name)) if args.file.as_os_str() != "-" => name.to_string_lossy().into(),
-            (None, _) => return Err(refused("--sync from standard input needs --source NAME")),
-        };
-        if source.trim().is_empty() || source.chars().any(char::is_control) {
+    let stdin = args.file.as_os_str() == "-";
+    let bad = |source: &str| source.trim().is_empty() || source.chars().any(char::is_control);
+    let source = match (&args.source, args.file.file_name()) {
+        (Some(source), _) if bad(source) => {
             return Err(refused(
                 "--source must not be empty or hold control characters",
             ));
         }
-        Some(source)
-    } else {
-        None
+        (Some(source), _) => Some(source.clone()),
+        (None, Some(name)) if !stdin => {
+            let name = name.to_string_lossy().into_owned();
+            if bad(&name) {
+                return Err(refused(
+                    "the file's name holds control characters: name its source with --source NAME",
+                ));
+            }
+            Some(name)
+        }
+        (None, _) if args.sync => {
+            return Err(refused("--sync from standard input needs --source NAME"));
+        }
+        (None, _) => None,
     };
     let shown = args.file.display().to_string();
-    let reader: Box<dyn std::io::BufRead> = if args.file.as_os_str() == "-" {
+    let reader: Box<dyn std::io::BufRead> = if stdin {
         Box::new(std::io::stdin().lock())
     } else {
         let file = std::fs::File::open(&args.file)
@@ -77,14 +90,16 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
     let fields = if args.crontab {
         // Unnamed entries are named after the source, so the same crontab read from standard
         // input with --source FILE names its entries as the file does.
-        let label = match &source {
-            Some(source) => source.clone(),
-            None => args
-                .file
-                .file_name()
-                .map_or_else(|| "stdin".into(), |n| n.to_string_lossy().into_owned()),
+        let label = source.as_deref().unwrap_or("stdin");
+        let kind = if args.system {
+            CrontabKind::System
+        } else {
+            CrontabKind::User {
+                users: machine_users(),
+                system_file: !stdin && kept_as_system(&args.file),
+            }
         };
-        crontab(reader, &label, &args.timezone, &args.misfire, notes)
+        crontab(reader, label, &args.timezone, &args.misfire, &kind, notes)
     } else {
         json_lines(reader)
     }
@@ -93,7 +108,7 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
     // (the current one for standard input).
     let root = match &args.mission_root {
         Some(root) => root.clone(),
-        None if args.file.as_os_str() == "-" => PathBuf::from("."),
+        None if stdin => PathBuf::from("."),
         None => match args.file.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
             _ => PathBuf::from("."),
@@ -131,12 +146,18 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
     Ok(Import {
         shown,
         source,
+        sync: args.sync,
         routines,
         lines,
     })
 }
 
 impl Import {
+    /// With `--sync`: the source whose routines the file replaces.
+    pub fn synced_source(&self) -> Option<&str> {
+        self.source.as_deref().filter(|_| self.sync)
+    }
+
     /// The refusal of a name that exists already, naming its line (`at` writes the line's
     /// prefix).
     fn name_taken(&self, name: &str, at: impl Fn(usize) -> String) -> OperationError {
@@ -148,14 +169,18 @@ impl Import {
     }
 }
 
-/// Creates the file's routines, all or none; with `upsert`, a routine whose name exists is
-/// updated instead of refused.
+/// Creates the file's routines, all or none, each recording the import's source; with
+/// `upsert`, a routine whose name exists is updated (and joins the source) instead of refused.
 pub async fn import(
     store: &PgStore,
     import: &Import,
     upsert: bool,
 ) -> Result<Vec<Written>, OperationError> {
-    let imported = match store.import_routines(&import.routines, upsert).await {
+    let source = import.source.as_deref();
+    let imported = match store
+        .import_routines(&import.routines, upsert, source)
+        .await
+    {
         Err(StoreError::NameTaken(name)) => {
             return Err(import.name_taken(&name, |line| format!("{}:{line}: ", import.shown)));
         }
@@ -196,7 +221,7 @@ pub async fn dry_run(
     upsert: bool,
 ) -> Result<Vec<Planned>, OperationError> {
     let planned = |action, id, name| Planned { action, id, name };
-    Ok(match &import.source {
+    Ok(match import.synced_source() {
         Some(source) => store
             .plan_sync(source, &import.routines)
             .await?
@@ -208,12 +233,15 @@ pub async fn dry_run(
                     SyncAction::Created => planned("create", None, name),
                     SyncAction::Updated => planned("update", id, name),
                     SyncAction::Adopted => planned("adopt", id, name),
-                    SyncAction::Unchanged => planned("leave", id, name),
+                    SyncAction::Unchanged => planned("unchanged", id, name),
                     SyncAction::Deleted => planned("delete", id, name),
                 }
             })
             .collect(),
-        None => match store.plan_import(&import.routines, upsert).await {
+        None => match store
+            .plan_import(&import.routines, upsert, import.source.as_deref())
+            .await
+        {
             Err(StoreError::NameTaken(name)) => {
                 return Err(import.name_taken(&name, |line| format!("line {line}: ")));
             }

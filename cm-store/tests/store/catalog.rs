@@ -191,23 +191,41 @@ async fn an_import_writes_everything_or_nothing(pool: PgPool) {
     let existing = create_named(&store, "existing", YEARLY, MisfirePolicy::FireOnce).await;
     let batch = [message("new", YEARLY), message("existing", "0 0 * * *")];
 
-    let err = store.import_routines(&batch, false).await.unwrap_err();
+    let err = store
+        .import_routines(&batch, false, None)
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, StoreError::NameTaken(n) if n == "existing"),
         "{err:?}"
     );
     assert_eq!(names(&pool).await, ["existing"], "nothing was written");
 
-    let written = store.import_routines(&batch, true).await.unwrap();
+    // Every routine written records the import's source, the one made by hand included.
+    let written = store
+        .import_routines(&batch, true, Some("batch.jsonl"))
+        .await
+        .unwrap();
     assert_eq!(
         written
             .iter()
-            .map(|w| (w.routine.name.as_str(), w.created))
+            .map(|w| (
+                w.routine.name.as_str(),
+                w.created,
+                w.routine.source.as_deref()
+            ))
             .collect::<Vec<_>>(),
-        [("new", true), ("existing", false)]
+        [
+            ("new", true, Some("batch.jsonl")),
+            ("existing", false, Some("batch.jsonl"))
+        ]
     );
     assert_eq!(written[1].routine.id, existing.id);
     assert_eq!(written[1].routine.schedule, "0 0 * * *");
+    assert_eq!(
+        store.get_routine(existing.id).await.unwrap(),
+        written[1].routine
+    );
 }
 
 /// A mission routine named `name`, yearly, with the overlap policy `overlap`.
@@ -254,7 +272,10 @@ async fn the_overlap_policy_is_written_with_the_routine_and_an_import_is_all_or_
     .build()
     .unwrap();
     let batch = [mission("buffered", OverlapPolicy::BufferOne), invalid];
-    let err = store.import_routines(&batch, false).await.unwrap_err();
+    let err = store
+        .import_routines(&batch, false, None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::InvalidRoutine(_)), "{err:?}");
     assert_eq!(names(&pool).await, ["replacing"], "nothing was written");
 
@@ -263,13 +284,13 @@ async fn the_overlap_policy_is_written_with_the_routine_and_an_import_is_all_or_
         mission("buffered", OverlapPolicy::BufferAll),
         message("talker", YEARLY),
     ];
-    let written = store.import_routines(&batch, false).await.unwrap();
+    let written = store.import_routines(&batch, false, None).await.unwrap();
     assert_eq!(
         written[0].routine.overlap.to_string(),
         OverlapPolicy::BufferAll.as_str()
     );
     let again = [mission("buffered", OverlapPolicy::Allow)];
-    let updated = store.import_routines(&again, true).await.unwrap();
+    let updated = store.import_routines(&again, true, None).await.unwrap();
     assert_eq!(
         updated[0].routine.overlap.to_string(),
         OverlapPolicy::Allow.as_str()

@@ -711,11 +711,11 @@ async fn imports_and_syncs_create_update_and_delete_on_citus() {
     let db = CitusDb::create().await;
     // An import locks the routines it names through their groups.
     let batch = [message("a", YEARLY), message("b", YEARLY)];
-    let written = db.store.import_routines(&batch, false).await.unwrap();
+    let written = db.store.import_routines(&batch, false, None).await.unwrap();
     assert!(written.iter().all(|w| w.created));
     let err = db
         .store
-        .import_routines(&[message("a", "0 0 * * *")], false)
+        .import_routines(&[message("a", "0 0 * * *")], false, None)
         .await
         .unwrap_err();
     assert!(
@@ -724,7 +724,11 @@ async fn imports_and_syncs_create_update_and_delete_on_citus() {
     );
     let upserted = db
         .store
-        .import_routines(&[message("a", "0 0 * * *"), message("z", YEARLY)], true)
+        .import_routines(
+            &[message("a", "0 0 * * *"), message("z", YEARLY)],
+            true,
+            None,
+        )
         .await
         .unwrap();
     let seen: Vec<(&str, bool, &str)> = upserted

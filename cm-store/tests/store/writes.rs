@@ -125,7 +125,7 @@ async fn every_write_rolls_back_with_the_callers_transaction(pool: PgPool) {
     cm_store::tx::trigger_routine(&mut tx, kept.id)
         .await
         .unwrap();
-    cm_store::tx::import_routines(&mut tx, &[message("imported", "0 8 * * *")], false)
+    cm_store::tx::import_routines(&mut tx, &[message("imported", "0 8 * * *")], false, None)
         .await
         .unwrap();
     cm_store::tx::sync_routines(&mut tx, "crontab", &[message("synced", "0 8 * * *")])

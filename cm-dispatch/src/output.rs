@@ -11,6 +11,8 @@ use regex::{Captures, Regex};
 
 use crate::runtime::MAX_RUN_OUTPUT;
 
+mod secret_rules;
+
 /// What a secret becomes in a run's output.
 const MASK: &str = "***";
 
@@ -77,8 +79,9 @@ fn cut(end: &[u8], starts_at_line: bool) -> &[u8] {
 }
 
 /// A name that says its value is a secret: `password`, `DB_PASSWORD`, `github_token`,
-/// `client-secret`, `api_key`, `X-Api-Key`, `aws_secret_access_key`.
-const SECRET_NAME: &str = r"[A-Za-z0-9_.\-]*(?:password|passwd|passphrase|token|secret|api[_\-]?key|access[_\-]?key|private[_\-]?key|credentials?)[A-Za-z0-9_.\-]*";
+/// `client-secret`, `api_key`, `X-Api-Key`, `aws_secret_access_key`, a kubeconfig's
+/// `client-key-data`, an Azure connection string's `AccountKey`.
+const SECRET_NAME: &str = r"[A-Za-z0-9_.\-]*(?:password|passwd|passphrase|token|secret|api[_\-]?key|access[_\-]?key|private[_\-]?key|client[_\-]?key|account[_\-]?key|credentials?)[A-Za-z0-9_.\-]*";
 
 /// PEM private key blocks, whole or cut at the output's end.
 static PEM_BLOCK: LazyLock<Regex> = LazyLock::new(|| {
@@ -96,9 +99,10 @@ static PEM_END: LazyLock<Regex> = LazyLock::new(|| {
 /// What a PEM private key block becomes.
 const PEM_MASK: &str = "[private key ***]";
 
-/// The password of a URL's user information: `scheme://user:PASSWORD@host`.
+/// The password of a URL's user information: `scheme://user:PASSWORD@host`. A password may
+/// hold an `@`, so it runs to the authority's last `@` (before a `/`, a space or a quote).
 static URL_PASSWORD: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)\b([a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^@\s/]+@").expect("a valid pattern")
+    Regex::new(r#"(?i)\b([a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^\s/"'<>`]+@"#).expect("a valid pattern")
 });
 
 /// An `Authorization` (or `Proxy-Authorization`) header's credentials, with or without their
@@ -110,10 +114,11 @@ static AUTHORIZATION: LazyLock<Regex> = LazyLock::new(|| {
     .expect("a valid pattern")
 });
 
-/// A JSON member whose name says its value is a secret: `"password": "…"`, `"token": 123`.
+/// A JSON member whose name says its value is a secret: `"password": "…"`, `"token": 123`,
+/// and a Docker config's `"auth": "…"` (a registry's user and password in base64).
 static JSON_SECRET: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(&format!(
-        r#"(?i)("{SECRET_NAME}"\s*:\s*)(?:"(?:[^"\\\n]|\\.)*"|[^\s,}}\]]+)"#
+        r#"(?i)("(?:{SECRET_NAME}|auth)"\s*:\s*)(?:"(?:[^"\\\n]|\\.)*"|[^\s,}}\]]+)"#
     ))
     .expect("a valid pattern")
 });
@@ -128,37 +133,19 @@ static KEY_VALUE_SECRET: LazyLock<Regex> = LazyLock::new(|| {
     .expect("a valid pattern")
 });
 
-/// Tokens of a well-known shape, each kept as its prefix and a mask: GitHub's (`ghp_…`,
-/// `gho_…`, `ghu_…`, `ghs_…`, `ghr_…`, `github_pat_…`), GitLab's (`glpat-…`), AWS access key
-/// ids (`AKIA…`, `ASIA…`), Slack's (`xoxb-…`, `xoxp-…`, `xoxa-…`, `xoxr-…`, `xoxs-…`) and JSON
-/// Web Tokens (`eyJ….….…`).
-static TOKEN_SHAPES: LazyLock<Vec<(Regex, &'static str)>> = LazyLock::new(|| {
-    [
-        (r"\b(gh[pousr]_)[A-Za-z0-9]{30,}", "${1}***"),
-        (r"\b(github_pat_)[A-Za-z0-9_]{20,}", "${1}***"),
-        (r"\b(glpat-)[A-Za-z0-9_\-]{20,}", "${1}***"),
-        (r"\b((?:AKIA|ASIA))[0-9A-Z]{16}\b", "${1}***"),
-        (r"\b(xox[baprs]-)[A-Za-z0-9\-]{10,}", "${1}***"),
-        (
-            r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
-            "***",
-        ),
-    ]
-    .into_iter()
-    .map(|(pattern, mask)| (Regex::new(pattern).expect("a valid pattern"), mask))
-    .collect()
-});
-
 /// Scrubs secrets from a run's output: URL passwords (`scheme://user:PASSWORD@host` becomes
-/// `scheme://user:***@host`), `Authorization: Bearer|Basic X` values, `password=`, `token=`,
-/// `secret=`, `api_key=` style key=value (and `key: value`) and `"password": "…"` JSON values
-/// (case-insensitive; any key containing one of those words, `DB_PASSWORD=`, `github_token:`),
-/// well-known token shapes (GitHub `ghp_…`/`github_pat_…`, GitLab `glpat-…`, AWS `AKIA…`
-/// access key ids, `xox[bp]-…` Slack tokens, JSON Web Tokens, PEM private key blocks, also
-/// one whose start or end was cut off), and every string of `known` (the scheduler's own
-/// secrets, e.g. its database password; entries shorter than 4 bytes are ignored). Each
-/// becomes `***`; text without secrets is returned unchanged, and scrubbing scrubbed text
-/// changes nothing.
+/// `scheme://user:***@host`, a password holding `@` masked through the last one), `Authorization:
+/// Bearer|Basic X` values, `password=`, `token=`, `secret=`, `api_key=` style key=value (and
+/// `key: value`) and `"password": "…"` JSON values (case-insensitive; any key containing one of
+/// those words, `DB_PASSWORD=`, `github_token:`, a kubeconfig's `client-key-data:`, a Docker
+/// config's `"auth"`), PEM private key blocks (also one whose start or end was cut off), the
+/// rules of [`secret_rules`] (a token as a URL's user, Slack and Discord webhook paths,
+/// `.npmrc` and `.netrc` credentials, `mysql -pX`, `curl -u user:X`, and the token shapes of
+/// GitHub, GitLab, Slack, Stripe, Google, SendGrid, npm, PyPI, AWS, Anthropic, OpenAI and
+/// others, JSON Web Tokens), and every string of `known` (the scheduler's own secrets, e.g. its
+/// database password; entries shorter than 4 bytes are ignored). Each becomes `***` (a token
+/// keeps its prefix: `ghp_***`); text without secrets is returned unchanged, and scrubbing
+/// scrubbed text changes nothing.
 pub fn scrub_output(text: &str, known: &[&str]) -> String {
     let mut text = text.to_owned();
     let mut known: Vec<&str> = known
@@ -192,10 +179,8 @@ pub fn scrub_output(text: &str, known: &[&str]) -> String {
         };
         format!("{}{}{quote}{MASK}{quote}", &c[1], &c[2])
     });
-    for (pattern, mask) in TOKEN_SHAPES.iter() {
-        if pattern.is_match(&text) {
-            text = pattern.replace_all(&text, *mask).into_owned();
-        }
+    if let Some(masked) = secret_rules::mask(&text) {
+        text = masked;
     }
     text
 }
@@ -317,6 +302,132 @@ mod tests {
         ] {
             assert_eq!(scrubbed(&text), expected, "{text}");
         }
+    }
+
+    /// Each leak the review of the scrubber found (issue 49), with what it must become. Every
+    /// case is checked, and all that fail are reported together.
+    #[test]
+    fn the_leaks_found_in_review_are_masked() {
+        let ghp = format!(
+            "ghp_{}",
+            "Ab3dE5gH7j".repeat(4).get(..36).unwrap_or_default()
+        );
+        let ghs = format!(
+            "ghs_{}",
+            "Zy9xW8vU7t".repeat(4).get(..36).unwrap_or_default()
+        );
+        let npm = format!(
+            "npm_{}",
+            "Np4mT0kEn9".repeat(4).get(..36).unwrap_or_default()
+        );
+        let oauth = "0a1b2c3d4e5f60718293a4b5c6d7e8f901234567";
+        let cases: Vec<(String, String)> = vec![
+            // A password holding `@`: masked through the authority's last `@`.
+            (
+                "connect postgresql://app:pa@ss-w0rd!@db/app failed".into(),
+                "connect postgresql://app:***@db/app failed".into(),
+            ),
+            // .npmrc
+            (
+                format!("//registry.npmjs.org/:_authToken={npm}"),
+                "//registry.npmjs.org/:_authToken=***".into(),
+            ),
+            (format!("token {npm} in use"), "token npm_*** in use".into()),
+            // A token as the URL's user, or as the password of a conventional user.
+            (
+                format!("git clone https://{ghp}@github.com/o/r.git"),
+                "git clone https://***@github.com/o/r.git".into(),
+            ),
+            (
+                format!("remote: https://{oauth}@github.com/o/r"),
+                "remote: https://***@github.com/o/r".into(),
+            ),
+            (
+                format!("https://x-access-token:{ghs}@github.com/o/r.git"),
+                "https://x-access-token:***@github.com/o/r.git".into(),
+            ),
+            // A Slack incoming webhook: its path is its credential.
+            (
+                "POST https://hooks.slack.com/services/T0ABCDEFG/B0HIJKLMN/aBcDeFgHiJkLmNoPqRsTuVwX"
+                    .into(),
+                "POST https://hooks.slack.com/services/***".into(),
+            ),
+            // A kubeconfig's client key.
+            (
+                "    client-key-data: LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQo=\n".into(),
+                "    client-key-data: ***\n".into(),
+            ),
+            // A Docker config's registry credentials.
+            (
+                r#"{"auths": {"registry.example.com": {"auth": "dXNlcjpwYXNzd29yZA=="}}}"#.into(),
+                r#"{"auths": {"registry.example.com": {"auth": "***"}}}"#.into(),
+            ),
+            // .netrc, on one line and over several.
+            (
+                "machine github.com login me password s3cr3t-pw".into(),
+                "machine github.com login me password ***".into(),
+            ),
+            (
+                "machine api.example.com\n  login me\n  password hunter2\n".into(),
+                "machine api.example.com\n  login me\n  password ***\n".into(),
+            ),
+            // The MySQL clients' password glued to -p.
+            (
+                "+ mysql -h db -u root -pS3cr3tPw app < dump.sql".into(),
+                "+ mysql -h db -u root -p*** app < dump.sql".into(),
+            ),
+            (
+                "mysqldump -uroot -pS3cr3tPw --all-databases".into(),
+                "mysqldump -uroot -p*** --all-databases".into(),
+            ),
+            // curl's user and password.
+            (
+                "+ curl -fsS -u deploy:s3cr3t-pw https://api.example.com/x".into(),
+                "+ curl -fsS -u deploy:*** https://api.example.com/x".into(),
+            ),
+            (
+                "curl --user \"deploy:s3cr3t\" https://api.example.com/x".into(),
+                "curl --user \"deploy:***\" https://api.example.com/x".into(),
+            ),
+            // Stripe, Google and SendGrid keys.
+            (
+                "stripe sk_live_4eC39HqLyjWDarjtT1zdp7dc charged".into(),
+                "stripe sk_live_*** charged".into(),
+            ),
+            (
+                "restricted rk_live_51H8xYzAbCdEfGhIjKlMnOpQr ok".into(),
+                "restricted rk_live_*** ok".into(),
+            ),
+            (
+                "maps key=AIzaSyDdI0hCZtE6vySjMm-WEfRq3CPzqKqqsHI&x=1".into(),
+                "maps key=AIza***&x=1".into(),
+            ),
+            (
+                "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 mailed"
+                    .into(),
+                "SG.*** mailed".into(),
+            ),
+        ];
+        // A case fails if it is not masked as expected, or if masking it again changes it.
+        let failed: Vec<String> = cases
+            .iter()
+            .filter(|(text, expected)| {
+                scrubbed(text) != *expected || scrubbed(expected) != *expected
+            })
+            .map(|(text, expected)| {
+                format!(
+                    "{text:?}\n   became {:?}\n expected {expected:?}",
+                    scrubbed(text)
+                )
+            })
+            .collect();
+        assert!(
+            failed.is_empty(),
+            "{} of {} leaks:\n{}",
+            failed.len(),
+            cases.len(),
+            failed.join("\n")
+        );
     }
 
     #[test]

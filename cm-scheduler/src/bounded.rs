@@ -3,8 +3,10 @@
 //! so `--mission /dev/zero` is an error at once, not a process that grows until it is killed.
 //! Imports are read a line at a time, each line bounded.
 //!
-//! A mission file is opened only when it is a regular file ([`open_regular`]): a FIFO, a socket
-//! or a device is refused at once, never waited on. One named by an import line is opened only
+//! A file the command line names (a mission file, `--mission-config`, `--database-url-file`,
+//! `--http-token-file`, `--webhook-secret-file`, `--nats-credentials-file`) is opened only when
+//! it is a regular file ([`open_regular`]): a FIFO, a socket or a device is refused at once,
+//! never waited on. A mission file named by an import line is opened only
 //! inside its mission root ([`open_inside`]): the file an operator imports may be a routine
 //! author's, and must not make the operator's command open any other file they can read.
 
@@ -30,11 +32,11 @@ pub fn size(limit: u64) -> String {
     }
 }
 
-/// Reads at most `limit` bytes of `path` as UTF-8 text; an error (without the file's content)
-/// says what is wrong: unreadable, larger than the limit, or not text.
+/// Reads at most `limit` bytes of `path` as UTF-8 text, if it is a regular file
+/// ([`open_regular`]); an error (without the file's content) says what is wrong: unreadable,
+/// not a regular file, larger than the limit, or not text.
 pub fn read_file(path: &Path, limit: u64) -> Result<String, String> {
-    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    read_to(file, limit)
+    read_to(open_regular(path)?, limit)
 }
 
 /// What a file that is not a regular file is, in words.

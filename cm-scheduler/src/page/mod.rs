@@ -10,7 +10,8 @@
 //! confirmation, and the operator can switch it off; without script a `<noscript>` refresh does
 //! it (`?live=off` stops that). A message's text is never shown (it may be private), only its
 //! size; a mission's repository, ref, task, env and labels are, each scrubbed of secrets
-//! (`cm_dispatch::scrub_output`: a URL's password, `TOKEN=…` values, known token shapes).
+//! (`cm_dispatch::scrub_output`: a URL's password, `TOKEN=…` values, known token shapes, the
+//! places tools print secrets).
 //!
 //! Every read waits on the database at most [`StatusPage::deadline`], and the cached health is
 //! asked first: with the database down the page answers 503 with the reason at once.

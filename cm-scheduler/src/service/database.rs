@@ -129,10 +129,12 @@ async fn accepts_connections(url: &url::Url) -> bool {
 /// Refuses, as bad input, a database URL that is not a PostgreSQL URL with a host, before any
 /// connection is tried (the driver would say only "relative URL without a base").
 pub fn check_url(url: &str) -> Result<(), Failure> {
+    // The reason is scrubbed too: a parser may quote the part of the URL it stumbled on.
     let refuse = |why: &str| {
         Failure::Input(format!(
-            "invalid --database-url {}: {why} (expected postgres://USER@HOST:PORT/DATABASE)",
-            redact(url)
+            "invalid --database-url {}: {} (expected postgres://USER@HOST:PORT/DATABASE)",
+            redact(url),
+            scrub(why, url)
         ))
     };
     check_tls_parameters(url).map_err(|why| refuse(&why))?;
@@ -184,10 +186,7 @@ const SSL_MODES: [&str; 6] = [
 /// opened, naming the parameter: the driver would say only "entity not found" at the first
 /// connection, without saying which file.
 fn check_tls_parameters(url: &str) -> Result<(), String> {
-    let Some((_, query)) = url.split_once('?') else {
-        return Ok(());
-    };
-    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+    for (key, value) in url::form_urlencoded::parse(query(url).as_bytes()) {
         match &*key {
             "sslmode" | "ssl-mode" if !SSL_MODES.contains(&&*value) => {
                 return Err(format!(
@@ -219,6 +218,32 @@ pub async fn connect_migrated(url: &str) -> Result<PgStore, Failure> {
     Ok(store)
 }
 
+/// Where the user information of a URL's `rest` (what follows `scheme://`) ends: the index of
+/// the `@` before the host, if it has one. A password (`user:PASSWORD@host`) may hold `@`, `/`,
+/// `?` or `#` unencoded (`postgres://cm:se/cret@db/cm`), and where it ends cannot be told from
+/// the text, so it is taken to run to the last `@` of the URL: a password is never shown for
+/// want of encoding, at the cost of hiding more than the password when the path or query holds
+/// an `@` too (`postgres://db:5432/cm?application_name=a@b` is shown as `postgres://db:***@b`).
+/// Without a password the user information ends at the authority's last `@`.
+fn userinfo_end(rest: &str) -> Option<usize> {
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let last_at = authority.rfind('@');
+    match authority.find(':') {
+        Some(colon) if last_at.is_none_or(|at| colon < at) => rest.rfind('@'),
+        _ => last_at,
+    }
+}
+
+/// A URL's query: what follows the first `?` after its user information (a password may hold a
+/// `?`), up to a `#`; empty when it has none.
+fn query(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let after = userinfo_end(rest).map_or(rest, |at| &rest[at..]);
+    after
+        .split_once('?')
+        .map_or("", |(_, query)| query.split('#').next().unwrap_or(query))
+}
+
 /// Whether a URL query parameter holds a secret (`password`, `sslpassword`, a token, …).
 /// Paths to files that hold secrets (`passfile`, `sslkey`) are not secrets themselves.
 fn is_secret_parameter(key: &str) -> bool {
@@ -245,15 +270,14 @@ pub fn secrets(url: &str) -> Vec<String> {
             }
         }
     };
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    if let Some((_, rest)) = base.split_once("://") {
-        let authority = rest.split('/').next().unwrap_or(rest);
-        if let Some((userinfo, _)) = authority.rsplit_once('@')
-            && let Some((_, password)) = userinfo.split_once(':')
-        {
-            push(password);
-        }
-        for pair in query.split(['&', '#']) {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    if let Some(at) = userinfo_end(rest)
+        && let Some((_, password)) = rest[..at].split_once(':')
+    {
+        push(password);
+    }
+    if url.contains("://") {
+        for pair in query(url).split(['&', '#']) {
             if let Some((key, value)) = pair.split_once('=') {
                 let key: String = url::form_urlencoded::parse(format!("{key}=").as_bytes())
                     .map(|(k, _)| k.into_owned())
@@ -341,6 +365,60 @@ mod tests {
             scrub("bad password \"p@ss\" for cm", "postgres://cm:p%40ss@db/cm"),
             "bad password \"***\" for cm"
         );
+    }
+
+    #[test]
+    fn a_password_with_an_unencoded_delimiter_is_redacted_whole() {
+        for (url, password) in [
+            ("postgres://postgres:se/cret99@127.0.0.1/cm", "se/cret99"),
+            ("postgres://cm:pa?ss99@db:5432/cm", "pa?ss99"),
+            ("postgres://cm:pa#ss99@db/cm", "pa#ss99"),
+            (
+                "postgresql://app:pa@ss/w0rd?x@db/cm?sslmode=disable",
+                "pa@ss/w0rd?x",
+            ),
+            ("postgres://cm:12/34@db/cm", "12/34"),
+            // No scheme, or a mistyped one: still a user and a password before a host.
+            ("cm:se/cret99@db/cm", "se/cret99"),
+            ("postgres:/cm:se/cret99@db/cm", "se/cret99"),
+        ] {
+            let shown = redact(url);
+            assert!(!shown.contains(password), "{url}: {shown}");
+            assert!(shown.contains(":***@"), "{url}: {shown}");
+            assert!(secrets(url).iter().any(|s| s.contains(password)), "{url}");
+            // Refused or not, no message about the URL holds any part of the password.
+            if let Err(Failure::Input(message)) = check_url(url) {
+                assert!(!message.contains(password), "{message}");
+                for piece in password.split(['/', '?', '#', '@']) {
+                    assert!(!message.contains(&format!(":{piece}")), "{message}");
+                }
+                assert_eq!(message.lines().count(), 1, "{message}");
+            }
+        }
+        // The reviewer's case: refused as bad input, the password masked.
+        let Err(Failure::Input(message)) = check_url("postgres://postgres:se/cret99@127.0.0.1/cm")
+        else {
+            panic!("accepted");
+        };
+        assert!(
+            message.starts_with("invalid --database-url postgres://postgres:***@127.0.0.1/cm:"),
+            "{message}"
+        );
+        // The query after such a password is still read: its TLS parameters are checked.
+        let Err(Failure::Input(message)) = check_url("postgres://cm:a?b@db/cm?sslmode=verify_full")
+        else {
+            panic!("accepted");
+        };
+        assert!(message.contains("sslmode=\"verify_full\""), "{message}");
+        // URLs without a password keep their ports, paths and queries.
+        for kept in [
+            "postgres://cm@db:5432/cm?sslmode=disable",
+            "postgres://db:5432/cm",
+            "postgres://[::1]:5432/cm",
+            "postgres://cm@h1:5432,h2:5433/cm",
+        ] {
+            check(kept, kept);
+        }
     }
 
     #[test]

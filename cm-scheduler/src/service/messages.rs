@@ -114,8 +114,12 @@ impl MessageArgs {
                 let path = self.webhook_secret_file.as_deref().ok_or_else(|| {
                     input("--message-backend webhook needs --webhook-secret-file")
                 })?;
-                let secret = WebhookSecret::parse(&read_secret_file(path, "webhook secret")?)
-                    .map_err(|e| input(format!("{}: {e}", path.display())))?;
+                let secret = WebhookSecret::parse(&read_secret_file(
+                    path,
+                    "--webhook-secret-file",
+                    "webhook secret",
+                )?)
+                .map_err(|e| input(format!("{}: {e}", path.display())))?;
                 // Building the client touches no network, so a bad URL is bad input here,
                 // before anything is written.
                 let webhook = WebhookDispatcher::new(&url, secret).map_err(webhook_failure)?;
@@ -128,7 +132,7 @@ impl MessageArgs {
                     .ok_or_else(|| input("--message-backend nats needs --nats-url"))?;
                 secrets::register_url(&url);
                 if let Some(path) = &self.nats_credentials_file {
-                    read_secret_file(path, "NATS credentials")?;
+                    read_secret_file(path, "--nats-credentials-file", "NATS credentials")?;
                 }
                 let attempts = config.max_attempts.max(1);
                 Ok(MessagePlan::Nats(NatsConfig {
@@ -191,11 +195,11 @@ fn webhook_failure(e: WebhookConfigError) -> Failure {
 }
 
 /// Reads a file of secret material, registering its content with the scrubber; the error names
-/// the file and the problem, never content.
-fn read_secret_file(path: &Path, what: &str) -> Result<String, Failure> {
+/// the flag, the file and the problem, never content.
+fn read_secret_file(path: &Path, flag: &str, what: &str) -> Result<String, Failure> {
     let text = crate::bounded::read_file(path, crate::bounded::SECRET_FILE).map_err(|e| {
         input(format!(
-            "cannot read the {what} file {}: {e}",
+            "cannot read {flag} {}, the {what} file: {e}",
             path.display()
         ))
     })?;

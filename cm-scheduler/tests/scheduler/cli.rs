@@ -317,6 +317,7 @@ async fn bad_input_exits_2_with_one_line_and_writes_nothing() {
     let not_json = files.write("not-json.json", "repository: x");
     let no_repository = files.write("no-repository.json", r#"{"task": "lint"}"#);
     let missing_file = files.path("missing.json");
+    let empty_token = files.write("empty.token", "");
     let dir = files.dir().display().to_string();
     let missing = Uuid::new_v4().to_string();
     let create = |rest: &[&str]| -> Vec<String> {
@@ -376,7 +377,7 @@ async fn bad_input_exits_2_with_one_line_and_writes_nothing() {
             argv(&["run", "--listen", "0.0.0.0:0", "--http-token-file", "/nonexistent/token"]),
             "/nonexistent/token",
         ),
-        (argv(&["run", "--listen", "127.0.0.1:0", "--http-token-file", "/dev/null"]), "empty"),
+        (argv(&["run", "--listen", "127.0.0.1:0", "--http-token-file", &empty_token]), "empty"),
     ];
     for (args, fragment) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

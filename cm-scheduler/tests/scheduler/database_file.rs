@@ -76,8 +76,13 @@ async fn the_url_is_read_from_a_file_and_given_once() {
     let empty = files.write("empty", "\n");
     let mut empty_file = bare();
     empty_file.args(["--database-url-file", &empty, "routine", "list"]);
+    // A file far larger than the limit (sparse): read no further than the limit.
+    let huge = files.path("huge");
+    std::fs::File::create(&huge)
+        .and_then(|f| f.set_len(1 << 30))
+        .expect("writing a sparse file");
     let mut endless = bare();
-    endless.args(["--database-url-file", "/dev/zero", "routine", "list"]);
+    endless.args(["--database-url-file", &huge, "routine", "list"]);
     let mut missing = bare();
     missing.args([
         "--database-url-file",

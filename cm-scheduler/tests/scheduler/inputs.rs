@@ -214,7 +214,8 @@ fn bounded_run(args: &[&str]) -> (Run, Duration) {
 fn endless_files_are_refused_at_their_limit_at_once() {
     let files = MissionFiles::new();
     let secret = files.write("secret", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
-    // A mission file must be a regular file (a device is refused unread): a sparse one of a GiB.
+    // A file the command line names must be a regular file (a device is refused unread): a
+    // sparse one of a GiB. An import, which may be a pipe, is read from /dev/zero.
     let huge = files.path("huge.json");
     std::fs::File::create(&huge)
         .and_then(|f| f.set_len(1 << 30))
@@ -230,7 +231,7 @@ fn endless_files_are_refused_at_their_limit_at_once() {
             &create_args(
                 "m",
                 "0 9 * * *",
-                &["--message", "x", "--mission-config", "/dev/zero"],
+                &["--message", "x", "--mission-config", &huge],
             ),
             "256 KiB",
         ),
@@ -242,18 +243,12 @@ fn endless_files_are_refused_at_their_limit_at_once() {
                 "--mission-image",
                 "i",
                 "--mission-config",
-                "/dev/zero",
+                &huge,
             ],
             "256 KiB",
         ),
         (
-            &[
-                "run",
-                "--listen",
-                "127.0.0.1:0",
-                "--http-token-file",
-                "/dev/zero",
-            ],
+            &["run", "--listen", "127.0.0.1:0", "--http-token-file", &huge],
             "64 KiB",
         ),
         (
@@ -264,7 +259,7 @@ fn endless_files_are_refused_at_their_limit_at_once() {
                 "--webhook-url",
                 "https://hooks.example.com/x",
                 "--webhook-secret-file",
-                "/dev/zero",
+                &huge,
             ],
             "64 KiB",
         ),
@@ -276,7 +271,7 @@ fn endless_files_are_refused_at_their_limit_at_once() {
                 "--nats-url",
                 "nats://127.0.0.1:1",
                 "--nats-credentials-file",
-                "/dev/zero",
+                &huge,
             ],
             "64 KiB",
         ),

@@ -3,37 +3,46 @@
 //! mission root (the file's directory, or `--mission-root`), never as an absolute path, through
 //! `..` or through a symbolic link out of it; and a mission file, an import's or `--mission`'s,
 //! is read only when it is a regular file, so a FIFO, a socket or a device is refused at once
-//! instead of hanging the command. And one rule for `--overlap`: a message routine has none,
+//! instead of hanging the command; so is every other file the command line names
+//! (`--mission-config`, `--database-url-file`, `--http-token-file`, `--webhook-secret-file`,
+//! `--nats-credentials-file`). And one rule for `--overlap`: a message routine has none,
 //! whether `create`, `update` or `import` gives it.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::cli::{MissionFiles, Run, cm, create_args, created_id, ok, run_within};
+use crate::cli::{MissionFiles, NOWHERE, cm, create_args, created_id, ok, run_within};
 use crate::operator::{case, check_refused};
 use crate::support::{TestDb, cm_scheduler};
 
 /// A mission the checks accept.
 const MISSION: &str = r#"{"repository": "https://git.example.com/team/repo.git", "task": "t"}"#;
 
-/// Runs the binary against `url`, killed after `patience`: what it did (`None` when it was still
-/// running, that is hanging) and how long it took.
-fn timed(url: &str, args: &[&str], patience: Duration) -> (Option<Run>, Duration) {
-    let started = Instant::now();
-    let mut command = cm_scheduler();
-    command.arg("--database-url").arg(url).args(args);
-    let run = run_within(&mut command, patience);
-    (run, started.elapsed())
-}
-
 /// Asserts `args` are refused (exit 2, one line naming `fragment`) within a few seconds.
 #[track_caller]
 fn refused_promptly(url: &str, args: &[&str], fragment: &str) {
-    let (run, took) = timed(url, args, Duration::from_secs(10));
+    let mut command = cm_scheduler();
+    command.arg("--database-url").arg(url).args(args);
+    refused_at_once(command, &[fragment]);
+}
+
+/// Asserts `command` is refused (exit 2, one line naming each of `fragments`) within a few
+/// seconds; it is killed after ten, as hanging.
+#[track_caller]
+fn refused_at_once(mut command: Command, fragments: &[&str]) {
+    let args: Vec<_> = command.get_args().map(|a| a.to_owned()).collect();
+    let started = Instant::now();
+    let run = run_within(&mut command, Duration::from_secs(10));
+    let took = started.elapsed();
     let run = run.unwrap_or_else(|| panic!("{args:?} still ran after {took:?}: it hung"));
     assert_eq!(run.code, Some(2), "{args:?}: {run:?}");
-    assert!(run.stderr.contains(fragment), "{args:?}: {run:?}");
+    for fragment in fragments {
+        assert!(
+            run.stderr.contains(fragment),
+            "{fragment}: {args:?}: {run:?}"
+        );
+    }
     assert_eq!(run.stderr.lines().count(), 1, "{args:?}: {run:?}");
     assert!(took < Duration::from_secs(5), "{args:?} took {took:?}");
 }
@@ -209,6 +218,87 @@ async fn a_mission_given_on_the_command_line_must_be_a_regular_file() {
         ],
     )
     .await;
+}
+
+/// The operator's other files, each a FIFO (or a device): refused at once, naming the flag and
+/// saying the file is not a regular file, instead of waiting for a writer that never comes. No
+/// database is reached: each is refused before anything connects.
+#[test]
+fn every_file_the_command_line_names_must_be_a_regular_file() {
+    let files = MissionFiles::new();
+    let pipe = files.path("pipe");
+    fifo(Path::new(&pipe));
+    for path in [pipe.as_str(), "/dev/zero"] {
+        let kind = if path == pipe { "a FIFO" } else { "a device" };
+        let flagged: [(&str, Vec<&str>); 7] = [
+            (
+                "--mission-config",
+                vec![
+                    "routine",
+                    "create",
+                    "--name",
+                    "n",
+                    "--schedule",
+                    "0 3 * * *",
+                ]
+                .into_iter()
+                .chain(["--message", "hi", "--mission-config", path])
+                .collect(),
+            ),
+            (
+                "--mission-config",
+                vec!["run", "--mission-backend", "docker", "--mission-image", "i"]
+                    .into_iter()
+                    .chain(["--mission-config", path])
+                    .collect(),
+            ),
+            (
+                "--mission-config",
+                vec![
+                    "run",
+                    "--mission-backend",
+                    "process",
+                    "--mission-config",
+                    path,
+                ]
+                .into_iter()
+                .chain(["--mission-command", "true"])
+                .collect(),
+            ),
+            (
+                "--http-token-file",
+                vec!["run", "--listen", "127.0.0.1:0", "--http-token-file", path],
+            ),
+            (
+                "--webhook-secret-file",
+                vec!["run", "--message-backend", "webhook", "--webhook-url"]
+                    .into_iter()
+                    .chain(["https://hooks.example.com/x", "--webhook-secret-file", path])
+                    .collect(),
+            ),
+            (
+                "--nats-credentials-file",
+                vec!["run", "--message-backend", "nats", "--nats-url"]
+                    .into_iter()
+                    .chain(["nats://127.0.0.1:1", "--nats-credentials-file", path])
+                    .collect(),
+            ),
+            (
+                "--database-url-file",
+                vec!["--database-url-file", path, "routine", "list"],
+            ),
+        ];
+        for (flag, args) in flagged {
+            let mut command = cm_scheduler();
+            if flag == "--database-url-file" {
+                command.env_remove("DATABASE_URL");
+            } else {
+                command.args(["--database-url", NOWHERE]);
+            }
+            command.args(&args);
+            refused_at_once(command, &[flag, kind, "not a regular file"]);
+        }
+    }
 }
 
 #[tokio::test]

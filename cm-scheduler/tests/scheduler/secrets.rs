@@ -238,3 +238,46 @@ async fn no_configured_secret_is_ever_printed() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A database password with an unencoded `/` or `?` makes the URL unreadable (its start reads
+/// as a host and a port), and the refusal that quotes the URL masks it all the same, given
+/// through the flag, the environment or a file. No database is reached: the URL is refused
+/// before anything connects.
+#[test]
+fn a_password_the_url_cannot_hold_is_masked_in_the_refusal() {
+    let dir = std::env::temp_dir().join(format!("cm-url-pw-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (url, password) in [
+        ("postgres://postgres:se/cret99@127.0.0.1:1/x", "se/cret99"),
+        ("postgres://postgres:pa?ss99@127.0.0.1:1/x", "pa?ss99"),
+        (
+            "postgresql://app:pa@ss:x/w0rd!@127.0.0.1:1/x",
+            "pa@ss:x/w0rd!",
+        ),
+    ] {
+        let file = secret_file(&dir, "database-url", &format!("{url}\n"));
+        let mut flag = cm_scheduler();
+        flag.args(["--database-url", url, "routine", "list"]);
+        let mut env = cm_scheduler();
+        env.env("DATABASE_URL", url).args(["routine", "list"]);
+        let mut from_file = cm_scheduler();
+        from_file.env_remove("DATABASE_URL").args([
+            "--database-url-file",
+            &file,
+            "routine",
+            "list",
+        ]);
+        for command in [flag, env, from_file] {
+            let out = crate::cli::run(command);
+            assert_eq!(out.code, Some(2), "{url}: {out:?}");
+            assert!(
+                out.stderr.contains("invalid --database-url") && out.stderr.contains(":***@"),
+                "{url}: {out:?}"
+            );
+            for piece in [password, "cret99", "ss99", "w0rd"] {
+                assert!(!out.stderr.contains(piece), "{url}: {piece} in {out:?}");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

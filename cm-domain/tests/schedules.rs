@@ -3,7 +3,9 @@
 //!
 //! `data/schedules.json` is the project's shared set of examples (copied here so the crate's
 //! tests do not read outside it); `data/schedules_extra.json` adds hand-checked cases for more
-//! zones and syntax, each with a `why`.
+//! zones and syntax, each with a `why`; `data/schedules_quartz.json` does the same for Quartz's
+//! `L`, `W` and `#` across daylight-saving changes (worked by hand, then checked by a separate
+//! minute-by-minute walk written with Python's `zoneinfo`, not by cm's code).
 
 use chrono::{DateTime, Utc};
 use cm_domain::Schedule;
@@ -90,6 +92,32 @@ fn shared_vectors_pass() {
 #[test]
 fn extra_vectors_pass() {
     run_vectors(include_str!("data/schedules_extra.json"));
+}
+
+#[test]
+fn quartz_vectors_pass() {
+    run_vectors(include_str!("data/schedules_quartz.json"));
+}
+
+/// Issue 48's values, as `schedule next --after 2026-12-15T00:00:00Z --count 3` lists them.
+#[test]
+fn quartz_items_give_the_issues_values() {
+    let after: DateTime<Utc> = "2026-12-15T00:00:00Z".parse().unwrap();
+    for (expr, expected) in [
+        ("0 9 L * *", ["2026-12-31", "2027-01-31", "2027-02-28"]),
+        ("0 9 * * 5#3", ["2026-12-18", "2027-01-15", "2027-02-19"]),
+        ("0 9 * * 5L", ["2026-12-25", "2027-01-29", "2027-02-26"]),
+        ("0 9 15W * *", ["2026-12-15", "2027-01-15", "2027-02-15"]),
+    ] {
+        let schedule = Schedule::parse(expr, "UTC").unwrap_or_else(|e| panic!("{expr:?}: {e}"));
+        let got: Vec<String> = schedule
+            .occurrences_after(after)
+            .take(3)
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .collect();
+        let expected: Vec<String> = expected.iter().map(|d| format!("{d}T09:00:00Z")).collect();
+        assert_eq!(got, expected, "{expr:?}");
+    }
 }
 
 #[test]

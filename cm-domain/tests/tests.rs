@@ -11,6 +11,8 @@ mod model;
 mod repository_hosts;
 // Windows and exclusions: `next_after` walks exactly the rule's occurrences an oracle keeps.
 mod rules_properties;
+// Quartz's `L`, `W` and `#`: a year of `next_after` against a day-by-day reference.
+mod quartz_properties;
 // `next_after` against a brute-force oracle, over generated expressions and zones.
 mod schedule_properties;
 // The worked DST vectors in `data/`, every one chained through `next_after`.

@@ -2,8 +2,12 @@
 //! canonical form compiled by croner.
 //!
 //! [`compile_cron`] splits the expression into five or six fields, expands a macro, checks each
-//! field ([`super::field`]), refuses day-of-month and month fields that never meet, and hands
-//! croner one canonical six-field text, so that what croner compiles is exactly what cm checked.
+//! field ([`super::field`]), refuses day and month fields that never meet, and hands croner one
+//! canonical six-field text, so that what croner compiles is exactly what cm checked.
+//!
+//! croner matches Quartz's `L`, `LW`, `dW`, `wL` and `w#n` as cm documents them (the tests
+//! below check it against cm's own reading of every day of 28 years), so the canonical text
+//! passes them on as written, upper-cased, with Sunday as 0.
 
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
@@ -43,7 +47,8 @@ pub(crate) fn compile_cron(expression: &str) -> Result<CompiledCron, ScheduleErr
 
 /// An expression that passed cm's checks, in the form handed to croner.
 struct CheckedExpression {
-    /// Six numeric fields, seconds first, with no names or macros.
+    /// Six fields, seconds first, with no names or macros: numbers, and Quartz's `L`, `W` and
+    /// `#` upper-cased.
     canonical: String,
     /// Whether second, minute and hour are each one plain number.
     fixed_time: bool,
@@ -110,7 +115,7 @@ fn check_expression(expression: &str) -> Result<CheckedExpression, ScheduleError
     // day-of-week field.
     let days_or = !dom.starts_with_star() && !dow.starts_with_star();
     if !days_or {
-        check_calendar(&dom, &month, rest[2], rest[3])?;
+        check_calendar(&dom, &month, &dow, [rest[2], rest[3], rest[4]])?;
     }
     let and_marker = if !days_or && !dom.is_star() && !dow.is_star() {
         "+"
@@ -158,28 +163,53 @@ fn expand_macro(name: &str, tokens: usize) -> Result<Vec<&'static str>, Schedule
     Ok(expansion.split(' ').collect())
 }
 
-/// Refuses day-of-month and month fields that never meet (`30` in `2`), when the days must
-/// match by day of month.
+/// Refuses day fields and a month field that never meet, when a day must match both day
+/// fields: a day of the month no month selected has (`30` in `2`, `31W` in `4`), or one that
+/// never falls on a weekday the day-of-week field selects (`LW` on a Sunday, `*/31` (the 1st)
+/// on a second Friday).
+///
+/// Every month starts on every weekday over the years, and February does in leap years and in
+/// others, so trying each month the field selects, at each length it can have, starting on
+/// each weekday, is exact.
 fn check_calendar(
     dom: &ParsedField,
     month: &ParsedField,
-    dom_text: &str,
-    month_text: &str,
+    dow: &ParsedField,
+    [dom_text, month_text, dow_text]: [&str; 3],
 ) -> Result<(), ScheduleError> {
-    // The longest each month can be: February has 29 days in leap years, and every day of a
-    // month meets every weekday over the years, so this is exact.
-    const LONGEST: [u32; 12] = [31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
-    let first_day = dom.values.trailing_zeros();
-    let fits = (1..=12u32)
-        .filter(|m| month.values & (1 << m) != 0)
-        .any(|m| first_day <= LONGEST[(m - 1) as usize]);
-    if fits {
-        Ok(())
-    } else {
-        Err(ScheduleError::NeverFires {
+    let meets = |with_dow: bool| {
+        (1..=12u32)
+            .filter(|m| month.values & (1 << m) != 0)
+            .flat_map(|m| match m {
+                2 => vec![28, 29],
+                4 | 6 | 9 | 11 => vec![30],
+                _ => vec![31],
+            })
+            .any(|length| {
+                (0..7).any(|first| {
+                    (1..=length).any(|day| {
+                        let weekday = (first + day - 1) % 7;
+                        dom.selects_day(Field::DayOfMonth, day, length, weekday)
+                            && (!with_dow
+                                || dow.selects_day(Field::DayOfWeek, day, length, weekday))
+                    })
+                })
+            })
+    };
+    if !meets(false) {
+        return Err(ScheduleError::NeverFires {
             reason: format!("day-of-month {dom_text:?} never occurs in month {month_text:?}"),
-        })
+        });
     }
+    if !meets(true) {
+        return Err(ScheduleError::NeverFires {
+            reason: format!(
+                "day-of-month {dom_text:?} never falls on day-of-week {dow_text:?} in month \
+                 {month_text:?}"
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -281,5 +311,92 @@ mod tests {
         check_err("0 0 30-31 2 *", "never fires");
         check_err("0 0 31 2,4 *", "never fires");
         check_err("0 0 30 2 */2", "never fires");
+    }
+
+    #[test]
+    fn refuses_quartz_days_that_never_fire() {
+        check_err(
+            "0 9 31W 2 *",
+            "day-of-month \"31W\" never occurs in month \"2\"",
+        );
+        check_err("0 9 30W 2 *", "never occurs");
+        check_err("0 9 31W 4,6 *", "never occurs");
+        // `*/6` is Sunday and Saturday; a `W` day is Monday to Friday.
+        check_err(
+            "0 9 LW * */6",
+            "day-of-month \"LW\" never falls on day-of-week \"*/6\" in month \"*\"",
+        );
+        check_err("0 9 15W * */6", "never falls on");
+        // `*/31` is the 1st, never a second Friday; `*/15` (1, 16, 31) misses February's last
+        // seven days.
+        check_err("0 9 */31 * 5#2", "never falls on");
+        check_err("0 9 */15 2 5L", "never falls on");
+        for expr in [
+            "0 9 L 2 */7",
+            "0 9 */15 * 5L",
+            "0 9 31W * *",
+            "0 9 */31 * 5#1",
+            "0 9 LW * */5",
+            "0 9 */2 2 5#5",
+        ] {
+            check(expr, "UTC", true);
+        }
+    }
+
+    /// Every day of 28 years (each kind of year: leap or not, starting on each weekday) as
+    /// croner matches it and as cm reads the day fields, Quartz's items included.
+    #[test]
+    fn croner_matches_quartz_days_as_cm_reads_them() {
+        use chrono::{Datelike, NaiveDate};
+        let fields = [
+            ("L", "*"),
+            ("LW", "*"),
+            ("1W", "*"),
+            ("15W", "*"),
+            ("29W", "*"),
+            ("30W", "*"),
+            ("31W", "*"),
+            ("1W,31W,L", "*"),
+            ("2,LW,16W", "*"),
+            ("*", "5L"),
+            ("*", "0L,7L"),
+            ("*", "5#3"),
+            ("*", "1#5,6#1"),
+            ("*", "MON-WED,5L,0#2"),
+            ("L", "5#3"),
+            ("LW", "1"),
+            ("15W", "0#5"),
+            ("*/2", "5L"),
+            ("L", "*/2"),
+            ("*/5,LW", "1-5"),
+            ("1W", "*/3,6L"),
+        ];
+        for (dom_text, dow_text) in fields {
+            let expr = format!("0 0 {dom_text} * {dow_text}");
+            let cron = compile_cron(&expr).unwrap().cron;
+            let dom = parse_field(Field::DayOfMonth, dom_text).unwrap();
+            let dow = parse_field(Field::DayOfWeek, dow_text).unwrap();
+            let or = !dom.starts_with_star() && !dow.starts_with_star();
+            let mut date = NaiveDate::from_ymd_opt(2000, 1, 1).unwrap();
+            while date.year() < 2028 {
+                let next_month = date.with_day(1).unwrap() + chrono::Months::new(1);
+                let length = (next_month - date.with_day(1).unwrap()).num_days() as u32;
+                let weekday = date.weekday().num_days_from_sunday();
+                let by_dom = dom.selects_day(Field::DayOfMonth, date.day(), length, weekday);
+                let by_dow = dow.selects_day(Field::DayOfWeek, date.day(), length, weekday);
+                let expected = if or {
+                    by_dom || by_dow
+                } else {
+                    by_dom && by_dow
+                };
+                let midnight = date.and_hms_opt(0, 0, 0).unwrap();
+                assert_eq!(
+                    cron.is_time_matching(&midnight).unwrap(),
+                    expected,
+                    "{expr:?} on {date}"
+                );
+                date = date.succ_opt().unwrap();
+            }
+        }
     }
 }

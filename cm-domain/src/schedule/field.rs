@@ -2,8 +2,11 @@
 //!
 //! A field is a comma-separated list of items (`*`, `*/step`, a value, `a-b`, `a-b/step`); each is
 //! checked against the field's bounds and names here, so that a refusal names the field and says
-//! what is wrong with it. The checked field ([`ParsedField`]) knows the values it selects and how
-//! croner must be given it; [`super::cron`] puts the fields together.
+//! what is wrong with it. The day fields also take Quartz's items: `L` (the last day of the
+//! month), `LW` (its last weekday) and `15W` (the weekday nearest the 15th) in day-of-month,
+//! `5L` (the last Friday) and `5#3` (the third Friday) in day-of-week; each stands alone in its
+//! list item, with no range or step. The checked field ([`ParsedField`]) knows the days and
+//! values it selects and how croner must be given it; [`super::cron`] puts the fields together.
 
 use std::fmt;
 
@@ -77,13 +80,24 @@ enum Item {
     Value(u32),
     /// `a-b` or `a-b/step`.
     Range { start: u32, end: u32, step: u32 },
+    /// `L` in day-of-month: the month's last day.
+    LastDay,
+    /// `LW` in day-of-month: the month's last weekday (Monday to Friday).
+    LastWeekday,
+    /// `dW` in day-of-month: the weekday nearest day `d`, in the same month.
+    NearestWeekday(u32),
+    /// `wL` in day-of-week: the month's last weekday `w` (0 and 7 are Sunday).
+    LastOf(u32),
+    /// `w#n` in day-of-week: the `n`th weekday `w` of the month (1 to 5).
+    Nth { weekday: u32, n: u32 },
 }
 
 /// A checked field: its items, the values they select and its canonical text.
 pub(super) struct ParsedField {
     /// The items in the order written.
     items: Vec<Item>,
-    /// Bit `v` is set when the field selects value `v` (day-of-week 7 is kept as 7).
+    /// Bit `v` is set when the field selects value `v` (day-of-week 7 is kept as 7); Quartz's
+    /// items, which select days by the month they fall in, are not in it.
     pub(super) values: u64,
 }
 
@@ -119,9 +133,39 @@ impl ParsedField {
                     step: 1,
                 } => format!("{start}-{end}"),
                 Item::Range { start, end, step } => format!("{start}-{end}/{step}"),
+                Item::LastDay => "L".to_owned(),
+                Item::LastWeekday => "LW".to_owned(),
+                Item::NearestWeekday(d) => format!("{d}W"),
+                Item::LastOf(w) => format!("{}L", w % 7),
+                Item::Nth { weekday, n } => format!("{}#{n}", weekday % 7),
             })
             .collect();
         items.join(",")
+    }
+
+    /// Whether a day field selects `day` of a month `length` days long, `weekday` being the
+    /// day's weekday (0 is Sunday): a day-of-month field by the day's number, `L`, `LW` and
+    /// `dW`; a day-of-week field by its weekday, `wL` and `w#n`.
+    pub(super) fn selects_day(&self, field: Field, day: u32, length: u32, weekday: u32) -> bool {
+        // The weekday of another day `d` of the same month.
+        let weekday_of = |d: u32| (weekday + 7 * 5 + d - day) % 7;
+        let plain = match field {
+            Field::DayOfMonth => self.values & (1 << day) != 0,
+            _ => self.values & (1 << weekday) != 0 || (weekday == 0 && self.values & (1 << 7) != 0),
+        };
+        plain
+            || self.items.iter().any(|item| match *item {
+                Item::LastDay => day == length,
+                Item::LastWeekday => {
+                    day == nearest_weekday(length, length, weekday_of(length)).unwrap_or(0)
+                }
+                Item::NearestWeekday(d) => {
+                    d <= length && nearest_weekday(d, length, weekday_of(d)) == Some(day)
+                }
+                Item::LastOf(w) => w % 7 == weekday && day + 7 > length,
+                Item::Nth { weekday: w, n } => w % 7 == weekday && (day - 1) / 7 + 1 == n,
+                Item::Star { .. } | Item::Value(_) | Item::Range { .. } => false,
+            })
     }
 
     /// The canonical text of a second, minute or hour field, written so that croner classifies
@@ -146,6 +190,24 @@ impl ParsedField {
     }
 }
 
+/// The weekday (Monday to Friday) nearest day `d` of a month `length` days long, `weekday` being
+/// the weekday of `d` (0 is Sunday), by Quartz's rule for `W`: a Saturday moves to the Friday
+/// before and a Sunday to the Monday after, but never out of the month (a Saturday 1st moves to
+/// Monday the 3rd, a Sunday last day to the Friday two days before). `None` past the month's
+/// end. The month's last weekday (`LW`) is the one nearest its last day.
+pub(super) fn nearest_weekday(d: u32, length: u32, weekday: u32) -> Option<u32> {
+    if d == 0 || d > length {
+        return None;
+    }
+    Some(match weekday {
+        6 if d == 1 => 3,
+        6 => d - 1,
+        0 if d == length => d - 2,
+        0 => d + 1,
+        _ => d,
+    })
+}
+
 /// Checks one field and returns its items and values.
 pub(super) fn parse_field(field: Field, text: &str) -> Result<ParsedField, ScheduleError> {
     let error = |reason: String| ScheduleError::Field {
@@ -166,11 +228,19 @@ pub(super) fn parse_field(field: Field, text: &str) -> Result<ParsedField, Sched
         if part.is_empty() {
             return Err(error("empty list item".to_owned()));
         }
-        let item = parse_item(field, part).map_err(error)?;
+        let item = match parse_quartz(field, part) {
+            Some(quartz) => quartz.map_err(error)?,
+            None => parse_item(field, part).map_err(error)?,
+        };
         let (start, end, step) = match item {
             Item::Star { step } => (lo, hi, step),
             Item::Value(v) => (v, v, 1),
             Item::Range { start, end, step } => (start, end, step),
+            // Quartz's items select days by the month they fall in, not by a value.
+            _ => {
+                items.push(item);
+                continue;
+            }
         };
         let mut v = start;
         while v <= end {
@@ -179,7 +249,105 @@ pub(super) fn parse_field(field: Field, text: &str) -> Result<ParsedField, Sched
         }
         items.push(item);
     }
+    if items.contains(&Item::LastDay) && items.contains(&Item::LastWeekday) {
+        return Err(error(
+            "`L` and `LW` cannot share a list (the cron engine would read both as LW)".to_owned(),
+        ));
+    }
     Ok(ParsedField { items, values })
+}
+
+/// Checks one list item of a day field written with Quartz's `L`, `W` or `#`; `None` when the
+/// item is not one (it is checked as a plain item then).
+fn parse_quartz(field: Field, part: &str) -> Option<Result<Item, String>> {
+    let base = part.split('/').next().unwrap_or(part).to_ascii_uppercase();
+    let quartz = match field {
+        Field::DayOfMonth => base.contains(['L', 'W', '#']),
+        // No weekday name ends with `L` or `W`, or holds a `#`.
+        Field::DayOfWeek => base.contains('#') || base.ends_with('L') || base.ends_with('W'),
+        _ => false,
+    };
+    if !quartz {
+        return None;
+    }
+    Some(if field == Field::DayOfMonth && base.contains('#') {
+        Err("`#` belongs in the day-of-week field (5#3 is the third Friday)".to_owned())
+    } else if part.contains(['/', '-']) {
+        Err(match base.strip_prefix("L-") {
+            Some(offset) if field == Field::DayOfMonth && !part.contains('/') => format!(
+                "L-{offset}: an offset from the last day is not supported (write L, LW or a \
+                 day with W such as 15W)"
+            ),
+            _ => "`L`, `W` and `#` stand alone in a list item, with no range or step".to_owned(),
+        })
+    } else if field == Field::DayOfMonth {
+        parse_day_of_month_quartz(&base)
+    } else {
+        parse_day_of_week_quartz(&base)
+    })
+}
+
+/// Checks `L`, `LW` or `dW` (upper-cased) in day-of-month.
+fn parse_day_of_month_quartz(item: &str) -> Result<Item, String> {
+    match item {
+        "L" => return Ok(Item::LastDay),
+        "LW" => return Ok(Item::LastWeekday),
+        "W" => {
+            return Err(
+                "`W` needs a day before it (15W is the weekday nearest the 15th, LW the last \
+                 weekday)"
+                    .to_owned(),
+            );
+        }
+        _ => {}
+    }
+    match item.strip_suffix('W') {
+        Some(day) if !day.is_empty() && day.bytes().all(|b| b.is_ascii_digit()) => {
+            match day.parse::<u32>() {
+                Ok(d) if (1..=31).contains(&d) => Ok(Item::NearestWeekday(d)),
+                _ => Err(format!("{item}: the day before `W` must be 1-31")),
+            }
+        }
+        _ => Err(format!(
+            "{item:?} is not a day-of-month item (expected a number, L, LW or a day with W such \
+             as 15W)"
+        )),
+    }
+}
+
+/// Checks `wL` or `w#n` (upper-cased) in day-of-week.
+fn parse_day_of_week_quartz(item: &str) -> Result<Item, String> {
+    if item.ends_with('W') {
+        return Err(
+            "`W` belongs in the day-of-month field (15W is the weekday nearest the 15th)"
+                .to_owned(),
+        );
+    }
+    if let Some((weekday, n)) = item.split_once('#') {
+        if weekday.is_empty() {
+            return Err("`#` needs a weekday before it (5#3 is the third Friday)".to_owned());
+        }
+        let weekday = parse_value(Field::DayOfWeek, weekday)?;
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!(
+                "`#` must be followed by 1 to 5, not {n:?} (5#3 is the third Friday)"
+            ));
+        }
+        return match n.parse::<u32>() {
+            Ok(n @ 1..=5) => Ok(Item::Nth { weekday, n }),
+            _ => Err(format!(
+                "#{n}: a weekday occurs 1 to 5 times in a month (write #1 to #5)"
+            )),
+        };
+    }
+    match item.strip_suffix('L') {
+        Some("") | None => Err(
+            "`L` in day-of-week needs a weekday before it (5L is the last Friday; the last day \
+             of the month is L in day-of-month)"
+                .to_owned(),
+        ),
+        Some(weekday) => Ok(Item::LastOf(parse_value(Field::DayOfWeek, weekday)?)),
+    }
 }
 
 /// Checks one list item: `*`, `*/step`, a value, `a-b` or `a-b/step`.
@@ -284,8 +452,13 @@ fn parse_value(field: Field, text: &str) -> Result<u32, String> {
                 )
             });
     }
+    if text == "?" && matches!(field, Field::DayOfMonth | Field::DayOfWeek) {
+        return Err(
+            "`?` is not supported: write `*` (the day fields combine as in crontab(5))".to_owned(),
+        );
+    }
     Err(format!(
-        "{text:?} is not a value (expected a number{}; `L`, `W`, `#` and `?` are not supported)",
+        "{text:?} is not a value (expected a number{})",
         if field.names().is_empty() {
             ""
         } else {
@@ -296,7 +469,7 @@ fn parse_value(field: Field, text: &str) -> Result<u32, String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::schedule::testing::check_err;
+    use crate::schedule::testing::{check, check_err};
 
     #[test]
     fn refuses_out_of_range_values_naming_the_field() {
@@ -364,12 +537,160 @@ mod tests {
     }
 
     #[test]
-    fn refuses_quartz_and_croner_extensions() {
-        check_err("0 0 L * *", "day-of-month");
-        check_err("0 0 15W * *", "day-of-month");
-        check_err("0 0 * * 5L", "day-of-week");
-        check_err("0 0 * * MON#2", "day-of-week");
-        check_err("0 0 ? * MON", "day-of-month");
-        check_err("0 0 * * ?", "day-of-week");
+    fn accepts_quartz_day_items() {
+        for expr in [
+            "0 9 L * *",
+            "0 9 l * *",
+            "0 9 LW * *",
+            "0 9 lw * *",
+            "0 9 15W * *",
+            "0 9 15w * *",
+            "0 9 1W * *",
+            "0 9 31W * *",
+            "0 9 1,15W,L * *",
+            "0 9 15W,LW * *",
+            "0 9 * * 5L",
+            "0 9 * * 5l",
+            "0 9 * * FRIL",
+            "0 9 * * fril",
+            "0 9 * * 7L",
+            "0 9 * * 5#3",
+            "0 9 * * FRI#3",
+            "0 9 * * fri#3",
+            "0 9 * * 0#1",
+            "0 9 * * 7#5",
+            "0 9 * * SUN#5",
+            "0 9 * * 1#1,1#3,5L",
+            "0 9 * * MON-FRI,5L",
+            "0 9 L * 5#3",
+            "0 0 9 L * *",
+        ] {
+            check(expr, "UTC", true);
+        }
+        check("*/30 9 LW * *", "Europe/Berlin", false);
+    }
+
+    #[test]
+    fn writes_quartz_items_for_croner_upper_cased_with_sunday_as_0() {
+        let canonical = |expr: &str| {
+            crate::schedule::compile_cron(expr)
+                .map(|c| c.canonical)
+                .unwrap_or_else(|e| panic!("{expr:?}: {e}"))
+        };
+        assert_eq!(canonical("0 9 l * *"), "0 0 9 L * *");
+        assert_eq!(canonical("0 9 1,15w,lw * *"), "0 0 9 1,15W,LW * *");
+        assert_eq!(canonical("0 9 015W * *"), "0 0 9 15W * *");
+        assert_eq!(canonical("0 9 * * fri#3,SUNL,7#2"), "0 0 9 * * 5#3,0L,0#2");
+        assert_eq!(canonical("0 9 */2 * 5L"), "0 0 9 */2 * +5L");
+    }
+
+    #[test]
+    fn refuses_quartz_items_that_make_no_sense() {
+        for (expr, field, words) in [
+            ("0 0 L/2 * *", "day-of-month", "no range or step"),
+            ("0 0 15W/2 * *", "day-of-month", "no range or step"),
+            ("0 0 1-15W * *", "day-of-month", "no range or step"),
+            ("0 0 L-3 * *", "day-of-month", "offset from the last day"),
+            (
+                "0 0 0W * *",
+                "day-of-month",
+                "0W: the day before `W` must be 1-31",
+            ),
+            (
+                "0 0 32W * *",
+                "day-of-month",
+                "32W: the day before `W` must be 1-31",
+            ),
+            ("0 0 W * *", "day-of-month", "`W` needs a day before it"),
+            ("0 0 WL * *", "day-of-month", "not a day-of-month item"),
+            ("0 0 5L * *", "day-of-month", "not a day-of-month item"),
+            (
+                "0 0 5#3 * *",
+                "day-of-month",
+                "`#` belongs in the day-of-week field",
+            ),
+            (
+                "0 0 L,LW * *",
+                "day-of-month",
+                "`L` and `LW` cannot share a list",
+            ),
+            (
+                "0 0 * * 5W",
+                "day-of-week",
+                "`W` belongs in the day-of-month field",
+            ),
+            (
+                "0 0 * * LW",
+                "day-of-week",
+                "`W` belongs in the day-of-month field",
+            ),
+            ("0 0 * * L", "day-of-week", "needs a weekday before it"),
+            (
+                "0 0 * * 5#0",
+                "day-of-week",
+                "#0: a weekday occurs 1 to 5 times",
+            ),
+            (
+                "0 0 * * 5#6",
+                "day-of-week",
+                "#6: a weekday occurs 1 to 5 times",
+            ),
+            (
+                "0 0 * * 5#",
+                "day-of-week",
+                "`#` must be followed by 1 to 5",
+            ),
+            (
+                "0 0 * * 5#+3",
+                "day-of-week",
+                "`#` must be followed by 1 to 5",
+            ),
+            ("0 0 * * #3", "day-of-week", "`#` needs a weekday before it"),
+            ("0 0 * * 8#1", "day-of-week", "8 is out of range 0-7"),
+            ("0 0 * * FRIDAY#1", "day-of-week", "unknown name"),
+            ("0 0 * * 8L", "day-of-week", "8 is out of range 0-7"),
+            ("0 0 * * 1-5#2", "day-of-week", "no range or step"),
+            ("0 0 * * 5#3/2", "day-of-week", "no range or step"),
+            ("0 0 * * 5L/2", "day-of-week", "no range or step"),
+            (
+                "0 0 * * 5#1#2",
+                "day-of-week",
+                "`#` must be followed by 1 to 5",
+            ),
+            ("0 0 ? * MON", "day-of-month", "`?` is not supported"),
+            ("0 0 * * ?", "day-of-week", "`?` is not supported"),
+            ("L 0 * * *", "minute", "not a number"),
+            ("0 0 * L *", "month", "unknown name"),
+        ] {
+            check_err(expr, &format!("{field} field"));
+            check_err(expr, words);
+        }
+    }
+
+    #[test]
+    fn refuses_croner_extensions() {
+        check_err("0 0 * * +5", "day-of-week");
+        check_err("0 0 1 1 * 2030 x", "found 7");
+        check_err("5/10 * * * *", "a step needs `*` or a range");
+    }
+
+    #[test]
+    fn nearest_weekday_follows_quartz() {
+        use super::nearest_weekday;
+        // (day, month length, weekday of the day) -> the day W picks.
+        for (d, length, weekday, picked) in [
+            (15, 31, 3, Some(15)), // a Wednesday stays
+            (15, 31, 6, Some(14)), // a Saturday moves to Friday
+            (15, 31, 0, Some(16)), // a Sunday moves to Monday
+            (1, 31, 6, Some(3)),   // a Saturday 1st: Monday the 3rd, not the month before
+            (1, 31, 0, Some(2)),   // a Sunday 1st: Monday the 2nd
+            (31, 31, 0, Some(29)), // a Sunday 31st: Friday the 29th, not the month after
+            (31, 31, 6, Some(30)), // a Saturday 31st: Friday the 30th
+            (28, 28, 0, Some(26)), // a Sunday 28 February: Friday the 26th
+            (30, 30, 1, Some(30)),
+            (31, 30, 1, None), // no 31st
+        ] {
+            assert_eq!(nearest_weekday(d, length, weekday), picked, "{d}W");
+        }
     }
 }

@@ -11,11 +11,23 @@
 //! The macros `@yearly`, `@annually`, `@monthly`, `@weekly`, `@daily`, `@midnight` and `@hourly`
 //! are accepted; `@reboot` is not a time and is refused.
 //!
+//! The day fields also take Quartz's items, each alone in its list item (no range, no step):
+//! in day-of-month `L` (the month's last day), `LW` (its last weekday, Monday to Friday) and
+//! `15W` (the weekday nearest the 15th: a Saturday moves to the Friday before, a Sunday to the
+//! Monday after, never into another month, so `1W` on a Saturday 1st is Monday the 3rd; a
+//! month without a 31st has no `31W`); in day-of-week `5L` (the month's last Friday) and `5#3`
+//! (its third Friday, `#1` to `#5`; a month without a fifth simply has no `#5`), with cm's
+//! weekday numbers and names (`FRIL`, `FRI#3`; 0 and 7 are Sunday, not Quartz's 1). They are
+//! day-of-month and day-of-week values like any other, so the two day fields combine as above:
+//! `0 9 L * 5#3` fires on the last day and on the third Friday. `L` and `LW` cannot share a
+//! list.
+//!
 //! The expression is checked by this module, field by field, before it reaches the `croner`
 //! crate, so that every refusal names the field that is wrong and why, in one line. Extensions
-//! croner accepts beyond Vixie cron (`L`, `W`, `#`, `?`, a `+` day-of-week prefix, a year field,
-//! `5/10`) are refused, so that what cm accepts is exactly what an operator who knows crontab
-//! expects. A schedule that can never fire (`0 9 30 2 *`) is refused too.
+//! croner accepts beyond these (`?`, a `+` day-of-week prefix, a year field, `5/10`, `#` on a
+//! range) are refused, so that what cm accepts is exactly what an operator who knows crontab
+//! and Quartz expects. A schedule that can never fire (`0 9 30 2 *`, `0 9 LW * */6`: the last
+//! weekday on a Saturday or Sunday) is refused too.
 //!
 //! # Daylight saving
 //!

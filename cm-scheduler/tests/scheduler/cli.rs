@@ -305,6 +305,29 @@ fn schedule_next_prints_utc_instants_without_a_database() {
     );
 }
 
+/// Issue 48's values: Quartz's `L`, `#`, `wL` and `W` as `schedule next` lists them.
+#[test]
+fn schedule_next_lists_quartz_last_nth_and_nearest_days() {
+    for (expr, days) in [
+        ("0 9 L * *", ["2026-12-31", "2027-01-31", "2027-02-28"]),
+        ("0 9 * * 5#3", ["2026-12-18", "2027-01-15", "2027-02-19"]),
+        ("0 9 * * 5L", ["2026-12-25", "2027-01-29", "2027-02-26"]),
+        ("0 9 15W * *", ["2026-12-15", "2027-01-15", "2027-02-15"]),
+    ] {
+        let expected = days.map(|d| format!("{d}T09:00:00Z"));
+        let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+        check_next(expr, "UTC", "2026-12-15T00:00:00Z", &expected);
+    }
+    // Berlin's last Sunday of March 2027 is its change to summer time: 02:00 does not exist,
+    // and the fixed-time job fires at 03:00 CEST.
+    check_next(
+        "0 2 * * 0L",
+        "Europe/Berlin",
+        "2027-03-01T00:00:00Z",
+        &["2027-03-28T01:00:00Z", "2027-04-25T00:00:00Z"],
+    );
+}
+
 #[tokio::test]
 async fn bad_input_exits_2_with_one_line_and_writes_nothing() {
     let db = TestDb::new().await;
@@ -335,6 +358,8 @@ async fn bad_input_exits_2_with_one_line_and_writes_nothing() {
         (argv(&["schedule", "next", "61 * * * *"]), "minute"),
         (argv(&["schedule", "next", "* * * *"]), "field"),
         (argv(&["schedule", "next", "0 0 31 2 *"]), "never"),
+        (argv(&["schedule", "next", "0 0 * * 5#6"]), "#6"),
+        (argv(&["schedule", "next", "0 0 15W * 5W"]), "day-of-week"),
         (argv(&["schedule", "next", "* * * * *", "--timezone", "Mars/Olympus"]), "Mars/Olympus"),
         (argv(&["schedule", "next", "* * * * *", "--timezone", "+02:00"]), "+02:00"),
         (argv(&["schedule", "next", "* * * * *", "--after", "yesterday"]), "yesterday"),

@@ -158,6 +158,37 @@ fn cases() -> Vec<Case> {
             },
         ),
         with(
+            case("Quartz's days", "quartz days", stored("quartz days"), Same),
+            &|c| {
+                c.cron = "0 9 L * FRI#3";
+                c.varies = Varies::Schedule;
+            },
+        ),
+        with(
+            case(
+                "a sixth Friday",
+                "quartz",
+                Refused("#6: a weekday occurs 1 to 5 times"),
+                Same,
+            ),
+            &|c| {
+                c.cron = "0 9 * * 5#6";
+                c.varies = Varies::Schedule;
+            },
+        ),
+        with(
+            case(
+                "the last weekday on a weekend",
+                "quartz",
+                Refused("day-of-month \"LW\" never falls on day-of-week \"*/6\""),
+                Same,
+            ),
+            &|c| {
+                c.cron = "0 9 LW * */6";
+                c.varies = Varies::Schedule;
+            },
+        ),
+        with(
             case(
                 "bad zone",
                 "zone",

@@ -32,9 +32,8 @@ fn every_second(name: &str, kind: RoutineKind) -> NewRoutine {
     )
 }
 
-#[sqlx::test(migrator = "cm_store::MIGRATOR")]
-async fn a_routine_whose_last_fires_all_failed_is_paused_with_its_reason(pool: PgPool) {
-    let store = PgStore::new(pool);
+/// A broken mission routine and a healthy message routine, each due every second, in `store`.
+async fn broken_and_healthy(store: &PgStore) -> (cm_store::Routine, cm_store::Routine) {
     // With no mission backend, every occurrence of the mission routine settles failed.
     let broken = store
         .create_routine(every_second("broken-mission", RoutineKind::Mission))
@@ -44,6 +43,42 @@ async fn a_routine_whose_last_fires_all_failed_is_paused_with_its_reason(pool: P
         .create_routine(every_second("healthy-message", RoutineKind::Message))
         .await
         .unwrap();
+    (broken, healthy)
+}
+
+/// `scheduler` running its loop until the sender returned is sent `true`.
+fn running(
+    scheduler: Scheduler,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<cm_scheduler::RunSummary>,
+) {
+    let scheduler = Arc::new(scheduler);
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let run = scheduler.spawn(async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    });
+    (stop, run)
+}
+
+/// A scheduler on `store` with a memory message target and no mission backend.
+fn scheduler(store: &PgStore, config: SchedulerConfig, name: &str) -> Scheduler {
+    Scheduler::new(
+        Arc::new(store.clone()),
+        Arc::new(RoutedDispatcher::new(
+            Some(Arc::new(MemoryDispatcher::new())),
+            None,
+        )),
+        config,
+        name,
+    )
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_routine_whose_last_fires_all_failed_is_paused_with_its_reason(pool: PgPool) {
+    let store = PgStore::new(pool);
+    let (broken, healthy) = broken_and_healthy(&store).await;
     let config = SchedulerConfig {
         tick_interval: Duration::from_millis(100),
         // Maintenance (reaper, pruning, the automatic pause) runs every half lease.
@@ -51,23 +86,9 @@ async fn a_routine_whose_last_fires_all_failed_is_paused_with_its_reason(pool: P
         dispatch_timeout: Duration::from_millis(500),
         ..SchedulerConfig::default()
     };
-    let scheduler = Arc::new(
-        Scheduler::new(
-            Arc::new(store.clone()),
-            Arc::new(RoutedDispatcher::new(
-                Some(Arc::new(MemoryDispatcher::new())),
-                None,
-            )),
-            config,
-            "autopause-test",
-        )
-        .unwrap()
-        .with_auto_pause(Arc::new(store.clone()), AFTER),
+    let (stop, run) = running(
+        scheduler(&store, config, "autopause-test").with_auto_pause(Arc::new(store.clone()), AFTER),
     );
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let run = scheduler.clone().spawn(async move {
-        let _ = stopped.wait_for(|stop| *stop).await;
-    });
 
     let paused = poll(
         PATIENCE,
@@ -131,36 +152,14 @@ async fn a_routine_whose_last_fires_all_failed_is_paused_with_its_reason(pool: P
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn the_settle_of_the_nth_failure_pauses_the_routine(pool: PgPool) {
     let store = PgStore::new(pool).pausing_after_failures(AFTER);
-    let broken = store
-        .create_routine(every_second("broken-mission", RoutineKind::Mission))
-        .await
-        .unwrap();
-    let healthy = store
-        .create_routine(every_second("healthy-message", RoutineKind::Message))
-        .await
-        .unwrap();
+    let (broken, healthy) = broken_and_healthy(&store).await;
     let config = SchedulerConfig {
         tick_interval: Duration::from_millis(100),
         dispatch_timeout: Duration::from_millis(500),
         ..SchedulerConfig::default()
     };
     // No `with_auto_pause`: nothing but the settle can pause it.
-    let scheduler = Arc::new(
-        Scheduler::new(
-            Arc::new(store.clone()),
-            Arc::new(RoutedDispatcher::new(
-                Some(Arc::new(MemoryDispatcher::new())),
-                None,
-            )),
-            config,
-            "autopause-settle-test",
-        )
-        .unwrap(),
-    );
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let run = scheduler.clone().spawn(async move {
-        let _ = stopped.wait_for(|stop| *stop).await;
-    });
+    let (stop, run) = running(scheduler(&store, config, "autopause-settle-test"));
     let paused = poll(
         PATIENCE,
         async || store.get_routine(broken.id).await.unwrap(),

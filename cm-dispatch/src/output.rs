@@ -139,7 +139,7 @@ static KEY_VALUE_SECRET: LazyLock<Regex> = LazyLock::new(|| {
 /// `key: value`) and `"password": "…"` JSON values (case-insensitive; any key containing one of
 /// those words, `DB_PASSWORD=`, `github_token:`, a kubeconfig's `client-key-data:`, a Docker
 /// config's `"auth"`), PEM private key blocks (also one whose start or end was cut off), the
-/// rules of [`secret_rules`] (a token as a URL's user, Slack and Discord webhook paths,
+/// rules of its `secret_rules` table (a token as a URL's user, Slack and Discord webhook paths,
 /// `.npmrc` and `.netrc` credentials, `mysql -pX`, `curl -u user:X`, and the token shapes of
 /// GitHub, GitLab, Slack, Stripe, Google, SendGrid, npm, PyPI, AWS, Anthropic, OpenAI and
 /// others, JSON Web Tokens), and every string of `known` (the scheduler's own secrets, e.g. its

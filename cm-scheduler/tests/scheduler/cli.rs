@@ -360,6 +360,13 @@ async fn bad_input_exits_2_with_one_line_and_writes_nothing() {
         (argv(&["schedule", "next", "0 0 31 2 *"]), "never"),
         (argv(&["schedule", "next", "0 0 * * 5#6"]), "#6"),
         (argv(&["schedule", "next", "0 0 15W * 5W"]), "day-of-week"),
+        // What was typed, said back: a negative interval or limit, milliseconds, no schedule,
+        // a run limit on a one-shot.
+        (create(&["--every", "-5m", "--message", "hi"]), "negative"),
+        (create(&["--schedule", "0 9 * * *", "--limit-runs", "-3", "--message", "hi"]), "from 1"),
+        (create(&["--every", "500ms", "--message", "hi"]), "milliseconds"),
+        (create(&["--message", "hi"]), "a schedule is needed"),
+        (create(&["--at", "2030-01-01T00:00", "--limit-runs", "3", "--message", "hi"]), "one-shot"),
         (argv(&["schedule", "next", "* * * * *", "--timezone", "Mars/Olympus"]), "Mars/Olympus"),
         (argv(&["schedule", "next", "* * * * *", "--timezone", "+02:00"]), "+02:00"),
         (argv(&["schedule", "next", "* * * * *", "--after", "yesterday"]), "yesterday"),

@@ -199,6 +199,17 @@ fn check_tls_parameters(url: &str) -> Result<(), String> {
             | "ssl-key"
                 if !value.trim_start().starts_with("-----BEGIN") =>
             {
+                // A FIFO would block the open (and every connection's read) until some writer
+                // came: refused at once, as every other file cm is given on a FIFO is.
+                use std::os::unix::fs::FileTypeExt as _;
+                let kind = std::fs::metadata(&*value)
+                    .map_err(|e| format!("{key}={value}: {e}"))?
+                    .file_type();
+                if kind.is_fifo() {
+                    return Err(format!(
+                        "{key}={value}: it is a FIFO, not a regular file: only a file is read"
+                    ));
+                }
                 std::fs::File::open(&*value).map_err(|e| format!("{key}={value}: {e}"))?;
             }
             _ => {}

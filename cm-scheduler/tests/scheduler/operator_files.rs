@@ -299,6 +299,15 @@ fn every_file_the_command_line_names_must_be_a_regular_file() {
             refused_at_once(command, &[flag, kind, "not a regular file"]);
         }
     }
+    // A certificate named in the database URL on a FIFO is refused before any connection.
+    let mut command = cm_scheduler();
+    command.args([
+        "--database-url",
+        &format!("{NOWHERE}?sslmode=verify-full&sslrootcert={pipe}"),
+        "routine",
+        "list",
+    ]);
+    refused_at_once(command, &["sslrootcert", "a FIFO"]);
 }
 
 #[tokio::test]

@@ -149,6 +149,42 @@ const FAILED_WINDOW: Duration = Duration::from_secs(366 * 86_400);
 /// maintenance pass.
 const FAILED_LOCK_WAIT: &str = "1s";
 
+impl PgStore {
+    /// Runs `write`, a statement recording outcomes that returns the occurrences it wrote
+    /// (routine and instant). When the store pauses after N failures and `failing` names
+    /// occurrences whose outcome `write` records as failed, it runs in a transaction with the
+    /// pause of the routines of those it wrote ([`pause_failed_in`]); otherwise as any
+    /// statement does, with no transaction of its own.
+    pub(crate) async fn record_then_pause<'q>(
+        &self,
+        group: Option<GroupId>,
+        failing: &[(Uuid, chrono::DateTime<chrono::Utc>)],
+        write: sqlx::query::QueryAs<
+            'q,
+            Postgres,
+            (Uuid, chrono::DateTime<chrono::Utc>),
+            PgArguments,
+        >,
+    ) -> Result<Vec<(Uuid, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        let Some(after) = self.pause_after.filter(|_| !failing.is_empty()) else {
+            return Ok(on_store!(self, |e| write.fetch_all(e))?);
+        };
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = self.begin_on(&mut conn).await?;
+        let written = write.fetch_all(&mut *tx).await?;
+        let mut routines: Vec<Uuid> = failing
+            .iter()
+            .filter(|occurrence| written.contains(occurrence))
+            .map(|(routine_id, _)| *routine_id)
+            .collect();
+        routines.sort_unstable();
+        routines.dedup();
+        pause_failed_in(&mut tx, group, after, &routines).await?;
+        tx.commit().await?;
+        Ok(written)
+    }
+}
+
 /// In the transaction `tx` that has just recorded failed outcomes of `routines` (in `group`,
 /// or any): pauses those whose newest `after` fires all failed, as
 /// [`FailingRoutines::pause_failing_routines`] does, and logs each. Under a savepoint: a

@@ -498,35 +498,15 @@ impl PgStore {
         };
         // A run ended failed or lost may be its routine's Nth failure in a row: its pause is
         // written in the same transaction as the run's end.
-        let failing: Vec<Occurrence> = match self.pause_after {
-            Some(_) => updates
-                .iter()
-                .filter(|(_, update)| {
-                    matches!(update, RunUpdate::Observed(state)
-                        if matches!(state.name(), RunStateName::Failed | RunStateName::Lost))
-                })
-                .map(|(occurrence, _)| *occurrence)
-                .collect(),
-            None => Vec::new(),
-        };
-        let ended: Vec<(Uuid, DateTime<Utc>)> = match self.pause_after {
-            Some(after) if !failing.is_empty() => {
-                let mut conn = self.pool.acquire().await?;
-                let mut tx = self.begin_on(&mut conn).await?;
-                let ended: Vec<(Uuid, DateTime<Utc>)> = query.fetch_all(&mut *tx).await?;
-                let mut routines: Vec<Uuid> = failing
-                    .iter()
-                    .filter(|o| ended.contains(&(o.routine_id, o.scheduled_at)))
-                    .map(|o| o.routine_id)
-                    .collect();
-                routines.sort_unstable();
-                routines.dedup();
-                crate::autopause::pause_failed_in(&mut tx, group, after, &routines).await?;
-                tx.commit().await?;
-                ended
-            }
-            _ => on_store!(self, |e| query.fetch_all(e))?,
-        };
+        let failing: Vec<(Uuid, DateTime<Utc>)> = updates
+            .iter()
+            .filter(|(_, update)| {
+                matches!(update, RunUpdate::Observed(state)
+                    if matches!(state.name(), RunStateName::Failed | RunStateName::Lost))
+            })
+            .map(|(occurrence, _)| (occurrence.routine_id, occurrence.scheduled_at))
+            .collect();
+        let ended = self.record_then_pause(group, &failing, query).await?;
         let ended: std::collections::HashSet<Occurrence> = ended
             .into_iter()
             .map(|(routine_id, at)| Occurrence::new(routine_id, at))

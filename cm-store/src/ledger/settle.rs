@@ -291,32 +291,12 @@ async fn settle_fires_of(
     };
     // A failed outcome may be a routine's Nth in a row: its pause is written in the same
     // transaction, so no occurrence of it is claimed after this commits.
-    let failed: Vec<Uuid> = match store.pause_after {
-        Some(_) => settles
-            .iter()
-            .filter(|s| s.settlement.status() == cm_domain::FireStatus::Failed)
-            .map(|s| s.fire.occurrence.routine_id)
-            .collect(),
-        None => Vec::new(),
-    };
-    let settled: Vec<(Uuid, DateTime<Utc>)> = match store.pause_after {
-        Some(after) if !failed.is_empty() => {
-            let mut conn = store.pool.acquire().await?;
-            let mut tx = store.begin_on(&mut conn).await?;
-            let settled: Vec<(Uuid, DateTime<Utc>)> = query.fetch_all(&mut *tx).await?;
-            let written: HashSet<Uuid> = settled.iter().map(|(id, _)| *id).collect();
-            let mut routines: Vec<Uuid> = failed
-                .into_iter()
-                .filter(|id| written.contains(id))
-                .collect();
-            routines.sort_unstable();
-            routines.dedup();
-            crate::autopause::pause_failed_in(&mut tx, group, after, &routines).await?;
-            tx.commit().await?;
-            settled
-        }
-        _ => on_store!(store, |e| query.fetch_all(e))?,
-    };
+    let failing: Vec<(Uuid, DateTime<Utc>)> = settles
+        .iter()
+        .filter(|s| s.settlement.status() == cm_domain::FireStatus::Failed)
+        .map(|s| (s.fire.occurrence.routine_id, s.fire.occurrence.scheduled_at))
+        .collect();
+    let settled = store.record_then_pause(group, &failing, query).await?;
     let settled: HashSet<(Uuid, DateTime<Utc>)> = settled.into_iter().collect();
     if settled.len() == n {
         return Ok(vec![SettleOutcome::Settled; n]);

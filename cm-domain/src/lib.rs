@@ -59,6 +59,7 @@ pub struct ReadmeDoctests;
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
 
 pub mod backfill;
+pub mod calendar;
 pub mod claim;
 pub mod config;
 pub mod definition;
@@ -77,6 +78,7 @@ pub mod tick;
 pub mod trace;
 
 pub use backfill::{BackfillError, MAX_BACKFILL, RETENTION_MARGIN, backfill_occurrences};
+pub use calendar::{Calendar, CalendarError, OnHoliday, ParseOnHolidayError};
 pub use claim::{
     ClaimAction, ClaimOutcome, ClaimRow, ClaimToken, ErrorText, FireStatus, ParseFireStatusError,
     SettleError, Settlement,

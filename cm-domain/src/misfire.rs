@@ -166,7 +166,7 @@ pub fn plan_due(
 }
 
 /// Plans routine `routine`, whose clock (`next_run_at`) is `next_run_at`, at `now`, under
-/// `policy`: [`plan_due`] for any schedule, a `jitter` clause's included.
+/// `policy`: [`plan_due`] for any schedule, a `jitter` clause's and a calendar's included.
 ///
 /// With jitter the clock is the *planned* instant of the routine's next occurrence
 /// ([`Schedule::planned`]); the occurrence it stands for is
@@ -181,7 +181,7 @@ pub fn plan_routine_due(
     policy: MisfirePolicy,
     rules: &MisfireRules,
 ) -> DuePlan {
-    if schedule.jitter().is_none() {
+    if !schedule.moves_occurrences() {
         return plan_due(next_run_at, schedule, now, policy, rules);
     }
     let Some(due) = schedule.occurrence_planned_at(routine, next_run_at) else {

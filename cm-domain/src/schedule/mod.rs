@@ -50,6 +50,8 @@
 //!   exclusions.
 //! - `daylight`: a cron rule's wall times placed in real time across gaps and overlaps.
 //! - `planned`: the `jitter` clause: when each occurrence comes due ([`Schedule::planned`]).
+//! - `holidays`: a holiday calendar's days off, dropping or moving occurrences
+//!   ([`Schedule::with_calendar`]).
 //!
 //! The clauses after the rule (`@every`, `@at`, `except`, `from`, `until`, `jitter`) are read by
 //! [`crate::rules`].
@@ -63,6 +65,7 @@ use crate::rules::{Bounds, Rule};
 mod cron;
 mod daylight;
 mod field;
+mod holidays;
 mod occurrences;
 mod planned;
 mod zone;
@@ -184,6 +187,8 @@ pub struct Schedule {
     jitter: Option<TimeDelta>,
     /// How many candidates its checks looked at when it was parsed.
     checked_candidates: usize,
+    /// Its holiday calendar, if it is on one ([`Schedule::with_calendar`]).
+    holidays: Option<holidays::Holidays>,
 }
 
 impl Schedule {
@@ -248,6 +253,7 @@ impl Schedule {
             bounds,
             jitter,
             checked_candidates: 0,
+            holidays: None,
         };
         // Every check below counts the candidates it looks at against one budget.
         let mut spent = 0;
@@ -361,6 +367,10 @@ impl fmt::Debug for Schedule {
             .field("expression", &self.expression)
             .field("zone", &self.zone.name())
             .field("fixed_time", &self.is_fixed_time())
+            .field(
+                "on_holiday",
+                &self.holidays.as_ref().map(|h| h.on_holiday.as_str()),
+            )
             .finish_non_exhaustive()
     }
 }

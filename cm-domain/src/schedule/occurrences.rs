@@ -18,7 +18,8 @@ impl Schedule {
     }
 
     /// The first occurrence strictly after `instant`, or `None` if there is none: the rule's
-    /// next instant inside the window that no exclusion drops.
+    /// next instant inside the window that no exclusion drops, nor its calendar
+    /// ([`Schedule::with_calendar`]).
     ///
     /// Occurrences are whole seconds. `None` also covers instants whose local date is outside
     /// the years 2 to 4998, which the cron engine does not search.
@@ -58,7 +59,10 @@ impl Schedule {
                 return Ok(None);
             }
             match self.bounds.excluded_through(next, self.zone) {
-                None => return Ok(Some(next)),
+                None => match self.day_off_through(next) {
+                    None => return Ok(Some(next)),
+                    Some(through) => from = through,
+                },
                 Some(through) => from = through,
             }
         }

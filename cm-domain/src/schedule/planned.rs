@@ -68,23 +68,30 @@ impl Schedule {
     }
 
     /// When occurrence `occurrence` of routine `routine` comes due: the occurrence itself, or
-    /// with a `jitter` clause the occurrence plus its offset ([`crate::jitter::planned`]).
+    /// with a `jitter` clause the occurrence plus its offset ([`crate::jitter::planned`]), or
+    /// on a calendar under `next` or `previous` and on a day off, the same wall time on the
+    /// nearest business day ([`crate::calendar`]).
     pub fn planned(&self, routine: crate::RoutineId, occurrence: DateTime<Utc>) -> DateTime<Utc> {
         match self.jitter {
             Some(jitter) => crate::jitter::planned(routine, occurrence, jitter),
-            None => occurrence,
+            None => self.moved(occurrence),
         }
     }
 
-    /// The routine's first occurrence strictly after `instant` and when it comes due, as a
-    /// routine's clock is set when it is written or resumed: `(occurrence, planned)`.
+    /// The routine's first occurrence strictly after `instant` that comes due after it, and
+    /// when it comes due, as a routine's clock is set when it is written or resumed:
+    /// `(occurrence, planned)`.
     pub fn next_planned_after(
         &self,
         routine: crate::RoutineId,
         instant: DateTime<Utc>,
     ) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
-        let next = self.next_after(instant)?;
-        Some((next, self.planned(routine, next)))
+        // Only a calendar's `previous` plans an occurrence before itself; an occurrence after
+        // `instant` planned at or before it is not owed (its time has passed).
+        self.occurrences_after(instant)
+            .take(crate::calendar::MAX_ROLL_DAYS as usize + 8)
+            .map(|o| (o, self.planned(routine, o)))
+            .find(|(_, planned)| *planned > instant)
     }
 
     /// The occurrence a routine's clock, `planned` (its `next_run_at`), stands for: the
@@ -92,12 +99,16 @@ impl Schedule {
     /// the occurrence in `(planned - jitter, planned]` planned then; a clock that no occurrence
     /// is planned at (written before the jitter was) stands for the latest occurrence in that
     /// stretch, or, with none there, the first after it. `None` when the schedule has no
-    /// occurrence after `planned - jitter`: nothing is owed.
+    /// occurrence after `planned - jitter`: nothing is owed. On a calendar that moves
+    /// occurrences, the earliest occurrence planned at or after `planned`.
     pub fn occurrence_planned_at(
         &self,
         routine: crate::RoutineId,
         planned: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
+        if self.jitter.is_none() && self.moves_occurrences() {
+            return self.occurrence_moved_to(planned);
+        }
         let Some(jitter) = self.jitter else {
             return Some(planned);
         };

@@ -2,6 +2,7 @@
 //! the modules below, one line each saying what the module proves.
 
 // A schedule's checks look at no more candidates than their budget; costlier ones are refused.
+mod calendar_properties;
 mod check_budget;
 // Jitter: ticks owe exactly what `runs_from_clock` lists, once, offsets inside the jitter.
 mod jitter_properties;

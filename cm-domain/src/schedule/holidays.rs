@@ -4,7 +4,9 @@
 //! Under `skip`, [`Schedule::next_after`] passes over a day off like an `except` clause. Under
 //! `next` and `previous`, the occurrences stay what the rule makes them (each one's key), and
 //! [`Schedule::planned`] moves one on a day off to the same wall time on the nearest business
-//! day. So that a routine's clock (the planned instant of its next occurrence) still says which
+//! day (the line's time of day, even for an occurrence a gap moved; the occurrence's day is the
+//! day its wall time was written for). So that a routine's clock (the planned instant of its
+//! next occurrence) still says which
 //! occurrence it stands for, planned instants must never go back as occurrences go forward:
 //! `next` and `previous` need a schedule with at most one occurrence a day in the calendar's
 //! zone, all at one wall time (a fixed-time cron line in that zone, or a one-shot), and no
@@ -18,6 +20,7 @@ use chrono::{DateTime, LocalResult, NaiveDate, NaiveTime, TimeDelta, TimeZone, U
 
 use super::{Schedule, ScheduleError, first_instant_after_gap};
 use crate::calendar::{Calendar, MAX_ROLL_DAYS, OnHoliday};
+use crate::rules::Rule;
 
 /// A schedule's calendar and what it does with an occurrence on a day off.
 #[derive(Debug, Clone)]
@@ -26,6 +29,9 @@ pub(super) struct Holidays {
     pub(super) calendar: Arc<Calendar>,
     /// What an occurrence on one of its days off becomes.
     pub(super) on_holiday: OnHoliday,
+    /// A fixed-time cron line's one time of day, under `next` and `previous`: an occurrence
+    /// moves to it, and its day is the day of the wall time it was placed for.
+    pub(super) time_of_day: Option<NaiveTime>,
 }
 
 /// How many occurrences a walk that looks for a clock's occurrence goes through at most: with
@@ -70,9 +76,19 @@ impl Schedule {
                 }
             }
         }
+        let time_of_day = match &self.rule {
+            Rule::Cron { cron, .. } if on_holiday.moves() => {
+                let from = NaiveDate::from_ymd_opt(2000, 1, 1)
+                    .unwrap_or(NaiveDate::MIN)
+                    .and_time(NaiveTime::MIN);
+                cron.find_next_occurrence(&from, true).ok().map(|w| w.time())
+            }
+            _ => None,
+        };
         self.holidays = Some(Holidays {
             calendar,
             on_holiday,
+            time_of_day,
         });
         let reference = if self.is_one_shot() {
             self.start_search()
@@ -119,7 +135,7 @@ impl Schedule {
     pub(super) fn day_off_through(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let holidays = self.holidays.as_ref()?;
         let calendar = &holidays.calendar;
-        let date = at.with_timezone(&calendar.zone().tz()).date_naive();
+        let date = holidays.day_of(at);
         if !calendar.is_day_off(date) {
             return None;
         }
@@ -151,15 +167,18 @@ impl Schedule {
         };
         let calendar = &holidays.calendar;
         let tz = calendar.zone().tz();
-        let wall = occurrence.with_timezone(&tz).naive_local();
-        if !calendar.is_day_off(wall.date()) {
+        let day = holidays.day_of(occurrence);
+        if !calendar.is_day_off(day) {
             return occurrence;
         }
         let forward = holidays.on_holiday == OnHoliday::Next;
-        let Some(day) = calendar.business_day_from(wall.date(), forward) else {
+        let Some(business_day) = calendar.business_day_from(day, forward) else {
             return occurrence;
         };
-        let target = day.and_time(wall.time());
+        let time = holidays
+            .time_of_day
+            .unwrap_or_else(|| occurrence.with_timezone(&tz).time());
+        let target = business_day.and_time(time);
         let at = match tz.from_local_datetime(&target) {
             LocalResult::Single(at) | LocalResult::Ambiguous(at, _) => Some(at),
             LocalResult::None => first_instant_after_gap(tz, target),
@@ -181,20 +200,42 @@ impl Schedule {
         let from = match holidays.on_holiday {
             OnHoliday::Next => {
                 let date = clock.with_timezone(&calendar.zone().tz()).date_naive();
-                let mut first = date;
+                // The business day the clock is on is its own date, or the day before when the
+                // clock's wall time is past a gap that swallowed that day's: the days off
+                // before either.
+                let mut first = date.pred_opt().unwrap_or(date);
                 for _ in 0..MAX_ROLL_DAYS {
                     match first.pred_opt() {
                         Some(before) if calendar.is_day_off(before) => first = before,
                         _ => break,
                     }
                 }
+                // A day earlier still: an occurrence's day can be the day before its instant's
+                // (a wall time a gap pushed past midnight), and a day a gap swallowed whole has
+                // no start of its own.
                 start_of_day(calendar, first).map_or(clock, |start| start.min(clock))
+                    - TimeDelta::days(2)
             }
             _ => clock,
         };
         self.occurrences_after(from - TimeDelta::milliseconds(1))
             .take(ROLL_WALK)
             .find(|o| self.moved(*o) >= clock)
+    }
+}
+
+impl Holidays {
+    /// The day of `occurrence` in the calendar's zone: the date of the wall time it was placed
+    /// for. That is its own date, except for a fixed-time line's occurrence that a gap pushed
+    /// past midnight (its wall time earlier than the line's time of day): the day before.
+    fn day_of(&self, occurrence: DateTime<Utc>) -> NaiveDate {
+        let wall = occurrence
+            .with_timezone(&self.calendar.zone().tz())
+            .naive_local();
+        match self.time_of_day {
+            Some(time) if wall.time() < time => wall.date().pred_opt().unwrap_or(wall.date()),
+            _ => wall.date(),
+        }
     }
 }
 
@@ -234,14 +275,12 @@ mod tests {
             .with_calendar(berlin_new_year(), policy)
             .unwrap();
         let id = crate::RoutineId::nil();
-        let mut after: DateTime<Utc> = "2026-12-15T00:00:00Z".parse().unwrap();
-        let mut out = Vec::new();
-        for _ in 0..3 {
-            let (o, p) = s.next_planned_after(id, after).unwrap();
-            out.push(p.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-            after = o;
-        }
-        out
+        let after: DateTime<Utc> = "2026-12-15T00:00:00Z".parse().unwrap();
+        let (_, clock) = s.next_planned_after(id, after).unwrap();
+        s.runs_from_clock(id, clock)
+            .take(3)
+            .map(|(_, p)| p.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+            .collect()
     }
 
     #[test]

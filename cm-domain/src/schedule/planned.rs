@@ -78,16 +78,22 @@ impl Schedule {
         }
     }
 
-    /// The routine's first occurrence strictly after `instant` that comes due after it, and
-    /// when it comes due, as a routine's clock is set when it is written or resumed:
-    /// `(occurrence, planned)`.
+    /// The routine's first occurrence strictly after `instant`, and when it comes due, as a
+    /// routine's clock is set when it is written or resumed: `(occurrence, planned)`. On a
+    /// calendar that moves occurrences, its first occurrence planned after `instant` (one
+    /// moved from before `instant` to after it included).
     pub fn next_planned_after(
         &self,
         routine: crate::RoutineId,
         instant: DateTime<Utc>,
     ) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
-        // Only a calendar's `previous` plans an occurrence before itself; an occurrence after
-        // `instant` planned at or before it is not owed (its time has passed).
+        // On a calendar that moves occurrences, the first planned after `instant`: under
+        // `next`, one at or before `instant` moved past it is owed; under `previous`, one after
+        // `instant` moved to or before it is not (its time has passed).
+        if self.jitter.is_none() && self.moves_occurrences() {
+            let first = self.occurrence_moved_to(instant.checked_add_signed(TimeDelta::nanoseconds(1))?)?;
+            return Some((first, self.planned(routine, first)));
+        }
         self.occurrences_after(instant)
             .take(crate::calendar::MAX_ROLL_DAYS as usize + 8)
             .map(|o| (o, self.planned(routine, o)))

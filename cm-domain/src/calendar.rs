@@ -134,7 +134,9 @@ pub fn check_calendar_name(name: &str) -> Result<(), CalendarError> {
     if ok {
         Ok(())
     } else {
-        Err(CalendarError::Name(crate::name::escape_unseen(name).into_owned()))
+        Err(CalendarError::Name(
+            crate::name::escape_unseen(name).into_owned(),
+        ))
     }
 }
 
@@ -142,14 +144,19 @@ pub fn check_calendar_name(name: &str) -> Result<(), CalendarError> {
 pub fn parse_date(text: &str) -> Result<NaiveDate, CalendarError> {
     let text = text.trim();
     let well_formed = text.len() == 10
-        && text
-            .char_indices()
-            .all(|(i, c)| if i == 4 || i == 7 { c == '-' } else { c.is_ascii_digit() });
+        && text.char_indices().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                c == '-'
+            } else {
+                c.is_ascii_digit()
+            }
+        });
     if !well_formed {
-        return Err(CalendarError::Date(crate::name::escape_unseen(text).into_owned()));
+        return Err(CalendarError::Date(
+            crate::name::escape_unseen(text).into_owned(),
+        ));
     }
-    NaiveDate::parse_from_str(text, "%Y-%m-%d")
-        .map_err(|_| CalendarError::Date(text.to_owned()))
+    NaiveDate::parse_from_str(text, "%Y-%m-%d").map_err(|_| CalendarError::Date(text.to_owned()))
 }
 
 /// Reads weekly days off written as a comma-separated list of day names (`sat,sun`; `mon` to
@@ -161,10 +168,9 @@ pub fn parse_days_off(text: &str) -> Result<Vec<Weekday>, CalendarError> {
     }
     let mut days = Vec::new();
     for item in text.split(',') {
-        let day = item
-            .trim()
-            .parse::<Weekday>()
-            .map_err(|_| CalendarError::Weekday(crate::name::escape_unseen(item.trim()).into_owned()))?;
+        let day = item.trim().parse::<Weekday>().map_err(|_| {
+            CalendarError::Weekday(crate::name::escape_unseen(item.trim()).into_owned())
+        })?;
         if !days.contains(&day) {
             days.push(day);
         }
@@ -246,7 +252,8 @@ impl Calendar {
 
     /// Whether `date` is a day off: one of its dates, or a weekly day off.
     pub fn is_day_off(&self, date: NaiveDate) -> bool {
-        self.weekly & (1 << date.weekday().num_days_from_monday()) != 0 || self.dates.contains(&date)
+        self.weekly & (1 << date.weekday().num_days_from_monday()) != 0
+            || self.dates.contains(&date)
     }
 
     /// The first business day after `date` (`forward`) or before it, within
@@ -274,8 +281,14 @@ mod tests {
         assert!(c.is_day_off(d("2027-01-02")), "a Saturday");
         assert!(c.is_day_off(d("2027-01-03")), "a Sunday");
         assert!(!c.is_day_off(d("2027-01-04")), "a Monday");
-        assert_eq!(c.business_day_from(d("2027-01-01"), true), Some(d("2027-01-04")));
-        assert_eq!(c.business_day_from(d("2027-01-01"), false), Some(d("2026-12-31")));
+        assert_eq!(
+            c.business_day_from(d("2027-01-01"), true),
+            Some(d("2027-01-04"))
+        );
+        assert_eq!(
+            c.business_day_from(d("2027-01-01"), false),
+            Some(d("2026-12-31"))
+        );
     }
 
     #[test]

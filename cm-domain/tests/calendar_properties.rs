@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use chrono::{DateTime, Datelike, Duration, NaiveDate, NaiveDateTime, TimeZone, Utc, Weekday};
-use cm_domain::{Calendar, MisfirePolicy, MisfireRules, OnHoliday, Schedule, Zone, plan_routine_due};
+use cm_domain::{
+    Calendar, MisfirePolicy, MisfireRules, OnHoliday, Schedule, Zone, plan_routine_due,
+};
 use proptest::prelude::*;
 use uuid::Uuid;
 
@@ -72,7 +74,8 @@ struct Rule {
 
 impl Rule {
     fn is_day_off(&self, date: NaiveDate) -> bool {
-        self.weekly & (1 << date.weekday().num_days_from_monday()) != 0 || self.dates.contains(&date)
+        self.weekly & (1 << date.weekday().num_days_from_monday()) != 0
+            || self.dates.contains(&date)
     }
 
     /// The first instant whose wall time is at or after `wall`, on a minute.

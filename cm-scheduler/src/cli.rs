@@ -140,6 +140,9 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
             after,
             count,
             routine_id,
+            calendar,
+            holiday,
+            days_off,
         }) => {
             if let Some(expr) = expr {
                 if when.has_rule() {
@@ -150,7 +153,32 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
                 when.schedule = Some(expr);
             }
             let expr = when.text(None).map_err(input)?.unwrap_or_default();
+            let on = cm_scheduler::calendars::NextOnCalendar {
+                calendar: &calendar,
+                holidays: &holiday,
+                days_off: days_off.as_deref(),
+            };
+            if on.any() || calendar.on_holiday.is_some() {
+                let schedule =
+                    Schedule::parse(&expr, &timezone).map_err(|e| input(e.to_string()))?;
+                let at = after
+                    .as_deref()
+                    .map_or_else(|| Ok(Utc::now()), parse_time)?;
+                let lines = cm_scheduler::calendars::schedule_next(
+                    url, schedule, on, at, count, routine_id,
+                );
+                for line in lines.await? {
+                    say!("{line}");
+                }
+                return Ok(());
+            }
             schedule_next(&expr, &timezone, after.as_deref(), count, routine_id)
+        }
+        Command::Calendar(command) => {
+            for line in cm_scheduler::calendars::command(url, command).await? {
+                say!("{line}");
+            }
+            Ok(())
         }
         Command::Migrate { citus } => {
             let store = connect(url, true).await?;

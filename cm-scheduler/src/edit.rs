@@ -59,8 +59,11 @@ impl Edit<'_> {
             misfire: self.misfire.map(misfire).transpose()?,
             action,
             overlap: overlap(overlap_field, kind, self.overlap)?,
-            // `routine update --limit-runs` sets it after the check.
+            // `routine update --limit-runs` sets it after the check, and `--calendar` and
+            // `--on-holiday` these.
             runs_left: None,
+            calendar: None,
+            on_holiday: None,
         };
         if update == RoutineUpdate::default() {
             return Err(NOTHING_TO_CHANGE.into());
@@ -72,7 +75,7 @@ impl Edit<'_> {
 /// The refusal of an edit that changes nothing.
 pub const NOTHING_TO_CHANGE: &str = "nothing to change: give at least one of --name, --schedule, \
      --every, --at, --except, --start, --end, --timezone, --misfire, --message, --mission, \
-     --overlap and --limit-runs";
+     --overlap, --limit-runs, --calendar and --on-holiday";
 
 /// A routine's name, checked.
 pub fn name(text: &str) -> Result<String, String> {

@@ -40,7 +40,11 @@ impl From<StoreError> for Failure {
             StoreError::RoutineNotFound(_)
             | StoreError::RoutineNameNotFound(_)
             | StoreError::NameTaken(_)
-            | StoreError::InvalidRoutine(_) => Failure::Input(e.to_string()),
+            | StoreError::InvalidRoutine(_)
+            | StoreError::CalendarNotFound(_)
+            | StoreError::CalendarNameTaken(_)
+            | StoreError::CalendarInUse { .. }
+            | StoreError::InvalidCalendar(_) => Failure::Input(e.to_string()),
             other => Failure::Other(other.explain()),
         }
     }

@@ -29,6 +29,7 @@
 
 mod autopause;
 mod bounded;
+pub mod calendars;
 pub mod completer;
 pub mod counters;
 pub mod edit;

@@ -166,9 +166,19 @@ pub(crate) async fn insert_routine(
     source: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<Routine, StoreError> {
+    // On a calendar, the calendar is read under a share lock: an edit of it waits for this
+    // write, and re-plans the routine it wrote (`calendars.rs`).
+    let schedule = crate::calendars::schedule_in(
+        conn,
+        routine.schedule.clone(),
+        routine.calendar.as_deref(),
+        routine.on_holiday,
+        true,
+    )
+    .await?;
     // A schedule already over (its window closed, its one instant passed) would make a
     // routine that never fires: refused, not stored finished.
-    if routine.schedule.is_over_after(now) {
+    if schedule.is_over_after(now) {
         return Err(StoreError::InvalidRoutine(format!(
             "its schedule {:?} has no occurrence after now ({now}): it would never fire",
             routine.schedule.expression()
@@ -181,8 +191,7 @@ pub(crate) async fn insert_routine(
     let next_run_at = if routine.paused {
         None
     } else {
-        routine
-            .schedule
+        schedule
             .next_planned_after(id, now)
             .map(|(_, planned)| planned)
     };
@@ -191,8 +200,8 @@ pub(crate) async fn insert_routine(
     crate::schema::query_as::<_, RoutineRow>(
         "INSERT INTO cm.routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
-              source, group_id, runs_left, overlap)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+              source, group_id, runs_left, overlap, calendar, on_holiday)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
          RETURNING *",
     )
     .bind(id)
@@ -208,6 +217,8 @@ pub(crate) async fn insert_routine(
     .bind(group)
     .bind(runs_left)
     .bind(routine.overlap.as_str())
+    .bind(routine.calendar.as_deref())
+    .bind(routine.on_holiday.as_str())
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, &routine.name))?
@@ -244,14 +255,26 @@ async fn apply_update(
         Some(limit) => limit,
         None => current.runs_left,
     };
-    // A new schedule, zone or run limit computes the next run again: a routine finished by
-    // its limit or its window comes back when the edit gives it occurrences.
+    let calendar = match &update.calendar {
+        Some(calendar) => calendar.as_deref(),
+        None => current.calendar.as_deref(),
+    };
+    let on_holiday = update.on_holiday.unwrap_or(current.on_holiday);
+    // A new schedule, zone, run limit or calendar computes the next run again: a routine
+    // finished by its limit or its window comes back when the edit gives it occurrences.
     let recompute = expression != current.schedule
         || zone != current.timezone
-        || runs_left != current.runs_left;
+        || runs_left != current.runs_left
+        || calendar != current.calendar.as_deref()
+        || on_holiday != current.on_holiday;
     let next_run_at = if recompute {
         let schedule = Schedule::parse(expression, zone)
             .map_err(|e| StoreError::InvalidRoutine(e.to_string()))?;
+        // A calendar the routine was not on is read under a share lock, as a create reads it;
+        // its own calendar needs none: an edit of it waits for this routine's lock.
+        let newly_on = calendar.is_some() && calendar != current.calendar.as_deref();
+        let schedule =
+            crate::calendars::schedule_in(conn, schedule, calendar, on_holiday, newly_on).await?;
         if current.paused || runs_left == Some(0) {
             None
         } else {
@@ -302,7 +325,7 @@ async fn apply_update(
         "UPDATE cm.routines
          SET name = $2, schedule = $3, timezone = $4, kind = $5, payload = $6,
              misfire_policy = $7, next_run_at = $8, overlap = $10, runs_left = $11,
-             updated_at = now()
+             calendar = $12, on_holiday = $13, updated_at = now()
          WHERE id = $1 AND group_id = $9
          RETURNING *",
     )
@@ -317,6 +340,8 @@ async fn apply_update(
     .bind(current.group_id)
     .bind(overlap.as_str())
     .bind(runs_left_column(runs_left)?)
+    .bind(calendar)
+    .bind(on_holiday.as_str())
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, name))?
@@ -454,6 +479,8 @@ fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
         }),
         overlap: (routine.kind == RoutineKind::Mission).then_some(routine.overlap),
         runs_left: None,
+        calendar: Some(routine.calendar.clone()),
+        on_holiday: Some(routine.on_holiday),
     }
 }
 
@@ -465,6 +492,8 @@ fn same_settings(stored: &Routine, routine: &NewRoutine) -> bool {
         && stored.kind == routine.kind
         && stored.payload == routine.payload
         && (routine.kind != RoutineKind::Mission || stored.overlap == routine.overlap)
+        && stored.calendar == routine.calendar
+        && stored.on_holiday == routine.on_holiday
 }
 
 /// Deletes a routine the caller holds locked, with its requests and fires (children first, as

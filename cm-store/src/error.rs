@@ -81,6 +81,27 @@ pub enum StoreError {
          sets them in every transaction"
     )]
     PoolerDropsSettings(String),
+    /// No calendar has this name.
+    #[error("no calendar is named {0:?}")]
+    CalendarNotFound(String),
+    /// Another calendar already has this name (names are unique).
+    #[error("a calendar named {0:?} already exists")]
+    CalendarNameTaken(String),
+    /// A calendar routines are on cannot be deleted.
+    #[error(
+        "the calendar {name:?} is in use by routines ({}): move them off it first \
+         (routine update NAME --calendar none)",
+        routines.join(", ")
+    )]
+    CalendarInUse {
+        /// The calendar.
+        name: String,
+        /// The first few routines on it, by name.
+        routines: Vec<String>,
+    },
+    /// A calendar, or an edit of one, the domain refuses; nothing was written.
+    #[error("invalid calendar: {0}")]
+    InvalidCalendar(String),
     /// A stored row holds a value the domain refuses (written by hand, or by an older version).
     #[error("stored routine {routine_id} is unusable: {reason}")]
     CorruptRoutine {

@@ -175,6 +175,13 @@ struct CitusTable {
 /// The tables `migrate --citus` distributes, in order (a table after those its foreign keys
 /// name).
 const CITUS_TABLES: &[CitusTable] = &[
+    // Holiday calendars: small, rarely written, read by the claims of every shard.
+    CitusTable {
+        table: "cm.calendars",
+        placement: Placement::Reference,
+        colocate_with: None,
+        drop_trigger: None,
+    },
     CitusTable {
         table: "cm.cm_settings",
         placement: Placement::Reference,

@@ -137,6 +137,7 @@ pub use sqlx;
 pub use uuid;
 
 pub mod autopause;
+pub mod calendars;
 pub mod catalog;
 pub mod consumer;
 mod cursor;
@@ -165,6 +166,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 #[cfg(feature = "mock")]
 pub use autopause::MockFailingRoutines;
 pub use autopause::{AutoPaused, FailingRoutines};
+#[cfg(feature = "mock")]
+pub use calendars::MockCalendarStore;
+pub use calendars::{CalendarEdit, CalendarStore, StoredCalendar};
 pub use catalog::{
     ImportedRoutine, PendingRequest, PendingRequests, RoutineAction, RoutineCursor, RoutineUpdate,
     SyncAction, SyncedRoutine,

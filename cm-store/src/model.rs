@@ -6,7 +6,8 @@
 use chrono::{DateTime, Utc};
 use cm_domain::definition::{self, DefinitionError};
 use cm_domain::{
-    MisfirePolicy, MissionPolicy, OverlapPolicy, RoutineKind, RoutineState, Schedule, Zone,
+    MisfirePolicy, MissionPolicy, OnHoliday, OverlapPolicy, RoutineKind, RoutineState, Schedule,
+    Zone,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -43,6 +44,8 @@ pub struct NewRoutine {
     pub(crate) overlap: OverlapPolicy,
     pub(crate) paused: bool,
     pub(crate) runs_left: Option<u32>,
+    pub(crate) calendar: Option<String>,
+    pub(crate) on_holiday: OnHoliday,
 }
 
 /// A [`NewRoutine`] being put together: every setting but the name, schedule, kind and payload
@@ -74,6 +77,8 @@ impl NewRoutine {
                 overlap: OverlapPolicy::default(),
                 paused: false,
                 runs_left: None,
+                calendar: None,
+                on_holiday: OnHoliday::Skip,
             },
             policy: None,
         }
@@ -139,6 +144,16 @@ impl NewRoutine {
         self.runs_left
     }
 
+    /// The holiday calendar it is on, by name, if any ([`cm_domain::calendar`]).
+    pub fn calendar(&self) -> Option<&str> {
+        self.calendar.as_deref()
+    }
+
+    /// What an occurrence on a day off of its calendar does (`skip` without a calendar).
+    pub fn on_holiday(&self) -> OnHoliday {
+        self.on_holiday
+    }
+
     /// This routine as a builder again, to change a setting (and be checked again).
     pub fn into_builder(self) -> NewRoutineBuilder {
         NewRoutineBuilder {
@@ -172,6 +187,16 @@ impl NewRoutineBuilder {
     /// default) is no limit. A limit is 1 to [`cm_domain::definition::MAX_RUN_LIMIT`].
     pub fn run_limit(mut self, limit: Option<u32>) -> Self {
         self.routine.runs_left = limit;
+        self
+    }
+
+    /// On the holiday calendar named `calendar` (`None`: on none, the default), an occurrence
+    /// on one of its days off treated by `on_holiday` ([`cm_domain::calendar`]). The calendar
+    /// is read, and the schedule checked against the policy, when the routine is written: an
+    /// unknown calendar is [`StoreError::CalendarNotFound`].
+    pub fn calendar(mut self, calendar: Option<String>, on_holiday: OnHoliday) -> Self {
+        self.routine.calendar = calendar;
+        self.routine.on_holiday = on_holiday;
         self
     }
 
@@ -245,6 +270,10 @@ pub struct Routine {
     pub source: Option<String>,
     /// How many more scheduled occurrences it may fire (`--limit-runs`); `None` is no limit.
     pub runs_left: Option<u32>,
+    /// The holiday calendar it is on, by name ([`crate::CalendarStore`]); `None` for none.
+    pub calendar: Option<String>,
+    /// What an occurrence on a day off of its calendar does (`skip` without a calendar).
+    pub on_holiday: OnHoliday,
 }
 
 impl Routine {
@@ -293,6 +322,8 @@ struct RoutineJson<'a> {
     updated_at: DateTime<Utc>,
     source: Option<&'a str>,
     runs_left: Option<u32>,
+    calendar: Option<&'a str>,
+    on_holiday: &'static str,
 }
 
 impl serde::Serialize for Routine {
@@ -315,6 +346,8 @@ impl serde::Serialize for Routine {
             updated_at: self.updated_at,
             source: self.source.as_deref(),
             runs_left: self.runs_left,
+            calendar: self.calendar.as_deref(),
+            on_holiday: self.on_holiday.as_str(),
         }
         .serialize(serializer)
     }
@@ -340,6 +373,8 @@ pub(crate) struct RoutineRow {
     updated_at: DateTime<Utc>,
     source: Option<String>,
     runs_left: Option<i32>,
+    calendar: Option<String>,
+    on_holiday: String,
 }
 
 impl TryFrom<RoutineRow> for Routine {
@@ -369,6 +404,10 @@ impl TryFrom<RoutineRow> for Routine {
             .map(u32::try_from)
             .transpose()
             .map_err(|e| corrupt("runs_left", e.to_string()))?;
+        let on_holiday = r
+            .on_holiday
+            .parse()
+            .map_err(|e: cm_domain::ParseOnHolidayError| corrupt("on_holiday", e.to_string()))?;
         Ok(Routine {
             id: r.id,
             group_id: r.group_id,
@@ -387,6 +426,8 @@ impl TryFrom<RoutineRow> for Routine {
             updated_at: r.updated_at,
             source: r.source,
             runs_left,
+            calendar: r.calendar,
+            on_holiday,
         })
     }
 }
@@ -446,6 +487,11 @@ pub struct RoutineUpdate {
     /// A new run limit: `Some(Some(n))` lets it fire `n` more scheduled occurrences (and
     /// revives a routine whose limit was spent), `Some(None)` removes the limit.
     pub runs_left: Option<Option<u32>>,
+    /// A new holiday calendar, by name: `Some(Some(name))` puts it on one, `Some(None)` takes
+    /// it off its calendar. Its next run is computed again.
+    pub calendar: Option<Option<String>>,
+    /// A new policy for an occurrence on a day off. Its next run is computed again.
+    pub on_holiday: Option<OnHoliday>,
 }
 
 /// One routine an import wrote.

@@ -108,7 +108,31 @@ impl UnplannedRoutines for PgStore {
                 .schedules
                 .parse(&routine.schedule, &routine.timezone)
                 .await;
-            let outcome = match check(&routine, schedule) {
+            // On a calendar: the calendar read after the row's lock, as a resume reads it.
+            let schedule = match (check(&routine, schedule), routine.calendar.as_deref()) {
+                (Ok(schedule), Some(calendar)) => match crate::calendars::schedule_in(
+                    &mut tx,
+                    (*schedule).clone(),
+                    Some(calendar),
+                    routine.on_holiday,
+                    false,
+                )
+                .await
+                {
+                    Ok(schedule) => Ok(Arc::new(schedule)),
+                    Err(
+                        e @ (StoreError::InvalidRoutine(_)
+                        | StoreError::CalendarNotFound(_)
+                        | StoreError::InvalidCalendar(_)),
+                    ) => {
+                        let reason = format!("refused when planned: {e}");
+                        Err(cm_domain::ErrorText::new(reason).as_str().to_owned())
+                    }
+                    Err(e) => return Err(e),
+                },
+                (checked, _) => checked,
+            };
+            let outcome = match schedule {
                 Ok(schedule) => {
                     let next = (!routine.paused)
                         .then(|| schedule.next_planned_after(id, now).map(|(_, at)| at))

@@ -114,10 +114,18 @@ pub async fn set_routine_paused(
         None
     } else {
         let now = catalog::db_now(&mut tx).await?;
-        routine
-            .parsed_schedule()?
-            .next_planned_after(id, now)
-            .map(|(_, planned)| planned)
+        // Its calendar is read after its row is locked: an edit of the calendar waits for this
+        // lock, or committed before and is read (`calendars.rs`).
+        crate::calendars::schedule_in(
+            &mut tx,
+            routine.parsed_schedule()?,
+            routine.calendar.as_deref(),
+            routine.on_holiday,
+            false,
+        )
+        .await?
+        .next_planned_after(id, now)
+        .map(|(_, planned)| planned)
     };
     let row: Routine = crate::schema::query_as::<_, RoutineRow>(
         "UPDATE cm.routines

@@ -81,7 +81,9 @@ impl Schedule {
                 let from = NaiveDate::from_ymd_opt(2000, 1, 1)
                     .unwrap_or(NaiveDate::MIN)
                     .and_time(NaiveTime::MIN);
-                cron.find_next_occurrence(&from, true).ok().map(|w| w.time())
+                cron.find_next_occurrence(&from, true)
+                    .ok()
+                    .map(|w| w.time())
             }
             _ => None,
         };
@@ -321,9 +323,15 @@ mod tests {
             ("0 9 * * * jitter 5m", "Europe/Berlin"),
         ] {
             let s = Schedule::parse(text, zone).unwrap();
-            let e = s.clone().with_calendar(cal.clone(), OnHoliday::Next).unwrap_err();
+            let e = s
+                .clone()
+                .with_calendar(cal.clone(), OnHoliday::Next)
+                .unwrap_err();
             assert!(e.to_string().contains("use skip"), "{text}: {e}");
-            assert!(s.with_calendar(cal.clone(), OnHoliday::Skip).is_ok(), "{text}");
+            assert!(
+                s.with_calendar(cal.clone(), OnHoliday::Skip).is_ok(),
+                "{text}"
+            );
         }
         let weekend = Schedule::parse("0 9 * * SAT,SUN", "Europe/Berlin").unwrap();
         let e = weekend

@@ -91,7 +91,8 @@ impl Schedule {
         // `next`, one at or before `instant` moved past it is owed; under `previous`, one after
         // `instant` moved to or before it is not (its time has passed).
         if self.jitter.is_none() && self.moves_occurrences() {
-            let first = self.occurrence_moved_to(instant.checked_add_signed(TimeDelta::nanoseconds(1))?)?;
+            let first =
+                self.occurrence_moved_to(instant.checked_add_signed(TimeDelta::nanoseconds(1))?)?;
             return Some((first, self.planned(routine, first)));
         }
         self.occurrences_after(instant)

@@ -155,6 +155,8 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
         mission: mission.clone(),
         runs_left: args.limit_runs.map(|l| l.0),
         overlap_field: "--overlap",
+        calendar: args.calendar.calendar.as_deref(),
+        on_holiday: args.calendar.on_holiday.as_deref(),
     };
     // A clause alone is a change too: it is written into the schedule once it is read.
     if change(early_schedule.as_deref())
@@ -252,7 +254,7 @@ async fn list(url: &str, json: bool) -> Result<(), Failure> {
 /// `routine show`: settings (no payload beyond the message text or the mission's repository),
 /// the next runs in the routine's zone and in UTC, pending requests and the last fires.
 async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
-    let schedule = routine.parsed_schedule()?;
+    let schedule = cm_store::CalendarStore::routine_schedule(store, routine).await?;
     let zone = schedule.zone().tz();
     say!("id          {}", routine.id);
     say!("name        {}", printable(&routine.name));
@@ -276,6 +278,12 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
     say!("state       {}", listing::state(routine));
     if let Some(left) = routine.runs_left {
         say!("runs left   {left}");
+    }
+    if let Some(calendar) = &routine.calendar {
+        say!(
+            "calendar    {calendar} (on holiday: {})",
+            routine.on_holiday
+        );
     }
     if let Some(jitter) = schedule.jitter() {
         say!(
@@ -326,7 +334,7 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
                 .runs_from_clock(routine.id, first)
                 .take(SHOWN_RUNS)
                 .collect();
-            let jittered = schedule.jitter().is_some();
+            let jittered = schedule.moves_occurrences();
             let (mut table, local) = if jittered {
                 (
                     Table::new(&["NEXT RUNS (LOCAL)", "UTC", "OCCURRENCE (UTC)"]),

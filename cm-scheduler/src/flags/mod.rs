@@ -13,9 +13,11 @@ use cm_store::FireCursor;
 use crate::service::messages::MessageArgs;
 use crate::service::missions::MissionArgs;
 
+pub mod calendar;
 pub mod routine;
 pub mod schedule;
 
+pub use calendar::CalendarCommand;
 pub use routine::RoutineCommand;
 use schedule::ScheduleFlags;
 
@@ -72,6 +74,9 @@ pub enum Command {
     /// Creates and manages routines.
     #[command(subcommand)]
     Routine(Box<RoutineCommand>),
+    /// Creates and manages holiday calendars, which routines share (routine create --calendar).
+    #[command(subcommand)]
+    Calendar(CalendarCommand),
     /// Lists fires (the occurrence ledger), newest first, as a table (or JSON lines); `fires
     /// show FIRE` shows one, with what its run said.
     #[command(args_conflicts_with_subcommands = true)]
@@ -239,6 +244,17 @@ pub enum ScheduleCommand {
         /// printed (each routine's runs come up to the jitter later).
         #[arg(long, value_name = "UUID")]
         routine_id: Option<uuid::Uuid>,
+        /// On this holiday calendar (read from the database), printing the instants the
+        /// occurrences are planned at.
+        #[command(flatten)]
+        calendar: calendar::CalendarFlags,
+        /// A date off (YYYY-MM-DD), without the database: a calendar in the schedule's zone
+        /// with these dates and --days-off; repeat it for more. Not with --calendar.
+        #[arg(long, value_name = "YYYY-MM-DD", conflicts_with = "calendar")]
+        holiday: Vec<String>,
+        /// With --holiday: the weekly days off (day names, or none).
+        #[arg(long, value_name = "DAYS", requires = "holiday")]
+        days_off: Option<String>,
     },
 }
 

@@ -107,6 +107,9 @@ pub struct CreateArgs {
     /// buffer-all (wait; launch each in turn, one run at a time).
     #[arg(long, value_parser = ["allow", "forbid", "replace", "buffer-one", "buffer-all"])]
     pub overlap: Option<String>,
+    /// Its holiday calendar.
+    #[command(flatten)]
+    pub calendar: super::calendar::CalendarFlags,
     /// Create it paused.
     #[arg(long)]
     pub paused: bool,
@@ -157,6 +160,9 @@ pub struct UpdateArgs {
     /// A new overlap policy (allow, forbid, replace, buffer-one, buffer-all) of a mission routine.
     #[arg(long, value_parser = ["allow", "forbid", "replace", "buffer-one", "buffer-all"])]
     pub overlap: Option<String>,
+    /// Its holiday calendar.
+    #[command(flatten)]
+    pub calendar: super::calendar::CalendarFlags,
     /// Let it fire N more scheduled occurrences from now (reviving one whose limit was spent);
     /// `none` removes the limit.
     #[arg(long, value_name = "N|none", value_parser = limit_runs, allow_negative_numbers = true)]
@@ -249,6 +255,8 @@ impl TryFrom<&CreateArgs> for RoutineFields {
             overlap: args.overlap.clone(),
             paused: args.paused,
             runs_left: args.limit_runs,
+            calendar: args.calendar.calendar.clone(),
+            on_holiday: args.calendar.on_holiday.clone(),
         })
     }
 }

@@ -181,6 +181,8 @@ pub fn crontab(
             overlap: None,
             paused: false,
             runs_left: None,
+            calendar: None,
+            on_holiday: None,
         });
     }
     if let Some((line, _)) = pending_name {

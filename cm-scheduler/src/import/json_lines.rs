@@ -51,6 +51,12 @@ struct JsonLine {
     /// A run limit, as `routine create --limit-runs` (set when the routine is created).
     #[serde(default)]
     limit_runs: Option<u32>,
+    /// The holiday calendar it runs on, as `--calendar`.
+    #[serde(default)]
+    calendar: Option<String>,
+    /// As `--on-holiday`: skip, next or previous.
+    #[serde(default)]
+    on_holiday: Option<String>,
 }
 
 fn utc() -> String {
@@ -109,6 +115,8 @@ pub fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
             overlap: parsed.overlap,
             paused: parsed.paused,
             runs_left: parsed.limit_runs,
+            calendar: parsed.calendar,
+            on_holiday: parsed.on_holiday,
         });
     }
     Ok(routines)

@@ -35,6 +35,10 @@ pub struct RoutineFields {
     pub paused: bool,
     /// A run limit: at most this many scheduled occurrences fire.
     pub runs_left: Option<u32>,
+    /// The holiday calendar it runs on, by name.
+    pub calendar: Option<String>,
+    /// What an occurrence on a day off does, as written (`skip` when absent).
+    pub on_holiday: Option<String>,
 }
 
 /// A line that cannot be imported: its number and what is wrong.

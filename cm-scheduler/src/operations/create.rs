@@ -35,8 +35,11 @@ pub(crate) fn new_routine(
     let overlap = crate::edit::overlap(overlap_field, action.kind, fields.overlap.as_deref())
         .map_err(refused)?
         .unwrap_or_default();
+    let (calendar, on_holiday) =
+        calendar(fields.calendar.as_deref(), fields.on_holiday.as_deref()).map_err(refused)?;
     // The same checks as every other path that writes a routine (`cm_domain::definition`).
     NewRoutine::builder(&*fields.name, schedule, action.kind, action.payload)
+        .calendar(calendar, on_holiday)
         .misfire(misfire)
         .overlap(overlap)
         .paused(fields.paused)
@@ -44,6 +47,32 @@ pub(crate) fn new_routine(
         .mission_policy(policy)
         .build()
         .map_err(|e| refused(e.to_string()))
+}
+
+/// A routine's calendar and policy as given (`--calendar`, `--on-holiday`, or an import
+/// line's `calendar` and `on_holiday`): a policy needs a calendar, and `none` is no calendar.
+pub(crate) fn calendar(
+    name: Option<&str>,
+    policy: Option<&str>,
+) -> Result<(Option<String>, cm_domain::OnHoliday), String> {
+    let name = name.filter(|n| !n.eq_ignore_ascii_case("none"));
+    let on_holiday = policy
+        .map(|p| {
+            p.parse()
+                .map_err(|e: cm_domain::ParseOnHolidayError| format!("--on-holiday: {e}"))
+        })
+        .transpose()?;
+    if let (None, Some(_)) = (name, on_holiday) {
+        return Err(
+            "--on-holiday goes with --calendar NAME (a routine on no calendar has no \
+                    days off)"
+                .into(),
+        );
+    }
+    if let Some(name) = name {
+        cm_domain::calendar::check_calendar_name(name).map_err(|e| e.to_string())?;
+    }
+    Ok((name.map(str::to_owned), on_holiday.unwrap_or_default()))
 }
 
 /// What a routine does, from `--message` or `--mission` (read inside `root` when an import's

@@ -19,6 +19,10 @@ pub struct Change<'a> {
     pub runs_left: Option<Option<u32>>,
     /// Where the overlap policy came from, for a refusal (`--overlap`, `overlap`).
     pub overlap_field: &'a str,
+    /// A new calendar (`none`: off its calendar), as `--calendar` gives it.
+    pub calendar: Option<&'a str>,
+    /// A new policy for an occurrence on a day off, as `--on-holiday` gives it.
+    pub on_holiday: Option<&'a str>,
 }
 
 impl Change<'_> {
@@ -40,6 +44,17 @@ impl Change<'_> {
             update.action = self.mission.clone();
         }
         update.runs_left = self.runs_left;
+        if let Some(name) = self.calendar {
+            let (calendar, _) = super::create::calendar(Some(name), None)?;
+            update.calendar = Some(calendar);
+        }
+        if let Some(policy) = self.on_holiday {
+            update.on_holiday = Some(
+                policy
+                    .parse()
+                    .map_err(|e: cm_domain::ParseOnHolidayError| format!("--on-holiday: {e}"))?,
+            );
+        }
         Ok((update != RoutineUpdate::default()).then_some(update))
     }
 }

@@ -172,6 +172,51 @@ async fn claim_rows(
     rows.into_iter().map(ClaimedFire::try_from).collect()
 }
 
+/// The schedules of the due routines on a calendar, by routine: each parsed text on its
+/// calendar, read in one statement; a routine whose calendar is gone or refuses its schedule
+/// gets the reason, and is set aside as unusable.
+async fn calendar_schedules(
+    tx: &mut Transaction<'_, Postgres>,
+    due: &[DueRoutine],
+    parsed: &HashMap<(String, String), crate::schedules::Parsed>,
+) -> Result<HashMap<Uuid, Result<cm_domain::Schedule, String>>, StoreError> {
+    let mut names: Vec<&str> = due.iter().filter_map(|r| r.calendar.as_deref()).collect();
+    if names.is_empty() {
+        return Ok(HashMap::new());
+    }
+    names.sort_unstable();
+    names.dedup();
+    let calendars: HashMap<String, Result<std::sync::Arc<cm_domain::Calendar>, String>> =
+        crate::calendars::read_calendars(&mut **tx, &names)
+            .await?
+            .into_iter()
+            .collect();
+    let mut schedules = HashMap::new();
+    for routine in due {
+        let Some(name) = routine.calendar.as_deref() else {
+            continue;
+        };
+        let key = (routine.schedule.clone(), routine.timezone.clone());
+        let schedule = match (parsed.get(&key), calendars.get(name)) {
+            (Some(Ok(schedule)), Some(Ok(calendar))) => routine
+                .on_holiday
+                .parse::<cm_domain::OnHoliday>()
+                .map_err(|e| e.to_string())
+                .and_then(|policy| {
+                    (**schedule)
+                        .clone()
+                        .with_calendar(calendar.clone(), policy)
+                        .map_err(|e| e.to_string())
+                }),
+            (Some(Err(reason)), _) | (_, Some(Err(reason))) => Err(reason.clone()),
+            (None, _) => Err("its schedule could not be parsed".to_owned()),
+            (_, None) => Err(format!("its calendar {name:?} does not exist")),
+        };
+        schedules.insert(routine.id, schedule);
+    }
+    Ok(schedules)
+}
+
 /// [`FireLedger::claim_due`](super::FireLedger::claim_due): one transaction (see the module
 /// documentation).
 pub(super) async fn claim_due(
@@ -228,7 +273,13 @@ pub(super) async fn claim_due(
         .map(|r| (r.schedule.as_str(), r.timezone.as_str()))
         .collect();
     let parsed = store.schedules.parse_all(&texts).await;
+    // The routines on a calendar: their calendars read now, after their rows were locked, so
+    // each is the calendar their clocks were planned with (`calendars.rs`).
+    let on_calendars = calendar_schedules(&mut tx, &due, &parsed).await?;
     let schedule_of = |routine: &DueRoutine| -> Result<&cm_domain::Schedule, String> {
+        if let Some(on_calendar) = on_calendars.get(&routine.id) {
+            return on_calendar.as_ref().map_err(Clone::clone);
+        }
         match parsed.get(&(routine.schedule.clone(), routine.timezone.clone())) {
             Some(Ok(schedule)) => Ok(schedule.as_ref()),
             Some(Err(reason)) => Err(reason.clone()),
@@ -346,12 +397,13 @@ pub(super) async fn claim_due(
             .iter()
             .map(|(o, _)| group_of(o.routine_id, count))
             .collect();
-        // The planned instants of scheduled occurrences whose schedule has a jitter.
+        // The planned instants of scheduled occurrences whose schedule moves them (a jitter, a
+        // calendar's `next` or `previous`).
         let jittered: HashMap<Uuid, &cm_domain::Schedule> = due
             .iter()
             .filter_map(|r| {
                 let schedule = schedule_of(r).ok()?;
-                schedule.jitter().map(|_| (r.id, schedule))
+                schedule.moves_occurrences().then_some((r.id, schedule))
             })
             .collect();
         let planned = claims

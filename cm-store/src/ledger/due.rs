@@ -33,6 +33,8 @@ pub(super) struct DueRow {
     origin: Option<String>,
     runs_left: Option<i32>,
     overlap: Option<String>,
+    calendar: Option<String>,
+    on_holiday: Option<String>,
 }
 
 /// A due routine as the claim reads it.
@@ -47,6 +49,10 @@ pub(super) struct DueRoutine {
     pub(super) runs_left: Option<i32>,
     /// Its overlap policy, as stored.
     pub(super) overlap: String,
+    /// The holiday calendar it is on, by name.
+    pub(super) calendar: Option<String>,
+    /// Its policy for an occurrence on a day off, as stored.
+    pub(super) on_holiday: String,
 }
 
 /// An occurrence asked for by hand, taken by the claim.
@@ -178,6 +184,8 @@ pub(super) fn split_due_rows(rows: Vec<DueRow>) -> Result<DueSet, StoreError> {
                 next_run_at,
                 runs_left: row.runs_left,
                 overlap: row.overlap.unwrap_or_default(),
+                calendar: row.calendar,
+                on_holiday: row.on_holiday.unwrap_or_default(),
             }),
             _ => {}
         }

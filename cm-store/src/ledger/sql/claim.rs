@@ -105,7 +105,8 @@ WITH requested AS (",
             "
 ),
 due AS (
-    SELECT id, schedule, timezone, misfire_policy, kind, next_run_at, runs_left, overlap
+    SELECT id, schedule, timezone, misfire_policy, kind, next_run_at, runs_left, overlap,
+           calendar, on_holiday
     FROM cm.routines
     WHERE next_run_at <= now()",
             $walk,
@@ -125,13 +126,14 @@ due AS (
 SELECT 'clock' AS source, now() AS now, NULL::uuid AS id, NULL::timestamptz AS at,
        NULL::text AS schedule, NULL::text AS timezone, NULL::text AS misfire_policy,
        NULL::text AS kind, NULL::text AS origin, NULL::integer AS runs_left,
-       NULL::text AS overlap
+       NULL::text AS overlap, NULL::text AS calendar, NULL::text AS on_holiday
 UNION ALL
-SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, kind, origin, NULL, NULL
+SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, kind, origin, NULL, NULL,
+       NULL, NULL
 FROM requested
 UNION ALL
 SELECT 'due', now(), id, next_run_at, schedule, timezone, misfire_policy, kind, NULL, runs_left,
-       overlap
+       overlap, calendar, on_holiday
 FROM due"
         )
     };

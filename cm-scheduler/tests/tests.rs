@@ -28,6 +28,9 @@ mod backfill;
 // Two scheduler processes claiming group by group, on Citus (`CM_TEST_CITUS_URL`) and Postgres.
 #[path = "scheduler/citus.rs"]
 mod citus;
+// Holiday calendars: schedule next on one, its commands, an edit under two running schedulers.
+#[path = "scheduler/calendars.rs"]
+mod calendars;
 // The command line's contract: exit codes, output, and bad input writing nothing.
 #[path = "scheduler/cli.rs"]
 mod cli;

@@ -461,7 +461,9 @@ async fn replan(
 }
 
 /// A routine's clock after its calendar changed: `clock` stood for an occurrence under
-/// `before`; the new clock is where `after` plans the first occurrence still owed.
+/// `before`; the new clock is where `after` plans the first occurrence still owed. A clock
+/// already due (at or before `now`) keeps its occurrence owed, planned where `after` plans it:
+/// an edit never takes back what was due when it committed.
 ///
 /// Every occurrence before the one the clock stood for was handled (fired, or passed over as a
 /// day off or a misfire), except, under `skip` or `next`, those after `now`: an occurrence is
@@ -479,6 +481,10 @@ pub(crate) fn replanned_clock(
     now: DateTime<Utc>,
 ) -> Option<DateTime<Utc>> {
     let stood_for = before.occurrence_planned_at(routine, clock)?;
+    if clock <= now {
+        // Due already: it stays owed, where the new calendar plans it.
+        return Some(after.planned(routine, stood_for));
+    }
     let from = stood_for - TimeDelta::milliseconds(1);
     let from = match on_holiday {
         OnHoliday::Previous => from,

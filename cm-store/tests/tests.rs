@@ -18,6 +18,9 @@
 mod support;
 
 // The claim statement: each of Fresh, Retry, InFlight and Settled, and how the clock moves.
+#[path = "store/calendars.rs"]
+mod calendars;
+
 #[path = "store/claim.rs"]
 mod claim;
 

@@ -289,10 +289,14 @@ async fn every_cm_function_runs_as_its_owner_on_a_pinned_path(pool: PgPool) {
     assert_eq!(
         callable,
         [
+            "cm.create_calendar",
             "cm.create_mission_routine",
             "cm.create_routine",
+            "cm.delete_calendar",
             "cm.delete_routine",
+            "cm.get_calendar",
             "cm.get_routine",
+            "cm.set_routine_calendar",
             "cm.set_routine_paused",
             "cm.trigger_routine",
             "cm.update_routine",

@@ -133,17 +133,18 @@ fn one_line(text: &str) -> String {
 
 async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
     match cli.command {
-        Command::Schedule(ScheduleCommand::Next {
-            expr,
-            mut when,
-            timezone,
-            after,
-            count,
-            routine_id,
-            calendar,
-            holiday,
-            days_off,
-        }) => {
+        Command::Schedule(schedule) => {
+            let ScheduleCommand::Next {
+                expr,
+                mut when,
+                timezone,
+                after,
+                count,
+                routine_id,
+                calendar,
+                holiday,
+                days_off,
+            } = *schedule;
             if let Some(expr) = expr {
                 if when.has_rule() {
                     return Err(input(

@@ -105,7 +105,7 @@ pub enum Command {
     },
     /// Schedule arithmetic, without a database.
     #[command(subcommand)]
-    Schedule(ScheduleCommand),
+    Schedule(Box<ScheduleCommand>),
     /// Prints a shell completion script (for example `cm-scheduler completions bash >
     /// /etc/bash_completion.d/cm-scheduler`).
     Completions {

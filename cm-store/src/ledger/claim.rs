@@ -187,7 +187,7 @@ async fn calendar_schedules(
     names.sort_unstable();
     names.dedup();
     let calendars: HashMap<String, Result<std::sync::Arc<cm_domain::Calendar>, String>> =
-        crate::calendars::read_calendars(&mut **tx, &names)
+        crate::calendars::read_calendars(tx, &names)
             .await?
             .into_iter()
             .collect();

@@ -85,6 +85,28 @@ BEGIN
 END
 $$;
 
+-- Sets (or, with NULL, removes) a routine's deadline from SQL, checked as cm-scheduler checks
+-- `--deadline`: whole seconds, 1 s to 366 days. Whether the routine exists.
+CREATE FUNCTION cm.set_routine_deadline(routine_id UUID, deadline INTERVAL) RETURNS BOOLEAN
+LANGUAGE plpgsql
+SECURITY DEFINER
+AS $$
+DECLARE
+    routine_group SMALLINT := cm_group_of(routine_id, (SELECT group_count FROM cm_settings));
+    secs NUMERIC := extract(epoch FROM deadline);
+BEGIN
+    IF deadline IS NOT NULL AND (secs <> trunc(secs) OR secs < 1 OR secs > 31622400) THEN
+        PERFORM cm.refuse(format('a deadline must be whole seconds, 1s to 366d (it was %s)',
+                                 deadline));
+    END IF;
+    UPDATE routines r SET deadline_secs = secs::INTEGER, updated_at = now()
+    WHERE r.id = routine_id AND r.group_id = routine_group;
+    RETURN FOUND;
+END
+$$;
+REVOKE ALL ON FUNCTION cm.set_routine_deadline(UUID, INTERVAL) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cm.set_routine_deadline(UUID, INTERVAL) TO cm_writer;
+
 -- Pinned as 20261205000600_least_privilege.sql pins every function: the path these migrations
 -- run under, written as a constant (not `FROM CURRENT`, which Citus refuses for a distributed
 -- function).
@@ -96,5 +118,7 @@ BEGIN
         path := format('%I, pg_catalog, pg_temp', current_schema());
     END IF;
     EXECUTE format('ALTER FUNCTION cm.set_routine_paused(UUID, BOOLEAN) SET search_path TO %s', path);
+    EXECUTE format('ALTER FUNCTION cm.set_routine_deadline(UUID, INTERVAL) SET search_path TO %s',
+                   path);
 END
 $$;

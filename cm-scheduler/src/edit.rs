@@ -61,6 +61,7 @@ impl Edit<'_> {
             overlap: overlap(overlap_field, kind, self.overlap)?,
             // `routine update --limit-runs` sets it after the check.
             runs_left: None,
+            deadline: None,
         };
         if update == RoutineUpdate::default() {
             return Err(NOTHING_TO_CHANGE.into());
@@ -72,7 +73,7 @@ impl Edit<'_> {
 /// The refusal of an edit that changes nothing.
 pub const NOTHING_TO_CHANGE: &str = "nothing to change: give at least one of --name, --schedule, \
      --every, --at, --except, --start, --end, --timezone, --misfire, --message, --mission, \
-     --overlap and --limit-runs";
+     --overlap, --limit-runs and --deadline";
 
 /// A routine's name, checked.
 pub fn name(text: &str) -> Result<String, String> {

@@ -191,8 +191,8 @@ pub(crate) async fn insert_routine(
     crate::schema::query_as::<_, RoutineRow>(
         "INSERT INTO cm.routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
-              source, group_id, runs_left, overlap)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+              source, group_id, runs_left, overlap, deadline_secs)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
          RETURNING *",
     )
     .bind(id)
@@ -208,6 +208,7 @@ pub(crate) async fn insert_routine(
     .bind(group)
     .bind(runs_left)
     .bind(routine.overlap.as_str())
+    .bind(deadline_column(routine.deadline))
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, &routine.name))?
@@ -223,6 +224,11 @@ fn runs_left_column(limit: Option<u32>) -> Result<Option<i32>, StoreError> {
             })
         })
         .transpose()
+}
+
+/// A deadline as the `deadline_secs` column holds it (checked already: at most 366 days).
+fn deadline_column(deadline: Option<std::time::Duration>) -> Option<i32> {
+    deadline.map(|d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX))
 }
 
 pub(crate) async fn db_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, StoreError> {
@@ -282,6 +288,10 @@ async fn apply_update(
     if let Some(limit) = update.runs_left {
         definition::check_run_limit(limit)?;
     }
+    if let Some(deadline) = update.deadline {
+        definition::check_deadline(deadline)?;
+    }
+    let deadline = update.deadline.unwrap_or(current.deadline);
     if update.expression.is_some() || update.runs_left.is_some() {
         definition::check_limited_schedule(expression, runs_left)?;
     }
@@ -302,7 +312,7 @@ async fn apply_update(
         "UPDATE cm.routines
          SET name = $2, schedule = $3, timezone = $4, kind = $5, payload = $6,
              misfire_policy = $7, next_run_at = $8, overlap = $10, runs_left = $11,
-             updated_at = now()
+             deadline_secs = $12, updated_at = now()
          WHERE id = $1 AND group_id = $9
          RETURNING *",
     )
@@ -317,6 +327,7 @@ async fn apply_update(
     .bind(current.group_id)
     .bind(overlap.as_str())
     .bind(runs_left_column(runs_left)?)
+    .bind(deadline_column(deadline))
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, name))?
@@ -454,6 +465,7 @@ fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
         }),
         overlap: (routine.kind == RoutineKind::Mission).then_some(routine.overlap),
         runs_left: None,
+        deadline: Some(routine.deadline),
     }
 }
 
@@ -462,6 +474,7 @@ fn same_settings(stored: &Routine, routine: &NewRoutine) -> bool {
     stored.schedule == routine.schedule.expression()
         && stored.timezone == routine.schedule.zone().name()
         && stored.misfire_policy == routine.misfire
+        && stored.deadline == routine.deadline
         && stored.kind == routine.kind
         && stored.payload == routine.payload
         && (routine.kind != RoutineKind::Mission || stored.overlap == routine.overlap)

@@ -168,6 +168,60 @@ pub(crate) async fn record(conn: &mut PgConnection, events: &[NewEvent]) -> Resu
     Ok(())
 }
 
+/// An event about a routine known by its id: its group and name are read from its row as the
+/// event is written ([`record_news`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RoutineNews {
+    pub(crate) routine_id: Uuid,
+    pub(crate) event_type: EventType,
+    pub(crate) scheduled_at: Option<DateTime<Utc>>,
+    pub(crate) data: Value,
+}
+
+/// Writes `news` in the caller's transaction, in order, each with its routine's group and
+/// name (`group`: the routines' group, when the caller works in one).
+pub(crate) async fn record_news(
+    conn: &mut PgConnection,
+    group: Option<GroupId>,
+    news: &[RoutineNews],
+) -> Result<(), StoreError> {
+    if news.is_empty() {
+        return Ok(());
+    }
+    macro_rules! news_sql {
+        ($group:literal) => {
+            concat!(
+                "INSERT INTO cm.routine_events
+                     (group_id, routine_id, routine_name, type, scheduled_at, data)
+                 SELECT r.group_id, r.id, r.name, e.t, e.s, e.d
+                 FROM unnest($1::uuid[], $2::text[], $3::timestamptz[], $4::jsonb[])
+                      WITH ORDINALITY AS e(id, t, s, d, i)
+                 JOIN cm.routines r ON r.id = e.id",
+                $group,
+                " ORDER BY e.i"
+            )
+        };
+    }
+    let ids: Vec<Uuid> = news.iter().map(|n| n.routine_id).collect();
+    let types: Vec<&str> = news.iter().map(|n| n.event_type.as_str()).collect();
+    let instants: Vec<Option<DateTime<Utc>>> = news.iter().map(|n| n.scheduled_at).collect();
+    let data: Vec<Value> = news.iter().map(|n| n.data.clone()).collect();
+    let query = crate::schema::query(match group {
+        None => news_sql!(""),
+        Some(_) => news_sql!(" AND r.group_id = $5"),
+    })
+    .bind(&ids)
+    .bind(&types)
+    .bind(&instants)
+    .bind(&data);
+    let query = match group {
+        Some(group) => query.bind(group),
+        None => query,
+    };
+    query.execute(&mut *conn).await?;
+    Ok(())
+}
+
 /// The outcome events of occurrences whose outcome the caller's transaction has just written:
 /// `$1` routines and `$2` instants, side by side (`$3` the group, in the grouped form). A
 /// failed outcome (a failed dispatch, a mission's failed or lost run) is `routine.failed`; a

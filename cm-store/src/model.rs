@@ -43,6 +43,7 @@ pub struct NewRoutine {
     pub(crate) overlap: OverlapPolicy,
     pub(crate) paused: bool,
     pub(crate) runs_left: Option<u32>,
+    pub(crate) deadline: Option<std::time::Duration>,
 }
 
 /// A [`NewRoutine`] being put together: every setting but the name, schedule, kind and payload
@@ -74,6 +75,7 @@ impl NewRoutine {
                 overlap: OverlapPolicy::default(),
                 paused: false,
                 runs_left: None,
+                deadline: None,
             },
             policy: None,
         }
@@ -139,6 +141,12 @@ impl NewRoutine {
         self.runs_left
     }
 
+    /// Its deadline: an occurrence not succeeded this long after its planned instant raises
+    /// `routine.deadline_missed`; `None` is no deadline.
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        self.deadline
+    }
+
     /// This routine as a builder again, to change a setting (and be checked again).
     pub fn into_builder(self) -> NewRoutineBuilder {
         NewRoutineBuilder {
@@ -175,6 +183,13 @@ impl NewRoutineBuilder {
         self
     }
 
+    /// An occurrence not succeeded `deadline` after its planned instant raises
+    /// `routine.deadline_missed` (default: no deadline). Whole seconds, 1 s to 366 days.
+    pub fn deadline(mut self, deadline: Option<std::time::Duration>) -> Self {
+        self.routine.deadline = deadline;
+        self
+    }
+
     /// A mission must also be one the operator's `policy` allows (its env names, label keys
     /// and repository host), as `routine create --mission` checks it. Without one, only the
     /// mission's own fields are checked (and the policy again at every dispatch).
@@ -195,6 +210,7 @@ impl NewRoutineBuilder {
         definition::check_payload(routine.kind, &routine.payload, policy.as_ref())?;
         definition::check_overlap(routine.kind, routine.overlap)?;
         definition::check_run_limit(routine.runs_left)?;
+        definition::check_deadline(routine.deadline)?;
         definition::check_limited_schedule(routine.schedule.expression(), routine.runs_left)?;
         Ok(routine)
     }
@@ -245,6 +261,9 @@ pub struct Routine {
     pub source: Option<String>,
     /// How many more scheduled occurrences it may fire (`--limit-runs`); `None` is no limit.
     pub runs_left: Option<u32>,
+    /// How long after its planned instant an occurrence must have succeeded (`--deadline`);
+    /// `None` is no deadline.
+    pub deadline: Option<std::time::Duration>,
 }
 
 impl Routine {
@@ -293,6 +312,7 @@ struct RoutineJson<'a> {
     updated_at: DateTime<Utc>,
     source: Option<&'a str>,
     runs_left: Option<u32>,
+    deadline_secs: Option<u64>,
 }
 
 impl serde::Serialize for Routine {
@@ -315,6 +335,7 @@ impl serde::Serialize for Routine {
             updated_at: self.updated_at,
             source: self.source.as_deref(),
             runs_left: self.runs_left,
+            deadline_secs: self.deadline.map(|d| d.as_secs()),
         }
         .serialize(serializer)
     }
@@ -340,6 +361,7 @@ pub(crate) struct RoutineRow {
     updated_at: DateTime<Utc>,
     source: Option<String>,
     runs_left: Option<i32>,
+    deadline_secs: Option<i32>,
 }
 
 impl TryFrom<RoutineRow> for Routine {
@@ -369,6 +391,12 @@ impl TryFrom<RoutineRow> for Routine {
             .map(u32::try_from)
             .transpose()
             .map_err(|e| corrupt("runs_left", e.to_string()))?;
+        let deadline = r
+            .deadline_secs
+            .map(u64::try_from)
+            .transpose()
+            .map_err(|e| corrupt("deadline_secs", e.to_string()))?
+            .map(std::time::Duration::from_secs);
         Ok(Routine {
             id: r.id,
             group_id: r.group_id,
@@ -387,6 +415,7 @@ impl TryFrom<RoutineRow> for Routine {
             updated_at: r.updated_at,
             source: r.source,
             runs_left,
+            deadline,
         })
     }
 }
@@ -446,6 +475,8 @@ pub struct RoutineUpdate {
     /// A new run limit: `Some(Some(n))` lets it fire `n` more scheduled occurrences (and
     /// revives a routine whose limit was spent), `Some(None)` removes the limit.
     pub runs_left: Option<Option<u32>>,
+    /// A new deadline: `Some(Some(d))` sets it, `Some(None)` removes it.
+    pub deadline: Option<Option<std::time::Duration>>,
 }
 
 /// One routine an import wrote.

@@ -154,6 +154,7 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
         },
         mission: mission.clone(),
         runs_left: args.limit_runs.map(|l| l.0),
+        deadline: args.deadline.map(|d| d.0),
         overlap_field: "--overlap",
     };
     // A clause alone is a change too: it is written into the schedule once it is read.
@@ -276,6 +277,12 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
     say!("state       {}", listing::state(routine));
     if let Some(left) = routine.runs_left {
         say!("runs left   {left}");
+    }
+    if let Some(deadline) = routine.deadline {
+        say!(
+            "deadline    {} after each occurrence",
+            humantime::format_duration(deadline)
+        );
     }
     if let Some(jitter) = schedule.jitter() {
         say!(

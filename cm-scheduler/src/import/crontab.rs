@@ -181,6 +181,7 @@ pub fn crontab(
             overlap: None,
             paused: false,
             runs_left: None,
+            deadline: None,
         });
     }
     if let Some((line, _)) = pending_name {

@@ -51,6 +51,9 @@ struct JsonLine {
     /// A run limit, as `routine create --limit-runs` (set when the routine is created).
     #[serde(default)]
     limit_runs: Option<u32>,
+    /// A deadline, as `routine create --deadline` (`90s`, `5m`).
+    #[serde(default)]
+    deadline: Option<String>,
 }
 
 fn utc() -> String {
@@ -98,6 +101,12 @@ pub fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
             .text(None)
             .map_err(|e| (line, e.replace("--", "")))?
             .unwrap_or_default();
+        let deadline = parsed
+            .deadline
+            .as_deref()
+            .map(crate::flags::duration)
+            .transpose()
+            .map_err(|e| (line, format!("deadline: {e}")))?;
         routines.push(RoutineFields {
             line,
             name: parsed.name,
@@ -109,6 +118,7 @@ pub fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
             overlap: parsed.overlap,
             paused: parsed.paused,
             runs_left: parsed.limit_runs,
+            deadline,
         });
     }
     Ok(routines)

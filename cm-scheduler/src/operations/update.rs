@@ -17,6 +17,8 @@ pub struct Change<'a> {
     pub mission: Option<RoutineAction>,
     /// A new run limit: `Some(None)` removes it.
     pub runs_left: Option<Option<u32>>,
+    /// A new deadline: `Some(None)` removes it.
+    pub deadline: Option<Option<std::time::Duration>>,
     /// Where the overlap policy came from, for a refusal (`--overlap`, `overlap`).
     pub overlap_field: &'a str,
 }
@@ -40,6 +42,7 @@ impl Change<'_> {
             update.action = self.mission.clone();
         }
         update.runs_left = self.runs_left;
+        update.deadline = self.deadline;
         Ok((update != RoutineUpdate::default()).then_some(update))
     }
 }

@@ -101,6 +101,7 @@ pub async fn routine(
                 @if let Some((Some(start), _)) = window { dt { "Starts" } dd { (instant_cell(start, zone)) } }
                 @if let Some((_, Some(end))) = window { dt { "Ends" } dd { (instant_cell(end, zone)) } }
                 @if let Some(left) = r.runs_left { dt { "Runs left" } dd { (left) } }
+                @if let Some(deadline) = r.deadline { dt { "Deadline" } dd { (humantime::format_duration(deadline).to_string()) " after each occurrence" } }
                 @if let Some(jitter) = jitter { dt { "Jitter" } dd { "up to " (cm_domain::duration_text(jitter)) " after each occurrence" } }
                 dt { "Misfire policy" } dd { (r.misfire_policy) }
                 @if r.kind == cm_store::RoutineKind::Mission { dt { "Overlap" } dd { (r.overlap) } }

@@ -251,3 +251,94 @@ async fn delivery_marks_each_event_and_keeps_the_last_error(pool: PgPool) {
         .unwrap();
     assert_eq!(again, 0);
 }
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_misfire_decision_is_one_event_with_its_count(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let routine = create(
+        &store,
+        crate::support::EVERY_MINUTE,
+        MisfirePolicy::FireOnce,
+    )
+    .await;
+    let now = minute_floor(db_now(&pool).await);
+    // Down 90 minutes: fire-once fires the latest and skips the 90 before it.
+    crate::support::set_next_run(&pool, routine.id, now - TimeDelta::minutes(90)).await;
+    let claim = store.claim_due(&params("a")).await.unwrap();
+    assert_eq!(claim.fires.len(), 1, "{claim:?}");
+    assert_eq!(claim.skipped, 90);
+    let events = events_of(&store, routine.id).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].event_type, "routine.misfired");
+    assert_eq!(events[0].data["skipped"], 90);
+    assert_eq!(events[0].data["policy"], "fire-once");
+    assert_eq!(
+        events[0].scheduled_at,
+        Some(now - TimeDelta::minutes(90)),
+        "{events:?}"
+    );
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_routine_whose_run_limit_is_spent_is_finished_once(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let name = format!("limited {}", Uuid::new_v4().simple());
+    let routine = store
+        .create_routine(
+            crate::support::message(&name, crate::support::EVERY_MINUTE)
+                .into_builder()
+                .run_limit(Some(1))
+                .deadline(Some(std::time::Duration::from_secs(30)))
+                .build()
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(routine.deadline, Some(std::time::Duration::from_secs(30)));
+    let now = minute_floor(db_now(&pool).await);
+    crate::support::set_next_run(&pool, routine.id, now).await;
+    let claim = store.claim_due(&params("a")).await.unwrap();
+    assert_eq!(claim.fires.len(), 1, "{claim:?}");
+    assert!(
+        store
+            .claim_due(&params("a"))
+            .await
+            .unwrap()
+            .fires
+            .is_empty()
+    );
+    let events = events_of(&store, routine.id).await;
+    assert_eq!(types_of(&store, routine.id).await, ["routine.finished"]);
+    assert_eq!(events[0].data["reason"], "its run limit was reached");
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_deadline_set_through_sql_is_checked_and_read_back(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let routine = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
+    let set = |deadline: &'static str| {
+        sqlx::query_scalar::<_, bool>("SELECT cm.set_routine_deadline($1, $2::interval)")
+            .bind(routine.id)
+            .bind(deadline)
+            .fetch_one(&pool)
+    };
+    assert!(set("90 seconds").await.unwrap());
+    assert_eq!(
+        store.get_routine(routine.id).await.unwrap().deadline,
+        Some(std::time::Duration::from_secs(90))
+    );
+    let refused = set("1.5 seconds").await.unwrap_err().to_string();
+    assert!(
+        refused.contains("a deadline must be whole seconds"),
+        "{refused}"
+    );
+    let refused = set("400 days").await.unwrap_err().to_string();
+    assert!(
+        refused.contains("a deadline must be whole seconds"),
+        "{refused}"
+    );
+    assert_eq!(
+        store.get_routine(routine.id).await.unwrap().deadline,
+        Some(std::time::Duration::from_secs(90))
+    );
+}

@@ -293,6 +293,7 @@ async fn every_cm_function_runs_as_its_owner_on_a_pinned_path(pool: PgPool) {
             "cm.create_routine",
             "cm.delete_routine",
             "cm.get_routine",
+            "cm.set_routine_deadline",
             "cm.set_routine_paused",
             "cm.trigger_routine",
             "cm.update_routine",

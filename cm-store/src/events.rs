@@ -229,7 +229,7 @@ pub(crate) async fn record_news(
 /// routine's newest failed-or-recovered event is a failure. An occurrence whose outcome is not
 /// known yet (a mission launched, its run still running) writes nothing.
 macro_rules! outcome_events_sql {
-    ($group:literal) => {
+    ($group:literal, $events_group:literal) => {
         concat!(
             "
 WITH written AS (
@@ -262,7 +262,7 @@ WHERE w.outcome = 'failed'
    OR (w.outcome = 'succeeded' AND (
         SELECT e.type FROM cm.routine_events e
         WHERE e.routine_id = w.routine_id AND e.group_id = w.group_id",
-            $group,
+            $events_group,
             "
           AND e.type IN ('routine.failed', 'routine.recovered')
         ORDER BY e.seq DESC LIMIT 1) = 'routine.failed')
@@ -283,8 +283,8 @@ pub(crate) async fn record_outcome_events(
     }
     let (routines, instants): (Vec<Uuid>, Vec<DateTime<Utc>>) = occurrences.iter().copied().unzip();
     let query = crate::schema::query(match group {
-        None => outcome_events_sql!(""),
-        Some(_) => outcome_events_sql!(" AND f.group_id = $3"),
+        None => outcome_events_sql!("", ""),
+        Some(_) => outcome_events_sql!(" AND f.group_id = $3", " AND e.group_id = $3"),
     })
     .bind(&routines)
     .bind(&instants);

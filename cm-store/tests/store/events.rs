@@ -342,3 +342,60 @@ async fn a_deadline_set_through_sql_is_checked_and_read_back(pool: PgPool) {
         Some(std::time::Duration::from_secs(90))
     );
 }
+
+/// The event log's whole round on `store` (per group, as Citus runs it, when `per_group`):
+/// a deadline raised once, delivered and failed posts marked, listed, and retention.
+pub(crate) async fn the_event_log_round(store: &PgStore, pool: &PgPool, per_group: bool) {
+    let routine = create(store, YEARLY, MisfirePolicy::FireOnce).await;
+    let group = per_group.then_some(routine.group_id);
+    let owed = db_now(pool).await.with_nanosecond(0).unwrap() - TimeDelta::seconds(10);
+    sqlx::query("UPDATE cm.routines SET next_run_at = $2, deadline_secs = 2 WHERE id = $1")
+        .bind(routine.id)
+        .bind(owed)
+        .execute(pool)
+        .await
+        .unwrap();
+    let raised = store.raise_missed_deadlines(group).await.unwrap();
+    assert_eq!(raised.len(), 1, "{raised:?}");
+    assert!(
+        store
+            .raise_missed_deadlines(group)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    store.set_routine_paused(routine.id, true).await.unwrap();
+    let pending = store.pending_events(group, 10).await.unwrap();
+    let types: Vec<&str> = pending.iter().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(types, ["routine.deadline_missed", "routine.paused"]);
+    let retry_at = db_now(pool).await + TimeDelta::seconds(5);
+    store
+        .mark_delivery_failed((pending[0].group_id, pending[0].seq), "HTTP 503", retry_at)
+        .await
+        .unwrap();
+    let marked = store
+        .mark_delivered(&[(pending[1].group_id, pending[1].seq)])
+        .await
+        .unwrap();
+    assert_eq!(marked, 1);
+    let listed = events_of(store, routine.id).await;
+    assert_eq!(listed.len(), 2);
+    assert!(listed[0].delivered_at.is_some(), "{listed:?}");
+    assert_eq!(listed[1].delivery_error.as_deref(), Some("HTTP 503"));
+    // Past the retention: the delivered one goes; the undelivered one stays until twice it.
+    sqlx::query("UPDATE cm.routine_events SET occurred_at = now() - interval '3 days'")
+        .execute(pool)
+        .await
+        .unwrap();
+    let day = std::time::Duration::from_secs(86_400);
+    assert_eq!(store.prune_events(day * 2, 100).await.unwrap(), 1);
+    assert_eq!(events_of(store, routine.id).await.len(), 1);
+    assert_eq!(store.prune_events(day, 100).await.unwrap(), 1);
+    assert!(events_of(store, routine.id).await.is_empty());
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_event_log_round_on_postgresql(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    the_event_log_round(&store, &pool, false).await;
+}

@@ -52,9 +52,20 @@ pub async fn routine(
             None => None,
         };
         let fire_count = status.reader.fire_count(routine.id).await?;
-        Ok((routine, fires, last_run, fire_count))
+        let events = match &status.events {
+            Some(log) => {
+                log.events(&cm_store::EventFilter {
+                    routine: Some(routine.id),
+                    limit: super::events::EVENTS_SHOWN,
+                    ..cm_store::EventFilter::default()
+                })
+                .await?
+            }
+            None => Vec::new(),
+        };
+        Ok((routine, fires, last_run, fire_count, events))
     };
-    let (r, fires, last_run, fire_count) = match read(&state, reads).await {
+    let (r, fires, last_run, fire_count, events) = match read(&state, reads).await {
         Ok(Ok(read)) => read,
         Ok(Err(_)) => return missing(&handle),
         Err(response) => return response,
@@ -138,6 +149,10 @@ pub async fn routine(
                         td.nowrap { (relative(*at, now)) }
                     } } }
                 } }
+            }
+            @if status.events.is_some() {
+                h2 { "Events" }
+                (super::events::events_table("events", &events, false, now))
             }
             h2 {
                 @if fires.len() < FIRES_PER_ROUTINE as usize {

@@ -80,6 +80,27 @@ pub struct EventFilter {
     pub limit: u32,
 }
 
+/// The occurrences of one routine that were owed and not fired, by why: its misfire policy
+/// (counted by its `routine.misfired` events), its overlap policy (a mission's occurrence while
+/// its run held the routine) and buffering (`buffer-one` launching the newest of those its run
+/// kept waiting), each with the latest such decision. Counted over what is kept: the ledger's
+/// and the events' retention.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromRow, serde::Serialize)]
+pub struct Skips {
+    /// Occurrences the misfire policy skipped.
+    pub misfired: i64,
+    /// When it last skipped any.
+    pub last_misfired: Option<DateTime<Utc>>,
+    /// Occurrences settled `skipped` under the overlap policy.
+    pub overlap: i64,
+    /// The latest of them.
+    pub last_overlap: Option<DateTime<Utc>>,
+    /// Occurrences a `buffer-one` run left unlaunched.
+    pub buffered: i64,
+    /// The latest of them.
+    pub last_buffered: Option<DateTime<Utc>>,
+}
+
 /// The event log.
 #[cfg_attr(feature = "mock", mockall::automock)]
 #[async_trait]
@@ -116,6 +137,9 @@ pub trait EventLog: Send + Sync {
         &self,
         group: Option<GroupId>,
     ) -> Result<Vec<RoutineEvent>, StoreError>;
+
+    /// What the routine `routine_id` (of `group`) was owed and did not fire, by why.
+    async fn skips(&self, routine_id: Uuid, group: GroupId) -> Result<Skips, StoreError>;
 
     /// Deletes at most `limit` delivered events (or any, once `retention` is past twice: an
     /// event no sink took for so long is not kept forever) older than `retention`. Returns how
@@ -447,6 +471,26 @@ impl EventLog for PgStore {
             };
             query.fetch_all(e)
         })?)
+    }
+
+    async fn skips(&self, routine_id: Uuid, group: GroupId) -> Result<Skips, StoreError> {
+        Ok(on_store!(self, |e| crate::schema::query_as(
+            "SELECT m.misfired, m.last_misfired,
+                    count(*) FILTER (WHERE f.claimant <> 'buffer-one') AS overlap,
+                    max(f.scheduled_at) FILTER (WHERE f.claimant <> 'buffer-one') AS last_overlap,
+                    count(*) FILTER (WHERE f.claimant = 'buffer-one') AS buffered,
+                    max(f.scheduled_at) FILTER (WHERE f.claimant = 'buffer-one') AS last_buffered
+             FROM (SELECT coalesce(sum((data->>'skipped')::bigint), 0)::bigint AS misfired,
+                          max(occurred_at) AS last_misfired
+                   FROM cm.routine_events
+                   WHERE routine_id = $1 AND group_id = $2 AND type = 'routine.misfired') m
+             LEFT JOIN cm.routine_fires f
+                    ON f.routine_id = $1 AND f.group_id = $2 AND f.status = 'skipped'
+             GROUP BY m.misfired, m.last_misfired",
+        )
+        .bind(routine_id)
+        .bind(group)
+        .fetch_one(e))?)
     }
 
     async fn prune_events(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {

@@ -179,7 +179,7 @@ pub use cursor::{FireCursor, ParseFireCursorError};
 pub use error::StoreError;
 #[cfg(feature = "mock")]
 pub use events::MockEventLog;
-pub use events::{EventFilter, EventLog, NewEvent, RoutineEvent};
+pub use events::{EventFilter, EventLog, NewEvent, RoutineEvent, Skips};
 pub use failover::{DatabaseUrl, TargetSessionAttrs};
 pub use groups::{GroupDirectory, GroupId, LiveLease, group_of};
 #[cfg(feature = "mock")]

@@ -284,6 +284,8 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
             humantime::format_duration(deadline)
         );
     }
+    let skips = cm_store::EventLog::skips(store, routine.id, routine.group_id).await?;
+    say!("skipped     {}", listing::skips(&skips));
     if let Some(jitter) = schedule.jitter() {
         say!(
             "jitter      up to {} after each occurrence",

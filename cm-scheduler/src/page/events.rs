@@ -51,6 +51,23 @@ pub(super) fn events_table(
     }
 }
 
+/// What a routine was owed and did not fire, by why, each with its latest decision.
+pub(super) fn skips_cell(skips: &cm_store::Skips, now: DateTime<Utc>) -> Markup {
+    let parts = [
+        (skips.misfired, skips.last_misfired, "by its misfire policy"),
+        (skips.overlap, skips.last_overlap, "by its overlap policy"),
+        (skips.buffered, skips.last_buffered, "by buffering"),
+    ];
+    html! {
+        @if parts.iter().all(|(n, _, _)| *n == 0) { span.muted { "none" } }
+        @for (n, last, why) in parts.iter().filter(|(n, _, _)| *n > 0) {
+            (n) " " (why)
+            @if let Some(at) = last { ", the latest " (moment(*at, now)) }
+            br;
+        }
+    }
+}
+
 /// Whether an event of this type is a failure a person must act on.
 fn loud(event_type: &str) -> bool {
     matches!(

@@ -52,20 +52,22 @@ pub async fn routine(
             None => None,
         };
         let fire_count = status.reader.fire_count(routine.id).await?;
-        let events = match &status.events {
+        let (events, skips) = match &status.events {
             Some(log) => {
-                log.events(&cm_store::EventFilter {
-                    routine: Some(routine.id),
-                    limit: super::events::EVENTS_SHOWN,
-                    ..cm_store::EventFilter::default()
-                })
-                .await?
+                let events = log
+                    .events(&cm_store::EventFilter {
+                        routine: Some(routine.id),
+                        limit: super::events::EVENTS_SHOWN,
+                        ..cm_store::EventFilter::default()
+                    })
+                    .await?;
+                (events, Some(log.skips(routine.id, routine.group_id).await?))
             }
-            None => Vec::new(),
+            None => (Vec::new(), None),
         };
-        Ok((routine, fires, last_run, fire_count, events))
+        Ok((routine, fires, last_run, fire_count, (events, skips)))
     };
-    let (r, fires, last_run, fire_count, events) = match read(&state, reads).await {
+    let (r, fires, last_run, fire_count, (events, skips)) = match read(&state, reads).await {
         Ok(Ok(read)) => read,
         Ok(Err(_)) => return missing(&handle),
         Err(response) => return response,
@@ -123,6 +125,7 @@ pub async fn routine(
                     @if let Some(reason) = &r.paused_reason { " " span.error { (shown(reason)) } }
                 }
                 dt { "Next run" } dd { (next_run_cell(&r, now)) }
+                @if let Some(skips) = &skips { dt { "Skipped" } dd { (super::events::skips_cell(skips, now)) } }
                 @if r.kind == cm_store::RoutineKind::Message {
                     dt { "Message" } dd.muted { (payload_bytes) " bytes (contents not shown)" }
                 }

@@ -277,6 +277,33 @@ async fn a_misfire_decision_is_one_event_with_its_count(pool: PgPool) {
         Some(now - TimeDelta::minutes(90)),
         "{events:?}"
     );
+    // Beside the misfires, an occurrence its overlap skipped and one buffering left.
+    for (minutes, claimant) in [(200, "a"), (100, "buffer-one")] {
+        sqlx::query(
+            "INSERT INTO cm.routine_fires (routine_id, scheduled_at, status, claimant, claim_token,
+                                           lease_expires_at, completed_at, error)
+             VALUES ($1, $2, 'skipped', $3, gen_random_uuid(), now(), now(), 'skipped: held')",
+        )
+        .bind(routine.id)
+        .bind(now - TimeDelta::minutes(minutes))
+        .bind(claimant)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let skips = store.skips(routine.id, routine.group_id).await.unwrap();
+    assert_eq!(
+        (skips.misfired, skips.overlap, skips.buffered),
+        (90, 1, 1),
+        "{skips:?}"
+    );
+    assert_eq!(skips.last_misfired, Some(events[0].occurred_at));
+    assert_eq!(skips.last_buffered, Some(now - TimeDelta::minutes(100)));
+    let quiet = create(&store, YEARLY, MisfirePolicy::FireOnce).await;
+    assert_eq!(
+        store.skips(quiet.id, quiet.group_id).await.unwrap(),
+        cm_store::Skips::default()
+    );
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]

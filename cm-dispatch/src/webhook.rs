@@ -184,15 +184,34 @@ impl WebhookDispatcher {
 
     /// The body and headers of one send of `dispatch`, signed now.
     fn signed_request(&self, dispatch: &Dispatch) -> Result<(Vec<u8>, HeaderMap), DispatchError> {
+        let mut headers = self.signed(
+            dispatch.idempotency_key.as_str(),
+            EVENT_TYPE,
+            dispatch.message_data(),
+        )?;
+        let value = HeaderValue::from_str(&dispatch.traceparent().to_string()).map_err(|_| {
+            DispatchError::Rejected("the trace context is not a valid header value".into())
+        })?;
+        headers.1.insert("traceparent", value);
+        Ok(headers)
+    }
+
+    /// The body `{"type", "timestamp", "data"}` and the Standard Webhooks headers of one send
+    /// of the message `id` (its `webhook-id`), signed now.
+    fn signed(
+        &self,
+        id: &str,
+        event_type: &str,
+        data: serde_json::Value,
+    ) -> Result<(Vec<u8>, HeaderMap), DispatchError> {
         let now = Utc::now();
         let body = serde_json::json!({
-            "type": EVENT_TYPE,
+            "type": event_type,
             "timestamp": now.to_rfc3339_opts(SecondsFormat::Millis, true),
-            "data": dispatch.message_data(),
+            "data": data,
         });
         let body = serde_json::to_vec(&body)
             .map_err(|e| DispatchError::Rejected(format!("cannot encode the webhook body: {e}")))?;
-        let id = dispatch.idempotency_key.as_str();
         let timestamp = now.timestamp();
         let signature = self
             .secret
@@ -210,13 +229,40 @@ impl WebhookDispatcher {
         headers.insert("webhook-timestamp", HeaderValue::from(timestamp));
         headers.insert("webhook-signature", value(&signature)?);
         headers.insert("idempotency-key", value(id)?);
-        headers.insert("traceparent", value(&dispatch.traceparent().to_string())?);
         Ok((body, headers))
+    }
+
+    /// Posts one message of type `event_type` with `data` under the id `id`, signed as every
+    /// send is, once, within `timeout`: the receipt of a 2xx (or a 409, already received);
+    /// [`DispatchError::Unavailable`] for an answer worth trying again later (no answer, 408,
+    /// 429, 5xx) and [`DispatchError::Rejected`] for a refusal. The caller retries: an event
+    /// log's delivery, which keeps its own backoff across restarts.
+    pub async fn post(
+        &self,
+        id: &str,
+        event_type: &str,
+        data: serde_json::Value,
+        timeout: Duration,
+    ) -> Result<Receipt, DispatchError> {
+        let (body, headers) = self.signed(id, event_type, data)?;
+        let answer = tokio::time::timeout(timeout, self.send(body, headers))
+            .await
+            .map_err(|_| DispatchError::Unavailable("no answer in time".into()))?;
+        match judge(answer) {
+            Verdict::Done(receipt) => Ok(receipt),
+            Verdict::Refused(error) => Err(DispatchError::Rejected(error)),
+            Verdict::Retry { error, .. } => Err(DispatchError::Unavailable(error)),
+        }
     }
 
     /// One send: what the receiver answered, or why there was no answer.
     async fn send_once(&self, dispatch: &Dispatch) -> Result<Answer, DispatchError> {
         let (body, headers) = self.signed_request(dispatch)?;
+        Ok(self.send(body, headers).await)
+    }
+
+    /// One send of a signed body.
+    async fn send(&self, body: Vec<u8>, headers: HeaderMap) -> Answer {
         let sent = self
             .client
             .post(self.url.clone())
@@ -226,7 +272,7 @@ impl WebhookDispatcher {
             .await;
         let mut response = match sent {
             Ok(response) => response,
-            Err(e) => return Ok(Answer::NoAnswer(self.describe(&e))),
+            Err(e) => return Answer::NoAnswer(self.describe(&e)),
         };
         let status = response.status();
         let retry_after = response
@@ -242,11 +288,11 @@ impl WebhookDispatcher {
                 Ok(None) | Err(_) => break,
             }
         }
-        Ok(Answer::Status {
+        Answer::Status {
             status,
             excerpt: self.scrub(&excerpt),
             retry_after,
-        })
+        }
     }
 
     /// A transport error in words, without the URL (it may hold credentials).

@@ -32,6 +32,9 @@ use crate::run::OverlapPolicy;
 /// The largest run limit (the store keeps it in a 32-bit column).
 pub const MAX_RUN_LIMIT: u32 = i32::MAX as u32;
 
+/// The longest deadline: 366 days, in seconds.
+pub const MAX_DEADLINE_SECS: u64 = 366 * 86_400;
+
 /// Why a routine's definition is refused. Each message is one line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -64,6 +67,9 @@ pub enum DefinitionError {
     /// A run limit on a one-shot (`@at`), which fires once whatever the limit.
     #[error("a run limit is for a recurring schedule: a one-shot (--at) fires once")]
     RunLimitOfOneShot,
+    /// A deadline under a second, not in whole seconds, or over [`MAX_DEADLINE_SECS`].
+    #[error("a deadline must be whole seconds, 1s to 366d (it was {0})")]
+    Deadline(String),
 }
 
 /// The name as stored: [`RoutineName::parse`] of `text` (trimmed, checked).
@@ -131,6 +137,18 @@ pub fn check_overlap(kind: RoutineKind, overlap: OverlapPolicy) -> Result<(), De
 pub fn check_run_limit(limit: Option<u32>) -> Result<(), DefinitionError> {
     match limit {
         Some(n) if n == 0 || n > MAX_RUN_LIMIT => Err(DefinitionError::RunLimit(n)),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a deadline: `None` (none), or whole seconds from 1 s to [`MAX_DEADLINE_SECS`].
+pub fn check_deadline(deadline: Option<std::time::Duration>) -> Result<(), DefinitionError> {
+    match deadline {
+        Some(d) if d.subsec_nanos() != 0 || d.as_secs() == 0 || d.as_secs() > MAX_DEADLINE_SECS => {
+            Err(DefinitionError::Deadline(crate::duration_text(
+                chrono::TimeDelta::from_std(d).unwrap_or(chrono::TimeDelta::MAX),
+            )))
+        }
         _ => Ok(()),
     }
 }
@@ -214,6 +232,18 @@ mod tests {
             "a run limit must be 1 to 2147483647 (it was 0)"
         );
         assert!(check_run_limit(Some(MAX_RUN_LIMIT + 1)).is_err());
+        let secs = std::time::Duration::from_secs;
+        assert!(check_deadline(None).is_ok());
+        assert!(check_deadline(Some(secs(1))).is_ok());
+        assert!(check_deadline(Some(secs(MAX_DEADLINE_SECS))).is_ok());
+        assert!(check_deadline(Some(secs(0))).is_err());
+        assert!(check_deadline(Some(secs(MAX_DEADLINE_SECS + 1))).is_err());
+        assert_eq!(
+            check_deadline(Some(std::time::Duration::from_millis(1500)))
+                .unwrap_err()
+                .to_string(),
+            "a deadline must be whole seconds, 1s to 366d (it was 1s500ms)"
+        );
         assert!(check_limited_schedule("@at 2027-01-01T00:00:00Z", None).is_ok());
         assert!(check_limited_schedule("0 9 * * *", Some(3)).is_ok());
         assert!(check_limited_schedule("@every 5m", Some(3)).is_ok());

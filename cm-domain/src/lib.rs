@@ -28,6 +28,7 @@
 //!   and what the operator allows a routine to ask for ([`MissionPolicy`]).
 //! - [`repository`]: a mission's repository split once whatever its form, its host read as a
 //!   name or an address, and the addresses a mission may never reach.
+//! - [`event`]: the changes a person must hear about ([`EventType`]), one per decision.
 //! - [`outcome`]: what a fire's effect did ([`FireOutcome`]): its dispatch, or its mission's
 //!   run; what every count of failures counts.
 //! - [`routine`]: what a routine does when it fires ([`RoutineKind`]) and whether it still
@@ -63,6 +64,7 @@ pub mod calendar;
 pub mod claim;
 pub mod config;
 pub mod definition;
+pub mod event;
 pub mod jitter;
 pub mod misfire;
 pub mod mission;
@@ -85,6 +87,7 @@ pub use claim::{
 };
 pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
 pub use definition::DefinitionError;
+pub use event::{EventType, UnknownEventType};
 pub use misfire::{
     DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due, plan_routine_due,
 };

@@ -12,6 +12,7 @@ macro_rules! say {
 }
 
 mod completions;
+mod events;
 mod listing;
 mod out;
 mod outbox;
@@ -198,6 +199,7 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
         }
         Command::Run(args) => run(url, *args).await,
         Command::Outbox(args) => outbox::show(url, args).await,
+        Command::Events(args) => events::list(url, args).await,
         Command::Routine(command) => routine::routine(url, *command).await,
         Command::Fires {
             show: Some(FiresCommand::Show { fire, json }),

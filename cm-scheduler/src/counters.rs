@@ -149,6 +149,9 @@ const TICK_DURATION: &str = "cm_tick_duration_seconds";
 const LATENESS: &str = "cm_fire_lateness_seconds";
 const MISSION_RUNS: &str = "cm_mission_runs_total";
 const MISSION_LAUNCHES: &str = "cm_mission_launches_total";
+const DEADLINES_MISSED: &str = "cm_deadlines_missed_total";
+const EVENTS_DELIVERED: &str = "cm_events_delivered_total";
+const EVENT_DELIVERY_FAILURES: &str = "cm_event_delivery_failures_total";
 
 /// A Prometheus recorder with cm's histogram buckets, not installed (tests record into it
 /// with [`metrics::with_local_recorder`]).
@@ -202,6 +205,16 @@ pub fn describe() {
         MISSION_LAUNCHES,
         "Mission runs launched (the runtime confirmed the start); runs going on are launches \
          minus ends."
+    );
+    describe_counter!(
+        DEADLINES_MISSED,
+        "Occurrences that had not succeeded by their routine's deadline (raised by this \
+         scheduler)."
+    );
+    describe_counter!(EVENTS_DELIVERED, "Events a sink took.");
+    describe_counter!(
+        EVENT_DELIVERY_FAILURES,
+        "Event posts that failed (each tried again later)."
     );
     metrics::describe_gauge!(DISPATCHING, "Dispatches running now.");
     describe_histogram!(TICK_DURATION, "Time one tick took.");
@@ -273,6 +286,12 @@ pub struct Stats {
     /// launched (`cm_mission_launches_total`), then ended `succeeded`, `failed`, `lost`
     /// (`cm_mission_runs_total{state}`).
     pub mission_runs: [Counter; 4],
+    /// Occurrences this scheduler raised `routine.deadline_missed` for.
+    pub deadlines_missed: Counter,
+    /// Events a sink took.
+    pub events_delivered: Counter,
+    /// Event posts that failed.
+    pub event_delivery_failures: Counter,
     /// Dispatches running now.
     pub dispatching: Gauge,
     /// Seconds each tick took.
@@ -315,6 +334,9 @@ impl Default for Stats {
                 cm_domain::RunStateName::Running => Counter::new(MISSION_LAUNCHES, None),
                 ended => Counter::labelled(MISSION_RUNS, "state", ended.as_str()),
             }),
+            deadlines_missed: Counter::new(DEADLINES_MISSED, None),
+            events_delivered: Counter::new(EVENTS_DELIVERED, None),
+            event_delivery_failures: Counter::new(EVENT_DELIVERY_FAILURES, None),
             dispatching: Gauge::new(DISPATCHING),
             tick_duration: Histogram::new(TICK_DURATION),
             lateness: Histogram::new(LATENESS),

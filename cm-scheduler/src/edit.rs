@@ -64,6 +64,7 @@ impl Edit<'_> {
             runs_left: None,
             calendar: None,
             on_holiday: None,
+            deadline: None,
         };
         if update == RoutineUpdate::default() {
             return Err(NOTHING_TO_CHANGE.into());
@@ -75,7 +76,7 @@ impl Edit<'_> {
 /// The refusal of an edit that changes nothing.
 pub const NOTHING_TO_CHANGE: &str = "nothing to change: give at least one of --name, --schedule, \
      --every, --at, --except, --start, --end, --timezone, --misfire, --message, --mission, \
-     --overlap, --limit-runs, --calendar and --on-holiday";
+     --overlap, --limit-runs, --deadline, --calendar and --on-holiday";
 
 /// A routine's name, checked.
 pub fn name(text: &str) -> Result<String, String> {

@@ -49,6 +49,9 @@ pub struct StatusPage {
     /// How this scheduler runs missions (the backend, its image, command and resources), as
     /// label and value, shown on a mission routine's page; empty without a mission backend.
     pub runner: Vec<(String, String)>,
+    /// The event log the page shows (the latest on the index, a routine's on its page); none
+    /// shown without one.
+    pub events: Option<Arc<dyn cm_store::EventLog>>,
 }
 
 impl StatusPage {
@@ -69,6 +72,7 @@ impl StatusPage {
             csrf: CsrfToken::random(),
             hosts: AllowedHosts::loopback(),
             runner: Vec::new(),
+            events: None,
         }
     }
 }

@@ -167,6 +167,17 @@ impl RunWatch {
                 updates.push(update);
             }
         }
+        // A run that failed or was lost has its report (its output's tail) kept before its
+        // end is recorded, so the `routine.failed` event written with the end carries it.
+        let failing: Vec<Occurrence> = updates
+            .iter()
+            .filter(|(_, update)| {
+                matches!(update, RunUpdate::Observed(state)
+                    if matches!(state.name(), cm_domain::RunStateName::Failed | cm_domain::RunStateName::Lost))
+            })
+            .map(|(occurrence, _)| *occurrence)
+            .collect();
+        self.keep_reports(&failing, &places, &room).await;
         // Every scheduler watches every run; only the row update that ended a run returns it,
         // so each ended run is counted and logged once, by whichever pass wrote it.
         let ended = self.store.record_runs(&updates).await?;
@@ -179,10 +190,26 @@ impl RunWatch {
                 run = %state.name(), exit_code = ?state.exit_code(),
                 reason = state.reason().unwrap_or(""), "mission run ended");
         }
-        // What each ended run left (its output's tail, its start and end) is asked for by the
-        // pass that ended it, once, and kept with it.
+        // What every other ended run left is asked for by the pass that ended it, once.
+        let rest: Vec<Occurrence> = ended
+            .iter()
+            .map(|(occurrence, _)| *occurrence)
+            .filter(|occurrence| !failing.contains(occurrence))
+            .collect();
+        self.keep_reports(&rest, &places, &room).await;
+        Ok(ended.len())
+    }
+
+    /// Asks the runtime what each run of `occurrences` left (its output's tail, scrubbed, its
+    /// start and end), `places` saying where each run's evidence is, and keeps it with the run.
+    async fn keep_reports(
+        &self,
+        occurrences: &[Occurrence],
+        places: &std::collections::HashMap<Occurrence, Option<String>>,
+        room: &Arc<tokio::sync::Semaphore>,
+    ) {
         let mut reporting = tokio::task::JoinSet::new();
-        for (occurrence, _) in &ended {
+        for occurrence in occurrences {
             let (runtime, room, occurrence) = (self.runtime.clone(), room.clone(), *occurrence);
             let place = places.get(&occurrence).cloned().flatten();
             reporting.spawn(async move {
@@ -221,7 +248,6 @@ impl RunWatch {
                     "keeping the run's output failed");
             }
         }
-        Ok(ended.len())
     }
 }
 

@@ -79,6 +79,9 @@ mod inputs;
 // Mission files and backend settings refused; schedulers killed mid-launch on the fake engines.
 #[path = "scheduler/missions.rs"]
 mod missions;
+// Events heard by a real Standard Webhooks receiver: pause, recovery, deadline, misfire.
+#[path = "scheduler/events.rs"]
+mod events;
 // `routine import`'s overlap; `run` waiting for a Docker engine; process runs watched to the end.
 #[path = "scheduler/missions_operate.rs"]
 mod missions_operate;

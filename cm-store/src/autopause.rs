@@ -20,6 +20,23 @@ pub struct AutoPaused {
     pub name: String,
     /// The reason kept on it.
     pub reason: String,
+    /// Its group.
+    pub group_id: GroupId,
+}
+
+/// The `routine.paused` events of routines cm paused.
+fn paused_events(paused: &[AutoPaused]) -> Vec<crate::events::NewEvent> {
+    paused
+        .iter()
+        .map(|routine| crate::events::NewEvent {
+            group_id: routine.group_id,
+            routine_id: routine.id,
+            routine_name: routine.name.clone(),
+            event_type: cm_domain::EventType::Paused,
+            scheduled_at: None,
+            data: serde_json::json!({"by": "cm", "reason": routine.reason}),
+        })
+        .collect()
 }
 
 /// Pausing routines whose last fires all failed.
@@ -115,7 +132,7 @@ FROM failing
 WHERE r.id = failing.id AND NOT r.paused",
             $routines,
             "
-RETURNING r.id, r.name, r.paused_reason AS reason"
+RETURNING r.id, r.name, r.paused_reason AS reason, r.group_id"
         )
     };
 }
@@ -151,10 +168,10 @@ const FAILED_LOCK_WAIT: &str = "1s";
 
 impl PgStore {
     /// Runs `write`, a statement recording outcomes that returns the occurrences it wrote
-    /// (routine and instant). When the store pauses after N failures and `failing` names
-    /// occurrences whose outcome `write` records as failed, it runs in a transaction with the
-    /// pause of the routines of those it wrote ([`pause_failed_in`]); otherwise as any
-    /// statement does, with no transaction of its own.
+    /// (routine and instant), in a transaction with their events (`routine.failed`,
+    /// `routine.recovered`: [`crate::events`]) and, when the store pauses after N failures and
+    /// `failing` names occurrences whose outcome `write` records as failed, the pause of the
+    /// routines of those it wrote ([`pause_failed_in`]).
     pub(crate) async fn record_then_pause<'q>(
         &self,
         group: Option<GroupId>,
@@ -166,20 +183,20 @@ impl PgStore {
             PgArguments,
         >,
     ) -> Result<Vec<(Uuid, chrono::DateTime<chrono::Utc>)>, StoreError> {
-        let Some(after) = self.pause_after.filter(|_| !failing.is_empty()) else {
-            return Ok(on_store!(self, |e| write.fetch_all(e))?);
-        };
         let mut conn = self.pool.acquire().await?;
         let mut tx = self.begin_on(&mut conn).await?;
         let written = write.fetch_all(&mut *tx).await?;
-        let mut routines: Vec<Uuid> = failing
-            .iter()
-            .filter(|occurrence| written.contains(occurrence))
-            .map(|(routine_id, _)| *routine_id)
-            .collect();
-        routines.sort_unstable();
-        routines.dedup();
-        pause_failed_in(&mut tx, group, after, &routines).await?;
+        crate::events::record_outcome_events(&mut tx, group, &written).await?;
+        if let Some(after) = self.pause_after.filter(|_| !failing.is_empty()) {
+            let mut routines: Vec<Uuid> = failing
+                .iter()
+                .filter(|occurrence| written.contains(occurrence))
+                .map(|(routine_id, _)| *routine_id)
+                .collect();
+            routines.sort_unstable();
+            routines.dedup();
+            pause_failed_in(&mut tx, group, after, &routines).await?;
+        }
         tx.commit().await?;
         Ok(written)
     }
@@ -227,6 +244,7 @@ pub(crate) async fn pause_failed_in(
             crate::schema::query("RELEASE SAVEPOINT cm_pause_failed")
                 .execute(&mut *tx)
                 .await?;
+            crate::events::record(&mut *tx, &paused_events(&paused)).await?;
             for routine in &paused {
                 tracing::error!(routine = %routine.name, routine_id = %routine.id,
                     reason = %routine.reason,
@@ -277,13 +295,15 @@ impl PgStore {
         if after_failures == 0 {
             return Ok(Vec::new());
         }
-        Ok(on_store!(self, |e| pause_failing_query(
-            group,
-            after_failures,
-            window
-        )
-        .try_map(|row| AutoPaused::from_row(&row))
-        .fetch_all(e))?)
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = self.begin_on(&mut conn).await?;
+        let paused = pause_failing_query(group, after_failures, window)
+            .try_map(|row| AutoPaused::from_row(&row))
+            .fetch_all(&mut *tx)
+            .await?;
+        crate::events::record(&mut tx, &paused_events(&paused)).await?;
+        tx.commit().await?;
+        Ok(paused)
     }
 }
 

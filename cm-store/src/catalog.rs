@@ -200,8 +200,8 @@ pub(crate) async fn insert_routine(
     crate::schema::query_as::<_, RoutineRow>(
         "INSERT INTO cm.routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
-              source, group_id, runs_left, overlap, calendar, on_holiday)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+              source, group_id, runs_left, overlap, calendar, on_holiday, deadline_secs)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
          RETURNING *",
     )
     .bind(id)
@@ -219,6 +219,7 @@ pub(crate) async fn insert_routine(
     .bind(routine.overlap.as_str())
     .bind(routine.calendar.as_deref())
     .bind(routine.on_holiday.as_str())
+    .bind(deadline_column(routine.deadline))
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, &routine.name))?
@@ -234,6 +235,11 @@ fn runs_left_column(limit: Option<u32>) -> Result<Option<i32>, StoreError> {
             })
         })
         .transpose()
+}
+
+/// A deadline as the `deadline_secs` column holds it (checked already: at most 366 days).
+fn deadline_column(deadline: Option<std::time::Duration>) -> Option<i32> {
+    deadline.map(|d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX))
 }
 
 pub(crate) async fn db_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, StoreError> {
@@ -305,6 +311,10 @@ async fn apply_update(
     if let Some(limit) = update.runs_left {
         definition::check_run_limit(limit)?;
     }
+    if let Some(deadline) = update.deadline {
+        definition::check_deadline(deadline)?;
+    }
+    let deadline = update.deadline.unwrap_or(current.deadline);
     if update.expression.is_some() || update.runs_left.is_some() {
         definition::check_limited_schedule(expression, runs_left)?;
     }
@@ -325,7 +335,7 @@ async fn apply_update(
         "UPDATE cm.routines
          SET name = $2, schedule = $3, timezone = $4, kind = $5, payload = $6,
              misfire_policy = $7, next_run_at = $8, overlap = $10, runs_left = $11,
-             calendar = $12, on_holiday = $13, updated_at = now()
+             calendar = $12, on_holiday = $13, deadline_secs = $14, updated_at = now()
          WHERE id = $1 AND group_id = $9
          RETURNING *",
     )
@@ -342,6 +352,7 @@ async fn apply_update(
     .bind(runs_left_column(runs_left)?)
     .bind(calendar)
     .bind(on_holiday.as_str())
+    .bind(deadline_column(deadline))
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, name))?
@@ -481,6 +492,7 @@ fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
         runs_left: None,
         calendar: Some(routine.calendar.clone()),
         on_holiday: Some(routine.on_holiday),
+        deadline: Some(routine.deadline),
     }
 }
 
@@ -489,6 +501,7 @@ fn same_settings(stored: &Routine, routine: &NewRoutine) -> bool {
     stored.schedule == routine.schedule.expression()
         && stored.timezone == routine.schedule.zone().name()
         && stored.misfire_policy == routine.misfire
+        && stored.deadline == routine.deadline
         && stored.kind == routine.kind
         && stored.payload == routine.payload
         && (routine.kind != RoutineKind::Mission || stored.overlap == routine.overlap)

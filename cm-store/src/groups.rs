@@ -229,6 +229,12 @@ const CITUS_TABLES: &[CitusTable] = &[
         ),
     },
     CitusTable {
+        table: "cm.routine_events",
+        placement: Placement::Distributed("group_id"),
+        colocate_with: Some("cm.routines"),
+        drop_trigger: None,
+    },
+    CitusTable {
         table: "cm.outbox_messages",
         placement: Placement::Distributed("group_id"),
         colocate_with: Some("cm.routines"),

@@ -142,6 +142,7 @@ pub mod catalog;
 pub mod consumer;
 mod cursor;
 mod error;
+pub mod events;
 pub mod explain;
 pub mod failover;
 pub mod groups;
@@ -180,6 +181,9 @@ pub use consumer::{
 };
 pub use cursor::{FireCursor, ParseFireCursorError};
 pub use error::StoreError;
+#[cfg(feature = "mock")]
+pub use events::MockEventLog;
+pub use events::{EventFilter, EventLog, NewEvent, RoutineEvent, Skips};
 pub use failover::{DatabaseUrl, TargetSessionAttrs};
 pub use groups::{GroupDirectory, GroupId, LiveLease, group_of};
 #[cfg(feature = "mock")]

@@ -46,6 +46,7 @@ pub struct NewRoutine {
     pub(crate) runs_left: Option<u32>,
     pub(crate) calendar: Option<String>,
     pub(crate) on_holiday: OnHoliday,
+    pub(crate) deadline: Option<std::time::Duration>,
 }
 
 /// A [`NewRoutine`] being put together: every setting but the name, schedule, kind and payload
@@ -79,6 +80,7 @@ impl NewRoutine {
                 runs_left: None,
                 calendar: None,
                 on_holiday: OnHoliday::Skip,
+                deadline: None,
             },
             policy: None,
         }
@@ -154,6 +156,12 @@ impl NewRoutine {
         self.on_holiday
     }
 
+    /// Its deadline: an occurrence not succeeded this long after its planned instant raises
+    /// `routine.deadline_missed`; `None` is no deadline.
+    pub fn deadline(&self) -> Option<std::time::Duration> {
+        self.deadline
+    }
+
     /// This routine as a builder again, to change a setting (and be checked again).
     pub fn into_builder(self) -> NewRoutineBuilder {
         NewRoutineBuilder {
@@ -200,6 +208,13 @@ impl NewRoutineBuilder {
         self
     }
 
+    /// An occurrence not succeeded `deadline` after its planned instant raises
+    /// `routine.deadline_missed` (default: no deadline). Whole seconds, 1 s to 366 days.
+    pub fn deadline(mut self, deadline: Option<std::time::Duration>) -> Self {
+        self.routine.deadline = deadline;
+        self
+    }
+
     /// A mission must also be one the operator's `policy` allows (its env names, label keys
     /// and repository host), as `routine create --mission` checks it. Without one, only the
     /// mission's own fields are checked (and the policy again at every dispatch).
@@ -220,6 +235,7 @@ impl NewRoutineBuilder {
         definition::check_payload(routine.kind, &routine.payload, policy.as_ref())?;
         definition::check_overlap(routine.kind, routine.overlap)?;
         definition::check_run_limit(routine.runs_left)?;
+        definition::check_deadline(routine.deadline)?;
         definition::check_limited_schedule(routine.schedule.expression(), routine.runs_left)?;
         Ok(routine)
     }
@@ -274,6 +290,9 @@ pub struct Routine {
     pub calendar: Option<String>,
     /// What an occurrence on a day off of its calendar does (`skip` without a calendar).
     pub on_holiday: OnHoliday,
+    /// How long after its planned instant an occurrence must have succeeded (`--deadline`);
+    /// `None` is no deadline.
+    pub deadline: Option<std::time::Duration>,
 }
 
 impl Routine {
@@ -324,6 +343,7 @@ struct RoutineJson<'a> {
     runs_left: Option<u32>,
     calendar: Option<&'a str>,
     on_holiday: &'static str,
+    deadline_secs: Option<u64>,
 }
 
 impl serde::Serialize for Routine {
@@ -348,6 +368,7 @@ impl serde::Serialize for Routine {
             runs_left: self.runs_left,
             calendar: self.calendar.as_deref(),
             on_holiday: self.on_holiday.as_str(),
+            deadline_secs: self.deadline.map(|d| d.as_secs()),
         }
         .serialize(serializer)
     }
@@ -375,6 +396,7 @@ pub(crate) struct RoutineRow {
     runs_left: Option<i32>,
     calendar: Option<String>,
     on_holiday: String,
+    deadline_secs: Option<i32>,
 }
 
 impl TryFrom<RoutineRow> for Routine {
@@ -408,6 +430,12 @@ impl TryFrom<RoutineRow> for Routine {
             .on_holiday
             .parse()
             .map_err(|e: cm_domain::ParseOnHolidayError| corrupt("on_holiday", e.to_string()))?;
+        let deadline = r
+            .deadline_secs
+            .map(u64::try_from)
+            .transpose()
+            .map_err(|e| corrupt("deadline_secs", e.to_string()))?
+            .map(std::time::Duration::from_secs);
         Ok(Routine {
             id: r.id,
             group_id: r.group_id,
@@ -428,6 +456,7 @@ impl TryFrom<RoutineRow> for Routine {
             runs_left,
             calendar: r.calendar,
             on_holiday,
+            deadline,
         })
     }
 }
@@ -492,6 +521,8 @@ pub struct RoutineUpdate {
     pub calendar: Option<Option<String>>,
     /// A new policy for an occurrence on a day off. Its next run is computed again.
     pub on_holiday: Option<OnHoliday>,
+    /// A new deadline: `Some(Some(d))` sets it, `Some(None)` removes it.
+    pub deadline: Option<Option<std::time::Duration>>,
 }
 
 /// One routine an import wrote.

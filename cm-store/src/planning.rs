@@ -165,6 +165,15 @@ impl UnplannedRoutines for PgStore {
                     .bind(&reason)
                     .execute(&mut *tx)
                     .await?;
+                    let event = crate::events::NewEvent {
+                        group_id: group,
+                        routine_id: id,
+                        routine_name: routine.name.clone(),
+                        event_type: cm_domain::EventType::PlanningRefused,
+                        scheduled_at: None,
+                        data: serde_json::json!({ "error": reason }),
+                    };
+                    crate::events::record(&mut tx, std::slice::from_ref(&event)).await?;
                     PlannedRoutine {
                         id,
                         name: routine.name,

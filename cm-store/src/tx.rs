@@ -139,6 +139,23 @@ pub async fn set_routine_paused(
     .fetch_one(&mut *tx)
     .await?
     .try_into()?;
+    let event = crate::events::NewEvent {
+        group_id: group,
+        routine_id: id,
+        routine_name: row.name.clone(),
+        event_type: if paused {
+            cm_domain::EventType::Paused
+        } else {
+            cm_domain::EventType::Resumed
+        },
+        scheduled_at: None,
+        data: if paused {
+            serde_json::json!({"by": "person", "reason": "paused by a person"})
+        } else {
+            serde_json::json!({"by": "person"})
+        },
+    };
+    crate::events::record(&mut tx, std::slice::from_ref(&event)).await?;
     tx.commit().await?;
     Ok(row)
 }

@@ -24,6 +24,10 @@ mod calendars;
 #[path = "store/claim.rs"]
 mod claim;
 
+// Events: written with their change, never for one rolled back; deadlines raised once.
+#[path = "store/events.rs"]
+mod events;
+
 // Settling is fenced on the claim's token and attempt; failures keep a bounded error.
 #[path = "store/settle.rs"]
 mod settle;

@@ -29,6 +29,28 @@ pub(super) fn print_json_lines<T: serde::Serialize>(items: &[T]) -> Result<(), s
     Ok(())
 }
 
+/// What a routine was owed and did not fire, by why, each with its latest: `90 by misfire
+/// policy (last 2026-12-05T12:15:30Z), 2 by overlap (last …)`, or `none`.
+pub(super) fn skips(skips: &cm_store::Skips) -> String {
+    let parts: Vec<String> = [
+        (skips.misfired, skips.last_misfired, "misfire policy"),
+        (skips.overlap, skips.last_overlap, "overlap"),
+        (skips.buffered, skips.last_buffered, "buffering"),
+    ]
+    .into_iter()
+    .filter(|(n, _, _)| *n > 0)
+    .map(|(n, last, why)| match last {
+        Some(at) => format!("{n} by {why} (last {})", instant(at)),
+        None => format!("{n} by {why}"),
+    })
+    .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
 /// An instant as the listings print it: UTC, to the second.
 pub(super) fn instant(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)

@@ -154,6 +154,7 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
         },
         mission: mission.clone(),
         runs_left: args.limit_runs.map(|l| l.0),
+        deadline: args.deadline.map(|d| d.0),
         overlap_field: "--overlap",
         calendar: args.calendar.calendar.as_deref(),
         on_holiday: args.calendar.on_holiday.as_deref(),
@@ -285,6 +286,14 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
             routine.on_holiday
         );
     }
+    if let Some(deadline) = routine.deadline {
+        say!(
+            "deadline    {} after each occurrence",
+            humantime::format_duration(deadline)
+        );
+    }
+    let skips = cm_store::EventLog::skips(store, routine.id, routine.group_id).await?;
+    say!("skipped     {}", listing::skips(&skips));
     if let Some(jitter) = schedule.jitter() {
         say!(
             "jitter      up to {} after each occurrence",

@@ -41,6 +41,7 @@ impl Scheduler {
             self.reap_loop(stopped.clone(), &completer),
             self.watch_loop(stopped.clone()),
             self.plan_loop(stopped.clone()),
+            self.event_loop(stopped.clone()),
             self.lease_loop(stopped),
         );
         // No new claims from here on; wait for every dispatch in flight to settle (each is

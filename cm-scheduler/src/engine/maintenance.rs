@@ -86,7 +86,7 @@ impl Scheduler {
         }
     }
 
-    /// Deletes acknowledged outbox messages and settled fires older than the retention, in
+    /// Deletes acknowledged outbox messages, settled fires and events older than the retention, in
     /// batches of [`PRUNE_BATCH`] repeated while they come back full, so what is deleted keeps up
     /// with what is written however fast the engine fires. A pass stops after a quarter of the
     /// lease (the outbox's share at most half of that; per group, each group's share of it), so
@@ -99,8 +99,22 @@ impl Scheduler {
             None => budget,
             Some(_) => budget / rounds,
         };
-        self.maintain("pruning", |group| self.prune_in(group, share))
-            .await
+        let pruned = self
+            .maintain("pruning", |group| self.prune_in(group, share))
+            .await;
+        if let Some(events) = &self.events {
+            let retention = self.config.retention;
+            let deleted = prune_in_batches(budget / 4, || {
+                events.log.prune_events(retention, PRUNE_BATCH)
+            })
+            .await;
+            match deleted {
+                Ok(0) => {}
+                Ok(deleted) => debug!(deleted, "pruned events past their retention"),
+                Err(e) => error!(error = %e, "pruning events failed"),
+            }
+        }
+        pruned
     }
 
     /// One prune pass in `group` (every group: `None`) within `budget`.

@@ -42,6 +42,7 @@
 
 mod claimed;
 mod drain;
+mod events;
 mod fire_job;
 mod launch_gate;
 mod loops;
@@ -70,6 +71,7 @@ use crate::runs::RunWatch;
 use crate::traces::FireTracer;
 
 use drain::DrainPace;
+pub use events::{EVENT_PASS, EventSink, MAX_BACKOFF, WebhookEventSink, event_data};
 use fire_job::FireResult;
 use launch_gate::LaunchWindow;
 pub use maintenance::PRUNE_BATCH;
@@ -215,6 +217,8 @@ pub struct Scheduler {
     notifier: Option<crate::notify::Notifier>,
     /// Where each attempt's spans go (`--otlp-endpoint`), if anywhere.
     traces: Option<FireTracer>,
+    /// The event log: missed deadlines raised, events delivered (`events.rs`).
+    events: Option<events::EventWatch>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -267,6 +271,7 @@ impl Scheduler {
             pace: DrainPace::default(),
             notifier: None,
             traces: None,
+            events: None,
         })
     }
 
@@ -282,6 +287,17 @@ impl Scheduler {
     /// spans with `traces` (see [`crate::traces`]).
     pub fn with_traces(mut self, traces: FireTracer) -> Self {
         self.traces = Some(traces);
+        self
+    }
+
+    /// The same scheduler raising missed deadlines into `log` every second and, with a `sink`,
+    /// delivering the events of the groups it holds there (see `engine/events.rs`).
+    pub fn with_events(
+        mut self,
+        log: Arc<dyn cm_store::EventLog>,
+        sink: Option<Arc<dyn EventSink>>,
+    ) -> Self {
+        self.events = Some(events::EventWatch { log, sink });
         self
     }
 

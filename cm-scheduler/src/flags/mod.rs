@@ -114,6 +114,9 @@ pub enum Command {
     },
     /// Shows the message outbox: what consumers have not acknowledged yet.
     Outbox(OutboxArgs),
+    /// Lists events (failures, pauses, resumes, recoveries, missed deadlines, …), newest
+    /// first.
+    Events(EventsArgs),
     /// Asks a running scheduler's /readyz (for a container's HEALTHCHECK): exits 0 when it is
     /// ready, 1 with the reason otherwise.
     Health(HealthArgs),
@@ -200,6 +203,15 @@ pub struct RunArgs {
     /// receiver (`http://collector:4318`; `/v1/traces` is added). Off without it.
     #[arg(long, env = "CM_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// Post every event (a failure, a pause, a recovery, a missed deadline, …) to this
+    /// endpoint as a Standard Webhooks 1.0 request, `webhook-id` the event's id; retried with
+    /// backoff until it is taken. Events are written and listed (`cm-scheduler events`) without
+    /// it.
+    #[arg(long, value_name = "URL", requires = "events_webhook_secret_file")]
+    pub events_webhook: Option<String>,
+    /// A file holding the events webhook's signing secret, `whsec_<base64 key>`.
+    #[arg(long, value_name = "PATH", requires = "events_webhook")]
+    pub events_webhook_secret_file: Option<PathBuf>,
     /// Where message routines go.
     #[command(flatten)]
     pub messages: MessageArgs,
@@ -313,6 +325,26 @@ pub struct OutboxArgs {
     #[arg(long, default_value_t = 20)]
     pub limit: u32,
     /// As one JSON object: {"pending", "leased", "oldest", "messages": [...]}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `events`' flags.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Only this routine's (its id or name).
+    #[arg(long, value_name = "ID|NAME")]
+    pub routine: Option<String>,
+    /// Only this type (`routine.failed`, or `failed`).
+    #[arg(long = "type", value_name = "TYPE")]
+    pub event_type: Option<String>,
+    /// At most this many (at least 1).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
+    /// Continue after this cursor: the one a full page prints on its last line.
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub cursor: Option<i64>,
+    /// As JSON lines, one event each.
     #[arg(long)]
     pub json: bool,
 }

@@ -118,6 +118,11 @@ pub struct CreateArgs {
     /// not counted.
     #[arg(long, value_name = "N", value_parser = run_count, allow_negative_numbers = true)]
     pub limit_runs: Option<u32>,
+    /// An occurrence that has not succeeded (a message fired, a mission's run succeeded) this
+    /// long after its planned instant raises `routine.deadline_missed`, once: still running,
+    /// failed, waiting, or never claimed. Whole seconds, up to 366 days.
+    #[arg(long, value_name = "DURATION", value_parser = super::duration, allow_negative_numbers = true)]
+    pub deadline: Option<std::time::Duration>,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
     /// refused unless its env names, label keys and repository host are among the
     /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
@@ -167,6 +172,9 @@ pub struct UpdateArgs {
     /// `none` removes the limit.
     #[arg(long, value_name = "N|none", value_parser = limit_runs, allow_negative_numbers = true)]
     pub limit_runs: Option<LimitRuns>,
+    /// A new deadline (see `routine create --deadline`); `none` removes it.
+    #[arg(long, value_name = "DURATION|none", value_parser = deadline, allow_negative_numbers = true)]
+    pub deadline: Option<Deadline>,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
     /// refused unless its env names, label keys and repository host are among the
     /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
@@ -257,8 +265,20 @@ impl TryFrom<&CreateArgs> for RoutineFields {
             runs_left: args.limit_runs,
             calendar: args.calendar.calendar.clone(),
             on_holiday: args.calendar.on_holiday.clone(),
+            deadline: args.deadline,
         })
     }
+}
+
+/// `routine update --deadline`: a duration, or `none` (no deadline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline(pub Option<std::time::Duration>);
+
+fn deadline(text: &str) -> Result<Deadline, String> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(Deadline(None));
+    }
+    super::duration(text).map(|d| Deadline(Some(d)))
 }
 
 /// `routine update --limit-runs`: a number of runs, or `none` (no limit).

@@ -183,6 +183,7 @@ pub fn crontab(
             runs_left: None,
             calendar: None,
             on_holiday: None,
+            deadline: None,
         });
     }
     if let Some((line, _)) = pending_name {

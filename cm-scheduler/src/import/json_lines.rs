@@ -57,6 +57,9 @@ struct JsonLine {
     /// As `--on-holiday`: skip, next or previous.
     #[serde(default)]
     on_holiday: Option<String>,
+    /// A deadline, as `routine create --deadline` (`90s`, `5m`).
+    #[serde(default)]
+    deadline: Option<String>,
 }
 
 fn utc() -> String {
@@ -104,6 +107,12 @@ pub fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
             .text(None)
             .map_err(|e| (line, e.replace("--", "")))?
             .unwrap_or_default();
+        let deadline = parsed
+            .deadline
+            .as_deref()
+            .map(crate::flags::duration)
+            .transpose()
+            .map_err(|e| (line, format!("deadline: {e}")))?;
         routines.push(RoutineFields {
             line,
             name: parsed.name,
@@ -117,6 +126,7 @@ pub fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
             runs_left: parsed.limit_runs,
             calendar: parsed.calendar,
             on_holiday: parsed.on_holiday,
+            deadline,
         });
     }
     Ok(routines)

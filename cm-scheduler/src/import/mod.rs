@@ -39,6 +39,9 @@ pub struct RoutineFields {
     pub calendar: Option<String>,
     /// What an occurrence on a day off does, as written (`skip` when absent).
     pub on_holiday: Option<String>,
+    /// A deadline: an occurrence not succeeded this long after its planned instant raises
+    /// `routine.deadline_missed`.
+    pub deadline: Option<std::time::Duration>,
 }
 
 /// A line that cannot be imported: its number and what is wrong.
@@ -69,6 +72,9 @@ mod tests {
         }
         if let Some(runs) = r.runs_left {
             text += &format!(" | {runs} runs");
+        }
+        if let Some(deadline) = r.deadline {
+            text += &format!(" | deadline {}", deadline.as_secs());
         }
         text
     }
@@ -128,8 +134,8 @@ mod tests {
             "1: backup | 0 3 * * * | UTC | fire-once | message run",
         );
         check_json(
-            r#"{"name": "b", "every": "90m", "offset": "15m", "timezone": "Europe/Berlin", "misfire": "skip", "message": "m", "limit_runs": 3}"#,
-            "1: b | @every 90m offset 15m | Europe/Berlin | skip | message m | 3 runs",
+            r#"{"name": "b", "every": "90m", "offset": "15m", "timezone": "Europe/Berlin", "misfire": "skip", "message": "m", "limit_runs": 3, "deadline": "2m"}"#,
+            "1: b | @every 90m offset 15m | Europe/Berlin | skip | message m | 3 runs | deadline 120",
         );
         check_json(
             r#"{"name": "once", "at": "2026-12-24T15:30", "mission": "m.json", "overlap": "replace", "paused": true}"#,
@@ -158,7 +164,7 @@ mod tests {
         check_json("{}\n", "line 1: not a routine: missing field `name`");
         check_json(
             "\n{\"name\": \"a\", \"colour\": \"red\"}",
-            "line 2: not a routine: unknown field `colour`, expected one of `name`, `schedule`, `every`, `offset`, `at`, `except`, `jitter`, `start`, `end`, `timezone`, `misfire`, `message`, `mission`, `overlap`, `paused`, `limit_runs`",
+            "line 2: not a routine: unknown field `colour`, expected one of `name`, `schedule`, `every`, `offset`, `at`, `except`, `jitter`, `start`, `end`, `timezone`, `misfire`, `message`, `mission`, `overlap`, `paused`, `limit_runs`, `deadline`",
         );
         check_json(
             r#"{"name": "a", "schedule": "@daily", "every": "1h"}"#,

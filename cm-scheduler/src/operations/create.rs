@@ -44,6 +44,7 @@ pub(crate) fn new_routine(
         .overlap(overlap)
         .paused(fields.paused)
         .run_limit(fields.runs_left)
+        .deadline(fields.deadline)
         .mission_policy(policy)
         .build()
         .map_err(|e| refused(e.to_string()))

@@ -17,6 +17,8 @@ pub struct Change<'a> {
     pub mission: Option<RoutineAction>,
     /// A new run limit: `Some(None)` removes it.
     pub runs_left: Option<Option<u32>>,
+    /// A new deadline: `Some(None)` removes it.
+    pub deadline: Option<Option<std::time::Duration>>,
     /// Where the overlap policy came from, for a refusal (`--overlap`, `overlap`).
     pub overlap_field: &'a str,
     /// A new calendar (`none`: off its calendar), as `--calendar` gives it.
@@ -55,6 +57,7 @@ impl Change<'_> {
                     .map_err(|e: cm_domain::ParseOnHolidayError| format!("--on-holiday: {e}"))?,
             );
         }
+        update.deadline = self.deadline;
         Ok((update != RoutineUpdate::default()).then_some(update))
     }
 }

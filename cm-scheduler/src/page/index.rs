@@ -110,6 +110,7 @@ struct IndexData {
     claims: OpenClaims,
     rate: FireRate,
     outbox: OutboxBacklog,
+    events: Vec<cm_store::RoutineEvent>,
 }
 
 /// `GET /`: the routines (a page at a time, filtered and sorted), the last hour's fires, the
@@ -147,6 +148,16 @@ pub async fn index(
             claims: reader.open_claims(&status.instance_id).await?,
             rate: reader.fire_rate().await?,
             outbox: reader.outbox_backlog().await?,
+            events: match &status.events {
+                Some(log) => {
+                    log.events(&cm_store::EventFilter {
+                        limit: super::events::EVENTS_SHOWN,
+                        ..cm_store::EventFilter::default()
+                    })
+                    .await?
+                }
+                None => Vec::new(),
+            },
         })
     };
     let data = match read(&state, reads).await {
@@ -237,6 +248,10 @@ pub async fn index(
                 @if let Some(after) = next_page {
                     p { a href=(listing.href(listing.order, Some(after))) { "Next " (ROUTINES_PER_PAGE) " routines →" } }
                 }
+            }
+            @if status.events.is_some() {
+                h2 { "Latest events" }
+                (super::events::events_table("latest-events", &data.events, true, now))
             }
             h2 { "Recent failures" }
             @if data.failures.is_empty() {

@@ -23,6 +23,7 @@
 
 mod actions;
 mod cells;
+mod events;
 mod figures;
 mod index;
 mod routine;

@@ -52,9 +52,22 @@ pub async fn routine(
             None => None,
         };
         let fire_count = status.reader.fire_count(routine.id).await?;
-        Ok((routine, fires, last_run, fire_count))
+        let (events, skips) = match &status.events {
+            Some(log) => {
+                let events = log
+                    .events(&cm_store::EventFilter {
+                        routine: Some(routine.id),
+                        limit: super::events::EVENTS_SHOWN,
+                        ..cm_store::EventFilter::default()
+                    })
+                    .await?;
+                (events, Some(log.skips(routine.id, routine.group_id).await?))
+            }
+            None => (Vec::new(), None),
+        };
+        Ok((routine, fires, last_run, fire_count, (events, skips)))
     };
-    let (r, fires, last_run, fire_count) = match read(&state, reads).await {
+    let (r, fires, last_run, fire_count, (events, skips)) = match read(&state, reads).await {
         Ok(Ok(read)) => read,
         Ok(Err(_)) => return missing(&handle),
         Err(response) => return response,
@@ -101,6 +114,7 @@ pub async fn routine(
                 @if let Some((Some(start), _)) = window { dt { "Starts" } dd { (instant_cell(start, zone)) } }
                 @if let Some((_, Some(end))) = window { dt { "Ends" } dd { (instant_cell(end, zone)) } }
                 @if let Some(left) = r.runs_left { dt { "Runs left" } dd { (left) } }
+                @if let Some(deadline) = r.deadline { dt { "Deadline" } dd { (humantime::format_duration(deadline).to_string()) " after each occurrence" } }
                 @if let Some(jitter) = jitter { dt { "Jitter" } dd { "up to " (cm_domain::duration_text(jitter)) " after each occurrence" } }
                 dt { "Misfire policy" } dd { (r.misfire_policy) }
                 @if r.kind == cm_store::RoutineKind::Mission { dt { "Overlap" } dd { (r.overlap) } }
@@ -111,6 +125,7 @@ pub async fn routine(
                     @if let Some(reason) = &r.paused_reason { " " span.error { (shown(reason)) } }
                 }
                 dt { "Next run" } dd { (next_run_cell(&r, now)) }
+                @if let Some(skips) = &skips { dt { "Skipped" } dd { (super::events::skips_cell(skips, now)) } }
                 @if r.kind == cm_store::RoutineKind::Message {
                     dt { "Message" } dd.muted { (payload_bytes) " bytes (contents not shown)" }
                 }
@@ -137,6 +152,10 @@ pub async fn routine(
                         td.nowrap { (relative(*at, now)) }
                     } } }
                 } }
+            }
+            @if status.events.is_some() {
+                h2 { "Events" }
+                (super::events::events_table("events", &events, false, now))
             }
             h2 {
                 @if fires.len() < FIRES_PER_ROUTINE as usize {

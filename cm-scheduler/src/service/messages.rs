@@ -74,6 +74,28 @@ pub(crate) enum MessagePlan {
     Nats(NatsConfig),
 }
 
+/// The sink of `run --events-webhook URL --events-webhook-secret-file PATH`, checked as the
+/// message webhook's flags are (before anything is written); none without the flags.
+pub(crate) fn events_sink(
+    url: Option<&str>,
+    secret_file: Option<&Path>,
+) -> Result<Option<Arc<dyn crate::EventSink>>, Failure> {
+    let (Some(url), Some(path)) = (url, secret_file) else {
+        return Ok(None);
+    };
+    secrets::register_url(url);
+    let secret = WebhookSecret::parse(&read_secret_file(
+        path,
+        "--events-webhook-secret-file",
+        "events webhook secret",
+    )?)
+    .map_err(|e| input(format!("{}: {e}", path.display())))?;
+    let webhook =
+        WebhookDispatcher::new(url, secret).map_err(|e| input(format!("--events-webhook: {e}")))?;
+    tracing::info!(endpoint = %webhook.shown_url(), "posting events");
+    Ok(Some(Arc::new(crate::WebhookEventSink::new(webhook))))
+}
+
 impl MessageArgs {
     /// Checks the flags of the chosen backend, reading its secret or credentials file.
     /// `config` sizes the NATS duplicate window: every attempt at one occurrence falls in it.

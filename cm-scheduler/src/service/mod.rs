@@ -110,6 +110,10 @@ impl Service {
         )
         .map_err(invalid)?
         .pausing_after_failures(args.pause_after_failures);
+        let events_sink = messages::events_sink(
+            args.events_webhook.as_deref(),
+            args.events_webhook_secret_file.as_deref(),
+        )?;
         let message = messages.build(&store, &setup).await?;
         let instance_id = args
             .instance_id
@@ -135,6 +139,7 @@ impl Service {
         .with_auto_pause(Arc::new(store.clone()), args.pause_after_failures)
         .with_outbox_pruning(Arc::new(store.clone()))
         .with_planning(Arc::new(store.clone()))
+        .with_events(Arc::new(store.clone()), events_sink)
         .with_groups(
             Arc::new(store.clone()),
             args.claim_per_group,
@@ -197,6 +202,7 @@ impl Service {
                 status: Some(StatusPage {
                     hosts: hosts.clone().unwrap_or_else(AllowedHosts::loopback),
                     runner,
+                    events: Some(Arc::new(page.clone())),
                     ..StatusPage::new(Arc::new(page.clone()), Arc::new(page), instance_id.clone())
                 }),
                 token,

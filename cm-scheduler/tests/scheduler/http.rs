@@ -15,7 +15,7 @@ use cm_scheduler::health::{Health, Readiness};
 use cm_scheduler::http::{readiness, router};
 use cm_scheduler::http_state::{BearerToken, HttpState, StatusPage};
 use cm_scheduler::{Scheduler, Stats};
-use cm_store::{PgStore, RoutineKind, RoutineStore};
+use cm_store::{EventLog, PgStore, RoutineKind, RoutineStore};
 use http_body_util::BodyExt as _;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
@@ -225,6 +225,7 @@ fn state_with(
         "page-test",
     );
     page.deadline = Duration::from_millis(500);
+    page.events = Some(Arc::new(store.clone()));
     Arc::new(HttpState {
         stats,
         health,
@@ -750,6 +751,44 @@ async fn a_pause_reason_is_said_once_and_kept_short_in_the_table(pool: PgPool) {
         ),
         "{page}"
     );
+}
+
+/// A routine's events are on its page, and the latest of every routine on the index, a missed
+/// deadline marked as a failure is.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn events_are_listed_on_the_index_and_the_routines_page(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let r = every_minute(&store, "watched", false).await;
+    store.set_routine_paused(r.id, true).await.unwrap();
+    store.set_routine_paused(r.id, false).await.unwrap();
+    sqlx::query(
+        "UPDATE cm.routines SET deadline_secs = 1, next_run_at = now() - interval '5 seconds'
+         WHERE id = $1",
+    )
+    .bind(r.id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(store.raise_missed_deadlines(None).await.unwrap().len(), 1);
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+    let (_, index) = get(&state, "/", None).await;
+    assert!(index.contains("Latest events"), "{index}");
+    assert!(index.contains("<table id=\"latest-events\">"), "{index}");
+    for word in ["paused", "resumed", "deadline_missed"] {
+        assert!(index.contains(&format!(">{word}<")), "{word}: {index}");
+    }
+    assert!(
+        index.contains("class=\"nowrap error\">deadline_missed"),
+        "{index}"
+    );
+    let (_, page) = get(&state, &format!("/routines/{}", r.id), None).await;
+    assert!(page.contains("<table id=\"events\">"), "{page}");
+    assert!(
+        page.contains("by: person, reason: paused by a person"),
+        "{page}"
+    );
+    assert!(page.contains("state: not claimed"), "{page}");
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]

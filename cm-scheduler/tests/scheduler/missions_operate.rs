@@ -170,7 +170,7 @@ async fn run_waits_for_a_docker_engine_that_is_not_there_yet() {
 }
 
 /// `run`'s flags for the process backend in `workdir`, running [`SCRIPT`].
-fn process_backend(workdir: &str) -> [&str; 10] {
+pub(crate) fn process_backend(workdir: &str) -> [&str; 10] {
     [
         "--mission-backend",
         "process",

@@ -425,6 +425,8 @@ pub(super) async fn claim_due(
         claim_rows(store, &mut tx, params, &claim, &advance).await?
     };
     fires.sort_by_key(|f| f.occurrence);
+    let news = super::claim_news::news(&due, &plans, &tick);
+    crate::events::record_news(&mut tx, params.group, &news).await?;
     if !skipped_by_buffer.is_empty() {
         record_buffer_skips(
             &mut tx,
@@ -453,6 +455,17 @@ pub(super) async fn claim_due(
         .bind(now)
         .bind(&reasons);
         bind_group(query, params.group).execute(&mut *tx).await?;
+        let paused: Vec<crate::events::RoutineNews> = unusable
+            .iter()
+            .zip(&reasons)
+            .map(|(u, reason)| crate::events::RoutineNews {
+                routine_id: u.routine_id,
+                event_type: cm_domain::EventType::Paused,
+                scheduled_at: None,
+                data: serde_json::json!({ "by": "cm", "reason": reason }),
+            })
+            .collect();
+        crate::events::record_news(&mut tx, params.group, &paused).await?;
     }
     tx.commit().await?;
 

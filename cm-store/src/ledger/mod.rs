@@ -60,6 +60,7 @@
 mod advance;
 mod citus;
 mod claim;
+mod claim_news;
 mod claimed;
 mod due;
 mod list;

@@ -297,6 +297,7 @@ async fn every_cm_function_runs_as_its_owner_on_a_pinned_path(pool: PgPool) {
             "cm.get_calendar",
             "cm.get_routine",
             "cm.set_routine_calendar",
+            "cm.set_routine_deadline",
             "cm.set_routine_paused",
             "cm.trigger_routine",
             "cm.update_routine",

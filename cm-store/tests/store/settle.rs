@@ -540,6 +540,27 @@ pub(crate) async fn the_third_failed_settle_pauses(
             assert_eq!(routine.next_run_at, None);
         }
     }
+    // Each failure and the pause wrote its event, in order, in their transactions.
+    let events = cm_store::EventLog::events(
+        &store,
+        &cm_store::EventFilter {
+            routine: Some(failing.id),
+            limit: 10,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let types: Vec<&str> = events.iter().rev().map(|e| e.event_type.as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            "routine.failed",
+            "routine.failed",
+            "routine.failed",
+            "routine.paused"
+        ]
+    );
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]

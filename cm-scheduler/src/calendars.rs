@@ -183,17 +183,127 @@ impl NextOnCalendar<'_> {
     }
 }
 
-/// `schedule next` on a calendar: `count` runs after `after`, each the instant it is planned at,
-/// and for a moved one its occurrence beside it. The calendar by name needs the database at
-/// `url`; one given inline does not.
-pub async fn schedule_next(
-    url: &str,
-    schedule: Schedule,
-    on: NextOnCalendar<'_>,
+/// What `schedule next` prints: a note for stderr, and its lines.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NextRuns {
+    /// A note on what the lines are, for standard error.
+    pub note: Option<String>,
+    /// One run a line.
+    pub lines: Vec<String>,
+}
+
+/// `schedule next`, being put together: the schedule `expr` in `timezone`, after `after`, on a
+/// calendar when `on` gives one.
+#[derive(Debug, Clone)]
+#[must_use = "nothing is computed until awaited with `.await`"]
+pub struct ScheduleNext<'a> {
+    url: &'a str,
+    expr: &'a str,
+    timezone: &'a str,
+    on: NextOnCalendar<'a>,
     after: DateTime<Utc>,
     count: usize,
     routine: Option<Uuid>,
-) -> Result<Vec<String>, Failure> {
+}
+
+/// `schedule next` for `expr` in `timezone` after `after` (five runs unless
+/// [`ScheduleNext::count`] says otherwise); a calendar by name is read from the database at
+/// `url`.
+pub fn schedule_next<'a>(
+    url: &'a str,
+    expr: &'a str,
+    timezone: &'a str,
+    on: NextOnCalendar<'a>,
+    after: DateTime<Utc>,
+) -> ScheduleNext<'a> {
+    ScheduleNext {
+        url,
+        expr,
+        timezone,
+        on,
+        after,
+        count: 5,
+        routine: None,
+    }
+}
+
+impl ScheduleNext<'_> {
+    /// How many runs to print.
+    pub fn count(mut self, count: usize) -> Self {
+        self.count = count;
+        self
+    }
+
+    /// The routine whose runs to print (a jitter's offsets are the routine's).
+    pub fn routine(mut self, routine: Option<Uuid>) -> Self {
+        self.routine = routine;
+        self
+    }
+
+    /// The runs: on a calendar, each the instant it is planned at, and for a moved one its
+    /// occurrence beside it; with a jitter and a routine, each run's instant and occurrence;
+    /// else the occurrences (a jitter's noted on stderr).
+    pub async fn run(self) -> Result<NextRuns, Failure> {
+        let schedule =
+            Schedule::parse(self.expr, self.timezone).map_err(|e| input(e.to_string()))?;
+        if self.on.any() || self.on.calendar.on_holiday.is_some() {
+            let schedule = on_calendar(self.url, schedule, self.on).await?;
+            let routine = self.routine.unwrap_or(Uuid::nil());
+            return Ok(NextRuns {
+                note: None,
+                lines: next_lines(&schedule, self.after, self.count, routine),
+            });
+        }
+        let mut at = self.after;
+        let mut lines = Vec::new();
+        if let (Some(routine), Some(_)) = (self.routine, schedule.jitter()) {
+            // The routine's runs as its clock would be set now: the first occurrence after `at`.
+            for _ in 0..self.count {
+                let Some((occurrence, planned)) = schedule.next_planned_after(routine, at) else {
+                    break;
+                };
+                lines.push(format!(
+                    "{}  occurrence {}",
+                    planned.to_rfc3339_opts(SecondsFormat::Millis, true),
+                    occurrence.to_rfc3339_opts(SecondsFormat::Secs, true)
+                ));
+                at = occurrence;
+            }
+            return Ok(NextRuns { note: None, lines });
+        }
+        let note = schedule.jitter().map(|jitter| {
+            format!(
+                "the occurrences; each routine's run comes up to {} after its occurrence \
+                 (--routine-id UUID prints one routine's)",
+                cm_domain::duration_text(chrono::TimeDelta::from_std(jitter).unwrap_or_default())
+            )
+        });
+        lines.extend(
+            schedule
+                .occurrences_after(at)
+                .take(self.count)
+                .map(|next| next.to_rfc3339_opts(SecondsFormat::Secs, true)),
+        );
+        Ok(NextRuns { note, lines })
+    }
+}
+
+impl<'a> std::future::IntoFuture for ScheduleNext<'a> {
+    type Output = Result<NextRuns, Failure>;
+    type IntoFuture =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}
+
+/// `schedule` on the calendar `on` gives: by name from the database at `url`, or inline.
+async fn on_calendar(
+    url: &str,
+    schedule: Schedule,
+    on: NextOnCalendar<'_>,
+) -> Result<Schedule, Failure> {
     let policy = match on.calendar.on_holiday.as_deref() {
         Some(p) => p
             .parse::<OnHoliday>()
@@ -223,15 +333,9 @@ pub async fn schedule_next(
         };
         Calendar::new(schedule.zone(), dates, &days).map_err(|e| input(e.to_string()))?
     };
-    let schedule = schedule
+    schedule
         .with_calendar(Arc::new(calendar), policy)
-        .map_err(|e| input(e.to_string()))?;
-    Ok(next_lines(
-        &schedule,
-        after,
-        count,
-        routine.unwrap_or(Uuid::nil()),
-    ))
+        .map_err(|e| input(e.to_string()))
 }
 
 /// `count` runs of `schedule` for `routine` after `after`, as a routine's clock would be set

@@ -21,7 +21,7 @@ mod routine;
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use cm_domain::{FireOutcome, Occurrence, Schedule};
+use cm_domain::{FireOutcome, Occurrence};
 use cm_scheduler::Failure;
 use cm_scheduler::flags::{
     Cli, Command, FiresCommand, LogFormat, RunArgs, ScheduleCommand, command,
@@ -160,21 +160,18 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
                 holidays: &holiday,
                 days_off: days_off.as_deref(),
             };
-            if on.any() || calendar.on_holiday.is_some() {
-                let schedule =
-                    Schedule::parse(&expr, &timezone).map_err(|e| input(e.to_string()))?;
-                let at = after
-                    .as_deref()
-                    .map_or_else(|| Ok(Utc::now()), parse_time)?;
-                let lines = cm_scheduler::calendars::schedule_next(
-                    url, schedule, on, at, count, routine_id,
-                );
-                for line in lines.await? {
-                    say!("{line}");
-                }
-                return Ok(());
+            let at = after
+                .as_deref()
+                .map_or_else(|| Ok(Utc::now()), parse_time)?;
+            let next = cm_scheduler::calendars::schedule_next(url, &expr, &timezone, on, at);
+            let next = next.count(count).routine(routine_id).await?;
+            if let Some(note) = next.note {
+                eprintln!("{note}");
             }
-            schedule_next(&expr, &timezone, after.as_deref(), count, routine_id)
+            for line in next.lines {
+                say!("{line}");
+            }
+            Ok(())
         }
         Command::Calendar(command) => {
             for line in cm_scheduler::calendars::command(url, command).await? {
@@ -347,55 +344,6 @@ async fn fires(url: &str, page: FirePage<'_>) -> Result<(), Failure> {
         }
         Some(next) => say!("next page: --cursor {next}"),
         None => {}
-    }
-    Ok(())
-}
-
-fn schedule_next(
-    expr: &str,
-    timezone: &str,
-    after: Option<&str>,
-    count: usize,
-    routine: Option<uuid::Uuid>,
-) -> Result<(), Failure> {
-    let schedule = Schedule::parse(expr, timezone).map_err(|e| input(e.to_string()))?;
-    let mut at = match after {
-        Some(text) => parse_time(text)?,
-        None => Utc::now(),
-    };
-    if let (Some(routine), Some(_)) = (routine, schedule.jitter()) {
-        // The routine's runs as its clock would be set now: the first occurrence after `at`.
-        for _ in 0..count {
-            let Some((occurrence, planned)) = schedule.next_planned_after(routine, at) else {
-                break;
-            };
-            say!(
-                "{}  occurrence {}",
-                planned.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
-                occurrence.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            );
-            at = occurrence;
-        }
-        return Ok(());
-    }
-    if let Some(jitter) = schedule.jitter() {
-        eprintln!(
-            "the occurrences; each routine's run comes up to {} after its occurrence \
-             (--routine-id UUID prints one routine's)",
-            cm_domain::duration_text(chrono::TimeDelta::from_std(jitter).unwrap_or_default())
-        );
-    }
-    for _ in 0..count {
-        match schedule.next_after(at) {
-            Some(next) => {
-                say!(
-                    "{}",
-                    next.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-                );
-                at = next;
-            }
-            None => break,
-        }
     }
     Ok(())
 }

@@ -34,6 +34,15 @@ ALTER TABLE routines
 -- The routines an edit of a calendar re-plans, and the check before a delete.
 CREATE INDEX routines_calendar_idx ON routines (calendar) WHERE calendar IS NOT NULL;
 
+-- An edit of a calendar from SQL cannot plan (only cm's Rust reads a schedule): it leaves each
+-- routine on the calendar unplanned, with the clock it had and the calendar that clock was
+-- planned with, and the next planning pass moves the clock from the occurrence it stood for, as
+-- an edit through cm does in its own transaction. A routine already waiting for the pass keeps
+-- the clock and calendar it waits with, whatever edits follow.
+ALTER TABLE routines
+    ADD COLUMN replan_clock TIMESTAMPTZ,
+    ADD COLUMN replan_calendar JSONB;
+
 -- A calendar from SQL: `dates` off, `days_off` weekly (day names, `sat,sun`, or `none`). SQL
 -- checks the name, the dates' count and the days' names; the zone is read by cm when a routine
 -- on the calendar is planned (a routine on a calendar with a zone cm refuses is paused with
@@ -150,9 +159,57 @@ BEGIN
         on_holiday = set_routine_calendar.on_holiday,
         next_run_at = NULL,
         planned = false,
+        replan_clock = NULL,
+        replan_calendar = NULL,
         updated_at = now()
     WHERE r.id = routine_id AND r.group_id = routine_group;
     RETURN FOUND;
+END
+$$;
+
+-- Adds `dates` to the calendar's days off (`add`) or takes them off it; how many routines on it
+-- the next planning pass plans again (see `replan_clock` above). Refused (SQLSTATE 22023) for
+-- a calendar that does not exist or would hold more than 10000 dates.
+CREATE FUNCTION cm.edit_calendar_dates(name TEXT, dates DATE[], add BOOLEAN) RETURNS INTEGER
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    old calendars%ROWTYPE;
+    edited DATE[];
+    marked INTEGER;
+BEGIN
+    SELECT * INTO old FROM calendars c WHERE c.name = edit_calendar_dates.name FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM cm.refuse(format('no calendar is named %s', coalesce(quote_literal(name), 'NULL')));
+    END IF;
+    IF add THEN
+        SELECT coalesce(array_agg(DISTINCT d ORDER BY d), '{}') INTO edited
+        FROM unnest(old.dates || coalesce(dates, '{}')) d WHERE d IS NOT NULL;
+    ELSE
+        SELECT coalesce(array_agg(d ORDER BY d), '{}') INTO edited
+        FROM unnest(old.dates) d WHERE d <> ALL (coalesce(dates, '{}'));
+    END IF;
+    IF edited = old.dates THEN
+        RETURN 0;
+    END IF;
+    IF cardinality(edited) > 10000 THEN
+        PERFORM cm.refuse('a calendar holds at most 10000 dates');
+    END IF;
+    UPDATE calendars c SET dates = edited, updated_at = now()
+    WHERE c.name = edit_calendar_dates.name;
+    UPDATE routines r
+    SET replan_clock = r.next_run_at,
+        replan_calendar = jsonb_build_object('timezone', old.timezone, 'days_off', old.days_off,
+                                             'dates', to_jsonb(old.dates)),
+        next_run_at = NULL,
+        planned = false,
+        updated_at = now()
+    WHERE r.calendar = edit_calendar_dates.name AND r.planned AND NOT r.paused
+      AND r.next_run_at IS NOT NULL;
+    GET DIAGNOSTICS marked = ROW_COUNT;
+    RETURN marked;
 END
 $$;
 
@@ -160,11 +217,13 @@ REVOKE ALL ON FUNCTION
     cm.create_calendar(TEXT, TEXT, DATE[], TEXT),
     cm.get_calendar(TEXT),
     cm.delete_calendar(TEXT),
-    cm.set_routine_calendar(UUID, TEXT, TEXT)
+    cm.set_routine_calendar(UUID, TEXT, TEXT),
+    cm.edit_calendar_dates(TEXT, DATE[], BOOLEAN)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     cm.create_calendar(TEXT, TEXT, DATE[], TEXT),
     cm.get_calendar(TEXT),
     cm.delete_calendar(TEXT),
-    cm.set_routine_calendar(UUID, TEXT, TEXT)
+    cm.set_routine_calendar(UUID, TEXT, TEXT),
+    cm.edit_calendar_dates(TEXT, DATE[], BOOLEAN)
 TO cm_writer;

@@ -460,6 +460,58 @@ async fn replan(
     Ok(moved)
 }
 
+/// For a routine an edit of its calendar from SQL (`cm.edit_calendar_dates`) left unplanned:
+/// its clock moved from the calendar it was planned with (kept beside it) to `schedule`, the
+/// routine's schedule on its calendar now, as [`replanned_clock`] moves it. `None` when the
+/// routine waits for no such move, or the kept calendar no longer reads (it is then planned
+/// from the clock, as a resume is).
+pub(crate) async fn replan_pending(
+    conn: &mut PgConnection,
+    routine: &Routine,
+    schedule: &Schedule,
+    now: DateTime<Utc>,
+) -> Result<Option<Option<DateTime<Utc>>>, StoreError> {
+    let kept: Option<(Option<DateTime<Utc>>, Option<serde_json::Value>)> = crate::schema::query_as(
+        "SELECT replan_clock, replan_calendar FROM cm.routines WHERE id = $1 AND group_id = $2",
+    )
+    .bind(routine.id)
+    .bind(routine.group_id)
+    .fetch_optional(conn)
+    .await?;
+    let Some((Some(clock), Some(old))) = kept else {
+        return Ok(None);
+    };
+    let text = |key: &str| old.get(key).and_then(|v| v.as_str()).unwrap_or_default();
+    let dates: Vec<NaiveDate> = old
+        .get("dates")
+        .and_then(|d| d.as_array())
+        .map(|dates| {
+            dates
+                .iter()
+                .filter_map(|d| d.as_str().and_then(|d| calendar::parse_date(d).ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let name = routine.calendar.as_deref().unwrap_or_default();
+    let Ok(old) = calendar_of(name, text("timezone"), text("days_off"), &dates) else {
+        return Ok(None);
+    };
+    let Ok(bare) = routine.parsed_schedule() else {
+        return Ok(None);
+    };
+    let Ok(before) = on_calendar(bare, Some(Arc::new(old)), routine.on_holiday) else {
+        return Ok(None);
+    };
+    Ok(Some(replanned_clock(
+        routine.id,
+        clock,
+        &before,
+        schedule,
+        routine.on_holiday,
+        now,
+    )))
+}
+
 /// A routine's clock after its calendar changed: `clock` stood for an occurrence under
 /// `before`; the new clock is where `after` plans the first occurrence still owed. A clock
 /// already due (at or before `now`) keeps its occurrence owed, planned where `after` plans it:

@@ -134,11 +134,22 @@ impl UnplannedRoutines for PgStore {
             };
             let outcome = match schedule {
                 Ok(schedule) => {
-                    let next = (!routine.paused)
-                        .then(|| schedule.next_planned_after(id, now).map(|(_, at)| at))
-                        .flatten();
+                    // A routine an edit of its calendar from SQL left waiting: its clock moved
+                    // from the occurrence it stood for; any other from the clock now.
+                    let replanned = if routine.paused {
+                        None
+                    } else {
+                        crate::calendars::replan_pending(&mut tx, &routine, &schedule, now).await?
+                    };
+                    let next = match replanned {
+                        Some(next) => next,
+                        None => (!routine.paused)
+                            .then(|| schedule.next_planned_after(id, now).map(|(_, at)| at))
+                            .flatten(),
+                    };
                     crate::schema::query(
-                        "UPDATE cm.routines SET planned = true, next_run_at = $3, updated_at = now()
+                        "UPDATE cm.routines SET planned = true, next_run_at = $3, updated_at = now(),
+                             replan_clock = NULL, replan_calendar = NULL
                          WHERE id = $1 AND group_id = $2",
                     )
                     .bind(id)
@@ -157,7 +168,8 @@ impl UnplannedRoutines for PgStore {
                     crate::schema::query(
                         "UPDATE cm.routines
                          SET planned = true, paused = true, next_run_at = NULL,
-                             paused_reason = $3, updated_at = now()
+                             paused_reason = $3, updated_at = now(),
+                             replan_clock = NULL, replan_calendar = NULL
                          WHERE id = $1 AND group_id = $2",
                     )
                     .bind(id)

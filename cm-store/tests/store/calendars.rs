@@ -275,3 +275,62 @@ async fn calendars_from_sql(pool: PgPool) {
         .to_string();
     assert!(in_use.contains("used by 1 routine"), "{in_use}");
 }
+
+/// An edit of a calendar from SQL leaves its routines for the next planning pass, each with
+/// the clock and the calendar it had, and the pass moves the clocks as an edit through cm does;
+/// a second edit before the pass changes nothing of what the first left.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn an_edit_from_sql_is_re_planned_by_the_next_pass(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let tomorrow = db_now(&pool).await.date_naive() + Duration::days(1);
+    let after = tomorrow + Duration::days(1);
+    store
+        .create_calendar("office", &dates_off(&[]))
+        .await
+        .unwrap();
+    let next = store
+        .create_routine(daily_on("moves", "office", OnHoliday::Next))
+        .await
+        .unwrap();
+    set_next_run(&pool, next.id, nine(tomorrow)).await;
+    let edit = |add: bool, day: NaiveDate| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i32>(
+                "SELECT cm.edit_calendar_dates('office', ARRAY[$1]::date[], $2)",
+            )
+            .bind(day)
+            .bind(add)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let plan = || async {
+        cm_store::UnplannedRoutines::plan_routines(&store, None, 10)
+            .await
+            .unwrap()
+    };
+    assert_eq!(edit(true, tomorrow).await, 1);
+    let waiting = store.get_routine(next.id).await.unwrap();
+    assert_eq!(
+        waiting.next_run_at, None,
+        "never due while it waits for the pass"
+    );
+    // A second edit meanwhile: the routine waits with the clock and calendar it had.
+    assert_eq!(edit(true, after + Duration::days(3)).await, 0);
+    let planned = plan().await;
+    assert_eq!(planned.len(), 1);
+    assert_eq!(planned[0].next_run_at, Some(nine(after)));
+    assert_eq!(edit(false, tomorrow).await, 1);
+    let planned = plan().await;
+    assert_eq!(planned[0].next_run_at, Some(nine(tomorrow)));
+    // Nothing changed: no routine left waiting.
+    assert_eq!(edit(false, tomorrow).await, 0);
+    let unknown = sqlx::query("SELECT cm.edit_calendar_dates('nope', '{}', true)")
+        .execute(&pool)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(unknown.contains("no calendar is named"), "{unknown}");
+}

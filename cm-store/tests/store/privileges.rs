@@ -294,6 +294,7 @@ async fn every_cm_function_runs_as_its_owner_on_a_pinned_path(pool: PgPool) {
             "cm.create_routine",
             "cm.delete_calendar",
             "cm.delete_routine",
+            "cm.edit_calendar_dates",
             "cm.get_calendar",
             "cm.get_routine",
             "cm.set_routine_calendar",

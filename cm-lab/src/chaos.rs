@@ -40,6 +40,7 @@ use crate::database_url;
 
 mod backend;
 mod citus;
+mod events;
 mod fault;
 mod fleet;
 pub(crate) use fleet::{log_tail, scheduler_command, scheduler_output};
@@ -351,6 +352,29 @@ fn exercise(
         }
         (None, None, None) => url.clone(),
     };
+    // With --events-webhook: the receiver, a routine of the toggler's own, and a one-second
+    // deadline on every routine, which the faults make some occurrences miss.
+    let events = match options.events {
+        true => Some(events::EventsReceiver::start(options.seed, log_dir)?),
+        false => None,
+    };
+    let toggled: Option<Uuid> = match &events {
+        Some(_) => Some(rt.block_on(async {
+            sqlx::query("UPDATE cm.routines SET deadline_secs = 1")
+                .execute(&pool)
+                .await?;
+            sqlx::query_scalar::<_, Uuid>(
+                "SELECT cm.create_routine('chaos toggled', '0 0 1 1 *', 'UTC', 'toggled')",
+            )
+            .fetch_one(&pool)
+            .await
+        })?),
+        None => None,
+    };
+    let mut scheduler_args = backend.scheduler_args();
+    if let Some(events) = &events {
+        scheduler_args.extend(events.scheduler_args());
+    }
     let mut scheduler_env = backend.scheduler_env();
     if options.pooler.is_some() {
         scheduler_env.push(("CM_DATABASE_POOLED".into(), "true".into()));
@@ -360,7 +384,7 @@ fn exercise(
         &scheduler_url,
         log_dir,
         options.processes,
-        backend.scheduler_args(),
+        scheduler_args,
         scheduler_env,
     )?;
 
@@ -480,6 +504,12 @@ fn exercise(
             length,
         )));
     }
+    let toggles = toggled.map(|routine| {
+        let toggles = events::Toggles::new(routine, start);
+        let count = toggles.count();
+        faults.push(Box::new(toggles));
+        (routine, count)
+    });
     if options.poison_routine {
         faults.push(Box::new(fault::poison::Poison::new(
             start,
@@ -556,6 +586,25 @@ fn exercise(
         Some(d) => format!("no claimed row left after {d:.1?}; SIGTERM to every scheduler"),
         None => "claimed rows are still left; SIGTERM to every scheduler".to_string(),
     });
+    if events.is_some() {
+        let drain_start = Instant::now();
+        loop {
+            let undelivered: i64 = rt.block_on(
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM cm.routine_events WHERE delivered_at IS NULL",
+                )
+                .fetch_one(&chaos.pool),
+            )?;
+            if undelivered == 0 || drain_start.elapsed() > events::EVENTS_DRAIN {
+                chaos.say(format!(
+                    "{undelivered} events undelivered after {:.1?}",
+                    drain_start.elapsed()
+                ));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
     report.terminations = chaos.fleet.terminate_all();
 
     let checks = if options.citus_workers.is_empty() {
@@ -579,6 +628,11 @@ fn exercise(
         log_dir,
     )?;
     report.faults = faults.iter().map(|f| f.findings()).collect();
+    if let (Some(events), Some((routine, count))) = (&events, &toggles) {
+        report
+            .faults
+            .push(rt.block_on(events.check(&checks, *routine, count))?);
+    }
     rt.block_on(checks.close());
     rt.block_on(chaos.pool.close());
     Ok((report, url))

@@ -323,7 +323,10 @@ pub(crate) async fn record_outcome_events(
 /// The deadline pass (see [`EventLog::raise_missed_deadlines`]): occurrences in the ledger
 /// whose outcome is not succeeded a deadline after their planned instant, then routines whose
 /// next run is a deadline behind with no fire for it; each raised once (the partial unique
-/// index). Looks back a day past the deadline, so a pass stays bounded.
+/// index). Looks back ten minutes past the deadline, by the fires' key (a routine's fires in
+/// that span are a range of its primary key), so a pass stays bounded however long a routine's
+/// history: the pass runs every second, and an outage longer than that is the routine's next
+/// run left behind, which the second branch raises.
 macro_rules! missed_deadlines_sql {
     ($group:literal) => {
         concat!(
@@ -337,9 +340,8 @@ WITH missed AS (
     WHERE r.deadline_secs IS NOT NULL",
             $group,
             "
-      AND coalesce(f.planned_at, f.scheduled_at)
-          BETWEEN now() - make_interval(secs => r.deadline_secs + 86400)
-              AND now() - make_interval(secs => r.deadline_secs)
+      AND f.scheduled_at >= now() - make_interval(secs => r.deadline_secs + 600)
+      AND coalesce(f.planned_at, f.scheduled_at) <= now() - make_interval(secs => r.deadline_secs)
       AND NOT coalesce((r.kind = 'message' AND f.status = 'fired') OR f.run_state = 'succeeded',
                        false)
     UNION ALL

@@ -18,7 +18,7 @@ pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-u
                           [--receiver-outage SECONDS]
                           [--mission-backend docker [--dockerd-restarts N] [--refuse-stops]]
                           [--citus-workers VERSION/NAME,VERSION/NAME... [--worker-outage SECONDS] [--shard-moves N]]
-                          [--pooler URL] [--poison-routine]";
+                          [--pooler URL] [--poison-routine] [--events-webhook]";
 
 /// The routines of a `--mission-backend docker` run when `--routines` is not given: each fires
 /// a container every second on the run's one engine.
@@ -124,6 +124,10 @@ pub(super) struct Options {
     /// (`cm.create_routine`) a third of the way in: it must be set aside with its reason while
     /// the others keep firing (on in `--short`).
     pub poison_routine: bool,
+    /// The schedulers post their events to the run's own receiver, a toggler pauses and
+    /// resumes a routine beside the faults, and the check compares the events received with
+    /// those written (on in `--short`).
+    pub events: bool,
 }
 
 impl Options {
@@ -158,6 +162,7 @@ impl Options {
             shard_moves: 0,
             pooler: None,
             poison_routine: false,
+            events: false,
         }
     }
 
@@ -174,6 +179,7 @@ impl Options {
             terminate_backends: 2,
             poison_routine: true,
             held_locks: 2,
+            events: true,
             ..self
         }
     }
@@ -196,6 +202,9 @@ impl Options {
         );
         if self.poison_routine {
             c += " --poison-routine";
+        }
+        if self.events {
+            c += " --events-webhook";
         }
         if self.held_locks > 0 {
             c += &format!(" --held-locks {}", self.held_locks);
@@ -354,6 +363,7 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
                 options.poison_routine = true;
                 poison_given = true;
             }
+            "--events-webhook" => options.events = true,
             "-h" | "--help" => return Ok(None),
             other => bail!("unknown argument {other:?} (see --help)"),
         }
@@ -593,6 +603,7 @@ mod tests {
                 shard_moves: 0,
                 pooler: None,
                 poison_routine: false,
+                events: false,
             }
         );
         assert!(options.forwarded());
@@ -656,6 +667,7 @@ mod tests {
                 db_restarts: 0,
                 poison_routine: true,
                 held_locks: 2,
+                events: true,
                 ..Options::defaults(7)
             }
         );

@@ -694,6 +694,7 @@ async fn zsh_completes_routine_names() {
     );
     let out = in_shell("zsh", &["-f", "-c"], &zsh, url);
     let lines: Vec<&str> = out.lines().collect();
-    // Seven `routine` subcommands take a routine, and `fires --routine` one.
-    assert_eq!(lines, ["nightly backup", "nightly report", "8"], "{out}");
+    // Seven `routine` subcommands take a routine, `fires --routine` one and `events --routine`
+    // one.
+    assert_eq!(lines, ["nightly backup", "nightly report", "9"], "{out}");
 }

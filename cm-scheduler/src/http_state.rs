@@ -52,6 +52,9 @@ pub struct StatusPage {
     /// The event log the page shows (the latest on the index, a routine's on its page); none
     /// shown without one.
     pub events: Option<Arc<dyn cm_store::EventLog>>,
+    /// The holiday calendars a routine's next runs are planned on; without them, a routine's
+    /// next runs are listed as if it were on none.
+    pub calendars: Option<Arc<dyn cm_store::CalendarStore>>,
 }
 
 impl StatusPage {
@@ -73,6 +76,7 @@ impl StatusPage {
             hosts: AllowedHosts::loopback(),
             runner: Vec::new(),
             events: None,
+            calendars: None,
         }
     }
 }

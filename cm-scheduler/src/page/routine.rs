@@ -65,13 +65,25 @@ pub async fn routine(
             }
             None => (Vec::new(), None),
         };
-        Ok((routine, fires, last_run, fire_count, (events, skips)))
+        // Its schedule on its calendar, so its next runs are the planned ones.
+        let on_calendar = match (&status.calendars, &routine.calendar) {
+            (Some(calendars), Some(_)) => calendars.routine_schedule(&routine).await.ok(),
+            _ => None,
+        };
+        Ok((
+            routine,
+            fires,
+            last_run,
+            fire_count,
+            (events, skips, on_calendar),
+        ))
     };
-    let (r, fires, last_run, fire_count, (events, skips)) = match read(&state, reads).await {
-        Ok(Ok(read)) => read,
-        Ok(Err(_)) => return missing(&handle),
-        Err(response) => return response,
-    };
+    let (r, fires, last_run, fire_count, (events, skips, on_calendar)) =
+        match read(&state, reads).await {
+            Ok(Ok(read)) => read,
+            Ok(Err(_)) => return missing(&handle),
+            Err(response) => return response,
+        };
     let now = Utc::now();
     let payload_bytes = serde_json::to_vec(&r.payload).map_or(0, |v| v.len());
     let parsed = r.parsed_schedule().ok();
@@ -136,7 +148,7 @@ pub async fn routine(
             @if r.kind == cm_store::RoutineKind::Mission { (mission_section(status, &r, payload_bytes)) }
             @if let Some(run) = &last_run { (last_run_section(run, now)) }
             h2 { "Next runs" }
-            @let next = next_runs(&r);
+            @let next = next_runs(&r, on_calendar.as_ref());
             @if next.is_empty() {
                 p.muted { @if r.paused { "None while paused." } @else { "The schedule has no more runs." } }
             } @else {
@@ -273,10 +285,17 @@ fn last_run_section(run: &cm_store::FireDetail, now: DateTime<Utc>) -> Markup {
     }
 }
 
-/// The routine's next runs, when each comes due (a jitter applied): its stored next run, then
-/// the schedule's following occurrences.
-fn next_runs(r: &Routine) -> Vec<DateTime<Utc>> {
-    let (Some(first), Ok(schedule)) = (r.next_run_at, r.parsed_schedule()) else {
+/// The routine's next runs, when each comes due (a jitter or its calendar applied): its stored
+/// next run, then the schedule's following occurrences. `on_calendar` is its schedule on its
+/// calendar, when it is on one.
+fn next_runs(r: &Routine, on_calendar: Option<&cm_domain::Schedule>) -> Vec<DateTime<Utc>> {
+    let parsed = r.parsed_schedule();
+    let schedule = match (on_calendar, &parsed) {
+        (Some(schedule), _) => schedule,
+        (None, Ok(schedule)) => schedule,
+        (None, Err(_)) => return Vec::new(),
+    };
+    let Some(first) = r.next_run_at else {
         return Vec::new();
     };
     schedule

@@ -203,6 +203,7 @@ impl Service {
                     hosts: hosts.clone().unwrap_or_else(AllowedHosts::loopback),
                     runner,
                     events: Some(Arc::new(page.clone())),
+                    calendars: Some(Arc::new(page.clone())),
                     ..StatusPage::new(Arc::new(page.clone()), Arc::new(page), instance_id.clone())
                 }),
                 token,

@@ -226,6 +226,7 @@ fn state_with(
     );
     page.deadline = Duration::from_millis(500);
     page.events = Some(Arc::new(store.clone()));
+    page.calendars = Some(Arc::new(store.clone()));
     Arc::new(HttpState {
         stats,
         health,
@@ -1240,6 +1241,36 @@ async fn a_utc_routines_next_runs_are_not_shown_twice(pool: PgPool) {
     let next_runs = next_runs.split("</table>").next().unwrap_or_default();
     assert!(!next_runs.contains("In UTC"), "{next_runs}");
     assert_eq!(next_runs.matches("<td").count(), 10, "{next_runs}");
+}
+
+/// A routine on a holiday calendar lists its next runs where the calendar plans them: a yearly
+/// 1 January run on a calendar with next 1 January off, under `next`, runs on 2 January.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_calendar_routines_next_runs_are_the_planned_ones(pool: PgPool) {
+    use chrono::Datelike;
+    let store = PgStore::new(pool.clone());
+    let year = chrono::Utc::now().year() + 1;
+    let new_year = chrono::NaiveDate::from_ymd_opt(year, 1, 1).unwrap();
+    let calendar = cm_domain::Calendar::new(cm_domain::Zone::UTC, [new_year], &[]).unwrap();
+    cm_store::CalendarStore::create_calendar(&store, "office", &calendar)
+        .await
+        .unwrap();
+    let routine = cm_store::NewRoutine::message(
+        "new year",
+        cm_domain::Schedule::parse("0 9 1 1 *", "UTC").unwrap(),
+        "hello",
+    )
+    .calendar(Some("office".into()), cm_domain::OnHoliday::Next)
+    .build()
+    .unwrap();
+    store.create_routine(routine).await.unwrap();
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+    let (_, page) = get(&state, "/routines/new%20year", None).await;
+    let next_runs = page.split("id=\"next-runs\"").nth(1).unwrap_or_default();
+    let next_runs = next_runs.split("</table>").next().unwrap_or_default();
+    assert!(next_runs.contains(&format!("{year}-01-02")), "{next_runs}");
+    assert!(!next_runs.contains(&format!("{year}-01-01")), "{next_runs}");
 }
 
 /// Text as maud writes it into a page.

@@ -235,6 +235,24 @@ async fn calendar_commands_and_their_refusals() {
     assert_eq!(names(url), 2, "a header and ops");
     assert_eq!(ok(url, &["routine", "list", "--json"]).trim(), "");
 
+    // From JSON Lines: the calendar and its policy as fields; an unknown calendar refuses the
+    // whole file.
+    let jsonl = std::env::temp_dir().join(format!("{}-routines.jsonl", db.name));
+    let line = r#"{"name":"imported","schedule":"0 9 * * *","message":"m","calendar":"ops","on_holiday":"next"}"#;
+    let bad = r#"{"name":"other","schedule":"0 9 * * *","message":"m","calendar":"nope"}"#;
+    std::fs::write(&jsonl, format!("{line}\n{bad}\n")).unwrap();
+    let jsonl_path = jsonl.to_str().unwrap();
+    check_fails(url, &["routine", "import", jsonl_path], 2, "no calendar");
+    assert_eq!(ok(url, &["routine", "list", "--json"]).trim(), "");
+    std::fs::write(&jsonl, format!("{line}\n")).unwrap();
+    ok(url, &["routine", "import", jsonl_path]);
+    let imported = ok(url, &["routine", "show", "imported"]);
+    assert!(
+        imported.contains("calendar    ops (on holiday: next)"),
+        "{imported}"
+    );
+    ok(url, &["routine", "delete", "imported"]);
+    let _ = std::fs::remove_file(jsonl);
     ok(
         url,
         &create_args(

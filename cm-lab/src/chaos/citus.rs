@@ -130,7 +130,12 @@ pub(super) fn drop_on_workers(
 }
 
 /// The tables the checks read, copied once the schedulers are stopped.
-const CHECKED_TABLES: [&str; 4] = ["routines", "routine_fires", "outbox_messages", "routine_events"];
+const CHECKED_TABLES: [&str; 4] = [
+    "routines",
+    "routine_fires",
+    "outbox_messages",
+    "routine_events",
+];
 
 /// A pool on the chaos database at `url` that reads coordinator-local copies of the ledger
 /// tables, made now that nothing writes them: the checks join the ledger with arrays and with

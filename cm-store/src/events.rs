@@ -138,6 +138,12 @@ pub trait EventLog: Send + Sync {
         group: Option<GroupId>,
     ) -> Result<Vec<RoutineEvent>, StoreError>;
 
+    /// The groups with a routine that has a deadline (the deadline pass runs only in those).
+    async fn deadline_groups(&self) -> Result<Vec<GroupId>, StoreError>;
+
+    /// The groups with an event not yet delivered (delivery reads only those).
+    async fn pending_groups(&self) -> Result<Vec<GroupId>, StoreError>;
+
     /// What the routine `routine_id` (of `group`) was owed and did not fire, by why.
     async fn skips(&self, routine_id: Uuid, group: GroupId) -> Result<Skips, StoreError>;
 
@@ -473,6 +479,22 @@ impl EventLog for PgStore {
             };
             query.fetch_all(e)
         })?)
+    }
+
+    async fn deadline_groups(&self) -> Result<Vec<GroupId>, StoreError> {
+        Ok(on_store!(self, |e| crate::schema::query_scalar(
+            "SELECT DISTINCT group_id FROM cm.routines WHERE deadline_secs IS NOT NULL
+             ORDER BY group_id",
+        )
+        .fetch_all(e))?)
+    }
+
+    async fn pending_groups(&self) -> Result<Vec<GroupId>, StoreError> {
+        Ok(on_store!(self, |e| crate::schema::query_scalar(
+            "SELECT DISTINCT group_id FROM cm.routine_events WHERE delivered_at IS NULL
+             ORDER BY group_id",
+        )
+        .fetch_all(e))?)
     }
 
     async fn skips(&self, routine_id: Uuid, group: GroupId) -> Result<Skips, StoreError> {

@@ -123,24 +123,47 @@ impl Scheduler {
         }
     }
 
-    /// One pass: deadlines, then delivery.
+    /// One pass: deadlines, then delivery. Each reads first, in one statement, which groups
+    /// have anything for it (a routine with a deadline, an event to deliver), and works only
+    /// in those of its groups: on Citus a group is a shard, and most have neither.
     pub(super) async fn event_pass(&self, watch: &EventWatch) {
-        self.maintain("raising missed deadlines", |group| async move {
-            let raised = watch.log.raise_missed_deadlines(group).await?;
-            add(&self.stats.deadlines_missed, raised.len() as u64);
-            for event in &raised {
-                warn!(routine = %event.routine_name, routine_id = %event.routine_id,
-                    scheduled_at = ?event.scheduled_at, state = %event.data["state"],
-                    "deadline missed: the occurrence had not succeeded by its deadline");
+        match watch.log.deadline_groups().await {
+            Ok(groups) if groups.is_empty() => {}
+            Ok(with_deadlines) => {
+                let with_deadlines: HashSet<GroupId> = with_deadlines.into_iter().collect();
+                self.maintain("raising missed deadlines", |group| {
+                    let watched = group.is_none_or(|g| with_deadlines.contains(&g));
+                    async move {
+                        if watched {
+                            self.raise_missed_deadlines(watch, group).await?;
+                        }
+                        Ok(())
+                    }
+                })
+                .await;
             }
-            Ok(())
-        })
-        .await;
+            Err(e) => warn!(error = %e, "cannot read which routines have deadlines"),
+        }
         let Some(sink) = &watch.sink else {
             return;
         };
+        let pending = match watch.log.pending_groups().await {
+            Ok(pending) => pending,
+            Err(e) => {
+                warn!(error = %e, "cannot read which groups have events to deliver");
+                return;
+            }
+        };
         let groups: Vec<Option<GroupId>> = match &self.groups {
-            Some(leases) => leases.held().into_iter().map(Some).collect(),
+            Some(leases) => {
+                let held = leases.held();
+                pending
+                    .into_iter()
+                    .filter(|g| held.contains(g))
+                    .map(Some)
+                    .collect()
+            }
+            None if pending.is_empty() => Vec::new(),
             None => vec![None],
         };
         for group in groups {
@@ -148,6 +171,22 @@ impl Scheduler {
                 warn!(error = %e, ?group, "event delivery failed; it goes on next pass");
             }
         }
+    }
+
+    /// Raises the missed deadlines of `group` (every group: `None`), counting and logging each.
+    async fn raise_missed_deadlines(
+        &self,
+        watch: &EventWatch,
+        group: Option<GroupId>,
+    ) -> Result<(), StoreError> {
+        let raised = watch.log.raise_missed_deadlines(group).await?;
+        add(&self.stats.deadlines_missed, raised.len() as u64);
+        for event in &raised {
+            warn!(routine = %event.routine_name, routine_id = %event.routine_id,
+                scheduled_at = ?event.scheduled_at, state = %event.data["state"],
+                "deadline missed: the occurrence had not succeeded by its deadline");
+        }
+        Ok(())
     }
 
     /// Delivers the undelivered events of `group` (every group: `None`) that are due, in

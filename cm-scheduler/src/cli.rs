@@ -223,7 +223,10 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
             .await
             .map_err(Failure::Other),
         Command::Completions { shell } => {
-            out::bytes(&completions::script(shell, &mut command()));
+            out::bytes(&cm_scheduler::flags::completions::script(
+                shell,
+                &mut command(),
+            ));
             Ok(())
         }
         Command::CompleteRoutine { prefix } => {

@@ -169,7 +169,7 @@ const FAILED_LOCK_WAIT: &str = "1s";
 impl PgStore {
     /// Runs `write`, a statement recording outcomes that returns the occurrences it wrote
     /// (routine and instant), in a transaction with their events (`routine.failed`,
-    /// `routine.recovered`: [`crate::events`]) and, when the store pauses after N failures and
+    /// `routine.recovered`: `crate::events`) and, when the store pauses after N failures and
     /// `failing` names occurrences whose outcome `write` records as failed, the pause of the
     /// routines of those it wrote ([`pause_failed_in`]).
     pub(crate) async fn record_then_pause<'q>(

@@ -3,8 +3,8 @@
 //! walked in order by the delivery loop, which marks each delivered once a sink took it.
 //!
 //! Who writes which: the outcome writes (a settle, a run's end) write `routine.failed` and
-//! `routine.recovered` ([`record_outcome_events`]); a pause or resume, by a person or by cm,
-//! writes its own ([`record`]); the deadline pass writes `routine.deadline_missed`
+//! `routine.recovered` (`record_outcome_events`); a pause or resume, by a person or by cm,
+//! writes its own (`record`); the deadline pass writes `routine.deadline_missed`
 //! ([`EventLog::raise_missed_deadlines`]).
 
 use async_trait::async_trait;

@@ -14,6 +14,7 @@ use crate::service::messages::MessageArgs;
 use crate::service::missions::MissionArgs;
 
 pub mod calendar;
+pub mod completions;
 pub mod routine;
 pub mod schedule;
 

@@ -69,13 +69,17 @@ struct CalendarRow {
     routines: i64,
 }
 
-/// A statement that reads [`CalendarRow`]s, `$tail` after `FROM cm.calendars c`.
+/// A statement that reads [`CalendarRow`]s, `$tail` after the `FROM` of `cm.calendars c`.
+/// The routines on each are counted in a joined aggregate, not a correlated subquery: Citus
+/// plans no correlated subquery over a reference table.
 macro_rules! select_calendars {
     ($tail:literal) => {
         concat!(
             "SELECT c.name, c.timezone, c.days_off, c.dates, c.created_at, c.updated_at,
-                    (SELECT count(*) FROM cm.routines r WHERE r.calendar = c.name) AS routines
-             FROM cm.calendars c",
+                    coalesce(u.routines, 0) AS routines
+             FROM cm.calendars c
+             LEFT JOIN (SELECT calendar, count(*) AS routines FROM cm.routines
+                        WHERE calendar IS NOT NULL GROUP BY calendar) u ON u.calendar = c.name",
             $tail
         )
     };

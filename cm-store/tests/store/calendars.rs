@@ -99,6 +99,17 @@ async fn calendars_are_stored_listed_and_refused_as_input(pool: PgPool) {
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn the_claim_plans_a_moved_occurrence_at_the_business_day(pool: PgPool) {
     let store = PgStore::new(pool.clone());
+    a_moved_occurrence_is_planned_at_the_business_day(&store, &pool, false).await;
+}
+
+/// The claim of a routine under `next` whose holiday's occurrence came due while the scheduler
+/// was down (per group, as on Citus, when `per_group`).
+pub(crate) async fn a_moved_occurrence_is_planned_at_the_business_day(
+    store: &PgStore,
+    pool: &PgPool,
+    per_group: bool,
+) {
+    let (store, pool) = (store.clone(), pool.clone());
     let today = db_now(&pool).await.date_naive();
     let holiday = today - Duration::days(5);
     let business = holiday + Duration::days(1);
@@ -112,7 +123,10 @@ async fn the_claim_plans_a_moved_occurrence_at_the_business_day(pool: PgPool) {
         .unwrap();
     // The scheduler was down since the holiday's occurrence came due (on the day after).
     set_next_run(&pool, routine.id, nine(business)).await;
-    let params = claim_params("a", 1000, rules(10 * 86_400, 100));
+    let mut params = claim_params("a", 1000, rules(10 * 86_400, 100));
+    if per_group {
+        params.group = Some(routine.group_id);
+    }
     let claim = store.claim_due(&params).await.unwrap();
     let planned: Vec<(DateTime<Utc>, DateTime<Utc>)> = claim
         .fires
@@ -147,6 +161,12 @@ async fn the_claim_plans_a_moved_occurrence_at_the_business_day(pool: PgPool) {
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn an_edit_re_plans_the_routines_on_the_calendar(pool: PgPool) {
     let store = PgStore::new(pool.clone());
+    an_edit_re_plans_its_routines(&store, &pool).await;
+}
+
+/// An edit of a calendar with three routines on it, one per policy, done and undone.
+pub(crate) async fn an_edit_re_plans_its_routines(store: &PgStore, pool: &PgPool) {
+    let (store, pool) = (store.clone(), pool.clone());
     let tomorrow = db_now(&pool).await.date_naive() + Duration::days(1);
     let after = tomorrow + Duration::days(1);
     store

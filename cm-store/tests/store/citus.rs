@@ -115,9 +115,9 @@ impl CitusDb {
         }
         let store = PgStore::connect(&url).await.unwrap();
         store.migrate().await.unwrap();
-        // Seven distributed or reference tables; the group leases and the schedulers' presence
+        // Eight distributed or reference tables; the group leases and the schedulers' presence
         // stay on the coordinator.
-        assert_eq!(store.distribute_on_citus().await.unwrap(), 7);
+        assert_eq!(store.distribute_on_citus().await.unwrap(), 8);
         // Again: nothing left to distribute, nothing changed.
         assert_eq!(store.distribute_on_citus().await.unwrap(), 0);
         let pool = store.pool().clone();
@@ -482,6 +482,20 @@ async fn claims_settles_reaps_and_consumes_per_group_on_citus() {
 async fn the_third_failed_settle_pauses_its_routine_on_citus() {
     let db = CitusDb::create().await;
     crate::settle::the_third_failed_settle_pauses(&db.store, &db.pool, true).await;
+    db.drop_all().await;
+}
+
+/// Calendars on Citus (a reference table read by the claim of one group): a moved occurrence
+/// planned at the business day, and an edit re-planning the routines on the calendar.
+#[tokio::test]
+#[ignore = "needs Citus: start it with .ci/citus and set CM_TEST_CITUS_URL to what it prints"]
+async fn calendars_plan_and_re_plan_on_citus() {
+    let db = CitusDb::create().await;
+    crate::calendars::a_moved_occurrence_is_planned_at_the_business_day(&db.store, &db.pool, true)
+        .await;
+    db.drop_all().await;
+    let db = CitusDb::create().await;
+    crate::calendars::an_edit_re_plans_its_routines(&db.store, &db.pool).await;
     db.drop_all().await;
 }
 

@@ -52,8 +52,8 @@ mod traces;
 
 pub use counters::Stats;
 pub use engine::{
-    Completion, EVENT_PASS, EventSink, FIRES, MAX_BACKOFF, PRUNE_BATCH, RunSummary, Scheduler,
-    TickError, TickReport, WebhookEventSink, default_instance_id, event_data,
+    Completion, DEADLINES_READ, EVENT_PASS, EventSink, FIRES, MAX_BACKOFF, PRUNE_BATCH, RunSummary,
+    Scheduler, TickError, TickReport, WebhookEventSink, default_instance_id, event_data,
 };
 pub use failure::Failure;
 pub use hosts::AllowedHosts;

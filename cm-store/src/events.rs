@@ -141,8 +141,12 @@ pub trait EventLog: Send + Sync {
     /// The groups with a routine that has a deadline (the deadline pass runs only in those).
     async fn deadline_groups(&self) -> Result<Vec<GroupId>, StoreError>;
 
-    /// The groups with an event not yet delivered (delivery reads only those).
-    async fn pending_groups(&self) -> Result<Vec<GroupId>, StoreError>;
+    /// The groups, of `among` (every group: `None`), with an event not yet delivered (delivery
+    /// reads only those).
+    async fn pending_groups<'a>(
+        &self,
+        among: Option<&'a [GroupId]>,
+    ) -> Result<Vec<GroupId>, StoreError>;
 
     /// What the routine `routine_id` (of `group`) was owed and did not fire, by why.
     async fn skips(&self, routine_id: Uuid, group: GroupId) -> Result<Skips, StoreError>;
@@ -489,11 +493,16 @@ impl EventLog for PgStore {
         .fetch_all(e))?)
     }
 
-    async fn pending_groups(&self) -> Result<Vec<GroupId>, StoreError> {
+    async fn pending_groups<'a>(
+        &self,
+        among: Option<&'a [GroupId]>,
+    ) -> Result<Vec<GroupId>, StoreError> {
         Ok(on_store!(self, |e| crate::schema::query_scalar(
-            "SELECT DISTINCT group_id FROM cm.routine_events WHERE delivered_at IS NULL
+            "SELECT DISTINCT group_id FROM cm.routine_events
+             WHERE delivered_at IS NULL AND ($1::smallint[] IS NULL OR group_id = ANY($1))
              ORDER BY group_id",
         )
+        .bind(among)
         .fetch_all(e))?)
     }
 

@@ -95,8 +95,41 @@ impl EventSink for WebhookEventSink {
 /// The event log and the sink the loop delivers to.
 pub(super) struct EventWatch {
     pub(super) log: Arc<dyn EventLog>,
-    pub(super) sink: Option<Arc<dyn EventSink>>,
+    sink: Option<Arc<dyn EventSink>>,
+    /// The groups with a routine that has a deadline, and when they were read.
+    deadlines: std::sync::Mutex<Option<(tokio::time::Instant, Arc<HashSet<GroupId>>)>>,
 }
+
+impl EventWatch {
+    pub(super) fn new(log: Arc<dyn EventLog>, sink: Option<Arc<dyn EventSink>>) -> Self {
+        EventWatch {
+            log,
+            sink,
+            deadlines: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The groups with a routine that has a deadline, read again once [`DEADLINES_READ`] has
+    /// passed (on Citus the statement reads every shard, so not every second).
+    async fn deadline_groups(&self) -> Result<Arc<HashSet<GroupId>>, StoreError> {
+        let now = tokio::time::Instant::now();
+        if let Ok(cached) = self.deadlines.lock()
+            && let Some((read, groups)) = cached.as_ref()
+            && now.duration_since(*read) < DEADLINES_READ
+        {
+            return Ok(groups.clone());
+        }
+        let groups = Arc::new(self.log.deadline_groups().await?.into_iter().collect());
+        if let Ok(mut cached) = self.deadlines.lock() {
+            *cached = Some((now, Arc::clone(&groups)));
+        }
+        Ok(groups)
+    }
+}
+
+/// How long the groups with deadlines are known before they are read again: a routine given
+/// its first deadline in a group is watched at most this long after.
+pub const DEADLINES_READ: Duration = Duration::from_secs(10);
 
 /// The wait before the post after `attempts` failed ones: 1 s doubling, up to [`MAX_BACKOFF`].
 fn backoff(attempts: i32) -> Duration {
@@ -127,10 +160,9 @@ impl Scheduler {
     /// have anything for it (a routine with a deadline, an event to deliver), and works only
     /// in those of its groups: on Citus a group is a shard, and most have neither.
     pub(super) async fn event_pass(&self, watch: &EventWatch) {
-        match watch.log.deadline_groups().await {
+        match watch.deadline_groups().await {
             Ok(groups) if groups.is_empty() => {}
             Ok(with_deadlines) => {
-                let with_deadlines: HashSet<GroupId> = with_deadlines.into_iter().collect();
                 self.maintain("raising missed deadlines", |group| {
                     let watched = group.is_none_or(|g| with_deadlines.contains(&g));
                     async move {
@@ -147,22 +179,19 @@ impl Scheduler {
         let Some(sink) = &watch.sink else {
             return;
         };
-        let pending = match watch.log.pending_groups().await {
+        let held = self.groups.as_ref().map(|leases| leases.held());
+        if held.as_ref().is_some_and(Vec::is_empty) {
+            return;
+        }
+        let pending = match watch.log.pending_groups(held.as_deref()).await {
             Ok(pending) => pending,
             Err(e) => {
                 warn!(error = %e, "cannot read which groups have events to deliver");
                 return;
             }
         };
-        let groups: Vec<Option<GroupId>> = match &self.groups {
-            Some(leases) => {
-                let held = leases.held();
-                pending
-                    .into_iter()
-                    .filter(|g| held.contains(g))
-                    .map(Some)
-                    .collect()
-            }
+        let groups: Vec<Option<GroupId>> = match held {
+            Some(_) => pending.into_iter().map(Some).collect(),
             None if pending.is_empty() => Vec::new(),
             None => vec![None],
         };

@@ -71,7 +71,9 @@ use crate::runs::RunWatch;
 use crate::traces::FireTracer;
 
 use drain::DrainPace;
-pub use events::{EVENT_PASS, EventSink, MAX_BACKOFF, WebhookEventSink, event_data};
+pub use events::{
+    DEADLINES_READ, EVENT_PASS, EventSink, MAX_BACKOFF, WebhookEventSink, event_data,
+};
 use fire_job::FireResult;
 use launch_gate::LaunchWindow;
 pub use maintenance::PRUNE_BATCH;
@@ -297,7 +299,7 @@ impl Scheduler {
         log: Arc<dyn cm_store::EventLog>,
         sink: Option<Arc<dyn EventSink>>,
     ) -> Self {
-        self.events = Some(events::EventWatch { log, sink });
+        self.events = Some(events::EventWatch::new(log, sink));
         self
     }
 

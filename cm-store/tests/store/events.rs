@@ -383,10 +383,21 @@ pub(crate) async fn the_event_log_round(store: &PgStore, pool: &PgPool, per_grou
         .await
         .unwrap();
     assert_eq!(store.deadline_groups().await.unwrap(), [routine.group_id]);
-    assert!(store.pending_groups().await.unwrap().is_empty());
+    assert!(store.pending_groups(None).await.unwrap().is_empty());
     let raised = store.raise_missed_deadlines(group).await.unwrap();
     assert_eq!(raised.len(), 1, "{raised:?}");
-    assert_eq!(store.pending_groups().await.unwrap(), [routine.group_id]);
+    assert_eq!(
+        store.pending_groups(None).await.unwrap(),
+        [routine.group_id]
+    );
+    let elsewhere = [routine.group_id + 1];
+    assert!(
+        store
+            .pending_groups(Some(&elsewhere))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert!(
         store
             .raise_missed_deadlines(group)

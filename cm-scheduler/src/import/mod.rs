@@ -164,7 +164,7 @@ mod tests {
         check_json("{}\n", "line 1: not a routine: missing field `name`");
         check_json(
             "\n{\"name\": \"a\", \"colour\": \"red\"}",
-            "line 2: not a routine: unknown field `colour`, expected one of `name`, `schedule`, `every`, `offset`, `at`, `except`, `jitter`, `start`, `end`, `timezone`, `misfire`, `message`, `mission`, `overlap`, `paused`, `limit_runs`, `deadline`",
+            "line 2: not a routine: unknown field `colour`, expected one of `name`, `schedule`, `every`, `offset`, `at`, `except`, `jitter`, `start`, `end`, `timezone`, `misfire`, `message`, `mission`, `overlap`, `paused`, `limit_runs`, `calendar`, `on_holiday`, `deadline`",
         );
         check_json(
             r#"{"name": "a", "schedule": "@daily", "every": "1h"}"#,

@@ -155,6 +155,18 @@ pub trait EventLog: Send + Sync {
     /// event no sink took for so long is not kept forever) older than `retention`. Returns how
     /// many it deleted.
     async fn prune_events(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
+
+    /// [`EventLog::prune_events`] in `group` alone (on Citus, one shard). By default, every
+    /// group's.
+    async fn prune_events_in(
+        &self,
+        group: GroupId,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let _ = group;
+        self.prune_events(retention, limit).await
+    }
 }
 
 /// The columns an event is read with.
@@ -527,18 +539,59 @@ impl EventLog for PgStore {
     }
 
     async fn prune_events(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
-        Ok(on_store!(self, |e| crate::schema::query(
+        self.prune_events_of(None, retention, limit).await
+    }
+
+    async fn prune_events_in(
+        &self,
+        group: GroupId,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        self.prune_events_of(Some(group), retention, limit).await
+    }
+}
+
+/// The events prune, `$3` the group in the grouped form (one shard on Citus).
+macro_rules! prune_events_sql {
+    ($group:literal, $outer:literal) => {
+        concat!(
             "DELETE FROM cm.routine_events e
              USING (SELECT group_id, seq FROM cm.routine_events
                     WHERE occurred_at < now() - make_interval(secs => $1)
                       AND (delivered_at IS NOT NULL
-                           OR occurred_at < now() - make_interval(secs => 2 * $1))
+                           OR occurred_at < now() - make_interval(secs => 2 * $1))",
+            $group,
+            "
                     LIMIT $2) old
              WHERE e.group_id = old.group_id AND e.seq = old.seq",
+            $outer
         )
-        .bind(retention.as_secs_f64())
-        .bind(i64::from(limit))
-        .execute(e))?
+    };
+}
+
+impl PgStore {
+    /// Deletes the events past the retention in `group` (every group: `None`).
+    async fn prune_events_of(
+        &self,
+        group: Option<GroupId>,
+        retention: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let sql = match group {
+            None => prune_events_sql!("", ""),
+            Some(_) => prune_events_sql!(" AND group_id = $3", " AND e.group_id = $3"),
+        };
+        Ok(on_store!(self, |e| {
+            let query = crate::schema::query(sql)
+                .bind(retention.as_secs_f64())
+                .bind(i64::from(limit));
+            let query = match group {
+                Some(group) => query.bind(group),
+                None => query,
+            };
+            query.execute(e)
+        })?
         .rows_affected())
     }
 }

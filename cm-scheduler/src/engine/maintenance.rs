@@ -99,22 +99,8 @@ impl Scheduler {
             None => budget,
             Some(_) => budget / rounds,
         };
-        let pruned = self
-            .maintain("pruning", |group| self.prune_in(group, share))
-            .await;
-        if let Some(events) = &self.events {
-            let retention = self.config.retention;
-            let deleted = prune_in_batches(budget / 4, || {
-                events.log.prune_events(retention, PRUNE_BATCH)
-            })
-            .await;
-            match deleted {
-                Ok(0) => {}
-                Ok(deleted) => debug!(deleted, "pruned events past their retention"),
-                Err(e) => error!(error = %e, "pruning events failed"),
-            }
-        }
-        pruned
+        self.maintain("pruning", |group| self.prune_in(group, share))
+            .await
     }
 
     /// One prune pass in `group` (every group: `None`) within `budget`.
@@ -157,6 +143,19 @@ impl Scheduler {
         .await?;
         if pruned > 0 {
             debug!(pruned, ?group, "pruned settled fires past their retention");
+        }
+        if let Some(events) = &self.events {
+            let left = budget.saturating_sub(started.elapsed());
+            let deleted = prune_in_batches(left, || async {
+                match group {
+                    None => events.log.prune_events(retention, PRUNE_BATCH).await,
+                    Some(g) => events.log.prune_events_in(g, retention, PRUNE_BATCH).await,
+                }
+            })
+            .await?;
+            if deleted > 0 {
+                debug!(deleted, ?group, "pruned events past their retention");
+            }
         }
         Ok(())
     }

@@ -210,9 +210,9 @@ async fn leased_by(db: &TestDb, holder: &str) -> Vec<i16> {
 }
 
 /// How long after `since` (the database's clock) `claimant` fired in every one of `groups`,
-/// waiting at most 40 s: the latest of each group's first fire.
+/// waiting at most 55 s: the latest of each group's first fire.
 async fn fired_in_all(db: &TestDb, claimant: &str, groups: &[i16], since: DateTime) -> Duration {
-    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let deadline = std::time::Instant::now() + Duration::from_secs(55);
     loop {
         let firsts: Vec<(i16, DateTime)> = sqlx::query_as(
             "SELECT group_id, min(claimed_at) FROM cm.routine_fires
@@ -231,7 +231,7 @@ async fn fired_in_all(db: &TestDb, claimant: &str, groups: &[i16], since: DateTi
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "{claimant} fired in {} of the groups {groups:?} within 40 s: {firsts:?}",
+            "{claimant} fired in {} of the groups {groups:?} within 55 s: {firsts:?}",
             firsts.len()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -299,7 +299,7 @@ async fn first_claims(
 /// - the groups of one killed with SIGKILL are claimed in by the other once its leases run out
 ///   (expected within the lease's remainder and a tick).
 ///
-/// Both takeovers are asserted within 40 s, inside the default misfire grace of 60 s, so no
+/// Both takeovers are asserted within 55 s, inside the default misfire grace of 60 s, so no
 /// occurrence is lost. The expected figures are printed, not asserted: a loaded machine
 /// stretches them (a starved process rebalances late), and takeover times are measured in
 /// the chaos runs and docs/BENCHMARKS.md.

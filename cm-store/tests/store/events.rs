@@ -429,9 +429,18 @@ pub(crate) async fn the_event_log_round(store: &PgStore, pool: &PgPool, per_grou
         .await
         .unwrap();
     let day = std::time::Duration::from_secs(86_400);
-    assert_eq!(store.prune_events(day * 2, 100).await.unwrap(), 1);
+    let prune = |retention| {
+        let store = store.clone();
+        async move {
+            match group {
+                Some(g) => store.prune_events_in(g, retention, 100).await.unwrap(),
+                None => store.prune_events(retention, 100).await.unwrap(),
+            }
+        }
+    };
+    assert_eq!(prune(day * 2).await, 1);
     assert_eq!(events_of(store, routine.id).await.len(), 1);
-    assert_eq!(store.prune_events(day, 100).await.unwrap(), 1);
+    assert_eq!(prune(day).await, 1);
     assert!(events_of(store, routine.id).await.is_empty());
 }
 

@@ -286,10 +286,18 @@ impl ProcessDispatcher {
             )));
         }
         // Reaps the wrapper so it does not linger as a zombie; the wrapper records how the
-        // program ended, and this only when the wrapper itself was killed before it could.
+        // program ended, and this only when the wrapper itself was killed before it could (a
+        // stop's SIGTERM that came before the wrapper set its trap): a death by signal S is
+        // recorded as the wrapper would have, `exit status: 128 + S`.
         tokio::spawn(async move {
             let status = match child.wait().await {
-                Ok(status) => status.to_string(),
+                Ok(status) => {
+                    use std::os::unix::process::ExitStatusExt as _;
+                    match status.signal() {
+                        Some(signal) => format!("exit status: {}", 128 + signal),
+                        None => status.to_string(),
+                    }
+                }
                 Err(e) => format!("unknown: {e}"),
             };
             if !exit_path.exists() {

@@ -506,7 +506,7 @@ impl PgStore {
             })
             .map(|(occurrence, _)| (occurrence.routine_id, occurrence.scheduled_at))
             .collect();
-        let ended = self.record_then_pause(group, &failing, query).await?;
+        let ended = self.record_then_pause(group, true, &failing, query).await?;
         let ended: std::collections::HashSet<Occurrence> = ended
             .into_iter()
             .map(|(routine_id, at)| Occurrence::new(routine_id, at))

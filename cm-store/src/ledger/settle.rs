@@ -296,7 +296,9 @@ async fn settle_fires_of(
         .filter(|s| s.settlement.status() == cm_domain::FireStatus::Failed)
         .map(|s| (s.fire.occurrence.routine_id, s.fire.occurrence.scheduled_at))
         .collect();
-    let settled = store.record_then_pause(group, &failing, query).await?;
+    let settled = store
+        .record_then_pause(group, false, &failing, query)
+        .await?;
     let settled: HashSet<(Uuid, DateTime<Utc>)> = settled.into_iter().collect();
     if settled.len() == n {
         return Ok(vec![SettleOutcome::Settled; n]);

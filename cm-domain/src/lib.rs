@@ -102,7 +102,7 @@ pub use run::{
     RunHolder, RunState, RunStateName, buffer_plan, decide_overlap,
 };
 pub use schedule::{
-    Field, MAX_EXPRESSION_CHARS, MAX_SCHEDULE_CHARS, Occurrences, Schedule, ScheduleError, Zone,
-    ZoneError,
+    Field, MAX_EXPRESSION_CHARS, MAX_RRULE_COUNT, MAX_SCHEDULE_CHARS, Occurrences, Schedule,
+    ScheduleError, Zone, ZoneError, rrule_needs_start,
 };
 pub use tick::{DueRoutine, RoutineAdvance, TickPlan, plan_claim, plan_tick};

@@ -6,6 +6,7 @@
 //! ```text
 //! schedule  = rule { " except " cron } [ " jitter " duration ] [ " from " time ] [ " until " time ]
 //! rule      = cron | "@every " duration [ " offset " duration ] | "@at " time
+//!           | "@rrule " rfc5545-rule
 //! duration  = one or more of <number><unit>, unit s, m, h or d: 90m, 1h30m, 1d
 //! time      = RFC 3339 (2026-12-24T15:30:00+01:00), a wall time (2026-12-24T15:30) or a
 //!             date (2026-12-24) in the schedule's zone
@@ -92,6 +93,8 @@ pub(crate) enum Rule {
     },
     /// `@at`: once.
     At(DateTime<Utc>),
+    /// `@rrule`: an RFC 5545 recurrence rule in the schedule's zone (boxed, as a cron line is).
+    Recur(Box<crate::schedule::Recurrence>),
 }
 
 impl Rule {

@@ -99,6 +99,11 @@ fn quartz_vectors_pass() {
     run_vectors(include_str!("data/schedules_quartz.json"));
 }
 
+#[test]
+fn rrule_vectors_pass() {
+    run_vectors(include_str!("data/schedules_rrule.json"));
+}
+
 /// Issue 48's values, as `schedule next --after 2026-12-15T00:00:00Z --count 3` lists them.
 #[test]
 fn quartz_items_give_the_issues_values() {

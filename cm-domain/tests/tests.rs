@@ -14,6 +14,8 @@ mod repository_hosts;
 mod rules_properties;
 // Quartz's `L`, `W` and `#`: a year of `next_after` against a day-by-day reference.
 mod quartz_properties;
+// RFC 5545 rules: ticks owe what the cron line saying the same lists; walks match the crate's.
+mod rrule_properties;
 // `next_after` against a brute-force oracle, over generated expressions and zones.
 mod schedule_properties;
 // The worked DST vectors in `data/`, every one chained through `next_after`.

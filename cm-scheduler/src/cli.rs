@@ -149,20 +149,22 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
             if let Some(expr) = expr {
                 if when.has_rule() {
                     return Err(input(
-                        "give the schedule once: as EXPR, or as --schedule, --every or --at",
+                        "give the schedule once: as EXPR, or as --schedule, --every, --at or \
+                         --rrule",
                     ));
                 }
                 when.schedule = Some(expr);
             }
-            let expr = when.text(None).map_err(input)?.unwrap_or_default();
+            let at = after
+                .as_deref()
+                .map_or_else(|| Ok(Utc::now()), parse_time)?;
+            // A rule that counts from its start starts at --after when it has none.
+            let expr = when.text_from(None, at).map_err(input)?.unwrap_or_default();
             let on = cm_scheduler::calendars::NextOnCalendar {
                 calendar: &calendar,
                 holidays: &holiday,
                 days_off: days_off.as_deref(),
             };
-            let at = after
-                .as_deref()
-                .map_or_else(|| Ok(Utc::now()), parse_time)?;
             let next = cm_scheduler::calendars::schedule_next(url, &expr, &timezone, on, at);
             let next = next.count(count).routine(routine_id).await?;
             if let Some(note) = next.note {

@@ -75,7 +75,7 @@ impl Edit<'_> {
 
 /// The refusal of an edit that changes nothing.
 pub const NOTHING_TO_CHANGE: &str = "nothing to change: give at least one of --name, --schedule, \
-     --every, --at, --except, --start, --end, --timezone, --misfire, --message, --mission, \
+     --every, --at, --rrule, --except, --start, --end, --timezone, --misfire, --message, --mission, \
      --overlap, --limit-runs, --deadline, --calendar and --on-holiday";
 
 /// A routine's name, checked.

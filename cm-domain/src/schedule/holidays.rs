@@ -62,8 +62,8 @@ impl Schedule {
             if !self.is_one_shot() {
                 if !self.is_fixed_time() {
                     return refuse(
-                        "it needs a fixed-time cron line (one second, minute and hour), at \
-                         most one occurrence a day"
+                        "it needs a fixed-time cron line or rule (one second, minute and \
+                         hour), at most one occurrence a day"
                             .to_owned(),
                     );
                 }
@@ -85,6 +85,7 @@ impl Schedule {
                     .ok()
                     .map(|w| w.time())
             }
+            Rule::Recur(recurrence) if on_holiday.moves() => recurrence.time_of_day(),
             _ => None,
         };
         self.holidays = Some(Holidays {

@@ -68,6 +68,7 @@ mod field;
 mod holidays;
 mod occurrences;
 mod planned;
+mod recur;
 mod zone;
 
 pub use cron::MAX_EXPRESSION_CHARS;
@@ -75,6 +76,8 @@ pub(crate) use cron::compile_cron;
 pub(crate) use daylight::first_instant_after_gap;
 pub use field::Field;
 pub use occurrences::Occurrences;
+pub(crate) use recur::Recurrence;
+pub use recur::{MAX_RRULE_COUNT, rrule_needs_start};
 pub use zone::{Zone, ZoneError};
 
 /// The longest schedule accepted, its clauses included, in characters.
@@ -205,9 +208,13 @@ impl Schedule {
             return Err(ScheduleError::ScheduleTooLong { chars });
         }
         let parts = crate::rules::ScheduleText::parse(expression)?;
+        let mut bounds = crate::rules::parse_bounds(&parts, zone)?;
         let rule = match parts.rule.as_str().split_once([' ', '\t']) {
             Some((word, rest)) if word.eq_ignore_ascii_case("@every") => {
                 crate::rules::parse_every(rest)?
+            }
+            Some((word, rest)) if word.eq_ignore_ascii_case("@rrule") => {
+                Rule::Recur(Box::new(Recurrence::parse(rest, &mut bounds, zone)?))
             }
             Some((word, rest)) if word.eq_ignore_ascii_case("@at") => {
                 Rule::At(crate::rules::parse_time(rest, zone).map_err(|reason| {
@@ -216,7 +223,7 @@ impl Schedule {
                     }
                 })?)
             }
-            _ if ["@every", "@at"]
+            _ if ["@every", "@at", "@rrule"]
                 .iter()
                 .any(|w| parts.rule.eq_ignore_ascii_case(w)) =>
             {
@@ -237,7 +244,6 @@ impl Schedule {
                 }
             }
         };
-        let bounds = crate::rules::parse_bounds(&parts, zone)?;
         let jitter = match parts.jitter.as_deref() {
             None => None,
             Some(text) => Some(TimeDelta::seconds(
@@ -262,7 +268,7 @@ impl Schedule {
         // The calendar check is exact, so this is a second line of defence: it catches a
         // disagreement with croner, and a window or exclusions that leave nothing, before a
         // routine is stored that would never come due.
-        if let Rule::Cron { .. } | Rule::Every { .. } = schedule.rule {
+        if let Rule::Cron { .. } | Rule::Every { .. } | Rule::Recur(_) = schedule.rule {
             let reference = Utc.with_ymd_and_hms(2000, 1, 1, 0, 0, 0).single();
             let first = match reference {
                 Some(r) => schedule
@@ -349,13 +355,11 @@ impl Schedule {
     /// the overlap. A degenerate range or list such as `2-2` or `2,2` is still a range or list,
     /// so it makes an interval schedule.
     pub fn is_fixed_time(&self) -> bool {
-        matches!(
-            self.rule,
-            Rule::Cron {
-                fixed_time: true,
-                ..
-            }
-        )
+        match &self.rule {
+            Rule::Cron { fixed_time, .. } => *fixed_time,
+            Rule::Recur(recurrence) => recurrence.is_fixed_time(),
+            Rule::Every { .. } | Rule::At(_) => false,
+        }
     }
 }
 

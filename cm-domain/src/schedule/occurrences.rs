@@ -79,6 +79,7 @@ impl Schedule {
             Rule::Cron { cron, .. } => Self::next_interval_after(cron, self.zone, instant),
             Rule::Every { every, offset } => Rule::next_every(*every, *offset, instant),
             Rule::At(at) => (*at > instant).then_some(*at),
+            Rule::Recur(recurrence) => recurrence.next_after(self.zone, instant),
         }
     }
 

@@ -146,7 +146,7 @@ pub struct UpdateArgs {
     /// A new name.
     #[arg(long)]
     pub name: Option<String>,
-    /// A new rule (--schedule, --every, --at) replaces the rule; a clause given (--except,
+    /// A new rule (--schedule, --every, --at, --rrule) replaces the rule; a clause given (--except,
     /// --start, --end) replaces that clause and keeps the rest.
     #[command(flatten)]
     pub when: ScheduleFlags,
@@ -252,10 +252,10 @@ impl TryFrom<&CreateArgs> for RoutineFields {
         Ok(RoutineFields {
             line: 0,
             name: args.name.clone(),
-            schedule: args
-                .when
-                .text(None)?
-                .ok_or("a schedule is needed: --schedule EXPR, --every DURATION or --at TIME")?,
+            schedule: args.when.text(None)?.ok_or(
+                "a schedule is needed: --schedule EXPR, --every DURATION, --at TIME or \
+                     --rrule RULE",
+            )?,
             timezone: args.timezone.clone(),
             misfire: args.misfire.clone(),
             message: args.message.clone(),

@@ -1,8 +1,9 @@
 //! The flags that say when a routine runs, shared by `routine create`, `routine update`,
 //! `schedule next` and the fields of a JSON Lines import: a rule (`--schedule`, `--every`
-//! with `--offset`, or `--at`) and its clauses (`--except`, `--jitter`, `--start`, `--end`). They are
+//! with `--offset`, `--at` or `--rrule`) and its clauses (`--except`, `--jitter`, `--start`, `--end`). They are
 //! written into the schedule's text (`cm_domain::ScheduleText`), which cm-domain checks.
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Args;
 use cm_domain::ScheduleText;
 
@@ -29,6 +30,12 @@ pub struct ScheduleFlags {
     /// in --timezone). The routine is finished after it fires.
     #[arg(long, value_name = "TIME", conflicts_with_all = ["schedule", "every"])]
     pub at: Option<String>,
+    /// Instead of a cron line: an RFC 5545 recurrence rule, read in --timezone from --start
+    /// (its DTSTART): `FREQ=MONTHLY;BYDAY=FR;BYSETPOS=-1;BYHOUR=9;BYMINUTE=0;BYSECOND=0`. A
+    /// rule that counts from its start (INTERVAL, COUNT, or a time it leaves out) without
+    /// --start starts when the routine is created.
+    #[arg(long, value_name = "RULE", conflicts_with_all = ["schedule", "every", "at"])]
+    pub rrule: Option<String>,
     /// An occurrence matching this cron expression (read in --timezone) is not owed:
     /// `0 0 25 12 *` (minute and hour 0) drops a whole day, another five-field one the minutes
     /// it matches, a six-field one the seconds. Repeatable; `none` clears them on update.
@@ -56,9 +63,9 @@ impl ScheduleFlags {
         *self != ScheduleFlags::default()
     }
 
-    /// Whether a rule is given (--schedule, --every or --at), not only clauses.
+    /// Whether a rule is given (--schedule, --every, --at or --rrule), not only clauses.
     pub fn has_rule(&self) -> bool {
-        self.schedule.is_some() || self.every.is_some() || self.at.is_some()
+        self.schedule.is_some() || self.every.is_some() || self.at.is_some() || self.rrule.is_some()
     }
 
     /// The schedule's text these flags give, over `current` (an update's present schedule):
@@ -66,6 +73,16 @@ impl ScheduleFlags {
     /// `None` when nothing is given and there is no current schedule to keep; an error when
     /// no rule is given and there is nothing to keep a rule from.
     pub fn text(&self, current: Option<&str>) -> Result<Option<String>, String> {
+        self.text_from(current, Utc::now())
+    }
+
+    /// [`ScheduleFlags::text`], with `now` as the start of a `--rrule` that needs one and has
+    /// none (`from` it, to the second).
+    pub fn text_from(
+        &self,
+        current: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<String>, String> {
         if !self.any() {
             return Ok(current.map(str::to_owned));
         }
@@ -83,6 +100,10 @@ impl ScheduleFlags {
             None => ScheduleText::default(),
         };
         let given_rule = match (&self.schedule, &self.every, &self.at) {
+            _ if self.rrule.is_some() => {
+                parts.rule = format!("@rrule {}", self.rrule.as_deref().unwrap_or_default());
+                true
+            }
             (Some(schedule), _, _) => {
                 // A --schedule brings its own clauses; flags given beside it win over them.
                 let written = ScheduleText::parse(schedule).map_err(|e| e.to_string())?;
@@ -104,7 +125,9 @@ impl ScheduleFlags {
         };
         if !given_rule && current.is_none() {
             return Err(
-                "a schedule is needed: --schedule EXPR, --every DURATION or --at TIME".into(),
+                "a schedule is needed: --schedule EXPR, --every DURATION, --at TIME or --rrule \
+                 RULE"
+                    .into(),
             );
         }
         let cleared = |v: &str| v.eq_ignore_ascii_case("none");
@@ -124,6 +147,12 @@ impl ScheduleFlags {
         }
         if let Some(end) = &self.end {
             parts.until = (!cleared(end)).then(|| end.clone());
+        }
+        if let Some(rule) = &self.rrule
+            && parts.from.is_none()
+            && cm_domain::rrule_needs_start(rule)
+        {
+            parts.from = Some(now.to_rfc3339_opts(SecondsFormat::Secs, true));
         }
         Ok(Some(parts.to_string()))
     }

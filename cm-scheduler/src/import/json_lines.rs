@@ -14,7 +14,8 @@ use crate::flags::schedule::ScheduleFlags;
 #[serde(deny_unknown_fields)]
 struct JsonLine {
     name: String,
-    /// A cron expression (with its clauses, if any); or `every` (with `offset`), or `at`.
+    /// A cron expression (with its clauses, if any); or `every` (with `offset`), `at` or
+    /// `rrule`.
     #[serde(default)]
     schedule: Option<String>,
     #[serde(default)]
@@ -23,6 +24,9 @@ struct JsonLine {
     offset: Option<String>,
     #[serde(default)]
     at: Option<String>,
+    /// An RFC 5545 recurrence rule, as `--rrule`.
+    #[serde(default)]
+    rrule: Option<String>,
     /// Exclusions: cron expressions, as `routine create --except`.
     #[serde(default)]
     except: Vec<String>,
@@ -86,9 +90,12 @@ pub fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
             let what = what.split(" at line ").next().unwrap_or(&what).to_string();
             (line, format!("not a routine: {what}"))
         })?;
-        let rules = [&parsed.schedule, &parsed.every, &parsed.at];
+        let rules = [&parsed.schedule, &parsed.every, &parsed.at, &parsed.rrule];
         if rules.iter().filter(|r| r.is_some()).count() > 1 {
-            return Err((line, "give one of schedule, every and at".to_string()));
+            return Err((
+                line,
+                "give one of schedule, every, at and rrule".to_string(),
+            ));
         }
         if parsed.offset.is_some() && parsed.every.is_none() {
             return Err((line, "offset needs every".to_string()));
@@ -98,6 +105,7 @@ pub fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
             every: parsed.every,
             offset: parsed.offset,
             at: parsed.at,
+            rrule: parsed.rrule,
             except: parsed.except,
             jitter: parsed.jitter,
             start: parsed.start,

@@ -164,11 +164,11 @@ mod tests {
         check_json("{}\n", "line 1: not a routine: missing field `name`");
         check_json(
             "\n{\"name\": \"a\", \"colour\": \"red\"}",
-            "line 2: not a routine: unknown field `colour`, expected one of `name`, `schedule`, `every`, `offset`, `at`, `except`, `jitter`, `start`, `end`, `timezone`, `misfire`, `message`, `mission`, `overlap`, `paused`, `limit_runs`, `calendar`, `on_holiday`, `deadline`",
+            "line 2: not a routine: unknown field `colour`, expected one of `name`, `schedule`, `every`, `offset`, `at`, `rrule`, `except`, `jitter`, `start`, `end`, `timezone`, `misfire`, `message`, `mission`, `overlap`, `paused`, `limit_runs`, `calendar`, `on_holiday`, `deadline`",
         );
         check_json(
             r#"{"name": "a", "schedule": "@daily", "every": "1h"}"#,
-            "line 1: give one of schedule, every and at",
+            "line 1: give one of schedule, every, at and rrule",
         );
         check_json(
             r#"{"name": "a", "offset": "5m"}"#,
@@ -176,7 +176,7 @@ mod tests {
         );
         check_json(
             r#"{"name": "a", "end": "2027-01-01"}"#,
-            "line 1: a schedule is needed: schedule EXPR, every DURATION or at TIME",
+            "line 1: a schedule is needed: schedule EXPR, every DURATION, at TIME or rrule RULE",
         );
         check_json(
             r#"{"name": "a", "paused": "yes"}"#,

@@ -48,21 +48,7 @@ async fn first_owed(db: &TestDb, routine: &str) -> Option<DateTime<Utc>> {
 /// Waits until no routine owes anything more (each planned, with no next run) and no fire is
 /// still claimed: from then on nothing can fire, so the ledger is final.
 async fn await_nothing_owed(db: &TestDb) {
-    wait_until(
-        "every routine to owe nothing and every fire to be settled",
-        PATIENCE,
-        async || {
-            sqlx::query_as::<_, (i64, i64)>(
-                "SELECT (SELECT count(*) FROM cm.routines WHERE next_run_at IS NOT NULL OR NOT planned),
-                        (SELECT count(*) FROM cm.routine_fires WHERE status = 'claimed')",
-            )
-            .fetch_one(&db.pool)
-            .await
-            .unwrap()
-        },
-        |(owing, claimed)| *owing == 0 && *claimed == 0,
-    )
-    .await;
+    await_nothing_owed_but(db, "").await;
 }
 
 // The instants are the test's clock plus a margin for creating the routines, and what each one
@@ -231,7 +217,7 @@ async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_list
         url,
         &["routine", "import", file.to_str().unwrap()],
         2,
-        "one of schedule, every and at",
+        "one of schedule, every, at and rrule",
     );
     assert_eq!(db.count("routines").await, 4);
     let file = dir.join("good.jsonl");
@@ -247,6 +233,144 @@ async fn windows_intervals_exclusions_and_one_shots_fire_what_schedule_next_list
         "{shown}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// RFC 5545 rules through the binary, SQL and an import: each routine fires exactly what
+/// `schedule next` lists for its schedule, and a rule that counts from its start without one
+/// starts when it is created.
+#[tokio::test]
+async fn rrule_routines_fire_what_schedule_next_lists() {
+    let db = TestDb::new().await;
+    let url = db.url.as_str();
+    let now = Utc::now().with_nanosecond(0).unwrap();
+    let (start, end) = (
+        now + chrono::Duration::seconds(20),
+        now + chrono::Duration::seconds(27),
+    );
+    let (start_s, end_s) = (rfc(start), rfc(end));
+    let every_other = [
+        "--rrule",
+        "FREQ=SECONDLY;INTERVAL=2",
+        "--start",
+        &start_s,
+        "--end",
+        &end_s,
+    ];
+    let mut args = vec!["routine", "create", "--name", "cli", "--message", "hi"];
+    args.extend(every_other);
+    Uuid::parse_str(ok(url, &args).trim()).unwrap();
+    let sql_schedule = format!("@rrule FREQ=SECONDLY;INTERVAL=3 from {start_s} until {end_s}");
+    sqlx::query("SELECT cm.create_routine('sql', $1, 'UTC', 'hi')")
+        .bind(&sql_schedule)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("cm-rrule-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rules.jsonl");
+    // Two seconds in three, whatever second the window opens at.
+    let seconds: Vec<String> = (0..60)
+        .filter(|s| s % 3 != 0)
+        .map(|s| s.to_string())
+        .collect();
+    let imported_rule = format!("FREQ=MINUTELY;BYSECOND={}", seconds.join(","));
+    let line = format!(
+        r#"{{"name": "imported", "rrule": "{imported_rule}", "start": "{start_s}", "end": "{end_s}", "message": "x"}}"#
+    );
+    std::fs::write(&file, format!("{line}\n")).unwrap();
+    ok(url, &["routine", "import", file.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Without a start, a rule that counts from one starts at its creation.
+    ok(
+        url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "fortnightly",
+            "--message",
+            "x",
+            "--rrule",
+            "FREQ=WEEKLY;INTERVAL=2;BYDAY=MO",
+            "--paused",
+        ],
+    );
+    let shown = ok(url, &["routine", "show", "fortnightly"]);
+    let stored = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("schedule    @rrule FREQ=WEEKLY;INTERVAL=2;BYDAY=MO from "))
+        .unwrap_or_else(|| panic!("no start was written: {shown}"));
+    let created: DateTime<Utc> = stored.parse().unwrap();
+    assert!(created >= now && created <= Utc::now(), "{stored}");
+    // A rule cm cannot read is refused in one line and writes nothing.
+    check_fails(
+        url,
+        &[
+            "routine",
+            "create",
+            "--name",
+            "bad",
+            "--message",
+            "x",
+            "--rrule",
+            "FREQ=DAILY;DTSTART=20270101T000000",
+        ],
+        2,
+        "DTSTART is not part of a rule here",
+    );
+    assert_eq!(db.count("routines").await, 4);
+
+    let mut scheduler = run_quietly(url, &["--tick-interval", "100ms"]);
+    let expected_cli = listed(url, now, &every_other);
+    let expected_sql = listed(url, now, &[sql_schedule.as_str()]);
+    let expected_imported = listed(
+        url,
+        now,
+        &[
+            "--rrule",
+            &imported_rule,
+            "--start",
+            &start_s,
+            "--end",
+            &end_s,
+        ],
+    );
+    assert_eq!(expected_cli.len(), 4, "{expected_cli:?}");
+    assert_eq!(expected_sql.len(), 3, "{expected_sql:?}");
+    assert!(expected_imported.len() >= 4, "{expected_imported:?}");
+    await_nothing_owed_but(&db, "fortnightly").await;
+    scheduler.kill().unwrap();
+    let _ = scheduler.wait();
+    assert_eq!(fired(&db, "cli").await, expected_cli);
+    assert_eq!(fired(&db, "sql").await, expected_sql);
+    assert_eq!(fired(&db, "imported").await, expected_imported);
+    let all: i64 = db.count("routine_fires").await;
+    assert_eq!(
+        all as usize,
+        expected_cli.len() + expected_sql.len() + expected_imported.len()
+    );
+}
+
+/// [`await_nothing_owed`], leaving out the routine named `paused` (it owes, but is paused).
+async fn await_nothing_owed_but(db: &TestDb, paused: &str) {
+    wait_until(
+        "every other routine to owe nothing and every fire to be settled",
+        PATIENCE,
+        async || {
+            sqlx::query_as::<_, (i64, i64)>(
+                "SELECT (SELECT count(*) FROM cm.routines
+                          WHERE name <> $1 AND (next_run_at IS NOT NULL OR NOT planned)),
+                        (SELECT count(*) FROM cm.routine_fires WHERE status = 'claimed')",
+            )
+            .bind(paused)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        },
+        |(owing, claimed)| *owing == 0 && *claimed == 0,
+    )
+    .await;
 }
 
 /// A scheduler of the test's, killable.

@@ -141,24 +141,17 @@ pub(super) fn parse_fields(expression: &str) -> Result<Fields<'_>, ScheduleError
 
 /// Checks an expression field by field and produces its canonical form.
 fn check_expression(expression: &str) -> Result<CheckedExpression, ScheduleError> {
-    let fields = parse_fields(expression)?;
-    let Fields {
-        second,
-        minute,
-        hour,
-        dom,
-        month,
-        dow,
-        day_texts,
-    } = &fields;
+    let f = parse_fields(expression)?;
+    let (second, minute, hour) = (&f.second, &f.minute, &f.hour);
+    let (dom, month, dow) = (&f.dom, &f.month, &f.dow);
 
     // crontab(5): when both day fields are restricted (neither starts with `*`) a day matches
     // if either matches; otherwise both must. croner ORs unless a day field is exactly `*`, so
     // a field such as `*/2` needs croner's per-expression AND marker, a `+` before the
     // day-of-week field.
-    let days_or = fields.days_or();
+    let days_or = f.days_or();
     if !days_or {
-        check_calendar(dom, month, dow, *day_texts)?;
+        check_calendar(dom, month, dow, f.day_texts)?;
     }
     let and_marker = if !days_or && !dom.is_star() && !dow.is_star() {
         "+"

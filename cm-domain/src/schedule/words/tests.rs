@@ -1,3 +1,6 @@
+//! The words of each shape of schedule: cron lines common and irregular, Quartz's days, seconds,
+//! macros, intervals, one-shots, clauses and calendars.
+
 use std::sync::Arc;
 
 use chrono::{NaiveDate, Weekday};
@@ -17,9 +20,17 @@ fn said(expression: &str) -> String {
     }
 }
 
+/// Asserts that each expression, in UTC, reads as its words followed by the zone.
+#[track_caller]
+fn says(cases: &[(&str, &str)]) {
+    for (expression, words) in cases {
+        assert_eq!(said(expression), *words, "{expression:?}");
+    }
+}
+
 #[test]
 fn common_cron_lines_read_naturally() {
-    for (expression, words) in [
+    says(&[
         ("* * * * *", "every minute"),
         ("*/5 * * * *", "every 5 minutes"),
         ("0-59/15 * * * *", "every 15 minutes"),
@@ -51,14 +62,12 @@ fn common_cron_lines_read_naturally() {
         ("30 */3 * * *", "every 3 hours from 00:30 to 21:30"),
         ("0,30 9 * * *", "09:00 and 09:30 every day"),
         ("5,20,35,50 * * * *", "every hour at :05, :20, :35 and :50"),
-    ] {
-        assert_eq!(said(expression), words, "{expression:?}");
-    }
+    ]);
 }
 
 #[test]
 fn quartz_days_read_as_days_of_the_month() {
-    for (expression, words) in [
+    says(&[
         ("0 9 L * *", "09:00 on the last day of the month"),
         ("0 9 LW * *", "09:00 on the last weekday of the month"),
         (
@@ -81,41 +90,40 @@ fn quartz_days_read_as_days_of_the_month() {
             "0 9 1,L * *",
             "09:00 on day 1 and the last day of the month",
         ),
-    ] {
-        assert_eq!(said(expression), words, "{expression:?}");
-    }
+    ]);
 }
 
 #[test]
 fn both_day_fields_restricted_read_as_either() {
-    assert_eq!(
-        said("0 9 1 * 1"),
-        "09:00 on day 1 of the month or on Monday"
-    );
-    assert_eq!(
-        said("0 9 L * 5#3"),
-        "09:00 on the last day of the month or on the third Friday of the month"
-    );
+    says(&[
+        ("0 9 1 * 1", "09:00 on day 1 of the month or on Monday"),
+        (
+            "0 9 L * 5#3",
+            "09:00 on the last day of the month or on the third Friday of the month",
+        ),
+    ]);
     // A day field that starts with `*` makes them both needed.
-    assert_eq!(
-        said("0 9 */10 * 1,5"),
-        "09:00 on day 1, 11, 21 and 31 of the month when it falls on Monday or Friday"
-    );
+    says(&[(
+        "0 9 */10 * 1,5",
+        "09:00 on day 1, 11, 21 and 31 of the month when it falls on Monday or Friday",
+    )]);
 }
 
 #[test]
 fn seconds_are_said_when_they_are_not_zero() {
-    assert_eq!(said("30 0 9 * * *"), "09:00:30 every day");
-    assert_eq!(said("0 0 9 * * *"), "09:00 every day");
-    assert_eq!(said("*/20 * * * * *"), "every 20 seconds");
-    assert_eq!(said("* * * * * *"), "every second");
-    assert_eq!(said("15 */5 * * * *"), "every 5 minutes, at second 15");
-    assert_eq!(said("*/30 * 9 * * *"), "every 30 seconds past hour 9");
+    says(&[
+        ("30 0 9 * * *", "09:00:30 every day"),
+        ("0 0 9 * * *", "09:00 every day"),
+        ("*/20 * * * * *", "every 20 seconds"),
+        ("* * * * * *", "every second"),
+        ("15 */5 * * * *", "every 5 minutes, at second 15"),
+        ("*/30 * 9 * * *", "every 30 seconds past hour 9"),
+    ]);
 }
 
 #[test]
 fn macros_read_as_what_they_stand_for() {
-    for (expression, words) in [
+    says(&[
         ("@yearly", "00:00 on 1 January"),
         ("@annually", "00:00 on 1 January"),
         ("@monthly", "00:00 on day 1 of the month"),
@@ -123,40 +131,39 @@ fn macros_read_as_what_they_stand_for() {
         ("@daily", "00:00 every day"),
         ("@midnight", "00:00 every day"),
         ("@hourly", "every hour at :00"),
-    ] {
-        assert_eq!(said(expression), words, "{expression:?}");
-    }
+    ]);
 }
 
 #[test]
 fn irregular_lines_read_field_by_field() {
-    assert_eq!(said("5,17 1-3 * * *"), "at minutes 5 and 17 past hours 1-3");
-    assert_eq!(
-        said("*/7 * * * *"),
-        "at minutes 0 to 56 in steps of 7 of every hour"
-    );
-    assert_eq!(
-        said("0,1,2,3,4,5,6 9,12 * * *"),
-        "at minutes 0-6 past hours 9 and 12"
-    );
-    assert_eq!(
-        said("*/15 9,12,18 * * *"),
-        "at minutes 0, 15, 30 and 45 past hours 9, 12 and 18"
-    );
+    says(&[
+        ("5,17 1-3 * * *", "at minutes 5 and 17 past hours 1-3"),
+        (
+            "*/7 * * * *",
+            "at minutes 0 to 56 in steps of 7 of every hour",
+        ),
+        (
+            "0,1,2,3,4,5,6 9,12 * * *",
+            "at minutes 0-6 past hours 9 and 12",
+        ),
+        (
+            "*/15 9,12,18 * * *",
+            "at minutes 0, 15, 30 and 45 past hours 9, 12 and 18",
+        ),
+    ]);
 }
 
 #[test]
 fn intervals_and_one_shots_read_in_absolute_time() {
-    assert_eq!(said("@every 90m"), "every 90 minutes");
-    assert_eq!(said("@every 1h"), "every hour");
-    assert_eq!(said("@every 2h30m"), "every 2 hours 30 minutes");
-    assert_eq!(said("@every 1d"), "every day");
-    assert_eq!(said("@every 45s"), "every 45 seconds");
-    assert_eq!(
-        said("@every 1h offset 15m"),
-        "every hour, offset by 15 minutes"
-    );
-    assert_eq!(said("@at 2026-12-24T15:30"), "once, at 2026-12-24 15:30");
+    says(&[
+        ("@every 90m", "every 90 minutes"),
+        ("@every 1h", "every hour"),
+        ("@every 2h30m", "every 2 hours 30 minutes"),
+        ("@every 1d", "every day"),
+        ("@every 45s", "every 45 seconds"),
+        ("@every 1h offset 15m", "every hour, offset by 15 minutes"),
+        ("@at 2026-12-24T15:30", "once, at 2026-12-24 15:30"),
+    ]);
     // An instant given with its offset is said in the schedule's zone.
     let berlin = Schedule::parse("@at 2026-12-24T14:30:00Z", "Europe/Berlin").unwrap();
     assert_eq!(
@@ -167,26 +174,28 @@ fn intervals_and_one_shots_read_in_absolute_time() {
 
 #[test]
 fn clauses_follow_the_rule_in_the_grammars_order() {
-    assert_eq!(
-        said("0 9 * * * except 0 0 25 12 *"),
-        "09:00 every day, except on 25 December"
-    );
-    assert_eq!(
-        said("0 9 * * * except 0 0 * * 6,0 except 0 0 1 1 *"),
-        "09:00 every day, except on Saturday and Sunday, except on 1 January"
-    );
-    assert_eq!(
-        said("*/5 * * * * except 30 12 * * *"),
-        "every 5 minutes, except 12:30 every day"
-    );
-    assert_eq!(
-        said("0 9 * * * jitter 5m"),
-        "09:00 every day, with up to 5 minutes of jitter"
-    );
-    assert_eq!(
-        said("0 9 * * * from 2027-01-01 until 2028-01-01T12:00"),
-        "09:00 every day, from 2027-01-01, until 2028-01-01 12:00"
-    );
+    says(&[
+        (
+            "0 9 * * * except 0 0 25 12 *",
+            "09:00 every day, except on 25 December",
+        ),
+        (
+            "0 9 * * * except 0 0 * * 6,0 except 0 0 1 1 *",
+            "09:00 every day, except on Saturday and Sunday, except on 1 January",
+        ),
+        (
+            "*/5 * * * * except 30 12 * * *",
+            "every 5 minutes, except 12:30 every day",
+        ),
+        (
+            "0 9 * * * jitter 5m",
+            "09:00 every day, with up to 5 minutes of jitter",
+        ),
+        (
+            "0 9 * * * from 2027-01-01 until 2028-01-01T12:00",
+            "09:00 every day, from 2027-01-01, until 2028-01-01 12:00",
+        ),
+    ]);
     let berlin = Schedule::parse(
         "0 9 * * 5L except 0 0 24-26 12 * jitter 1m from 2027-01-01T00:00:00Z",
         "Europe/Berlin",

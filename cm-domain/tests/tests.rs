@@ -20,3 +20,5 @@ mod rrule_properties;
 mod schedule_properties;
 // The worked DST vectors in `data/`, every one chained through `next_after`.
 mod schedules;
+// `in_words`: any valid schedule reads as one line ending with its zone and calendar.
+mod words_properties;

@@ -304,6 +304,16 @@ impl Routine {
         })
     }
 
+    /// Its schedule read as a person would say it, its calendar and on-holiday policy named
+    /// ([`Schedule::in_words_on`]); `None` if the stored schedule does not parse.
+    pub fn schedule_words(&self) -> Option<String> {
+        let schedule = self.parsed_schedule().ok()?;
+        Some(match &self.calendar {
+            Some(calendar) => schedule.in_words_on(calendar, self.on_holiday),
+            None => schedule.in_words(),
+        })
+    }
+
     /// Whether it is active, paused or finished at `now` ([`RoutineState::of`]).
     pub fn state(&self, now: DateTime<Utc>) -> RoutineState {
         RoutineState::of(

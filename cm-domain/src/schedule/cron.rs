@@ -65,8 +65,34 @@ const MACROS: [(&str, &str); 7] = [
     ("@hourly", "0 * * * *"),
 ];
 
-/// Checks an expression field by field and produces its canonical form.
-fn check_expression(expression: &str) -> Result<CheckedExpression, ScheduleError> {
+/// The six fields of an expression, each checked, a five-field one's second being `0`.
+pub(super) struct Fields<'a> {
+    /// The seconds field.
+    pub second: ParsedField,
+    /// The minutes field.
+    pub minute: ParsedField,
+    /// The hours field.
+    pub hour: ParsedField,
+    /// The day-of-month field.
+    pub dom: ParsedField,
+    /// The month field.
+    pub month: ParsedField,
+    /// The day-of-week field.
+    pub dow: ParsedField,
+    /// The day-of-month, month and day-of-week fields as written (a macro's expanded).
+    pub day_texts: [&'a str; 3],
+}
+
+impl Fields<'_> {
+    /// Whether a day matches if either day field matches (crontab(5): both are restricted,
+    /// neither starts with `*`); otherwise it must match both.
+    pub(super) fn days_or(&self) -> bool {
+        !self.dom.starts_with_star() && !self.dow.starts_with_star()
+    }
+}
+
+/// Splits an expression into its fields, expanding a macro, and checks each field.
+pub(super) fn parse_fields(expression: &str) -> Result<Fields<'_>, ScheduleError> {
     let chars = expression.chars().count();
     if chars > MAX_EXPRESSION_CHARS {
         return Err(ScheduleError::TooLong { chars });
@@ -102,20 +128,30 @@ fn check_expression(expression: &str) -> Result<CheckedExpression, ScheduleError
     } else {
         ("0", &tokens[..])
     };
-    let second = parse_field(Field::Second, second_text)?;
-    let minute = parse_field(Field::Minute, rest[0])?;
-    let hour = parse_field(Field::Hour, rest[1])?;
-    let dom = parse_field(Field::DayOfMonth, rest[2])?;
-    let month = parse_field(Field::Month, rest[3])?;
-    let dow = parse_field(Field::DayOfWeek, rest[4])?;
+    Ok(Fields {
+        second: parse_field(Field::Second, second_text)?,
+        minute: parse_field(Field::Minute, rest[0])?,
+        hour: parse_field(Field::Hour, rest[1])?,
+        dom: parse_field(Field::DayOfMonth, rest[2])?,
+        month: parse_field(Field::Month, rest[3])?,
+        dow: parse_field(Field::DayOfWeek, rest[4])?,
+        day_texts: [rest[2], rest[3], rest[4]],
+    })
+}
+
+/// Checks an expression field by field and produces its canonical form.
+fn check_expression(expression: &str) -> Result<CheckedExpression, ScheduleError> {
+    let f = parse_fields(expression)?;
+    let (second, minute, hour) = (&f.second, &f.minute, &f.hour);
+    let (dom, month, dow) = (&f.dom, &f.month, &f.dow);
 
     // crontab(5): when both day fields are restricted (neither starts with `*`) a day matches
     // if either matches; otherwise both must. croner ORs unless a day field is exactly `*`, so
     // a field such as `*/2` needs croner's per-expression AND marker, a `+` before the
     // day-of-week field.
-    let days_or = !dom.starts_with_star() && !dow.starts_with_star();
+    let days_or = f.days_or();
     if !days_or {
-        check_calendar(&dom, &month, &dow, [rest[2], rest[3], rest[4]])?;
+        check_calendar(dom, month, dow, f.day_texts)?;
     }
     let and_marker = if !days_or && !dom.is_star() && !dow.is_star() {
         "+"

@@ -73,7 +73,7 @@ impl fmt::Display for Field {
 
 /// One item of a field's comma-separated list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Item {
+pub(super) enum Item {
     /// `*` or `*/step`.
     Star { step: u32 },
     /// `v`.
@@ -102,6 +102,11 @@ pub(super) struct ParsedField {
 }
 
 impl ParsedField {
+    /// The items in the order written.
+    pub(super) fn items(&self) -> &[Item] {
+        &self.items
+    }
+
     /// Whether the field is one plain number.
     pub(super) fn is_single_value(&self) -> bool {
         matches!(self.items.as_slice(), [Item::Value(_)])

@@ -52,6 +52,7 @@
 //! - `planned`: the `jitter` clause: when each occurrence comes due ([`Schedule::planned`]).
 //! - `holidays`: a holiday calendar's days off, dropping or moving occurrences
 //!   ([`Schedule::with_calendar`]).
+//! - `words`: the schedule read as a person would say it ([`Schedule::in_words`]).
 //!
 //! The clauses after the rule (`@every`, `@at`, `except`, `from`, `until`, `jitter`) are read by
 //! [`crate::rules`].
@@ -69,6 +70,7 @@ mod holidays;
 mod occurrences;
 mod planned;
 mod recur;
+mod words;
 mod zone;
 
 pub use cron::MAX_EXPRESSION_CHARS;

@@ -59,6 +59,9 @@ pub(crate) struct Recurrence {
     counted: Option<Vec<NaiveDateTime>>,
     /// Whether it has one time of day (see the module documentation).
     fixed_time: bool,
+    /// Its days counted from the month's end (`BYMONTHDAY=-1`), which the validated rule keeps
+    /// apart and does not show.
+    from_month_end: Vec<i8>,
 }
 
 impl Recurrence {
@@ -123,6 +126,12 @@ impl Recurrence {
         if let Some(until) = until {
             bounds.end = Some(bounds.end.map_or(until, |end| end.min(until)));
         }
+        let from_month_end: Vec<i8> = unvalidated
+            .get_by_month_day()
+            .iter()
+            .copied()
+            .filter(|d| *d < 0)
+            .collect();
         let rule = unvalidated
             .validate(as_utc(anchor))
             .map_err(|e| refuse(one_line(&e)))?;
@@ -153,6 +162,7 @@ impl Recurrence {
             anchor,
             counted: None,
             fixed_time,
+            from_month_end,
         };
         if let Some(count) = recurrence.rule.get_count() {
             let listed = RRuleSet::new(as_utc(anchor))
@@ -166,6 +176,17 @@ impl Recurrence {
             recurrence.counted = Some(listed.dates.iter().map(|d| d.naive_utc()).collect());
         }
         Ok(recurrence)
+    }
+
+    /// The rule, its parts filled from its start.
+    pub(crate) fn rule(&self) -> &RRule<Validated> {
+        &self.rule
+    }
+
+    /// Its days counted from the month's end (`-1` the last), which [`Recurrence::rule`] does
+    /// not show.
+    pub(crate) fn from_month_end(&self) -> &[i8] {
+        &self.from_month_end
     }
 
     /// Whether it has one time of day.

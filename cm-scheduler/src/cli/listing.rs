@@ -115,6 +115,7 @@ pub(super) const ROUTINE_COLUMNS: &[&str] = &[
     "MISFIRE",
     "TIMEZONE",
     "SCHEDULE",
+    "READS",
     "LAST",
     "NAME",
     "STATE",
@@ -154,6 +155,7 @@ pub(super) fn routine_row(r: &Routine, last: Option<&RecentFire>) -> Vec<String>
         r.misfire_policy.to_string(),
         r.timezone.clone(),
         printable(&r.schedule),
+        r.schedule_words().unwrap_or_default(),
         last_outcome(last),
         printable(&r.name),
         state(r),
@@ -165,6 +167,8 @@ pub(super) fn routine_row(r: &Routine, last: Option<&RecentFire>) -> Vec<String>
 pub(super) struct RoutineLine<'a> {
     #[serde(flatten)]
     routine: &'a Routine,
+    /// Its schedule as a person would say it ([`Routine::schedule_words`]).
+    schedule_words: Option<String>,
     last_outcome: Option<&'static str>,
 }
 
@@ -173,6 +177,7 @@ impl<'a> RoutineLine<'a> {
     pub(super) fn new(routine: &'a Routine, last: Option<&RecentFire>) -> Self {
         RoutineLine {
             routine,
+            schedule_words: routine.schedule_words(),
             last_outcome: last.map(|f| f.outcome().as_str()),
         }
     }

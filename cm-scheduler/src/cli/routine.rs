@@ -271,6 +271,8 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
         ),
     }
     say!("schedule    {}", printable(&routine.schedule));
+    let words = routine.schedule_words().unwrap_or_default();
+    say!("reads       {}", printable(&words));
     say!("timezone    {}", routine.timezone);
     say!("misfire     {}", routine.misfire_policy);
     if routine.kind == RoutineKind::Mission {

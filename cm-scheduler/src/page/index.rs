@@ -224,7 +224,7 @@ pub async fn index(
                         @let r = &summary.routine;
                         tr data-routine=(r.id) {
                             td.name { a href=(routine_href(r)) { (shown(&r.name)) } br; span.muted.small { (r.kind) } }
-                            td.schedule { code { (r.schedule) } br; span.muted.small { (r.timezone) } }
+                            td.schedule { code { (r.schedule) } br; span.muted.small.reads { (r.schedule_words().unwrap_or_else(|| r.timezone.clone())) } }
                             td { (next_run_cell(r, now)) }
                             td { (state_cell(r)) }
                             td { (strip(&summary.recent_fires)) }

@@ -122,6 +122,7 @@ pub async fn routine(
                 dt { "Id" } dd { code { (r.id) } }
                 dt { "Kind" } dd { (r.kind) }
                 dt { "Schedule" } dd { code { (r.schedule) } }
+                @if let Some(words) = r.schedule_words() { dt { "Reads" } dd.reads { (words) } }
                 dt { "Time zone" } dd { (r.timezone) }
                 @if let Some((Some(start), _)) = window { dt { "Starts" } dd { (instant_cell(start, zone)) } }
                 @if let Some((_, Some(end))) = window { dt { "Ends" } dd { (instant_cell(end, zone)) } }

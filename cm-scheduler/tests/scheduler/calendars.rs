@@ -273,6 +273,21 @@ async fn calendar_commands_and_their_refusals() {
         show.contains("calendar    ops (on holiday: previous)"),
         "{show}"
     );
+    // The schedule in words names the calendar and what a day off does.
+    let reads = show
+        .lines()
+        .find_map(|l| l.strip_prefix("reads       "))
+        .unwrap_or_else(|| panic!("no reads line: {show}"));
+    assert!(
+        reads.starts_with("09:00 every day, ")
+            && reads.ends_with(", moved to the previous business day of ops"),
+        "{show}"
+    );
+    let listed = ok(url, &["routine", "list", "--json"]);
+    assert!(
+        listed.contains(&format!("\"schedule_words\":\"{reads}\"")),
+        "{listed}"
+    );
     let json = ok(url, &["routine", "show", "r", "--json"]);
     assert!(json.contains("\"on_holiday\":\"previous\""), "{json}");
     check_fails(

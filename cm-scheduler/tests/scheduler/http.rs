@@ -373,6 +373,8 @@ async fn the_page_shows_routines_fires_failures_and_missions_but_no_message_or_s
         "nightly-audit",
         "America/New_York",
         "<code>30 2 * * *</code>",
+        // The schedule as a person would say it, beside the expression.
+        "<span class=\"muted small reads\">02:30 every day, America/New_York</span>",
         "<span class=\"fired\">fired</span>",
         "<span class=\"failed\">failed</span>",
         "no mission backend is configured",
@@ -400,6 +402,7 @@ async fn the_page_shows_routines_fires_failures_and_missions_but_no_message_or_s
         "nightly-audit",
         "mission",
         "fire-once",
+        "<dt>Reads</dt><dd class=\"reads\">02:30 every day, America/New_York</dd>",
         "no mission backend is configured",
         // The mission, its secrets masked.
         "<code>https://git.example.com/team/audit.git</code>",

@@ -744,10 +744,18 @@ async fn listings_are_aligned_tables_read_a_page_at_a_time() {
         "MISFIRE",
         "TIMEZONE",
         "SCHEDULE",
+        "READS",
         "NAME",
     ] {
         check_aligned(&lines[..1000].join("\n"), column);
     }
+    // Each schedule is also said in words, in its zone, beside the expression.
+    assert!(
+        lines[1204]
+            .contains("  0 9 * * MON-FRI  09:00 on weekdays, America/Argentina/Buenos_Aires  "),
+        "{}",
+        lines[1204]
+    );
     // Creation order, every routine once.
     let name_and_state = |line: &str| {
         let cells: Vec<&str> = line
@@ -774,6 +782,12 @@ async fn listings_are_aligned_tables_read_a_page_at_a_time() {
         })
         .collect();
     assert_eq!(ids.len(), 1204);
+    let last: serde_json::Value = serde_json::from_str(json.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        last["schedule_words"],
+        "09:00 on weekdays, America/Argentina/Buenos_Aires"
+    );
+    assert_eq!(last["schedule"], "0 9 * * MON-FRI");
 
     let id = create(url, "hourly", "0 * * * *", "UTC");
     db.fire(id, "2025-01-01T00:00:00Z".parse().unwrap(), Some("refused"))

@@ -33,10 +33,14 @@
 //! - **Retention**: with millions of settled rows past the retention, the claim rate of the store's
 //!   claim beside a continuous prune (`prune_settled`, the engine's batch) against the claim rate
 //!   without, and the prune's own rate.
+//! - **Create**: the same N routines (100k; `CM_SCALE_CREATE_ROUTINES`) written by a plain
+//!   `COPY` into a copy of `routines`, by `routine import` and by `cm.create_routines`: the
+//!   latter two as ratios to the `COPY` (`create.rs`).
 //!
 //! The report is Markdown on stdout; progress goes to stderr. `--quick` runs the same steps at a
 //! tenth of the sizes (a smoke test).
 
+mod create;
 mod jitter;
 mod load;
 mod measure;
@@ -70,7 +74,7 @@ const USAGE: &str = "usage: cargo xtask scale [--quick] [--keep] \
 [--only STEP] [--database-url URL]\n\
   --quick             a tenth of the sizes (a smoke test of every step)\n\
   --only STEP         only this step: idle, throughput, due-at-once, every-second, mission-rate,
-                      jitter, fires or retention\n\
+                      jitter, fires, retention or create\n\
   --keep              keep the database cm_scale_<random> afterwards\n\
   --database-url URL  the server to create it on (default postgres://postgres@127.0.0.1:5432/postgres)";
 
@@ -105,6 +109,8 @@ pub(crate) struct Sizes {
     pub every_second: (u32, u64),
     /// Routines whose one occurrence is the same second, with `jitter 5m`, in the "jitter" step.
     pub jittered: u32,
+    /// Routines created three ways in the "create" step (`CM_SCALE_CREATE_ROUTINES` sets it).
+    pub create: u32,
 }
 
 /// Occurrences each routine of the "few" throughput run owes: seconds 0 to 49 of two minutes.
@@ -127,6 +133,7 @@ impl Sizes {
             missions: 1_000,
             every_second: (1_000, 20),
             jittered: 1_000_000,
+            create: create_routines(100_000),
         }
     }
 
@@ -146,8 +153,17 @@ impl Sizes {
             missions: 100,
             every_second: (1_000, 6),
             jittered: 100_000,
+            create: create_routines(10_000),
         }
     }
+}
+
+/// The "create" step's size: `CM_SCALE_CREATE_ROUTINES` if set to a number, else `default`.
+fn create_routines(default: u32) -> u32 {
+    std::env::var("CM_SCALE_CREATE_ROUTINES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
 }
 
 /// The command line.
@@ -162,7 +178,7 @@ pub(crate) struct Options {
 }
 
 /// The steps `--only` names, in the order they run.
-const STEPS: [&str; 8] = [
+const STEPS: [&str; 9] = [
     "idle",
     "throughput",
     "due-at-once",
@@ -171,6 +187,7 @@ const STEPS: [&str; 8] = [
     "jitter",
     "fires",
     "retention",
+    "create",
 ];
 
 impl Options {

@@ -103,6 +103,10 @@ mod operations;
 // Editing, importing, naming and reading routines from the command line; errors without secrets.
 #[path = "scheduler/operator.rs"]
 mod operator;
+// A large import lands every routine once, or refuses a bad line with nothing written.
+#[path = "scheduler/bulk_import.rs"]
+mod bulk_import;
+
 // A crontab imported again, closed pipes, pause reasons, refusals in words, logs without colour.
 #[path = "scheduler/operator_day.rs"]
 mod operator_day;

@@ -156,18 +156,24 @@ pub(crate) fn name_conflict(e: sqlx::Error, name: &str) -> StoreError {
     }
 }
 
-/// Inserts `routine`; unless paused, its first run is the schedule's first occurrence after
-/// `now`. Its id is a version 7 UUID, ordered by creation within this process, so routines
-/// created in one transaction (an import, which gives them one `created_at`) still list in the
-/// order they were written.
-pub(crate) async fn insert_routine(
+/// What a new routine's insert computes before it writes: its id, its first run, its run limit
+/// as the column holds it.
+pub(crate) struct Planned {
+    pub(crate) id: Uuid,
+    pub(crate) next_run_at: Option<DateTime<Utc>>,
+    pub(crate) runs_left: Option<i32>,
+}
+
+/// Plans `routine` at `now`: its schedule on its calendar (read under a share lock: an edit of
+/// the calendar waits for this write, and re-plans the routine it wrote, `calendars.rs`), refused
+/// when already over; its id, a version 7 UUID, ordered by creation within this process, so
+/// routines created in one transaction (an import, which gives them one `created_at`) still
+/// list in the order they were written; and its first run, unless paused.
+pub(crate) async fn planned(
     conn: &mut PgConnection,
     routine: &NewRoutine,
-    source: Option<&str>,
     now: DateTime<Utc>,
-) -> Result<Routine, StoreError> {
-    // On a calendar, the calendar is read under a share lock: an edit of it waits for this
-    // write, and re-plans the routine it wrote (`calendars.rs`).
+) -> Result<Planned, StoreError> {
     let schedule = crate::calendars::schedule_in(
         conn,
         routine.schedule.clone(),
@@ -195,6 +201,25 @@ pub(crate) async fn insert_routine(
             .next_planned_after(id, now)
             .map(|(_, planned)| planned)
     };
+    Ok(Planned {
+        id,
+        next_run_at,
+        runs_left,
+    })
+}
+
+/// Inserts `routine`, planned as [`planned`] plans it.
+pub(crate) async fn insert_routine(
+    conn: &mut PgConnection,
+    routine: &NewRoutine,
+    source: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<Routine, StoreError> {
+    let Planned {
+        id,
+        next_run_at,
+        runs_left,
+    } = planned(conn, routine, now).await?;
     let group = routine_group(conn, id).await?;
     take_name(conn, &routine.name, id, group).await?;
     crate::schema::query_as::<_, RoutineRow>(
@@ -238,7 +263,7 @@ fn runs_left_column(limit: Option<u32>) -> Result<Option<i32>, StoreError> {
 }
 
 /// A deadline as the `deadline_secs` column holds it (checked already: at most 366 days).
-fn deadline_column(deadline: Option<std::time::Duration>) -> Option<i32> {
+pub(crate) fn deadline_column(deadline: Option<std::time::Duration>) -> Option<i32> {
     deadline.map(|d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX))
 }
 
@@ -446,15 +471,32 @@ pub(crate) async fn import_routines(
     }
     let names: Vec<&str> = routines.iter().map(|r| r.name.as_str()).collect();
     let existing = lock_named(&mut tx, &names, None).await?;
+    let existing: std::collections::HashMap<&str, &Routine> =
+        existing.iter().map(|r| (r.name.as_str(), r)).collect();
+    // The new routines are written together, a chunk a statement; the others one by one.
+    let new: Vec<&NewRoutine> = routines
+        .iter()
+        .filter(|r| !existing.contains_key(r.name.as_str()))
+        .collect();
+    if let Some(taken) = routines
+        .iter()
+        .find(|r| existing.contains_key(r.name.as_str()))
+        && !upsert
+    {
+        return Err(StoreError::NameTaken(taken.name.clone()));
+    }
+    let mut created = crate::bulk::insert_routines(&mut tx, &new, source, now)
+        .await?
+        .into_iter();
     let mut imported = Vec::with_capacity(routines.len());
     for routine in routines {
-        let found = existing.iter().find(|r| r.name == routine.name);
-        let written = match found {
+        let written = match existing.get(routine.name.as_str()) {
             None => ImportedRoutine {
-                routine: insert_routine(&mut tx, routine, source, now).await?,
+                routine: created.next().ok_or_else(|| {
+                    StoreError::InvalidRoutine("a created routine was not returned".into())
+                })?,
                 created: true,
             },
-            Some(_) if !upsert => return Err(StoreError::NameTaken(routine.name.clone())),
             Some(current) => {
                 let mut updated =
                     apply_update(&mut tx, current, &settings_of(routine), now).await?;

@@ -137,6 +137,7 @@ pub use sqlx;
 pub use uuid;
 
 pub mod autopause;
+mod bulk;
 pub mod calendars;
 pub mod catalog;
 pub mod consumer;

@@ -89,6 +89,9 @@ pub(super) async fn all(
         // Paced to the throughput step's fire rate, or to the rate the bench measured last.
         rows.extend(retention(options, &store, fire_rate.unwrap_or(20_000.0)).await?);
     }
+    if options.runs("create") {
+        rows.extend(super::create::create(options, store.pool(), binary, url, dir).await?);
+    }
     store.pool().close().await;
     Ok(rows)
 }

@@ -292,6 +292,7 @@ async fn every_cm_function_runs_as_its_owner_on_a_pinned_path(pool: PgPool) {
             "cm.create_calendar",
             "cm.create_mission_routine",
             "cm.create_routine",
+            "cm.create_routines",
             "cm.delete_calendar",
             "cm.delete_routine",
             "cm.edit_calendar_dates",

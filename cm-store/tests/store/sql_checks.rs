@@ -491,3 +491,125 @@ async fn run_limits_are_checked_kept_and_changed_through_sql(pool: PgPool) {
     );
     assert_eq!(runs_left(id).await, Some(1));
 }
+
+/// `cm.create_routines` of `routines` (a JSON array): how many ids it returned, or the refusal.
+async fn create_many(pool: &PgPool, routines: &serde_json::Value) -> Result<usize, String> {
+    sqlx::query_scalar::<_, Vec<Uuid>>("SELECT cm.create_routines($1)")
+        .bind(routines)
+        .fetch_one(pool)
+        .await
+        .map(|ids| ids.len())
+        .map_err(refusal)
+}
+
+/// A batch lands whole through `cm.create_routines`: each element a routine as its fields say,
+/// in the array's order, unplanned until the next pass; a bad element anywhere, or a name that
+/// exists (before the call or earlier in the array), refuses the whole call in one line naming
+/// the element, and nothing is written.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn create_routines_writes_a_batch_whole_or_refuses_it_naming_the_element(pool: PgPool) {
+    let good: Vec<serde_json::Value> = (0..3000)
+        .map(|i| {
+            let zone = ["UTC", "Europe/Berlin", "Asia/Tokyo"][i % 3];
+            serde_json::json!({
+                "name": format!("batch-{i}"),
+                "schedule": format!("{} {} * * *", i % 60, (i / 60) % 24),
+                "timezone": zone,
+                "message": format!("m{i}"),
+            })
+        })
+        .collect();
+    let mut batch = good.clone();
+    batch.push(serde_json::json!({
+        "name": "a-mission", "schedule": "*/5 * * * * except 0 3 * * *",
+        "mission": {"repository": "https://git.example.com/a.git", "task": "t"},
+        "overlap": "buffer-one", "paused": true, "limit_runs": 2, "deadline": "90s",
+    }));
+    assert_eq!(
+        create_many(&pool, &serde_json::json!(batch)).await,
+        Ok(3001)
+    );
+    assert_eq!(routine_count(&pool).await, 3001);
+    let (kind, overlap, paused, runs, deadline, planned): (String, String, bool, i32, i32, bool) =
+        sqlx::query_as(
+            "SELECT kind, overlap, paused, runs_left, deadline_secs, planned
+             FROM cm.routines WHERE name = 'a-mission'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            kind.as_str(),
+            overlap.as_str(),
+            paused,
+            runs,
+            deadline,
+            planned
+        ),
+        ("mission", "buffer-one", true, 2, 90, false)
+    );
+    let zone: String =
+        sqlx::query_scalar("SELECT timezone FROM cm.routines WHERE name = 'batch-1'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(zone, "Europe/Berlin");
+
+    // One bad element among thousands of good ones: the whole call refused, naming it.
+    let fresh = |i: usize| {
+        let mut r = good[i].clone();
+        r["name"] = format!("fresh-{i}").into();
+        r
+    };
+    for (place, bad, words) in [
+        (
+            1234,
+            serde_json::json!({"name": "x", "schedule": "0 24 * * *", "message": "m"}),
+            "hour field \"24\"",
+        ),
+        (
+            2,
+            serde_json::json!({"name": "x", "schedule": "@daily", "message": "m", "timezone": "Mars/Olympus"}),
+            "unknown time zone",
+        ),
+        (
+            2999,
+            serde_json::json!({"name": "x", "schedule": "@daily", "message": "m", "misfire": "never"}),
+            "misfire policy",
+        ),
+        (
+            500,
+            serde_json::json!({"name": "x", "schedule": "@daily", "message": "m", "colour": "red"}),
+            "unknown field \"colour\"",
+        ),
+        (
+            7,
+            serde_json::json!({"name": "batch-7", "schedule": "@daily", "message": "m"}),
+            "a routine named 'batch-7' exists",
+        ),
+        (
+            9,
+            serde_json::json!({"name": "fresh-3", "schedule": "@daily", "message": "m"}),
+            "a routine named 'fresh-3' exists",
+        ),
+    ] {
+        let mut batch: Vec<serde_json::Value> = (0..3000).map(fresh).collect();
+        batch[place] = bad;
+        let err = create_many(&pool, &serde_json::json!(batch))
+            .await
+            .expect_err(words);
+        let named = format!("routine {} of 3000: ", place + 1);
+        assert!(
+            err.contains(&named) && err.contains(words) && !err.contains('\n'),
+            "{err:?} should name {named:?} and say {words:?}"
+        );
+        assert_eq!(routine_count(&pool).await, 3001, "{words}: nothing written");
+    }
+    assert_eq!(create_many(&pool, &serde_json::json!([])).await, Ok(0));
+    check_refused(
+        "not an array",
+        create_many(&pool, &serde_json::json!({"name": "x"})).await,
+        "a JSON array",
+    );
+}

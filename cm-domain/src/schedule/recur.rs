@@ -185,7 +185,7 @@ impl Recurrence {
 
     /// Its days counted from the month's end (`-1` the last), which [`Recurrence::rule`] does
     /// not show.
-    pub(crate) fn from_month_end(&self) -> &[i8] {
+    pub(crate) fn days_from_month_end(&self) -> &[i8] {
         &self.from_month_end
     }
 

@@ -10,7 +10,7 @@ use super::{MONTHS, WEEKDAYS, and_list, clock, months_words, numbers, ordinal};
 
 /// The rule in words.
 pub(super) fn rrule_words(recurrence: &Recurrence, written: &str) -> String {
-    words(recurrence.rule(), recurrence.from_month_end())
+    words(recurrence.rule(), recurrence.days_from_month_end())
         .unwrap_or_else(|| format!("by the rule {written}"))
 }
 

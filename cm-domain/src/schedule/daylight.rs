@@ -46,29 +46,42 @@ impl Schedule {
         cron: &Cron,
         instant: DateTime<Utc>,
     ) -> Option<DateTime<Utc>> {
-        let tz = self.zone.tz();
-        let mut wall = instant.with_timezone(&tz).naive_local();
-        // A fixed-time schedule's wall times, in order, land on instants that never go back:
-        // the earlier instant of a repeated wall time, and for a wall time swallowed by a gap
-        // the first instant after the gap. So the first that lands after `instant` is the
-        // answer. A wall time can land at or before `instant` only when the search starts on
-        // the later pass of an overlap (the run already happened on the earlier pass), and a
-        // fixed-time schedule has one time of day, so a handful of steps always suffices.
-        for _ in 0..8 {
+        fixed_time_after(self.zone, instant, |wall| {
             // On naive wall times croner is a plain calendar search: strictly after `wall`
             // (its fraction of a second dropped), with no zone involved.
-            wall = cron.find_next_occurrence(&wall, false).ok()?;
-            let at = match tz.from_local_datetime(&wall) {
-                LocalResult::Single(at) | LocalResult::Ambiguous(at, _) => at,
-                LocalResult::None => first_instant_after_gap(tz, wall)?,
-            };
-            let at = at.with_timezone(&Utc);
-            if at > instant {
-                return Some(at);
-            }
-        }
-        None
+            cron.find_next_occurrence(&wall, false).ok()
+        })
     }
+}
+
+/// The first instant after `instant` of a fixed-time rule whose wall times, in order,
+/// `next_wall` gives (the first strictly after the wall time it is given): each placed at the
+/// earlier instant of a repeated wall time, and a wall time a gap swallowed at the first
+/// instant after the gap.
+///
+/// The wall times, in order, land on instants that never go back, so the first that lands
+/// after `instant` is the answer. A wall time can land at or before `instant` only when the
+/// search starts on the later pass of an overlap (the run already happened on the earlier
+/// pass), and a fixed-time rule has one time of day, so a handful of steps always suffices.
+pub(crate) fn fixed_time_after(
+    zone: Zone,
+    instant: DateTime<Utc>,
+    mut next_wall: impl FnMut(NaiveDateTime) -> Option<NaiveDateTime>,
+) -> Option<DateTime<Utc>> {
+    let tz = zone.tz();
+    let mut wall = instant.with_timezone(&tz).naive_local();
+    for _ in 0..8 {
+        wall = next_wall(wall)?;
+        let at = match tz.from_local_datetime(&wall) {
+            LocalResult::Single(at) | LocalResult::Ambiguous(at, _) => at,
+            LocalResult::None => first_instant_after_gap(tz, wall)?,
+        };
+        let at = at.with_timezone(&Utc);
+        if at > instant {
+            return Some(at);
+        }
+    }
+    None
 }
 
 /// The first instant after the daylight-saving gap that swallowed the wall time `wall`.

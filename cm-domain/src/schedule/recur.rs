@@ -42,6 +42,7 @@ use chrono::{
 };
 use rrule::{Frequency, RRule, RRuleSet, Unvalidated, Validated};
 
+use super::daylight::fixed_time_after;
 use super::{ScheduleError, Zone, first_instant_after_gap};
 use crate::rules::Bounds;
 
@@ -269,22 +270,7 @@ impl Recurrence {
         let tz = zone.tz();
         let local = instant.with_timezone(&tz);
         if self.fixed_time {
-            // As for a fixed-time cron line: the wall times, in order, land on instants that
-            // never go back, so the first that lands after `instant` is the answer; one can
-            // land at or before it only when the search starts on an overlap's later pass.
-            let mut wall = local.naive_local();
-            for _ in 0..8 {
-                wall = self.next_wall_after(wall)?;
-                let at = match tz.from_local_datetime(&wall) {
-                    LocalResult::Single(at) | LocalResult::Ambiguous(at, _) => at,
-                    LocalResult::None => first_instant_after_gap(tz, wall)?,
-                };
-                let at = at.with_timezone(&Utc);
-                if at > instant {
-                    return Some(at);
-                }
-            }
-            return None;
+            return fixed_time_after(zone, instant, |wall| self.next_wall_after(wall));
         }
         // An interval rule fires at both instants of a repeated wall time, so a wall time
         // before `instant`'s own can still have an instant after it: the search starts as far

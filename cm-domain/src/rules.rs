@@ -79,8 +79,10 @@ pub const MAX_ONE_SHOT_JITTER_SECONDS: i64 = 86_400;
 pub(crate) enum Rule {
     /// A cron expression in the schedule's zone.
     Cron {
-        /// The compiled expression (boxed: it is far larger than the other rules).
-        cron: Box<Cron>,
+        /// The compiled expression, shared by the schedule's clones: croner keeps a byte for
+        /// every year it can search, so it is some kilobytes, which a clone (a routine's
+        /// schedule handed from its check to its write) does not copy.
+        cron: std::sync::Arc<Cron>,
         /// Whether second, minute and hour are each one plain number.
         fixed_time: bool,
     },
@@ -93,8 +95,8 @@ pub(crate) enum Rule {
     },
     /// `@at`: once.
     At(DateTime<Utc>),
-    /// `@rrule`: an RFC 5545 recurrence rule in the schedule's zone (boxed, as a cron line is).
-    Recur(Box<crate::schedule::Recurrence>),
+    /// `@rrule`: an RFC 5545 recurrence rule in the schedule's zone (shared, as a cron line is).
+    Recur(std::sync::Arc<crate::schedule::Recurrence>),
 }
 
 impl Rule {

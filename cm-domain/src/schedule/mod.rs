@@ -215,9 +215,9 @@ impl Schedule {
             Some((word, rest)) if word.eq_ignore_ascii_case("@every") => {
                 crate::rules::parse_every(rest)?
             }
-            Some((word, rest)) if word.eq_ignore_ascii_case("@rrule") => {
-                Rule::Recur(Box::new(Recurrence::parse(rest, &mut bounds, zone)?))
-            }
+            Some((word, rest)) if word.eq_ignore_ascii_case("@rrule") => Rule::Recur(
+                std::sync::Arc::new(Recurrence::parse(rest, &mut bounds, zone)?),
+            ),
             Some((word, rest)) if word.eq_ignore_ascii_case("@at") => {
                 Rule::At(crate::rules::parse_time(rest, zone).map_err(|reason| {
                     ScheduleError::Rule {
@@ -241,7 +241,7 @@ impl Schedule {
                 }
                 let compiled = compile_cron(&parts.rule)?;
                 Rule::Cron {
-                    cron: Box::new(compiled.cron),
+                    cron: std::sync::Arc::new(compiled.cron),
                     fixed_time: compiled.fixed_time,
                 }
             }

@@ -127,11 +127,16 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
             other => other,
         }
     };
-    for f in &fields {
+    // Each line is checked as `routine create` checks its flags (its schedule parsed and
+    // compiled: most of an import's own work) on every core, each a slice of the lines; the
+    // first refusal in the file's order is the one reported.
+    let checked = checked_in_parallel(&fields, |f| {
         // A mission's overlap policy is written with it, in the import's one transaction:
         // its line's, `forbid` when it names none.
-        let routine =
-            new_routine(f, Some(&root), &policy, "\"overlap\"").map_err(on_line(f.line))?;
+        new_routine(f, Some(&root), &policy, "\"overlap\"").map_err(on_line(f.line))
+    });
+    for (f, routine) in fields.iter().zip(checked) {
+        let routine = routine?;
         if let Some(first) = lines.insert(routine.name().to_owned(), f.line) {
             return Err(at_line(
                 f.line,
@@ -149,6 +154,24 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
         sync: args.sync,
         routines,
         lines,
+    })
+}
+
+/// `check` of every item, in order, computed on as many threads as there are cores, each
+/// taking a contiguous slice.
+fn checked_in_parallel<T: Sync, R: Send>(items: &[T], check: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let slice = items.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        let check = &check;
+        let handles: Vec<_> = items
+            .chunks(slice)
+            .map(|chunk| scope.spawn(move || chunk.iter().map(check).collect::<Vec<R>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
     })
 }
 

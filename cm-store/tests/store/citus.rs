@@ -1046,5 +1046,45 @@ async fn writes_in_the_callers_transaction_and_from_sql_on_citus() {
         .await
         .unwrap();
     assert!(deleted);
+
+    // Many at once, across the groups: all of them, or none with the element named. An RFC
+    // 5545 rule is planned as a cron line is.
+    let batch = |names: &[&str], schedule: &str| {
+        serde_json::Value::Array(
+            names
+                .iter()
+                .map(|n| serde_json::json!({"name": n, "schedule": schedule, "message": "hi"}))
+                .collect(),
+        )
+    };
+    let names: Vec<String> = (0..40).map(|i| format!("batch {i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let rule = "@rrule FREQ=MONTHLY;BYDAY=FR;BYSETPOS=-1;BYHOUR=9;BYMINUTE=0;BYSECOND=0";
+    let ids: Vec<Uuid> = sqlx::query_scalar("SELECT cm.create_routines($1)")
+        .bind(batch(&names, rule))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 40);
+    let mut bad_batch = batch(&["fine", "also fine"], "0 9 * * *");
+    bad_batch.as_array_mut().unwrap()[1]["schedule"] = "0 24 * * *".into();
+    let refused = sqlx::query_scalar::<_, Vec<Uuid>>("SELECT cm.create_routines($1)")
+        .bind(bad_batch)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("routine 2 of 2"), "{refused}");
+    assert!(db.store.get_routine_by_name("fine").await.is_err());
+    db.store.plan_routines(None, 100).await.unwrap();
+    for id in &ids {
+        let routine = db.store.get_routine(*id).await.unwrap();
+        let next = routine
+            .next_run_at
+            .expect("a batch routine was not planned");
+        // The last Friday of a month, at 09:00 UTC.
+        assert_eq!(chrono::Datelike::weekday(&next), chrono::Weekday::Fri);
+        assert!(chrono::Datelike::day(&(next + chrono::Duration::days(7))) <= 7);
+        assert_eq!(chrono::Timelike::hour(&next), 9);
+    }
     db.drop_all().await;
 }

@@ -2,8 +2,9 @@
 //!
 //! - a rule that says what a cron line says owes, tick by tick over the daylight-saving days of
 //!   the zones of the other properties, exactly the occurrences the cron line's `next_after`
-//!   lists, each once, at the first tick at or after it (the cron line's own walk is checked
-//!   against references of its own elsewhere);
+//!   lists, and exactly what the rule's own `next_after` (`schedule next`) lists, each once, at
+//!   the first tick at or after it (the cron line's own walk is checked against references of
+//!   its own elsewhere);
 //! - a rule no cron line can say (`INTERVAL`, `BYSETPOS`, `BYWEEKNO`, `COUNT`, `WKST`), walked
 //!   with `next_after` from any instant long after its start, lists exactly what the `rrule`
 //!   crate expands from the start in UTC, where a wall time is its instant.
@@ -118,6 +119,12 @@ proptest! {
             .take_while(|o| *o <= now)
             .collect();
         prop_assert_eq!(&owed, &listed, "{} in {} against {}", rule, zone, cron);
+        // And what `schedule next` lists for the rule itself.
+        let own: Vec<DateTime<Utc>> = schedule
+            .occurrences_after(start)
+            .take_while(|o| *o <= now)
+            .collect();
+        prop_assert_eq!(&owed, &own, "{} in {}", rule, zone);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::{StoreError, catalog};
 
 /// How many routines one pair of statements writes: large enough that a statement's round trip
 /// is a small part of its cost, small enough that its arrays stay a few megabytes.
-pub(crate) const CHUNK: usize = 5_000;
+pub const CHUNK: usize = 5_000;
 
 /// One chunk's columns, in the order of the statements' arrays.
 #[derive(Default)]
@@ -142,5 +142,51 @@ fn name_taken(e: sqlx::Error) -> StoreError {
     match name {
         Some(name) => catalog::name_conflict(e, &name),
         None => e.into(),
+    }
+}
+
+/// What a streamed creation ([`crate::PgStore::create_routines_streamed`]) receives: a chunk of
+/// routines to write, or the end of the stream, which commits.
+#[derive(Debug)]
+pub enum Streamed {
+    /// Routines to create, in order.
+    Chunk(Vec<NewRoutine>),
+    /// Every chunk was sent: the creation commits.
+    End,
+}
+
+/// Creates the routines `chunks` sends, each chunk written as it comes, in one transaction that
+/// commits at [`Streamed::End`] and rolls back if the sender goes away before it; the ids and
+/// names written, in order.
+pub(crate) async fn create_streamed(
+    conn: &mut PgConnection,
+    source: Option<&str>,
+    chunks: &mut tokio::sync::mpsc::Receiver<Streamed>,
+) -> Result<Vec<(Uuid, String)>, StoreError> {
+    use sqlx::Connection as _;
+    let mut tx = conn.begin().await?;
+    let now = catalog::db_now(&mut tx).await?;
+    if let Some(source) = source {
+        catalog::lock_source(&mut tx, source).await?;
+    }
+    let mut written = Vec::new();
+    loop {
+        match chunks.recv().await {
+            Some(Streamed::Chunk(chunk)) => {
+                let routines: Vec<&NewRoutine> = chunk.iter().collect();
+                let rows = insert_routines(&mut tx, &routines, source, now).await?;
+                written.extend(rows.into_iter().map(|r| (r.id, r.name)));
+            }
+            Some(Streamed::End) => {
+                tx.commit().await?;
+                return Ok(written);
+            }
+            None => {
+                tx.rollback().await?;
+                return Err(StoreError::InvalidRoutine(
+                    "the routines stopped coming before their end: nothing was written".into(),
+                ));
+            }
+        }
     }
 }

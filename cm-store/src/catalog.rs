@@ -42,7 +42,7 @@ pub(crate) async fn lock_routine(conn: &mut PgConnection, id: Uuid) -> Result<Ro
 
 /// Takes the transaction-scoped advisory lock on `source`: imports and syncs of one source take
 /// turns, so a routine another import of that source creates meanwhile is not missed.
-async fn lock_source(conn: &mut PgConnection, source: &str) -> Result<(), StoreError> {
+pub(crate) async fn lock_source(conn: &mut PgConnection, source: &str) -> Result<(), StoreError> {
     crate::schema::query("SELECT pg_advisory_xact_lock(hashtextextended('cm.source:' || $1, 0))")
         .bind(source)
         .execute(&mut *conn)
@@ -746,6 +746,24 @@ pub(crate) async fn pending_requests(
 }
 
 impl PgStore {
+    /// Creates the routines `chunks` sends (names no routine has), each recording `source`, as
+    /// [`RoutineStore::import_routines`](crate::RoutineStore::import_routines) creates new
+    /// ones, all or none: each chunk is written as it comes, while the caller checks the next,
+    /// in one transaction that commits when [`crate::Streamed::End`] comes and rolls back if
+    /// the sender goes away before it. A name taken is [`StoreError::NameTaken`]. The ids and
+    /// names written, in order.
+    pub async fn create_routines_streamed(
+        &self,
+        source: Option<&str>,
+        mut chunks: tokio::sync::mpsc::Receiver<crate::Streamed>,
+    ) -> Result<Vec<(Uuid, String)>, StoreError> {
+        on_store_conn!(self, |c| crate::bulk::create_streamed(
+            c,
+            source,
+            &mut chunks
+        ))
+    }
+
     /// At most `limit` routine names starting with `prefix`, in name order (what a shell
     /// completes a routine's name from).
     pub async fn routine_names(&self, prefix: &str, limit: u32) -> Result<Vec<String>, StoreError> {

@@ -168,6 +168,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 #[cfg(feature = "mock")]
 pub use autopause::MockFailingRoutines;
 pub use autopause::{AutoPaused, FailingRoutines};
+pub use bulk::{CHUNK as CREATE_CHUNK, Streamed};
 #[cfg(feature = "mock")]
 pub use calendars::MockCalendarStore;
 pub use calendars::{CalendarEdit, CalendarStore, StoredCalendar};

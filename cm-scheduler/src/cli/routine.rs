@@ -34,6 +34,21 @@ pub(super) async fn routine(url: &str, command: RoutineCommand) -> Result<(), Fa
             print_routine(&routine, args.json)
         }
         RoutineCommand::Update(args) => update(url, args).await,
+        RoutineCommand::Import(args) if !(args.dry_run || args.sync || args.upsert) => {
+            // Only new routines: checked a chunk at a time while the one before is written.
+            let mut notes = Vec::new();
+            let read = import::read_lines(&args, &mut notes);
+            for (line, note) in notes {
+                eprintln!("{}:{line}: {note}", args.file.display());
+            }
+            let lines = read?;
+            let store = connect_migrated(url).await?;
+            let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            for (id, name) in import::create_streamed(&store, lines, progress).await? {
+                say!("created  {id}  {}", printable(&name));
+            }
+            Ok(())
+        }
         RoutineCommand::Import(args) => {
             let mut notes = Vec::new();
             let read = import::read(&args, &mut notes);

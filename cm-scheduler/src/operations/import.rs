@@ -5,14 +5,17 @@
 //! file's name, or `--source`), so a later `--sync` deletes those the file no longer has.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use cm_domain::mission::MissionPolicy;
 use cm_store::{NewRoutine, PgStore, Routine, RoutineStore, StoreError, SyncAction};
 use uuid::Uuid;
 
 use super::{OperationError, new_routine, refused};
 use crate::flags::routine::ImportArgs;
-use crate::import::{CrontabKind, LineError, crontab, json_lines, kept_as_system, machine_users};
+use crate::import::{
+    CrontabKind, LineError, RoutineFields, crontab, json_lines, kept_as_system, machine_users,
+};
 
 /// An import's file, read and checked: nothing is written yet.
 #[derive(Debug)]
@@ -52,9 +55,75 @@ pub struct Planned {
     pub name: String,
 }
 
+/// An import's file, read but not yet checked line by line: its lines' fields, and what
+/// checking them needs (the mission root and policy).
+pub struct Lines {
+    /// The file as messages name it (`-` for standard input).
+    pub shown: String,
+    /// The source the routines written record (see [`Import::source`]).
+    pub source: Option<String>,
+    sync: bool,
+    fields: Vec<RoutineFields>,
+    root: PathBuf,
+    policy: MissionPolicy,
+}
+
 /// Reads and checks the file `args` names (standard input for `-`). A crontab's assignments
 /// that mean nothing to cm go to `notes`, each with its line.
 pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, OperationError> {
+    let Lines {
+        shown,
+        source,
+        sync,
+        fields,
+        root,
+        policy,
+    } = read_lines(args, notes)?;
+    let at_line = |line: usize, what: &str| refused(format!("{shown}:{line}: {what}"));
+    let mut routines = Vec::with_capacity(fields.len());
+    let mut lines: HashMap<String, usize> = HashMap::new();
+    // Each line is checked as `routine create` checks its flags (its schedule parsed and
+    // compiled: most of an import's own work) on every core, each a slice of the lines; the
+    // first refusal in the file's order is the one reported.
+    let checked = checked_in_parallel(&fields, |f| check_line(&shown, f, &root, &policy));
+    for (f, routine) in fields.iter().zip(checked) {
+        let routine = routine?;
+        if let Some(first) = lines.insert(routine.name().to_owned(), f.line) {
+            return Err(at_line(
+                f.line,
+                &format!("the name {:?} is also on line {first}", routine.name()),
+            ));
+        }
+        routines.push(routine);
+    }
+    Ok(Import {
+        shown,
+        source,
+        sync,
+        routines,
+        lines,
+    })
+}
+
+/// One line checked as `routine create` checks its flags, a refusal naming the line. A
+/// mission's overlap policy is written with it, in the import's one transaction: its line's,
+/// `forbid` when it names none.
+fn check_line(
+    shown: &str,
+    f: &RoutineFields,
+    root: &Path,
+    policy: &MissionPolicy,
+) -> Result<NewRoutine, OperationError> {
+    new_routine(f, Some(root), policy, "\"overlap\"").map_err(|e| match e {
+        OperationError::Refused(what) => refused(format!("{shown}:{}: {what}", f.line)),
+        other => other,
+    })
+}
+
+/// Reads the file `args` names (standard input for `-`) into its lines' fields, each line's
+/// syntax checked; the routines are checked by [`read`] or [`create_streamed`]. A crontab's
+/// assignments that mean nothing to cm go to `notes`, each with its line.
+pub fn read_lines(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Lines, OperationError> {
     let stdin = args.file.as_os_str() == "-";
     let bad = |source: &str| source.trim().is_empty() || source.chars().any(char::is_control);
     let source = match (&args.source, args.file.file_name()) {
@@ -119,42 +188,91 @@ pub fn read(args: &ImportArgs, notes: &mut Vec<LineError>) -> Result<Import, Ope
         .policy
         .policy(args.mission_config.as_deref())
         .map_err(refused)?;
-    let mut routines = Vec::with_capacity(fields.len());
-    let mut lines: HashMap<String, usize> = HashMap::new();
-    let on_line = |line: usize| {
-        move |e: OperationError| match e {
-            OperationError::Refused(what) => at_line(line, &what),
-            other => other,
-        }
-    };
-    // Each line is checked as `routine create` checks its flags (its schedule parsed and
-    // compiled: most of an import's own work) on every core, each a slice of the lines; the
-    // first refusal in the file's order is the one reported.
-    let checked = checked_in_parallel(&fields, |f| {
-        // A mission's overlap policy is written with it, in the import's one transaction:
-        // its line's, `forbid` when it names none.
-        new_routine(f, Some(&root), &policy, "\"overlap\"").map_err(on_line(f.line))
-    });
-    for (f, routine) in fields.iter().zip(checked) {
-        let routine = routine?;
-        if let Some(first) = lines.insert(routine.name().to_owned(), f.line) {
-            return Err(at_line(
-                f.line,
-                &format!("the name {:?} is also on line {first}", routine.name()),
-            ));
-        }
-        routines.push(routine);
-    }
-    if routines.is_empty() {
+    if fields.is_empty() {
         return Err(refused(format!("{shown} holds no routine")));
     }
-    Ok(Import {
+    Ok(Lines {
         shown,
         source,
         sync: args.sync,
-        routines,
-        lines,
+        fields,
+        root,
+        policy,
     })
+}
+
+/// Creates the routines of `lines` (none of whose names exists), all or none, as [`import`]
+/// does without `--upsert`, but a chunk at a time: each chunk of lines is checked on a thread
+/// of its own while the store writes the one before, in one transaction, so the checks and the
+/// writes overlap and only two chunks of checked routines are held at once, whatever the
+/// file's size. With `progress`, a count of the lines written so far is kept on standard
+/// error. The ids and names created, in the file's order.
+pub async fn create_streamed(
+    store: &PgStore,
+    lines: Lines,
+    progress: bool,
+) -> Result<Vec<(Uuid, String)>, OperationError> {
+    let Lines {
+        shown,
+        source,
+        fields,
+        root,
+        policy,
+        ..
+    } = lines;
+    let (sender, chunks) = tokio::sync::mpsc::channel(1);
+    let checker_shown = shown.clone();
+    let checker = tokio::task::spawn_blocking(move || {
+        let shown = checker_shown;
+        let total = fields.len();
+        let mut names: HashMap<String, usize> = HashMap::with_capacity(total);
+        for (done, chunk) in fields.chunks(cm_store::CREATE_CHUNK).enumerate() {
+            let checked = checked_in_parallel(chunk, |f| check_line(&shown, f, &root, &policy));
+            let mut routines = Vec::with_capacity(chunk.len());
+            for (f, routine) in chunk.iter().zip(checked) {
+                let routine = routine?;
+                if let Some(first) = names.insert(routine.name().to_owned(), f.line) {
+                    return Err(refused(format!(
+                        "{shown}:{}: the name {:?} is also on line {first}",
+                        f.line,
+                        routine.name()
+                    )));
+                }
+                routines.push(routine);
+            }
+            if sender
+                .blocking_send(cm_store::Streamed::Chunk(routines))
+                .is_err()
+            {
+                // The store stopped (its error is the one reported).
+                return Ok(names);
+            }
+            if progress {
+                let written = (done * cm_store::CREATE_CHUNK + chunk.len()).min(total);
+                eprint!("\r{shown}: {written} of {total} routines checked");
+            }
+        }
+        if progress {
+            eprintln!();
+        }
+        let _ = sender.blocking_send(cm_store::Streamed::End);
+        Ok(names)
+    });
+    let written = store
+        .create_routines_streamed(source.as_deref(), chunks)
+        .await;
+    let names = checker
+        .await
+        .map_err(|e| refused(format!("checking {shown}: {e}")))??;
+    match written {
+        Err(StoreError::NameTaken(name)) => {
+            let line = names.get(&name).copied().unwrap_or(0);
+            Err(refused(format!(
+                "{shown}:{line}: a routine named {name:?} already exists (--upsert updates it)"
+            )))
+        }
+        other => Ok(other?),
+    }
 }
 
 /// `check` of every item, in order, computed on as many threads as there are cores, each

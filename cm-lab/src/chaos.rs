@@ -151,6 +151,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         citus::prepare(&rt, &options.server_url, &db_name, &workers)?;
     }
     eprintln!("chaos: database {db_name}, logs in {}", log_dir.display());
+    let _watchdog = Watchdog::start(&db_name, options.duration * 2 + STUCK_AFTER);
 
     let mut restores: Vec<Restore> = Vec::new();
     let result = exercise(
@@ -216,12 +217,49 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     }
 }
 
+/// How long past twice its chaos a run may take (the set-up, the drain, the checks) before the
+/// watchdog calls it stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(600);
+
+/// Ends a run that is stuck: every step of the run waits on something (a query, a process, a
+/// server), and one that never answers must fail the run in minutes, saying so, rather than hold
+/// a CI job until its own limit. Dropping it ends the watch.
+struct Watchdog {
+    _stop: std::sync::mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    fn start(db_name: &str, limit: Duration) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let db_name = db_name.to_string();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+                eprintln!(
+                    "chaos: STUCK: the run has not ended {} s after it began; its schedulers \
+                     are killed and database {db_name} is kept for inspection",
+                    limit.as_secs()
+                );
+                // Every scheduler of the run names its database on its command line.
+                let _ = std::process::Command::new("pkill")
+                    .args(["-KILL", "-f", &format!("/{db_name}")])
+                    .status();
+                std::process::exit(1);
+            }
+        });
+        Watchdog { _stop: tx }
+    }
+}
+
 /// The run's own pool on the chaos database at `url`: two connections kept open, named so the
 /// faults that act on every other connection leave them alone.
 pub(crate) fn own_pool(rt: &tokio::runtime::Runtime, url: &str) -> anyhow::Result<PgPool> {
     let options = url
         .parse::<PgConnectOptions>()?
-        .application_name(OWN_APPLICATION);
+        .application_name(OWN_APPLICATION)
+        // The run's own statements never wait on a lock for ever: a fault that holds one (a
+        // caller's open transaction) is released by this same thread, so such a wait would hang
+        // the run; it fails it instead, naming the statement.
+        .options([("lock_timeout", "30s")]);
     Ok(rt.block_on(
         PgPoolOptions::new()
             .max_connections(2)
@@ -417,6 +455,7 @@ fn exercise(
             start,
             options.duration,
             options.held_locks,
+            toggled.into_iter().collect(),
         )));
     }
     if let Some(length) = options.network_hang {

@@ -6,7 +6,9 @@
 //! The caller rolls back rather than commits: it takes exactly the locks a delete takes (the
 //! routine's row, its requests and its fires) and changes nothing, so the ledger check needs no
 //! exception and every occurrence of the held routine must still be there, settled once, after
-//! the release. While the lock is held only that routine waits; the lateness (claimed minus
+//! the release. The routine is never one another fault of the run acts on from this same thread
+//! (the toggler's): that fault would wait on the caller's lock, and the caller's release could
+//! never come. While the lock is held only that routine waits; the lateness (claimed minus
 //! scheduled) of every other routine's occurrences due during the holds is measured and printed
 //! (not judged: the run's other faults may fall inside a hold).
 
@@ -32,6 +34,8 @@ struct Hold {
 
 pub(in crate::chaos) struct HeldLocks {
     at: Vec<Instant>,
+    /// Routines never held: those another fault writes to from the run's own thread.
+    spared: Vec<Uuid>,
     /// The caller's open transaction (a connection on which `BEGIN` was sent), while it holds.
     caller: Option<PgConnection>,
     release_at: Option<Instant>,
@@ -41,10 +45,11 @@ pub(in crate::chaos) struct HeldLocks {
 }
 
 impl HeldLocks {
-    /// `count` holds spread over the run from `start`.
-    pub fn new(start: Instant, duration: Duration, count: u32) -> Self {
+    /// `count` holds spread over the run from `start`, never of a routine in `spared`.
+    pub fn new(start: Instant, duration: Duration, count: u32, spared: Vec<Uuid>) -> Self {
         HeldLocks {
             at: super::spread(start, duration, count),
+            spared,
             caller: None,
             release_at: None,
             holds: Vec::new(),
@@ -54,17 +59,19 @@ impl HeldLocks {
 
     async fn hold(
         chaos_pool: &sqlx::PgPool,
+        spared: &[Uuid],
     ) -> anyhow::Result<Option<(PgConnection, Uuid, DateTime<Utc>)>> {
         // A routine with an occurrence in flight now, else any active one. The fires are
         // joined on the group too, as Citus needs to keep the join within a shard.
         let routine: Option<Uuid> = sqlx::query_scalar(
-            "SELECT id FROM cm.routines r WHERE NOT paused
+            "SELECT id FROM cm.routines r WHERE NOT paused AND id <> ALL($1)
              ORDER BY EXISTS (SELECT 1 FROM cm.routine_fires f
                               WHERE f.routine_id = r.id AND f.group_id = r.group_id
                                 AND f.status = 'claimed') DESC,
                       random()
              LIMIT 1",
         )
+        .bind(spared)
         .fetch_optional(chaos_pool)
         .await?;
         let Some(routine) = routine else {
@@ -152,7 +159,7 @@ impl Fault for HeldLocks {
             return Ok(());
         }
         self.at.remove(0);
-        match chaos.rt.block_on(Self::hold(&chaos.pool)) {
+        match chaos.rt.block_on(Self::hold(&chaos.pool, &self.spared)) {
             Ok(Some((caller, routine, from))) => {
                 chaos.say(format!(
                     "a caller deletes routine {routine} in a transaction it holds open for {} s",

@@ -43,6 +43,15 @@ pub const DRAIN_BATCH_GROWTH: usize = 4;
 /// ledger without its foreign key"). A claim is still bounded by [`DRAIN_BATCH_LIMIT`].
 const FIRST_BATCH_HEADROOM: usize = 2;
 
+/// What one lane of a drain did: its report, how many occurrences its last claim deferred, and
+/// how many it claimed.
+#[derive(Default)]
+struct Lane {
+    report: TickReport,
+    deferred: usize,
+    claimed: usize,
+}
+
 /// How the drain sizes its claims, carried from one claim (and tick) to the next.
 #[derive(Debug)]
 pub(super) struct DrainPace {
@@ -121,11 +130,20 @@ impl Scheduler {
 
     /// Claims what is due in `group` (every group: `None`) and starts its dispatches, claiming
     /// again at once while a claim comes back full. Returns what it did and how many
-    /// occurrences its last claim deferred.
+    /// occurrences its last claims deferred.
+    ///
+    /// Across every group, a backlog is drained in lanes ([`SchedulerConfig::drain_lanes`]):
+    /// when the first claim comes back full, the other lanes of claims start beside the first,
+    /// each claim its own transaction, kept apart from the others as two schedulers' are
+    /// (`SKIP LOCKED`). A claim is a chain of round trips and of planning in this process,
+    /// during which its connection waits; several in flight keep the database busy through
+    /// each other's waits. A tick whose first claim takes all that is due claims once.
+    ///
+    /// [`SchedulerConfig::drain_lanes`]: cm_domain::SchedulerConfig::drain_lanes
     async fn drain(
         &self,
         completer: &Arc<dyn Completer>,
-        mut wait: Option<&mut JoinSet<FireResult>>,
+        wait: Option<&mut JoinSet<FireResult>>,
         stopped: Option<&watch::Receiver<bool>>,
         group: Option<GroupId>,
     ) -> Result<(TickReport, usize), TickError> {
@@ -138,15 +156,84 @@ impl Scheduler {
         // over when the split between the processes moved; after one whose work fitted in the
         // cap, the cap.
         let carried = self.pace.first_batch.load(Ordering::Relaxed);
-        let mut batch = if carried > cap {
+        let batch = if carried > cap {
             carried.saturating_mul(FIRST_BATCH_HEADROOM).min(limit)
         } else {
             cap
         };
-        let mut claimed = 0usize;
+        // Within one group (Citus, `--claim-per-group`) the groups are the lanes already.
+        let others = match group {
+            None => self.config.drain_lanes.saturating_sub(1),
+            Some(_) => 0,
+        };
+        let (open, opened) = watch::channel(None::<usize>);
+        let waiting = wait.is_some();
+        let first = self.drain_lane(
+            completer,
+            wait,
+            stopped,
+            group,
+            batch,
+            (others > 0).then_some(open),
+        );
+        let other = |mut opened: watch::Receiver<Option<usize>>| async move {
+            // The first lane's first full claim opens the others; a drain it ends alone
+            // (the sender dropped unsent) opens none.
+            let Ok(batch) = opened
+                .wait_for(Option::is_some)
+                .await
+                .map(|b| b.unwrap_or(batch))
+            else {
+                return Ok(None);
+            };
+            let mut own = JoinSet::new();
+            let lane = self
+                .drain_lane(
+                    completer,
+                    waiting.then_some(&mut own),
+                    stopped,
+                    group,
+                    batch,
+                    None,
+                )
+                .await;
+            // Joined whatever the lane ended with: dropping the set would abort its dispatches.
+            let mut joined = TickReport::default();
+            collect(&mut own, &mut joined).await;
+            lane.map(|mut lane| {
+                lane.report.add(&joined);
+                Some(lane)
+            })
+        };
+        let others = futures_util::future::join_all((0..others).map(|_| other(opened.clone())));
+        let (first, others) = tokio::join!(first, others);
+        let mut lane = first?;
+        for other in others {
+            if let Some(other) = other? {
+                lane.report.add(&other.report);
+                lane.deferred += other.deferred;
+                lane.claimed += other.claimed;
+            }
+        }
+        self.pace.first_batch.store(lane.claimed, Ordering::Relaxed);
+        Ok((lane.report, lane.deferred))
+    }
+
+    /// One lane of a drain: claims of `batch`, growing, each followed at once by the next while
+    /// it comes back full. The first claim that does sends the next batch on `open`, opening
+    /// the other lanes.
+    async fn drain_lane(
+        &self,
+        completer: &Arc<dyn Completer>,
+        mut wait: Option<&mut JoinSet<FireResult>>,
+        stopped: Option<&watch::Receiver<bool>>,
+        group: Option<GroupId>,
+        mut batch: usize,
+        mut open: Option<watch::Sender<Option<usize>>>,
+    ) -> Result<Lane, TickError> {
+        let limit = DRAIN_BATCH_LIMIT.max(self.config.max_fires_per_tick.get());
+        let mut lane = Lane::default();
         let mut after: Option<DueCursor> = None;
-        let mut total = TickReport::default();
-        let mut last_deferred = 0;
         loop {
             let ClaimRoom {
                 budget,
@@ -154,7 +241,7 @@ impl Scheduler {
                 places,
             } = self.claim_room(batch);
             let Some(budget) = budget else {
-                if total.claims == 0 {
+                if lane.report.claims == 0 {
                     add(&self.stats.saturated_ticks, 1);
                     debug!(
                         in_flight = self.dispatches_in_flight(),
@@ -178,12 +265,12 @@ impl Scheduler {
             self.stats.tick_succeeded();
             let (more_due, resume_after) = (claim.more_due, claim.resume_after);
             self.note_owed_per_routine(&claim);
-            claimed += claim.fires.len();
-            last_deferred = claim.deferred;
+            lane.claimed += claim.fires.len();
+            lane.deferred = claim.deferred;
             let report = self
                 .start(claim, window, completer, wait.as_deref_mut(), places)
                 .await;
-            total.add(&TickReport {
+            lane.report.add(&TickReport {
                 claims: 1,
                 ..report
             });
@@ -192,9 +279,12 @@ impl Scheduler {
             }
             if more_due {
                 // Resume after what this claim handled; grow the batch while claims come back
-                // full.
+                // full, and open the second lane at the first that does.
                 after = resume_after;
                 batch = (batch * DRAIN_BATCH_GROWTH).min(limit);
+                if let Some(open) = open.take() {
+                    open.send_replace(Some(batch));
+                }
             } else if after.is_some() {
                 // The resumed walk ran out: one more claim over the whole walk picks up what
                 // came due behind it (a routine created, resumed or released meanwhile).
@@ -203,8 +293,7 @@ impl Scheduler {
                 break;
             }
         }
-        self.pace.first_batch.store(claimed, Ordering::Relaxed);
-        Ok((total, last_deferred))
+        Ok(lane)
     }
 
     /// How many due routines a claim of `budget` occurrences locks. Every routine locked owes at

@@ -152,6 +152,7 @@ impl TickReport {
         self.held += other.held;
         self.claims += other.claims;
         self.skipped += other.skipped;
+        self.overlap_skipped += other.overlap_skipped;
     }
 }
 

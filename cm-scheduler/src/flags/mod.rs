@@ -186,6 +186,10 @@ pub struct RunArgs {
     /// transaction that records the Nth failure, so no further occurrence is claimed.
     #[arg(long, default_value_t = 5)]
     pub pause_after_failures: u32,
+    /// How many claims a tick keeps in flight at once while a backlog lasts: the first claim is
+    /// one, and when it comes back full the others start beside it (1: one claim at a time).
+    #[arg(long, default_value_t = SchedulerConfig::DEFAULT_DRAIN_LANES)]
+    pub drain_lanes: usize,
     /// Claim one routine group at a time, in the groups this scheduler leases, also on plain
     /// PostgreSQL (on Citus it always does: there a claim must stay on one shard). On plain
     /// PostgreSQL a claim across every group is cheaper per occurrence (docs/BENCHMARKS.md).

@@ -52,6 +52,7 @@ impl ServiceConfig {
             max_mission_launches_per_second: std::num::NonZeroU32::new(
                 args.max_mission_launches_per_second,
             ),
+            drain_lanes: args.drain_lanes,
         }
         .validate()
         .map_err(|e| input(e.to_string()))?;

@@ -91,6 +91,39 @@ async fn a_full_claim_is_followed_at_once_so_one_tick_drains_what_is_due(pool: P
     assert_eq!(due, 0);
 }
 
+/// Three lanes of claims on a backlog of 300, a cap of 5: the first claim comes back full and
+/// opens the other two, whose claims run beside the first lane's, kept apart by the database;
+/// every occurrence is claimed, dispatched and settled once.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn lanes_of_claims_drain_a_backlog_each_occurrence_once(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    due_yearly(&store, &pool, 300, RoutineKind::Message).await;
+    let config = SchedulerConfig {
+        max_fires_per_tick: FireCap::new(5).unwrap(),
+        max_in_flight: 1_000,
+        drain_lanes: 3,
+        ..SchedulerConfig::default()
+    };
+    let (scheduler, messages) = message_scheduler(&store, config);
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!(report.fired, 300, "{report:?}");
+    let calls = messages.calls();
+    assert_eq!(calls.len(), 300);
+    let keys: std::collections::HashSet<_> = calls
+        .iter()
+        .map(|c| c.idempotency_key.to_string())
+        .collect();
+    assert_eq!(keys.len(), 300, "a message sent twice");
+    let (rows, routines, fired): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT routine_id), count(*) FILTER (WHERE status = 'fired')
+         FROM cm.routine_fires",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((rows, routines, fired), (300, 300, 300));
+}
+
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn missions_reach_the_runtime_at_no_more_than_the_launch_rate(pool: PgPool) {
     const RATE: u32 = 10;

@@ -123,6 +123,9 @@ fn config() -> SchedulerConfig {
         lease: Lease::new(Duration::from_secs(1)).unwrap(),
         dispatch_timeout: Duration::from_millis(100),
         max_attempts: 3,
+        // One claim at a time: the doubles answer claims in the order they are asked, and the
+        // tests below count and order them; `full_claims_open_the_other_lanes` has two.
+        drain_lanes: 1,
         ..SchedulerConfig::default()
     }
 }
@@ -1381,4 +1384,47 @@ async fn a_reaper_pass_during_a_claim_cannot_take_the_claims_room() {
             "the claim's dispatches waited for the reaper's"
         );
     }
+}
+
+/// With two lanes, a tick's first claim that comes back full opens the second lane beside the
+/// first: three claims where one lane makes two (its full claim and the one after it). A first
+/// claim that takes all that is due is the tick's only claim: a quiet tick is no heavier.
+#[tokio::test]
+async fn full_claims_open_the_other_lanes() {
+    let two_lanes = |claims: Vec<TickClaim>| {
+        let count = claims.len();
+        let queue = Mutex::new(VecDeque::from(claims));
+        let mut ledger = MockFireLedger::new();
+        ledger
+            .expect_claim_due()
+            .times(count)
+            .returning(move |_| Ok(queue.lock().unwrap().pop_front().unwrap()));
+        ledger
+            .expect_settle_fires()
+            .returning(|batch| Ok(vec![SettleOutcome::Settled; batch.len()]));
+        let (dispatcher, calls) = counting_dispatcher(receipt);
+        let config = SchedulerConfig {
+            max_fires_per_tick: FireCap::new(6).unwrap(),
+            max_in_flight: 100,
+            drain_lanes: 2,
+            ..config()
+        };
+        let scheduler =
+            Scheduler::new(Arc::new(ledger), Arc::new(dispatcher), config, "me").unwrap();
+        (scheduler, calls)
+    };
+
+    let (scheduler, calls) = two_lanes(vec![
+        full_claim(&[Row::Fresh; 6]),
+        claim(&[], 0),
+        claim(&[], 0),
+    ]);
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!((report.claims, report.fired), (3, 6), "{report:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+
+    let (scheduler, calls) = two_lanes(vec![claim(&[Row::Fresh; 4], 0)]);
+    let report = scheduler.tick().await.unwrap();
+    assert_eq!((report.claims, report.fired), (1, 4), "{report:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
 }

@@ -175,6 +175,7 @@ impl Scheduler {
             group,
             batch,
             (others > 0).then_some(open),
+            true,
         );
         let other = |mut opened: watch::Receiver<Option<usize>>| async move {
             // The first lane's first full claim opens the others; a drain it ends alone
@@ -195,6 +196,7 @@ impl Scheduler {
                     group,
                     batch,
                     None,
+                    false,
                 )
                 .await;
             // Joined whatever the lane ended with: dropping the set would abort its dispatches.
@@ -221,7 +223,7 @@ impl Scheduler {
 
     /// One lane of a drain: claims of `batch`, growing, each followed at once by the next while
     /// it comes back full. The first claim that does sends the next batch on `open`, opening
-    /// the other lanes.
+    /// the other lanes. Only the `first` lane claims missions this process launches.
     async fn drain_lane(
         &self,
         completer: &Arc<dyn Completer>,
@@ -230,6 +232,7 @@ impl Scheduler {
         group: Option<GroupId>,
         mut batch: usize,
         mut open: Option<watch::Sender<Option<usize>>>,
+        first: bool,
     ) -> Result<Lane, TickError> {
         let limit = DRAIN_BATCH_LIMIT.max(self.config.max_fires_per_tick.get());
         let mut lane = Lane::default();
@@ -237,9 +240,16 @@ impl Scheduler {
         loop {
             let ClaimRoom {
                 budget,
-                mission_room,
+                mut mission_room,
                 places,
             } = self.claim_room(batch);
+            // Missions launched by this process are claimed by the first lane alone: the launch
+            // gate's room is read before a claim and taken after it, so two lanes reading it
+            // at once would claim it twice, and the extra missions would wait at the gate with
+            // their leases running.
+            if !first && mission_room.is_some() {
+                mission_room = Some(0);
+            }
             let Some(budget) = budget else {
                 if lane.report.claims == 0 {
                     add(&self.stats.saturated_ticks, 1);

@@ -43,6 +43,17 @@ pub const DRAIN_BATCH_GROWTH: usize = 4;
 /// ledger without its foreign key"). A claim is still bounded by [`DRAIN_BATCH_LIMIT`].
 const FIRST_BATCH_HEADROOM: usize = 2;
 
+/// How one lane of a drain starts.
+struct LaneStart {
+    /// Its first claim's batch.
+    batch: usize,
+    /// Where the first lane opens the others, at its first claim that comes back full.
+    open: Option<watch::Sender<Option<usize>>>,
+    /// Whether it is the first lane, the only one that claims the missions this process
+    /// launches.
+    first: bool,
+}
+
 /// What one lane of a drain did: its report, how many occurrences its last claim deferred, and
 /// how many it claimed.
 #[derive(Default)]
@@ -173,9 +184,11 @@ impl Scheduler {
             wait,
             stopped,
             group,
-            batch,
-            (others > 0).then_some(open),
-            true,
+            LaneStart {
+                batch,
+                open: (others > 0).then_some(open),
+                first: true,
+            },
         );
         let other = |mut opened: watch::Receiver<Option<usize>>| async move {
             // The first lane's first full claim opens the others; a drain it ends alone
@@ -194,9 +207,11 @@ impl Scheduler {
                     waiting.then_some(&mut own),
                     stopped,
                     group,
-                    batch,
-                    None,
-                    false,
+                    LaneStart {
+                        batch,
+                        open: None,
+                        first: false,
+                    },
                 )
                 .await;
             // Joined whatever the lane ended with: dropping the set would abort its dispatches.
@@ -230,10 +245,13 @@ impl Scheduler {
         mut wait: Option<&mut JoinSet<FireResult>>,
         stopped: Option<&watch::Receiver<bool>>,
         group: Option<GroupId>,
-        mut batch: usize,
-        mut open: Option<watch::Sender<Option<usize>>>,
-        first: bool,
+        start: LaneStart,
     ) -> Result<Lane, TickError> {
+        let LaneStart {
+            mut batch,
+            mut open,
+            first,
+        } = start;
         let limit = DRAIN_BATCH_LIMIT.max(self.config.max_fires_per_tick.get());
         let mut lane = Lane::default();
         let mut after: Option<DueCursor> = None;

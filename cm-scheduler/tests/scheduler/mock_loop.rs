@@ -1193,6 +1193,11 @@ type Asked = Arc<Mutex<Vec<(usize, u32)>>>;
 /// A scheduler of cap 6 whose ledger answers its claims with `claims`, in order (and no more),
 /// recording what each asked for; every settle succeeds.
 fn asking_scheduler(claims: Vec<TickClaim>) -> (Scheduler, Asked) {
+    asking_scheduler_in_lanes(claims, 1)
+}
+
+/// [`asking_scheduler`] with `lanes` lanes of claims.
+fn asking_scheduler_in_lanes(claims: Vec<TickClaim>, lanes: usize) -> (Scheduler, Asked) {
     let count = claims.len();
     let mut queue = VecDeque::from(claims);
     let asked = Asked::default();
@@ -1209,6 +1214,7 @@ fn asking_scheduler(claims: Vec<TickClaim>) -> (Scheduler, Asked) {
     let config = SchedulerConfig {
         max_fires_per_tick: FireCap::new(6).unwrap(),
         max_in_flight: 100,
+        drain_lanes: lanes,
         ..config()
     };
     let scheduler = Scheduler::new(Arc::new(ledger), Arc::new(dispatcher), config, "me").unwrap();
@@ -1391,40 +1397,19 @@ async fn a_reaper_pass_during_a_claim_cannot_take_the_claims_room() {
 /// claim that takes all that is due is the tick's only claim: a quiet tick is no heavier.
 #[tokio::test]
 async fn full_claims_open_the_other_lanes() {
-    let two_lanes = |claims: Vec<TickClaim>| {
-        let count = claims.len();
-        let queue = Mutex::new(VecDeque::from(claims));
-        let mut ledger = MockFireLedger::new();
-        ledger
-            .expect_claim_due()
-            .times(count)
-            .returning(move |_| Ok(queue.lock().unwrap().pop_front().unwrap()));
-        ledger
-            .expect_settle_fires()
-            .returning(|batch| Ok(vec![SettleOutcome::Settled; batch.len()]));
-        let (dispatcher, calls) = counting_dispatcher(receipt);
-        let config = SchedulerConfig {
-            max_fires_per_tick: FireCap::new(6).unwrap(),
-            max_in_flight: 100,
-            drain_lanes: 2,
-            ..config()
-        };
-        let scheduler =
-            Scheduler::new(Arc::new(ledger), Arc::new(dispatcher), config, "me").unwrap();
-        (scheduler, calls)
-    };
-
-    let (scheduler, calls) = two_lanes(vec![
-        full_claim(&[Row::Fresh; 6]),
-        claim(&[], 0),
-        claim(&[], 0),
-    ]);
+    let (scheduler, asked) = asking_scheduler_in_lanes(
+        vec![full_claim(&[Row::Fresh; 6]), claim(&[], 0), claim(&[], 0)],
+        2,
+    );
     let report = scheduler.tick().await.unwrap();
     assert_eq!((report.claims, report.fired), (3, 6), "{report:?}");
-    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    // The first claim at the cap; then the first lane's next claim and the second lane's
+    // first, both at the grown batch.
+    let caps: Vec<usize> = asked.lock().unwrap().iter().map(|&(cap, _)| cap).collect();
+    assert_eq!(caps, vec![6, 24, 24]);
 
-    let (scheduler, calls) = two_lanes(vec![claim(&[Row::Fresh; 4], 0)]);
+    let (scheduler, asked) = asking_scheduler_in_lanes(vec![claim(&[Row::Fresh; 4], 0)], 2);
     let report = scheduler.tick().await.unwrap();
     assert_eq!((report.claims, report.fired), (1, 4), "{report:?}");
-    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    assert_eq!(asked.lock().unwrap().len(), 1);
 }

@@ -257,6 +257,10 @@ async fn within_the_grace_everything_owed_fires_under_every_policy(pool: PgPool)
         assert!(late.is_empty(), "{policy}: {late:?}");
         assert_eq!((tick.skipped, tick.deferred), (0, 0), "{policy}");
         check(&store, &routine, &tick, &on_time, next_minute(tick.now)).await;
+        // Parked, so the next policy's claim sees its own routine alone: claimed in the minute
+        // before the next policy's claim, this one would be due again in that claim's minute.
+        let tomorrow = db_now(&pool).await + TimeDelta::days(1);
+        set_next_run(&pool, routine.id, tomorrow).await;
     }
 }
 

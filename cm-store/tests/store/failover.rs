@@ -4,6 +4,7 @@
 //! server is tested on a real pg_auto_failover formation (`.ci/pg-auto-failover`): here on one
 //! store, and under schedulers by `cargo xtask chaos --auto-failover` (see `.ci/run`).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cm_store::{PgStore, StoreError, StoreOptions};
@@ -195,16 +196,27 @@ async fn a_store_follows_the_primary_pg_auto_failover_moves() {
     };
     let before = port(store.clone()).await.unwrap();
 
+    // What the store says on the way, kept for the check below. Read every few milliseconds
+    // beside the writes: the store may find no usable host and then the new primary within
+    // one write's reconnection, so reading it between writes alone can miss it.
+    let reported = Arc::new(Mutex::new(None::<String>));
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let watcher = tokio::spawn({
+        let (store, reported) = (store.clone(), reported.clone());
+        async move {
+            while !*stopped.borrow() {
+                if let Some(reason) = store.failover_problem() {
+                    reported.lock().unwrap().get_or_insert(reason);
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(5), stopped.changed()).await;
+            }
+        }
+    });
     let failover = tokio::task::spawn_blocking(move || perform_failover(&monitor));
-    let mut reported = None;
     let after = wait_until(
         "the store to write to another primary",
         Duration::from_secs(60),
         async || {
-            // What the store says on the way, kept for the check below.
-            if let Some(reason) = store.failover_problem() {
-                reported.get_or_insert(reason);
-            }
             tokio::time::timeout(Duration::from_millis(500), port(store.clone()))
                 .await
                 .ok()
@@ -214,9 +226,15 @@ async fn a_store_follows_the_primary_pg_auto_failover_moves() {
     )
     .await;
     failover.await.unwrap();
+    stop.send_replace(true);
+    watcher.await.unwrap();
     assert_ne!(after, Some(before));
     // Between the demotion and the promotion no host qualified, and the store said why.
-    let reason = reported.expect("no failover problem was reported during the switch");
+    let reason = reported
+        .lock()
+        .unwrap()
+        .take()
+        .expect("no failover problem was reported during the switch");
     assert!(reason.contains("no host is usable"), "{reason}");
     assert_eq!(store.failover_problem(), None);
 }

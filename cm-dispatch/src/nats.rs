@@ -58,6 +58,16 @@ pub struct NatsConfig {
     pub duplicate_window: Duration,
 }
 
+impl NatsConfig {
+    /// Checks the subject prefix and the stream name as NATS would take them, without the
+    /// network: what [`NatsDispatcher::connect`] refuses first, for a caller to refuse before it
+    /// writes or waits for anything.
+    pub fn check_names(&self) -> Result<(), NatsConfigError> {
+        check_prefix(&self.subject_prefix)?;
+        check_stream_name(&self.stream)
+    }
+}
+
 /// Why the NATS backend could not start.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -76,7 +86,8 @@ pub enum NatsConfigError {
     /// The server did not accept the connection.
     #[error("cannot connect to NATS: {0}")]
     Connect(String),
-    /// The stream could not be found, created or widened.
+    /// The stream could not be found, created or widened (the server failing or not ready:
+    /// JetStream answers late after a restart).
     #[error("JetStream stream {stream}: {reason}")]
     Stream {
         /// The stream.
@@ -84,6 +95,31 @@ pub enum NatsConfigError {
         /// Why.
         reason: String,
     },
+    /// The stream exists but does not take the prefix's subjects: a configuration to change,
+    /// not a moment to wait out.
+    #[error(
+        "JetStream stream {stream}: it exists but does not take {wanted} (its subjects: {subjects})"
+    )]
+    StreamSubjects {
+        /// The stream.
+        stream: String,
+        /// The subjects it takes, comma-separated.
+        subjects: String,
+        /// The subjects cm publishes to.
+        wanted: String,
+    },
+}
+
+impl NatsConfigError {
+    /// Whether waiting may help: the server not answering, or its stream calls failing (a
+    /// server starting again, JetStream not ready yet). Bad names, an unreadable credentials
+    /// file and a stream that takes other subjects stay wrong until the operator changes them.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            NatsConfigError::Connect(_) | NatsConfigError::Stream { .. }
+        )
+    }
 }
 
 /// Publishes each occurrence to a JetStream stream, deduplicated by `Nats-Msg-Id`.
@@ -100,8 +136,7 @@ impl NatsDispatcher {
     /// Connects to the server and makes sure the stream exists with a wide enough duplicate
     /// window.
     pub async fn connect(config: &NatsConfig) -> Result<Self, NatsConfigError> {
-        check_prefix(&config.subject_prefix)?;
-        check_stream_name(&config.stream)?;
+        config.check_names()?;
         let mut options = async_nats::ConnectOptions::new()
             .name("cm-scheduler")
             .connection_timeout(Duration::from_secs(10));
@@ -151,10 +186,11 @@ impl NatsDispatcher {
             .map_err(|e| failed(e.to_string()))?;
         let mut config = stream.cached_info().config.clone();
         if !config.subjects.iter().any(|s| s == &subjects || s == ">") {
-            return Err(failed(format!(
-                "it exists but does not take {subjects} (its subjects: {})",
-                config.subjects.join(", ")
-            )));
+            return Err(NatsConfigError::StreamSubjects {
+                stream: self.stream.clone(),
+                subjects: config.subjects.join(", "),
+                wanted: subjects,
+            });
         }
         if config.duplicate_window < window {
             config.duplicate_window = window;

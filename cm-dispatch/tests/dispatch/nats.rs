@@ -186,6 +186,36 @@ async fn an_existing_stream_with_a_short_window_is_widened() {
     assert_eq!(window, Duration::from_secs(600));
 }
 
+/// A server that does not answer is worth waiting for; a stream taking other subjects is not:
+/// the scheduler waits out the first and refuses to start on the second.
+#[tokio::test]
+async fn an_unreachable_server_is_transient_and_a_stream_of_other_subjects_is_not() {
+    let mut down = config(Duration::from_secs(60));
+    down.url = "nats://127.0.0.1:1".into();
+    let err = NatsDispatcher::connect(&down).await.unwrap_err();
+    assert!(matches!(err, NatsConfigError::Connect(_)), "{err}");
+    assert!(err.is_transient(), "{err}");
+
+    let config = config(Duration::from_secs(60));
+    let js = jetstream().await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: config.stream.clone(),
+        subjects: vec![format!("{}.other.>", config.subject_prefix)],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let refused = NatsDispatcher::connect(&config).await;
+    js.delete_stream(&config.stream).await.unwrap();
+    let err = refused.unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("does not take") && text.contains(&format!("{}.>", config.subject_prefix)),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn bad_names_and_a_missing_credentials_file_are_refused_at_start() {
     fn check(result: Result<NatsDispatcher, NatsConfigError>, fragment: &str) {

@@ -157,55 +157,111 @@ impl MessageArgs {
                     read_secret_file(path, "--nats-credentials-file", "NATS credentials")?;
                 }
                 let attempts = config.max_attempts.max(1);
-                Ok(MessagePlan::Nats(NatsConfig {
+                let nats = NatsConfig {
                     url,
                     subject_prefix: self.nats_subject_prefix.clone(),
                     stream: self.nats_stream.clone(),
                     credentials_file: self.nats_credentials_file.clone(),
                     duplicate_window: config.lease.duration() * attempts,
-                }))
+                };
+                nats.check_names().map_err(|e| input(e.to_string()))?;
+                Ok(MessagePlan::Nats(nats))
             }
         }
     }
 }
 
 impl MessagePlan {
-    /// Connects the planned backend. The transactional outbox writes through the claim's own
+    /// Builds the planned backend. The transactional outbox writes through the claim's own
     /// store; a dispatched one through `dispatch_store`, a pool without the claim's timeouts
     /// (a dispatch is bounded by --dispatch-timeout, and may wait on the outbox's locks that
-    /// long).
-    pub(crate) async fn build(
+    /// long). NATS is connected later, by [`NatsConnection::wait`] during start-up's waits: the
+    /// dispatcher returned stands in for it until then (nothing dispatches before start-up
+    /// ends).
+    pub(crate) fn build(
         self,
         store: &PgStore,
         dispatch_store: &PgStore,
-    ) -> Result<Arc<dyn Dispatcher>, Failure> {
-        Ok(match self {
+    ) -> (Arc<dyn Dispatcher>, Option<NatsConnection>) {
+        match self {
             MessagePlan::Outbox(OutboxMode::Transactional) => {
-                Arc::new(OutboxDispatcher::new(store.clone()))
+                (Arc::new(OutboxDispatcher::new(store.clone())), None)
             }
-            MessagePlan::Outbox(OutboxMode::Dispatched) => {
-                Arc::new(OutboxDispatcher::dispatched(dispatch_store.clone()))
-            }
+            MessagePlan::Outbox(OutboxMode::Dispatched) => (
+                Arc::new(OutboxDispatcher::dispatched(dispatch_store.clone())),
+                None,
+            ),
             MessagePlan::Webhook(webhook) => {
                 tracing::info!(url = %webhook.shown_url(), "message backend: webhook");
-                Arc::new(webhook)
+                (Arc::new(webhook), None)
             }
             MessagePlan::Nats(config) => {
-                let nats = NatsDispatcher::connect(&config)
-                    .await
-                    .map_err(|e| match e {
-                        NatsConfigError::BadName(_) | NatsConfigError::Credentials { .. } => {
-                            input(e.to_string())
-                        }
-                        other => {
-                            Failure::Other(format!("{other} (server {})", endpoint(&config.url)))
-                        }
-                    })?;
-                tracing::info!(stream = %config.stream, prefix = %config.subject_prefix,
-                    duplicate_window = ?config.duplicate_window, "message backend: NATS JetStream");
-                Arc::new(nats)
+                let slot = Arc::new(LateDispatcher::default());
+                let connection = NatsConnection {
+                    config,
+                    slot: slot.clone(),
+                };
+                (slot, Some(connection))
             }
-        })
+        }
+    }
+}
+
+/// The NATS backend still to connect, and the slot its dispatcher goes in.
+pub(crate) struct NatsConnection {
+    config: NatsConfig,
+    slot: Arc<LateDispatcher>,
+}
+
+impl NatsConnection {
+    /// Connects, retrying with backoff while the server does not answer (a broker restarting
+    /// as the scheduler starts), each failure kept as `/readyz`'s reason through `waiting`.
+    /// A configuration the server refuses for good (a bad name, unreadable credentials, a
+    /// stream taking other subjects) ends start-up with its error.
+    pub(crate) async fn wait(self, waiting: impl Fn(Option<String>)) -> Result<(), Failure> {
+        let server = endpoint(&self.config.url);
+        let mut backoff = std::time::Duration::from_millis(500);
+        let nats = loop {
+            match NatsDispatcher::connect(&self.config).await {
+                Ok(nats) => break nats,
+                Err(e) if e.is_transient() => {
+                    waiting(Some(format!("waiting for NATS: {e} (server {server})")));
+                    tracing::warn!(error = %e, server = %server, retry_in = ?backoff,
+                        "NATS does not answer yet; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                }
+                Err(e @ (NatsConfigError::BadName(_) | NatsConfigError::Credentials { .. })) => {
+                    return Err(input(e.to_string()));
+                }
+                Err(e) => return Err(Failure::Other(format!("{e} (server {server})"))),
+            }
+        };
+        waiting(None);
+        tracing::info!(stream = %self.config.stream, prefix = %self.config.subject_prefix,
+            duplicate_window = ?self.config.duplicate_window, "message backend: NATS JetStream");
+        let _ = self.slot.0.set(Arc::new(nats));
+        Ok(())
+    }
+}
+
+/// A dispatcher filled in once its backend connects; until then every dispatch is unavailable.
+/// It stands only for backends that dispatch (no in-claim effect), as NATS does.
+#[derive(Default)]
+pub(crate) struct LateDispatcher(std::sync::OnceLock<Arc<dyn Dispatcher>>);
+
+#[async_trait::async_trait]
+impl Dispatcher for LateDispatcher {
+    async fn dispatch(
+        &self,
+        dispatch: &cm_dispatch::Dispatch,
+    ) -> Result<cm_dispatch::Receipt, cm_dispatch::DispatchError> {
+        match self.0.get() {
+            Some(inner) => inner.dispatch(dispatch).await,
+            None => Err(cm_dispatch::DispatchError::Unavailable(
+                "the backend is not connected yet".into(),
+            )),
+        }
     }
 }
 

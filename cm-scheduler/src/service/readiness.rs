@@ -22,7 +22,7 @@ impl Waiting {
         Waiting(Arc::new(Mutex::new(Some(reason.to_owned()))))
     }
 
-    fn set(&self, reason: Option<String>) {
+    pub(super) fn set(&self, reason: Option<String>) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = reason;
     }
 

@@ -97,6 +97,11 @@ pub struct Dispatch {
     pub idempotency_key: IdempotencyKey,
     /// 1 for the first attempt at this occurrence.
     pub attempt: u32,
+    /// How many retries of the occurrence after failed outcomes (its routine's retry policy)
+    /// have begun: 0 for its first attempt and every takeover of it. A mission's run is named
+    /// [`Occurrence::run_name`] of it, so a retry launches a new run and a takeover finds its
+    /// own; a message keeps its idempotency key on every retry.
+    pub retry: u32,
     /// When the dispatch must have finished. The caller enforces it with a timeout as well; a
     /// backend uses it to bound retries of its own.
     pub deadline: Instant,
@@ -106,6 +111,13 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
+    /// This dispatch as the attempt of retry `retry` of its occurrence (0: its first
+    /// attempt's), whose mission run is named [`Occurrence::run_name`] of it.
+    pub fn with_retry(mut self, retry: u32) -> Self {
+        self.retry = retry;
+        self
+    }
+
     /// A dispatch of `occurrence` with its derived key.
     pub fn new(
         occurrence: Occurrence,
@@ -122,6 +134,7 @@ impl Dispatch {
             payload,
             idempotency_key: occurrence.idempotency_key(),
             attempt,
+            retry: 0,
             deadline,
             first_attempt_age: Duration::ZERO,
         }

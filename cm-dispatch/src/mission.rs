@@ -239,7 +239,8 @@ pub async fn check_resolved(
 /// One mission as a runtime receives it: the routine's mission plus cm's environment and labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Launch {
-    /// The runtime name of the container, Job or marker: the occurrence's idempotency key.
+    /// The runtime name of the container, Job or marker: the occurrence's idempotency key, or
+    /// for a retry `<key>-r<retry>` ([`cm_domain::Occurrence::run_name`]).
     pub name: String,
     /// The mission file, validated.
     pub mission: Mission,
@@ -300,7 +301,7 @@ impl Launch {
         labels.insert("cm.attempt".into(), dispatch.attempt.to_string());
         labels.insert("cm.traceparent".into(), traceparent);
         Ok(Launch {
-            name: dispatch.idempotency_key.to_string(),
+            name: dispatch.occurrence.run_name(dispatch.retry),
             mission,
             env,
             labels,

@@ -42,6 +42,9 @@ pub enum DefinitionError {
     /// The name is refused ([`RoutineName::parse`]).
     #[error(transparent)]
     Name(#[from] RoutineNameError),
+    /// A retry policy is refused ([`crate::RetryPolicy::new`]).
+    #[error("{0}")]
+    Retry(String),
     /// A message routine's payload is not an object with a `"text"` string.
     #[error("a message routine's payload must be a JSON object with a \"text\" string")]
     NotAMessage,

@@ -33,6 +33,26 @@ impl Occurrence {
     pub fn idempotency_key(&self) -> IdempotencyKey {
         IdempotencyKey::for_occurrence(self)
     }
+
+    /// The name of a mission's run of this occurrence: its idempotency key for the first
+    /// attempt's run (`retry` 0), and `<key>-r<retry>` for the run of a retry after a failed
+    /// outcome. Every takeover of one attempt (a crashed scheduler's) names the same run, so
+    /// it finds the container or Job already launched instead of starting a second; a retry
+    /// names a new one. At most 60 characters: a valid container and Kubernetes Job name.
+    ///
+    /// ```
+    /// # use cm_domain::Occurrence;
+    /// # use chrono::{TimeZone, Utc};
+    /// let o = Occurrence::new(uuid::Uuid::nil(), Utc.timestamp_opt(60, 0).unwrap());
+    /// assert_eq!(o.run_name(0), o.idempotency_key().to_string());
+    /// assert_eq!(o.run_name(2), format!("{}-r2", o.idempotency_key()));
+    /// ```
+    pub fn run_name(&self, retry: u32) -> String {
+        match retry {
+            0 => self.idempotency_key().to_string(),
+            n => format!("{}-r{n}", self.idempotency_key()),
+        }
+    }
 }
 
 /// A key derived from `(routine_id, scheduled_at)`: the same for every attempt at one occurrence

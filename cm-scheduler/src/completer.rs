@@ -57,6 +57,12 @@ pub enum Completed {
     NotHeld,
     /// The routine was deleted, with its fires, while the dispatch ran.
     RoutineDeleted,
+    /// The failure was written, and is tried again at `at` under the routine's retry policy:
+    /// the row stays `claimed` for the reaper then.
+    Retrying {
+        /// When the retry is due.
+        at: chrono::DateTime<chrono::Utc>,
+    },
     /// The settle could not be written (the database kept failing); the row stays `claimed`
     /// and the reaper retries the occurrence after its lease.
     Unwritten(String),
@@ -66,6 +72,7 @@ impl From<SettleOutcome> for Completed {
     fn from(outcome: SettleOutcome) -> Self {
         match outcome {
             SettleOutcome::Settled => Completed::Settled,
+            SettleOutcome::Retrying { at } => Completed::Retrying { at },
             SettleOutcome::TakenOver => Completed::NotHeld,
             SettleOutcome::Gone => Completed::RoutineDeleted,
             SettleOutcome::Unwritten => Completed::Unwritten(

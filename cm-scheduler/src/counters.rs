@@ -274,6 +274,9 @@ pub struct Stats {
     /// Dispatches that hit a transient error of cm's own database and were left `claimed` for
     /// a retry after their lease, instead of being settled `failed`.
     pub left_for_retry: Counter,
+    /// Failed attempts tried again under their routine's retry policy (a failed dispatch or
+    /// launch, or a mission's failed or lost run): each is counted by its retry's outcome.
+    pub retrying: Counter,
     /// Ticks that claimed nothing because every place in the in-flight set was taken.
     pub saturated_ticks: Counter,
     /// Ticks that took longer than the tick interval (the next tick waited for the next
@@ -327,6 +330,7 @@ impl Default for Stats {
             planned: Counter::new(PLANNED, Some("planned")),
             refused_at_planning: Counter::new(PLANNED, Some("refused")),
             left_for_retry: outcome("left_for_retry"),
+            retrying: outcome("retrying"),
             saturated_ticks: Counter::new(SATURATED, None),
             tick_overruns: Counter::new(OVERRUNS, None),
             group_errors: Counter::new(GROUP_ERRORS, None),

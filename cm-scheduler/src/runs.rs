@@ -16,7 +16,7 @@ use cm_domain::{ErrorText, FireOutcome, FireStatus, Occurrence, RunHolder, Settl
 use cm_store::{GroupId, MissionRuns, RunRecord, RunTake, RunUpdate, StoreError, UnfinishedRun};
 use tracing::{debug, info, warn};
 
-use crate::counters::Stats;
+use crate::counters::{Stats, add};
 
 /// How many runs one pass asks about: bounded, so a pass is short whatever is running; a
 /// larger set of runs is walked over several passes, least recently checked first.
@@ -37,6 +37,8 @@ pub struct RunWatch {
     /// The scheduler's own secrets (its database password, tokens), scrubbed from every run's
     /// output before it is kept.
     pub secrets: Vec<String>,
+    /// Where a retry of a failed run is noted, to wake the reaper when it is due.
+    pub retries: Arc<crate::engine::RetryWake>,
 }
 
 /// What a mission does before its launch, under its routine's overlap policy.
@@ -71,7 +73,7 @@ impl RunWatch {
         let place = self.runtime.place();
         let mut take = self.store.take_run(occurrence, place.clone()).await?;
         for _ in 0..REPLACE_TRIES {
-            let (holder, holder_place) = match take {
+            let (holder, holder_place, name) = match take {
                 RunTake::Launch => return Ok(BeforeLaunch::Launch),
                 RunTake::Gone => return Ok(BeforeLaunch::Gone),
                 RunTake::Skip { holder, state } => {
@@ -84,9 +86,12 @@ impl RunWatch {
                         fire_name(holder)
                     )));
                 }
-                RunTake::Replace { holder, place } => (holder, place),
+                RunTake::Replace {
+                    holder,
+                    place,
+                    run_name,
+                } => (holder, place, run_name),
             };
-            let name = holder.idempotency_key().to_string();
             let run = RunRef {
                 name: name.clone(),
                 place: holder_place,
@@ -147,10 +152,16 @@ impl RunWatch {
             .filter(|r| r.status == FireStatus::Fired)
             .map(|r| r.occurrence)
             .collect();
-        // Each run's report is read where its evidence is.
-        let places: std::collections::HashMap<Occurrence, Option<String>> = runs
+        // Each run's report is read where its evidence is, under its name.
+        let places: std::collections::HashMap<Occurrence, RunRef> = runs
             .iter()
-            .map(|r| (r.occurrence, r.place.clone()))
+            .map(|r| {
+                let run = RunRef {
+                    name: r.run_name(),
+                    place: r.place.clone(),
+                };
+                (r.occurrence, run)
+            })
             .collect();
         let room = Arc::new(tokio::sync::Semaphore::new(WATCH_CONCURRENCY));
         let mut asking = tokio::task::JoinSet::new();
@@ -181,19 +192,23 @@ impl RunWatch {
         // Every scheduler watches every run; only the row update that ended a run returns it,
         // so each ended run is counted and logged once, by whichever pass wrote it.
         let ended = self.store.record_runs(&updates).await?;
-        for (occurrence, state) in &ended {
+        for (occurrence, state, retry) in &ended {
             stats.run_reached(state.name());
-            if launched.contains(occurrence) {
+            if let Some(at) = retry {
+                // The fire is counted by its retry's outcome.
+                add(&stats.retrying, 1);
+                self.retries.due_at(*at);
+            } else if launched.contains(occurrence) {
                 stats.fire_ended(state);
             }
             info!(routine_id = %occurrence.routine_id, scheduled_at = %occurrence.scheduled_at,
                 run = %state.name(), exit_code = ?state.exit_code(),
-                reason = state.reason().unwrap_or(""), "mission run ended");
+                reason = state.reason().unwrap_or(""), retry_at = ?retry, "mission run ended");
         }
         // What every other ended run left is asked for by the pass that ended it, once.
         let rest: Vec<Occurrence> = ended
             .iter()
-            .map(|(occurrence, _)| *occurrence)
+            .map(|(occurrence, _, _)| *occurrence)
             .filter(|occurrence| !failing.contains(occurrence))
             .collect();
         self.keep_reports(&rest, &places, &room).await;
@@ -205,19 +220,18 @@ impl RunWatch {
     async fn keep_reports(
         &self,
         occurrences: &[Occurrence],
-        places: &std::collections::HashMap<Occurrence, Option<String>>,
+        places: &std::collections::HashMap<Occurrence, RunRef>,
         room: &Arc<tokio::sync::Semaphore>,
     ) {
         let mut reporting = tokio::task::JoinSet::new();
         for occurrence in occurrences {
             let (runtime, room, occurrence) = (self.runtime.clone(), room.clone(), *occurrence);
-            let place = places.get(&occurrence).cloned().flatten();
+            let run = places.get(&occurrence).cloned().unwrap_or_else(|| RunRef {
+                name: occurrence.idempotency_key().to_string(),
+                place: None,
+            });
             reporting.spawn(async move {
                 let _turn = room.acquire_owned().await;
-                let run = RunRef {
-                    name: occurrence.idempotency_key().to_string(),
-                    place,
-                };
                 let report = runtime.report(&run, Instant::now() + OBSERVE_TIMEOUT).await;
                 (occurrence, report)
             });
@@ -265,7 +279,7 @@ async fn update(
         FireStatus::Fired | FireStatus::Failed => {
             let status = run.status;
             let run = RunRef {
-                name: occurrence.idempotency_key().to_string(),
+                name: run.run_name(),
                 place: run.place,
             };
             // A run whose evidence this scheduler cannot see (another host's, a directory it

@@ -168,7 +168,7 @@ const FAILED_LOCK_WAIT: &str = "1s";
 
 impl PgStore {
     /// Runs `write`, a statement recording outcomes that returns the occurrences it wrote
-    /// (routine and instant), in a transaction with their events (`routine.failed`,
+    /// (routine and instant, and the instant of the retry of a failure tried again), in a transaction with their events (`routine.failed`,
     /// `routine.recovered`: `crate::events`; with `all_outcomes` false, only when `failing` is
     /// not empty) and, when the store pauses after N failures and
     /// `failing` names occurrences whose outcome `write` records as failed, the pause of the
@@ -178,29 +178,30 @@ impl PgStore {
         group: Option<GroupId>,
         all_outcomes: bool,
         failing: &[(Uuid, chrono::DateTime<chrono::Utc>)],
-        write: sqlx::query::QueryAs<
-            'q,
-            Postgres,
-            (Uuid, chrono::DateTime<chrono::Utc>),
-            PgArguments,
-        >,
-    ) -> Result<Vec<(Uuid, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        write: sqlx::query::QueryAs<'q, Postgres, crate::ledger::Written, PgArguments>,
+    ) -> Result<Vec<crate::ledger::Written>, StoreError> {
         if !all_outcomes && failing.is_empty() {
             return Ok(on_store!(self, |e| write.fetch_all(e))?);
         }
         let mut conn = self.pool.acquire().await?;
         let mut tx = self.begin_on(&mut conn).await?;
         let written = write.fetch_all(&mut *tx).await?;
+        let keys: Vec<(Uuid, chrono::DateTime<chrono::Utc>)> =
+            written.iter().map(|(id, at, _)| (*id, *at)).collect();
         // A batch of settles with no failure writes no event: its recoveries are heard from a
         // batch that also fails, or from a run's end (`all_outcomes`), so the common settle
         // stays one statement's work.
         if all_outcomes || !failing.is_empty() {
-            crate::events::record_outcome_events(&mut tx, group, &written).await?;
+            crate::events::record_outcome_events(&mut tx, group, &keys).await?;
         }
         if let Some(after) = self.pause_after.filter(|_| !failing.is_empty()) {
             let mut routines: Vec<Uuid> = failing
                 .iter()
-                .filter(|occurrence| written.contains(occurrence))
+                .filter(|occurrence| {
+                    written
+                        .iter()
+                        .any(|(id, at, retry)| retry.is_none() && (*id, *at) == **occurrence)
+                })
                 .map(|(routine_id, _)| *routine_id)
                 .collect();
             routines.sort_unstable();

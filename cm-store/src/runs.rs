@@ -17,6 +17,9 @@ use sqlx::query::Query;
 use sqlx::{FromRow, Postgres};
 use uuid::Uuid;
 
+use crate::ledger::{
+    given_up_error_sql, next_occurrence_sql, reason_instant_sql, retry_decision_sql, retry_wait_sql,
+};
 use crate::{GroupId, PgStore, StoreError};
 
 /// A mission fire whose run is not known to have finished.
@@ -30,6 +33,16 @@ pub struct UnfinishedRun {
     /// Where the run's evidence is, as its runtime named its place when the run was begun
     /// (`None`: not recorded).
     pub place: Option<String>,
+    /// Which retry of the occurrence the run is (0: its first attempt's); the run is named
+    /// [`Occurrence::run_name`] of it.
+    pub retry: u32,
+}
+
+impl UnfinishedRun {
+    /// The run's name in its runtime ([`Occurrence::run_name`]).
+    pub fn run_name(&self) -> String {
+        self.occurrence.run_name(self.retry)
+    }
 }
 
 /// What the watch pass learned about one run.
@@ -45,6 +58,10 @@ pub enum RunUpdate {
     /// directory it cannot read): only marked checked, and left to a scheduler that can.
     Unseen,
 }
+
+/// A run a [`MissionRuns::record_runs`] call ended: its occurrence, how it ended, and when a
+/// failure of it is tried again, the retry's instant.
+pub type EndedRun = (Occurrence, RunState, Option<DateTime<Utc>>);
 
 /// What an ended run left, as its runtime reported it: kept on its fire.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -83,6 +100,8 @@ pub enum RunTake {
         holder: Occurrence,
         /// Where its run's evidence is, as recorded when it was begun (`None`: not recorded).
         place: Option<String>,
+        /// Its run's name ([`Occurrence::run_name`] of the retry it is).
+        run_name: String,
     },
     /// The routine, or this occurrence's claim, is gone (the routine was deleted, the claim
     /// settled by another attempt): launch nothing.
@@ -141,13 +160,15 @@ pub trait MissionRuns: Send + Sync {
 
     /// Writes what the watch pass learned. Only runs still `running` change, so two passes
     /// of two schedulers at once write the same states. Returns the runs this call ended, each
-    /// once whichever pass wrote it: what run counters count. A run whose row another
+    /// once whichever pass wrote it: what run counters count; with each, when a failed run is
+    /// tried again under its routine's retry policy, the retry's instant (its fire is `claimed`
+    /// again, for the reaper then). A run whose row another
     /// transaction holds locked is skipped, not waited on: it is not returned, and stays the
     /// least recently checked, for the next pass.
     async fn record_runs(
         &self,
         updates: &[(Occurrence, RunUpdate)],
-    ) -> Result<Vec<(Occurrence, RunState)>, StoreError>;
+    ) -> Result<Vec<EndedRun>, StoreError>;
 
     /// Keeps what the ended run of `occurrence` left (its output's tail, its start and end) on
     /// its fire. Called by the pass whose [`MissionRuns::record_runs`] returned the run, once.
@@ -228,7 +249,7 @@ impl MissionRuns for PgStore {
     async fn record_runs(
         &self,
         updates: &[(Occurrence, RunUpdate)],
-    ) -> Result<Vec<(Occurrence, RunState)>, StoreError> {
+    ) -> Result<Vec<EndedRun>, StoreError> {
         if updates.is_empty() {
             return Ok(Vec::new());
         }
@@ -340,11 +361,15 @@ impl PgStore {
             None => RunHolder::Free,
             Some((at, ..)) if *at == occurrence.scheduled_at => RunHolder::Free,
             Some((at, ..)) if stopped.is_some_and(|s| s.scheduled_at == *at) => RunHolder::Free,
-            Some((_, status, run, _)) => holder_state(status, run.as_deref()),
+            Some((_, status, run, _, _)) => holder_state(status, run.as_deref()),
         };
-        let (held_by, held_place) = match held {
-            Some((at, _, _, place)) => (Some(Occurrence::new(occurrence.routine_id, at)), place),
-            None => (None, None),
+        let (held_by, held_place, held_retry) = match held {
+            Some((at, _, _, place, retry)) => (
+                Some(Occurrence::new(occurrence.routine_id, at)),
+                place,
+                u32::try_from(retry).unwrap_or(0),
+            ),
+            None => (None, None, 0),
         };
         match (decide_overlap(policy, &holder), held_by) {
             (OverlapDecision::Skip, Some(holder_of)) => {
@@ -357,6 +382,7 @@ impl PgStore {
                 return Ok(RunTake::Replace {
                     holder: holder_of,
                     place: held_place,
+                    run_name: holder_of.run_name(held_retry),
                 });
             }
             _ => {}
@@ -404,7 +430,7 @@ fn holder_state(status: &str, run: Option<&str>) -> RunHolder {
 
 /// The fire that holds a routine's run (`$1` the routine, `$2` its group), if one does.
 const HOLDER_SQL: &str = "
-SELECT scheduled_at, status, run_state, run_place FROM cm.routine_fires
+SELECT scheduled_at, status, run_state, run_place, retry FROM cm.routine_fires
 WHERE routine_id = $1 AND group_id = $2 AND holds_run
 ORDER BY scheduled_at DESC
 LIMIT 1";
@@ -421,28 +447,75 @@ WHERE routine_id = $1 AND scheduled_at = $2 AND group_id = $3 AND status = 'clai
 /// another transaction holds (a caller's open `cm.delete_routine`, another pass writing the
 /// same run) is left as it is, its `run_checked_at` unchanged, so the next pass reads it first
 /// again; it never makes the statement wait, nor fail the other runs' updates.
+///
+/// A run that ended failed or lost, or a launch settled `failed` that the runtime never knew,
+/// is tried again when its routine's retry policy says so (`retry_decision_sql!`): the fire goes
+/// back to `claimed`, its lease running out at the retry's instant, its run's columns moved into
+/// its `tries` and cleared, and `retry` counted up, so the reaper takes it over then and
+/// launches a run of a new name ([`cm_domain::Occurrence::run_name`]). A failure not retried
+/// keeps, after its reason, why it was not. Returns each written row with its retry's instant.
 macro_rules! record_runs_sql {
-    ($tail:literal) => {
+    ($tail:literal, in: $group:literal) => {
         concat!(
             "WITH held AS (
-                 SELECT f.routine_id, f.scheduled_at, f.group_id, t.state, t.exit_code, t.reason
+                 SELECT f.routine_id, f.scheduled_at, f.group_id, t.state, t.exit_code, t.reason,
+                        now() + ",
+            retry_wait_sql!(),
+            " AS retry_at, ",
+            retry_decision_sql!(
+                "t.state IN ('failed', 'lost') OR (t.state IS NULL AND f.status = 'failed')",
+                group: $group
+            ),
+            " AS decision,
+                        CASE WHEN t.state IS DISTINCT FROM 'running' THEN
+                        jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+                            'attempt', f.attempt, 'outcome', coalesce(t.state, 'failed'),
+                            'error', f.error, 'exit_code', t.exit_code, 'reason', t.reason,
+                            'output', right(f.run_output, 4000), 'started_at', f.run_started_at,
+                            'finished_at', f.run_finished_at, 'ended_at', now(),
+                            'retry_at', now() + ",
+            retry_wait_sql!(),
+            "))) END AS try
                  FROM cm.routine_fires AS f
                  JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::text[], $4::int[], $5::text[])
                       AS t(routine_id, scheduled_at, state, exit_code, reason)
                    ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
+                 LEFT JOIN cm.routines AS r ON r.id = f.routine_id AND r.group_id = ",
+            $group,
+            "
                  WHERE f.run_state = 'running'",
             $tail,
             "
                  FOR UPDATE OF f SKIP LOCKED
              )
              UPDATE cm.routine_fires AS f
-             SET run_state = h.state, run_exit_code = h.exit_code, run_reason = h.reason,
-                 run_checked_at = now()
+             SET run_state = CASE WHEN h.decision = 'retry' THEN NULL ELSE h.state END,
+                 run_exit_code = CASE WHEN h.decision = 'retry' THEN NULL ELSE h.exit_code END,
+                 run_reason = CASE WHEN h.decision = 'retry' THEN NULL
+                                   WHEN h.reason IS NULL THEN h.decision
+                                   ELSE ",
+            given_up_error_sql!("h.reason", "h.decision"),
+            " END,
+                 run_checked_at = now(),
+                 status = CASE WHEN h.decision = 'retry' THEN 'claimed' ELSE f.status END,
+                 completed_at = CASE WHEN h.decision = 'retry' THEN NULL ELSE f.completed_at END,
+                 lease_expires_at = CASE WHEN h.decision = 'retry' THEN h.retry_at
+                                         ELSE f.lease_expires_at END,
+                 retry = f.retry + CASE WHEN h.decision = 'retry' THEN 1 ELSE 0 END,
+                 tries = CASE WHEN h.decision = 'retry' THEN coalesce(f.tries, '[]'::jsonb) || h.try
+                              ELSE f.tries END,
+                 run_output = CASE WHEN h.decision = 'retry' THEN NULL ELSE f.run_output END,
+                 run_started_at = CASE WHEN h.decision = 'retry' THEN NULL
+                                       ELSE f.run_started_at END,
+                 run_finished_at = CASE WHEN h.decision = 'retry' THEN NULL
+                                        ELSE f.run_finished_at END,
+                 run_place = CASE WHEN h.decision = 'retry' THEN NULL ELSE f.run_place END
              FROM held AS h
              WHERE f.routine_id = h.routine_id AND f.scheduled_at = h.scheduled_at
                AND f.group_id = h.group_id",
             $tail,
-            " RETURNING f.routine_id, f.scheduled_at"
+            " RETURNING f.routine_id, f.scheduled_at,
+                         CASE WHEN h.decision = 'retry' THEN h.retry_at END AS retry_at"
         )
     };
 }
@@ -454,7 +527,7 @@ impl PgStore {
         &self,
         group: Option<GroupId>,
         updates: &[(Occurrence, RunUpdate)],
-    ) -> Result<Vec<(Occurrence, RunState)>, StoreError> {
+    ) -> Result<Vec<EndedRun>, StoreError> {
         let n = updates.len();
         let (mut ids, mut instants) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let (mut states, mut codes, mut reasons) = (
@@ -484,8 +557,8 @@ impl PgStore {
         // With a group, the statement names it as a constant (not `$6 IS NULL OR ...`), so
         // Citus plans it on that group's shard alone.
         let query = crate::schema::query_as(match group {
-            None => record_runs_sql!(""),
-            Some(_) => record_runs_sql!(" AND f.group_id = $6"),
+            None => record_runs_sql!("", in: "f.group_id"),
+            Some(_) => record_runs_sql!(" AND f.group_id = $6", in: "$6"),
         })
         .bind(&ids)
         .bind(&instants)
@@ -507,18 +580,20 @@ impl PgStore {
             .map(|(occurrence, _)| (occurrence.routine_id, occurrence.scheduled_at))
             .collect();
         let ended = self.record_then_pause(group, true, &failing, query).await?;
-        let ended: std::collections::HashSet<Occurrence> = ended
+        let ended: std::collections::HashMap<Occurrence, Option<DateTime<Utc>>> = ended
             .into_iter()
-            .map(|(routine_id, at)| Occurrence::new(routine_id, at))
+            .map(|(routine_id, at, retry)| (Occurrence::new(routine_id, at), retry))
             .collect();
         Ok(updates
             .iter()
-            .filter_map(|(occurrence, update)| match update {
-                RunUpdate::Observed(state) if state.is_finished() && ended.contains(occurrence) => {
-                    Some((*occurrence, state.clone()))
-                }
-                _ => None,
-            })
+            .filter_map(
+                |(occurrence, update)| match (update, ended.get(occurrence)) {
+                    (RunUpdate::Observed(state), Some(retry)) if state.is_finished() => {
+                        Some((*occurrence, state.clone(), *retry))
+                    }
+                    _ => None,
+                },
+            )
             .collect())
     }
 }
@@ -526,7 +601,7 @@ impl PgStore {
 /// The watch pass's read. `$1` is the most runs to return. It reads `routine_fires_running_idx`
 /// in its order and stops after `$1` rows: the runs still running, never the finished ledger.
 const UNFINISHED_RUNS_SQL: &str = "
-SELECT routine_id, scheduled_at, status, run_place
+SELECT routine_id, scheduled_at, status, run_place, retry
 FROM cm.routine_fires
 WHERE run_state = 'running'
 ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
@@ -534,7 +609,7 @@ LIMIT $1";
 
 /// The same in the group `$2`.
 const UNFINISHED_RUNS_IN_SQL: &str = "
-SELECT routine_id, scheduled_at, status, run_place
+SELECT routine_id, scheduled_at, status, run_place, retry
 FROM cm.routine_fires
 WHERE run_state = 'running' AND group_id = $2
 ORDER BY run_checked_at NULLS FIRST, routine_id, scheduled_at
@@ -553,13 +628,13 @@ pub(crate) fn unfinished_runs_query(
     crate::ledger::bind_group(query, group)
 }
 
-/// A row of the watch pass's read: the occurrence, its status and its run's place.
-type UnfinishedRow = (Uuid, DateTime<Utc>, String, Option<String>);
+/// A row of the watch pass's read: the occurrence, its status, its run's place and its retry.
+type UnfinishedRow = (Uuid, DateTime<Utc>, String, Option<String>, i16);
 
 /// The runs an unfinished-runs read returned.
 fn unfinished(rows: Vec<UnfinishedRow>) -> Result<Vec<UnfinishedRun>, StoreError> {
     rows.into_iter()
-        .map(|(routine_id, scheduled_at, status, place)| {
+        .map(|(routine_id, scheduled_at, status, place, retry)| {
             let status = status
                 .parse()
                 .map_err(
@@ -572,10 +647,11 @@ fn unfinished(rows: Vec<UnfinishedRow>) -> Result<Vec<UnfinishedRun>, StoreError
                 occurrence: Occurrence::new(routine_id, scheduled_at),
                 status,
                 place,
+                retry: u32::try_from(retry).unwrap_or(0),
             })
         })
         .collect()
 }
 
-/// The run holder's row: its occurrence, status, run state and place.
-type HolderRow = (DateTime<Utc>, String, Option<String>, Option<String>);
+/// The run holder's row: its occurrence, status, run state, place and retry.
+type HolderRow = (DateTime<Utc>, String, Option<String>, Option<String>, i16);

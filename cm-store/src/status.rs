@@ -332,7 +332,7 @@ impl StatusReader for PgStore {
         let row: Option<DetailRow> = on_store!(self, |e| crate::schema::query_as(
             "SELECT routine_id, scheduled_at, status, origin, claimant, attempt, claimed_at,
                     lease_expires_at, completed_at, error, receipt, run_state, run_exit_code,
-                    run_reason, run_started_at, run_finished_at, run_output
+                    run_reason, run_started_at, run_finished_at, run_output, retry, tries
              FROM cm.routine_fires WHERE routine_id = $1 AND scheduled_at = $2",
         )
         .bind(occurrence.routine_id)

@@ -293,7 +293,8 @@ pub(super) fn routine_fire_row(f: &Fire) -> Vec<String> {
     row
 }
 
-/// `fires show`: the fire's fields, one a line, then the last of its run's output.
+/// `fires show`: the fire's fields, one a line, then the last of its run's output; then each
+/// earlier attempt of its occurrence that failed and was retried, with the last of its output.
 pub(super) fn print_fire(
     detail: &cm_store::FireDetail,
     occurrence: cm_domain::Occurrence,
@@ -314,7 +315,14 @@ pub(super) fn print_fire(
     );
     say!("status      {}", f.status);
     say!("origin      {}", f.origin);
-    say!("attempt     {} by {}", f.attempt, printable(&f.claimant));
+    match f.retry {
+        0 => say!("attempt     {} by {}", f.attempt, printable(&f.claimant)),
+        retry => say!(
+            "attempt     {} by {} (retry {retry})",
+            f.attempt,
+            printable(&f.claimant)
+        ),
+    }
     say!("traceparent {}", fire_traceparent(f));
     say!("settled     {}", time(f.completed_at));
     if let Some(why) = f.failure().or(f.error.as_deref()) {
@@ -353,4 +361,34 @@ pub(super) fn print_fire(
             _ => say!("output: none kept"),
         }
     }
+    if !f.tries.is_empty() {
+        say!("");
+        say!("earlier attempts, each retried:");
+        for t in &f.tries {
+            say!("{}", earlier_try(t));
+            if let Some(output) = t.output.as_deref() {
+                for line in output.lines() {
+                    say!("    {}", printable(line));
+                }
+            }
+        }
+    }
+}
+
+/// An earlier attempt of an occurrence, in one line: `attempt 1   failed  exit 3  <error or
+/// reason>  retried at <instant>`.
+fn earlier_try(t: &cm_store::EarlierTry) -> String {
+    let mut parts = vec![format!(
+        "attempt {:<3} {}",
+        t.attempt,
+        printable(&t.outcome)
+    )];
+    if let Some(code) = t.exit_code {
+        parts.push(format!("exit {code}"));
+    }
+    if let Some(why) = t.error.as_deref().or(t.reason.as_deref()) {
+        parts.push(printable(why));
+    }
+    parts.push(format!("retried at {}", instant(t.retry_at)));
+    parts.join("  ")
 }

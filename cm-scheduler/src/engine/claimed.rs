@@ -87,7 +87,7 @@ impl Scheduler {
             let lateness = (claim.now - fire.planned_at).to_std().unwrap_or_default();
             // Lateness is judged for scheduled fires only: a backfill of last week is not late.
             let scheduled = fire.origin == FireOrigin::Schedule;
-            let action = outcome.action(self.config.max_attempts);
+            let action = outcome.action_after_retries(self.config.max_attempts, fire.retry);
             let trace = |attempt: u32| {
                 self.traces.as_ref().map(|traces| {
                     traces.attempt(
@@ -149,6 +149,7 @@ impl Scheduler {
                         ),
                         stats: self.stats.clone(),
                         runs: self.runs.clone(),
+                        retries: self.retries.clone(),
                         launch_ticket: self.launch_ticket(fire.kind),
                         trace: trace(attempt),
                     };

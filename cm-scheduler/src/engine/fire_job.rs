@@ -33,6 +33,8 @@ pub(super) struct FireJob {
     pub(super) first_claimed: Option<Instant>,
     pub(super) stats: Arc<Stats>,
     pub(super) runs: Option<Arc<RunWatch>>,
+    /// Where a retry this attempt's failure is given is noted, to wake the reaper then.
+    pub(super) retries: Arc<super::RetryWake>,
     /// A mission's place at the launch rate's gate, passed just before its launch.
     pub(super) launch_ticket: Option<LaunchTicket>,
     /// The attempt's spans, recorded when the job ends (`--otlp-endpoint`).
@@ -48,6 +50,8 @@ pub(super) enum FireResult {
     Failed,
     Skipped,
     Unsettled,
+    /// The attempt failed and is tried again later under its routine's retry policy.
+    Retrying,
 }
 
 /// Notes on a still-held claim why its attempt ends without settling; a failure to note is
@@ -73,7 +77,7 @@ pub(super) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 /// Why a settle was not written, for its span (`None`: it was).
 pub(super) fn unwritten(completed: &Completed) -> Option<String> {
     match completed {
-        Completed::Settled => None,
+        Completed::Settled | Completed::Retrying { .. } => None,
         Completed::NotHeld => Some("the claim was taken over after its lease ran out".into()),
         Completed::RoutineDeleted => Some("the routine was deleted".into()),
         Completed::Unwritten(reason) => Some(reason.to_string()),
@@ -84,6 +88,7 @@ pub(super) fn unwritten(completed: &Completed) -> Option<String> {
 pub(super) fn completed(fire: &ClaimedFire, completed: Completed, stats: &Stats) -> bool {
     match completed {
         Completed::Settled => true,
+        Completed::Retrying { .. } => false,
         Completed::NotHeld => {
             warn!(routine_id = %fire.occurrence.routine_id, scheduled_at = %fire.occurrence.scheduled_at,
                 attempt = fire.row.attempt,
@@ -121,7 +126,8 @@ impl FireJob {
             attempt,
             self.deadline.into_std(),
         )
-        .with_first_attempt_age(self.first_claimed.map_or(Duration::MAX, |at| at.elapsed()));
+        .with_first_attempt_age(self.first_claimed.map_or(Duration::MAX, |at| at.elapsed()))
+        .with_retry(fire.retry);
         // Lateness is judged for scheduled fires only: a backfill of last week is not late.
         if fire.origin == FireOrigin::Schedule {
             self.stats.lateness.observe(lateness);
@@ -181,6 +187,7 @@ impl FireJob {
             }
         };
         let failed = matches!(settlement, Settlement::Failed(_));
+        let failure = settlement.error().unwrap_or_default().to_owned();
         let skipped = matches!(settlement, Settlement::Skipped(_));
         let unsettled = match &settlement {
             Settlement::Fired => "dispatched, but the settle was not written".to_string(),
@@ -205,6 +212,14 @@ impl FireJob {
             if let (Some((name, error)), Completed::Settled) = (traced_end, &outcome) {
                 trace.ended(name, error);
             }
+        }
+        if let Completed::Retrying { at } = outcome {
+            info!(routine = %fire.routine_name, routine_id = %fire.occurrence.routine_id,
+                scheduled_at = %fire.occurrence.scheduled_at, attempt, retry_at = %at,
+                error = failure.as_str(), "the attempt failed; its routine's retry policy tries it again");
+            add(&self.stats.retrying, 1);
+            self.retries.due_at(at);
+            return FireResult::Retrying;
         }
         let unwritten = matches!(outcome, Completed::Unwritten(_));
         let deleted = matches!(outcome, Completed::RoutineDeleted);
@@ -249,7 +264,7 @@ impl FireJob {
         else {
             return;
         };
-        let run = cm_dispatch::RunRef::named(fire.occurrence.idempotency_key().to_string());
+        let run = cm_dispatch::RunRef::named(fire.occurrence.run_name(fire.retry));
         let deadline = Instant::now() + ORPHAN_STOP_TIMEOUT;
         match tokio::time::timeout(ORPHAN_STOP_TIMEOUT, runs.runtime.stop(&run, deadline)).await {
             Ok(Ok(())) => info!(routine_id = %fire.occurrence.routine_id, run = %run.name,
@@ -290,7 +305,7 @@ impl FireJob {
                     note_unsettled(&*self.ledger, &fire.fire_ref(), why).await;
                     return Err(FireResult::Unsettled);
                 }
-                Ok(Err(e)) if let Some(open) = outcome_left_open(&e, attempt) => {
+                Ok(Err(e)) if let Some(open) = outcome_left_open(&e, attempt, fire.retry_began) => {
                     // Settling `failed` what may be delivered could leave a mission running
                     // under a failed row. Leave it for the next attempt, which finds what this
                     // one did by the occurrence's name (bounded by the attempt limit, past which
@@ -327,10 +342,12 @@ impl FireJob {
 /// confirm a dispatch it may have taken (a container created, its start unanswered), or a
 /// taken-over claim, whose claimant stopped before settling perhaps after the target took the
 /// occurrence, found the target unavailable (which does not say the first attempt failed).
-fn outcome_left_open(e: &DispatchError, attempt: u32) -> Option<&'static str> {
+/// The first attempt of a retry (`began`, after a failure its routine's retry policy tries
+/// again) took over no claimant's: the attempt before it is known to have failed.
+fn outcome_left_open(e: &DispatchError, attempt: u32, began: u32) -> Option<&'static str> {
     match e {
         DispatchError::Unconfirmed(_) => Some("the target did not confirm the dispatch"),
-        DispatchError::Unavailable(_) if attempt > 1 => {
+        DispatchError::Unavailable(_) if attempt > began => {
             Some("a retried dispatch found the target unavailable")
         }
         _ => None,

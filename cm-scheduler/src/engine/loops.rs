@@ -137,11 +137,24 @@ impl Scheduler {
     }
 
     /// Takes expired claims over, prunes old fires and pauses failing routines every half lease
-    /// (at least every tick interval), beside the ticks.
+    /// (at least every tick interval), beside the ticks; and takes over the retries this
+    /// process decided as each comes due (`retry_wake.rs`).
     async fn reap_loop(&self, mut stopped: watch::Receiver<bool>, completer: &Arc<dyn Completer>) {
         let every = (self.config.lease.duration() / 2).max(self.config.tick_interval);
         let mut beat = beat(every);
-        while next_beat(&mut beat, &mut stopped).await {
+        loop {
+            let beaten = tokio::select! {
+                biased;
+                more = next_beat(&mut beat, &mut stopped) => more,
+                () = self.retries.wait() => {
+                    let result = self.reap_and_start(completer, None).await;
+                    self.record(result, "reaper pass (retries due)");
+                    continue;
+                }
+            };
+            if !beaten {
+                break;
+            }
             let result = self.reap_and_start(completer, None).await;
             self.record(result, "reaper pass");
             self.prune().await;

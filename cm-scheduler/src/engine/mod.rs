@@ -48,7 +48,10 @@ mod launch_gate;
 mod loops;
 mod maintenance;
 mod reaper;
+mod retry_wake;
 mod room;
+
+pub use retry_wake::RetryWake;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -137,6 +140,8 @@ pub struct TickReport {
     pub skipped: u64,
     /// Missions settled `skipped`: an earlier run of their routine was still running.
     pub overlap_skipped: usize,
+    /// Failed attempts left `claimed` for a retry under their routine's retry policy.
+    pub retrying: usize,
 }
 
 impl TickReport {
@@ -153,6 +158,7 @@ impl TickReport {
         self.claims += other.claims;
         self.skipped += other.skipped;
         self.overlap_skipped += other.overlap_skipped;
+        self.retrying += other.retrying;
     }
 }
 
@@ -208,6 +214,8 @@ pub struct Scheduler {
     launches: Arc<LaunchWindow>,
     /// Mission runs watched after their launch (`runs.rs`).
     runs: Option<Arc<RunWatch>>,
+    /// The retries this process decided, which wake its reaper when due (`retry_wake.rs`).
+    retries: Arc<RetryWake>,
     secrets: Vec<String>,
     /// Claims per routine group, in the groups this scheduler leases (`groups.rs`); `None`
     /// claims across every group at once.
@@ -268,6 +276,7 @@ impl Scheduler {
             outbox: None,
             launches: Arc::default(),
             runs: None,
+            retries: Arc::default(),
             secrets: Vec::new(),
             groups: None,
             outages: GroupOutages::default(),
@@ -350,6 +359,7 @@ impl Scheduler {
             store,
             runtime,
             secrets: self.secrets.clone(),
+            retries: self.retries.clone(),
         }));
         self
     }
@@ -481,6 +491,7 @@ async fn collect(dispatches: &mut JoinSet<FireResult>, report: &mut TickReport) 
             Ok(FireResult::Failed) => report.failed += 1,
             Ok(FireResult::Skipped) => report.overlap_skipped += 1,
             Ok(FireResult::Unsettled) => report.unsettled += 1,
+            Ok(FireResult::Retrying) => report.retrying += 1,
             Err(e) => {
                 // The wrapper itself never panics; a cancelled runtime ends it.
                 error!(error = %e, "a dispatch task ended abnormally");

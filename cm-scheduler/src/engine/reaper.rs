@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cm_store::{GroupId, ReapParams};
 use tokio::task::JoinSet;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::claimed::timed_claim;
 use super::fire_job::FireResult;
@@ -75,14 +75,32 @@ impl Scheduler {
             group,
         };
         let (claim, window) = timed_claim(self.ledger.reap_expired(&params)).await?;
-        add(&self.stats.reaped, claim.fires.len() as u64);
+        // A retry a routine's retry policy made is taken over as its lease runs out too, but
+        // it is no crashed claim: counted when it was decided (`retrying`), not here.
+        let retries = claim
+            .fires
+            .iter()
+            .filter(|f| f.retry > 0 && f.retry_began == f.row.attempt)
+            .count();
+        add(&self.stats.reaped, (claim.fires.len() - retries) as u64);
         for fire in &claim.fires {
-            warn!(
-                routine = %fire.occurrence.routine_id,
-                scheduled_at = %fire.occurrence.scheduled_at,
-                attempt = fire.row.attempt,
-                "took over an expired claim (its claimant stopped before settling)"
-            );
+            if fire.retry > 0 && fire.retry_began == fire.row.attempt {
+                // Its last attempt failed and its routine's retry policy tries it again now.
+                info!(
+                    routine = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at,
+                    attempt = fire.row.attempt,
+                    retry = fire.retry,
+                    "retrying after a failed attempt"
+                );
+            } else {
+                warn!(
+                    routine = %fire.occurrence.routine_id,
+                    scheduled_at = %fire.occurrence.scheduled_at,
+                    attempt = fire.row.attempt,
+                    "took over an expired claim (its claimant stopped before settling)"
+                );
+            }
         }
         Ok(self.start(claim, window, completer, wait, places).await)
     }

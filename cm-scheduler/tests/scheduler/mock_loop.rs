@@ -75,6 +75,8 @@ fn fire(n: u32, row: Row) -> ClaimedFire {
         receipt: None,
         first_claimed_at: at(n),
         planned_at: at(n),
+        retry: 0,
+        retry_began: 1,
         row: ClaimRow {
             inserted,
             status,

@@ -244,6 +244,7 @@ async fn a_run_that_ends_is_counted_once_however_many_schedulers_watch_it(pool: 
             store: Arc::new(store.clone()),
             runtime: Arc::new(runtime),
             secrets: Vec::new(),
+            retries: Arc::default(),
         }
     };
     let (a, b) = (watch(), watch());

@@ -40,6 +40,8 @@ struct UpsertedRow {
     error: Option<String>,
     first_claimed_at: Option<DateTime<Utc>>,
     planned_at: Option<DateTime<Utc>>,
+    retry: i16,
+    retry_began: i32,
 }
 
 impl PgStore {
@@ -177,6 +179,8 @@ pub(super) async fn claim_rows_on_one_shard(
                 error: r.error,
                 first_claimed_at: r.first_claimed_at,
                 planned_at: r.planned_at,
+                retry: r.retry,
+                retry_began: r.retry_began,
                 written: Some(i64::try_from(written).unwrap_or(i64::MAX)),
             })
         })

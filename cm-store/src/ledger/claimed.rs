@@ -32,6 +32,10 @@ pub(super) struct ClaimedRow {
     pub(super) first_claimed_at: Option<DateTime<Utc>>,
     /// When the occurrence came due, where its jitter delayed it.
     pub(super) planned_at: Option<DateTime<Utc>>,
+    /// How many retries of the occurrence have begun (0 for its first attempt's claims).
+    pub(super) retry: i16,
+    /// The attempt the latest retry began with (1 without a retry).
+    pub(super) retry_began: i32,
     /// How many outbox messages the claim statement wrote (the outbox claim only).
     pub(super) written: Option<i64>,
 }
@@ -64,6 +68,8 @@ impl TryFrom<ClaimedRow> for ClaimedFire {
             // unknown, and is taken as long ago.
             first_claimed_at: r.first_claimed_at.unwrap_or(DateTime::<Utc>::MIN_UTC),
             planned_at: r.planned_at.unwrap_or(r.scheduled_at),
+            retry: u32::try_from(r.retry).unwrap_or(0),
+            retry_began: u32::try_from(r.retry_began).unwrap_or(1),
             row: ClaimRow {
                 inserted: r.inserted,
                 status,

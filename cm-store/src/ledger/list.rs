@@ -49,6 +49,8 @@ pub(crate) struct FireRow {
     run_reason: Option<String>,
     run_started_at: Option<DateTime<Utc>>,
     run_finished_at: Option<DateTime<Utc>>,
+    retry: i16,
+    tries: Option<serde_json::Value>,
 }
 
 impl From<FireRow> for Fire {
@@ -70,6 +72,12 @@ impl From<FireRow> for Fire {
             run_reason: r.run_reason,
             run_started_at: r.run_started_at,
             run_finished_at: r.run_finished_at,
+            retry: u32::try_from(r.retry).unwrap_or(0),
+            // A record this version does not read is left out rather than failing the listing.
+            tries: r
+                .tries
+                .and_then(|t| serde_json::from_value(t).ok())
+                .unwrap_or_default(),
         }
     }
 }

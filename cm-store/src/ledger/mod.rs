@@ -63,6 +63,7 @@ mod claim;
 mod claim_news;
 mod claimed;
 mod due;
+mod gate;
 mod list;
 mod reap;
 mod settle;
@@ -73,6 +74,13 @@ pub(crate) use claim::bind_group;
 pub(crate) use due::{due_query, take_requests_query};
 pub(crate) use list::{FireRow, list_query};
 pub(crate) use reap::reap_query;
+pub(crate) use sql::{
+    given_up_error_sql, next_occurrence_sql, reason_instant_sql, retry_decision_sql, retry_wait_sql,
+};
+
+/// A row a statement recording outcomes wrote: the occurrence (routine and instant), and when
+/// its failure is tried again, the retry's instant.
+pub(crate) type Written = (Uuid, DateTime<Utc>, Option<DateTime<Utc>>);
 
 use std::time::{Duration, Instant};
 
@@ -234,6 +242,13 @@ pub struct ClaimedFire {
     /// When the occurrence came due: its instant, or later by its schedule's jitter. Lateness
     /// is measured from it.
     pub planned_at: DateTime<Utc>,
+    /// How many retries of the occurrence (after failed outcomes, by its routine's retry
+    /// policy) have begun: 0 for its first attempt. A mission's run of retry N is named
+    /// `<key>-r<N>` ([`cm_domain::Occurrence::run_name`]).
+    pub retry: u32,
+    /// The attempt the occurrence's latest retry began with (1 while its first attempt's
+    /// claims are the latest): an attempt after it took over a claim whose claimant stopped.
+    pub retry_began: u32,
 }
 
 impl ClaimedFire {
@@ -284,6 +299,13 @@ pub const MAX_RECEIPT_BYTES: usize = 1024;
 pub enum SettleOutcome {
     /// The claim was still this claimant's: the row is now `fired` or `failed`.
     Settled,
+    /// The claim was still this claimant's, and its failure is tried again under its routine's
+    /// retry policy: the row stays `claimed`, its lease running out at `at`, when the reaper
+    /// takes it over as the next attempt (the attempt's error is kept on the row).
+    Retrying {
+        /// When the retry is due.
+        at: DateTime<Utc>,
+    },
     /// The row no longer carries the claim's token and attempt (its lease ran out and another
     /// claimant took it over), or it is already settled. Nothing changed.
     TakenOver,
@@ -364,6 +386,43 @@ pub struct Fire {
     pub run_started_at: Option<DateTime<Utc>>,
     /// When the run ended, by its runtime's clock.
     pub run_finished_at: Option<DateTime<Utc>>,
+    /// How many retries of the occurrence have begun (its routine's retry policy): 0 while
+    /// its first attempt is the last.
+    pub retry: u32,
+    /// What each earlier attempt that was retried met, oldest first; the last attempt's is the
+    /// fire's own columns.
+    pub tries: Vec<EarlierTry>,
+}
+
+/// An attempt of an occurrence that failed and was tried again, as its fire keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EarlierTry {
+    /// The attempt's number.
+    pub attempt: u32,
+    /// `failed` (a failed dispatch, launch or run) or `lost` (a mission's run gone).
+    pub outcome: String,
+    /// The dispatch's or launch's error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// A mission run's exit code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Why a mission's run failed or was lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The tail of a mission run's output (its last 4,000 characters), secrets scrubbed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// When the run started, by its runtime's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the run ended, by its runtime's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<DateTime<Utc>>,
+    /// When its failure was recorded.
+    pub ended_at: DateTime<Utc>,
+    /// When the retry after it was due.
+    pub retry_at: DateTime<Utc>,
 }
 
 impl Fire {

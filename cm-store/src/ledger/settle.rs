@@ -5,7 +5,7 @@
 //! [`SettleOutcome::Locked`], so one caller's open transaction delays the settles of its own
 //! routine's rows and no others. [`settle_waiting`] is the way back for such a row.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -111,7 +111,7 @@ pub(super) async fn settle_waiting(
         .bind(format!("{}ms", wait.as_millis().max(1)))
         .execute(&mut *tx)
         .await?;
-    let settled: Result<Vec<(Uuid, DateTime<Utc>)>, sqlx::Error> = columns
+    let settled: Result<Vec<super::Written>, sqlx::Error> = columns
         .bind(crate::schema::query_as(SETTLE_WAITING_SQL))
         .bind(group)
         .fetch_all(&mut *tx)
@@ -133,10 +133,13 @@ pub(super) async fn settle_waiting(
         crate::autopause::pause_failed_in(&mut tx, Some(group), after, &routine).await?;
     }
     tx.commit().await?;
-    if !settled.is_empty() {
-        return Ok(SettleOutcome::Settled);
+    if let Some((_, _, retry)) = settled.first() {
+        return Ok(match retry {
+            Some(at) => SettleOutcome::Retrying { at: *at },
+            None => SettleOutcome::Settled,
+        });
     }
-    Ok(unsettled(store, Some(group), &columns, &HashSet::new())
+    Ok(unsettled(store, Some(group), &columns, &HashMap::new())
         .await?
         .pop()
         .unwrap_or(SettleOutcome::Gone))
@@ -218,16 +221,17 @@ impl<'a> Columns<'a> {
 
 /// What became of each settle of `columns` not in `settled`, read after the update: still held
 /// by its claim (so its row was locked: [`SettleOutcome::Locked`]), taken over, or gone; one
-/// outcome per settle, in order, `Settled` for those in `settled`.
+/// outcome per settle, in order, `Settled` (or `Retrying`, with its retry's instant) for those
+/// in `settled`.
 async fn unsettled(
     store: &PgStore,
     group: Option<GroupId>,
     columns: &Columns<'_>,
-    settled: &HashSet<(Uuid, DateTime<Utc>)>,
+    settled: &HashMap<(Uuid, DateTime<Utc>), Option<DateTime<Utc>>>,
 ) -> Result<Vec<SettleOutcome>, StoreError> {
     let mut missed = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..columns.ids.len() {
-        if !settled.contains(&(columns.ids[i], columns.instants[i])) {
+        if !settled.contains_key(&(columns.ids[i], columns.instants[i])) {
             missed.0.push(columns.ids[i]);
             missed.1.push(columns.instants[i]);
             missed.2.push(columns.tokens[i]);
@@ -256,8 +260,11 @@ async fn unsettled(
         .iter()
         .zip(&columns.instants)
         .map(|(id, at)| {
-            if settled.contains(&(*id, *at)) {
-                SettleOutcome::Settled
+            if let Some(retry) = settled.get(&(*id, *at)) {
+                match retry {
+                    Some(at) => SettleOutcome::Retrying { at: *at },
+                    None => SettleOutcome::Settled,
+                }
             } else {
                 match present.get(&(*id, *at)) {
                     Some(true) => SettleOutcome::Locked,
@@ -299,8 +306,11 @@ async fn settle_fires_of(
     let settled = store
         .record_then_pause(group, false, &failing, query)
         .await?;
-    let settled: HashSet<(Uuid, DateTime<Utc>)> = settled.into_iter().collect();
-    if settled.len() == n {
+    let settled: HashMap<(Uuid, DateTime<Utc>), Option<DateTime<Utc>>> = settled
+        .into_iter()
+        .map(|(id, at, retry)| ((id, at), retry))
+        .collect();
+    if settled.len() == n && settled.values().all(Option::is_none) {
         return Ok(vec![SettleOutcome::Settled; n]);
     }
     unsettled(store, group, &columns, &settled).await

@@ -613,3 +613,107 @@ async fn create_routines_writes_a_batch_whole_or_refuses_it_naming_the_element(p
         "a JSON array",
     );
 }
+
+/// `cm.create_routines` and `cm.set_routine_retries` write a retry policy as `routine create
+/// --retries --retry-backoff` does, and refuse a bad one in one line, writing nothing.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn retry_policies_are_written_and_checked_from_sql(pool: PgPool) {
+    let store = cm_store::PgStore::new(pool.clone());
+    let routines = serde_json::json!([
+        {"name": "plain", "schedule": "0 3 * * *", "message": "m"},
+        {"name": "fixed", "schedule": "0 3 * * *", "message": "m", "retries": 2,
+         "retry_backoff": "30s"},
+        {"name": "doubling", "schedule": "0 3 * * *", "message": "m", "retries": 5,
+         "retry_backoff": "10s..5m"},
+    ]);
+    assert_eq!(create_many(&pool, &routines).await, Ok(3));
+    let policy = |name: &'static str| {
+        let store = store.clone();
+        async move {
+            let r = cm_store::RoutineStore::get_routine_by_name(&store, name)
+                .await
+                .unwrap();
+            (
+                r.retry.retries,
+                r.retry.backoff.base.as_secs(),
+                r.retry.backoff.max.as_secs(),
+            )
+        }
+    };
+    assert_eq!(policy("plain").await, (0, 10, 600));
+    assert_eq!(policy("fixed").await, (2, 30, 30));
+    assert_eq!(policy("doubling").await, (5, 10, 300));
+
+    for (bad, refusal) in [
+        (
+            serde_json::json!({"retries": 101}),
+            "22023: routine 1 of 1: retries must be 0 to 100 (it was 101)",
+        ),
+        (
+            serde_json::json!({"retries": "2"}),
+            "22023: routine 1 of 1: field \"retries\" must be a number",
+        ),
+        (
+            serde_json::json!({"retry_backoff": "5m..10s"}),
+            "22023: routine 1 of 1: a retry backoff's first wait must not be longer than its cap (it was '5m..10s')",
+        ),
+        (
+            serde_json::json!({"retry_backoff": "500ms"}),
+            "22023: routine 1 of 1: a retry backoff is BASE..MAX or BASE, whole seconds from 1s to 1d, such as 10s..10m (it was '500ms')",
+        ),
+    ] {
+        let mut routine =
+            serde_json::json!({"name": "bad", "schedule": "0 3 * * *", "message": "m"});
+        for (k, v) in bad.as_object().unwrap() {
+            routine[k] = v.clone();
+        }
+        assert_eq!(
+            create_many(&pool, &serde_json::json!([routine])).await,
+            Err(refusal.to_string())
+        );
+    }
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM cm.routines")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 3, "nothing written by a refusal");
+
+    let id = cm_store::RoutineStore::get_routine_by_name(&store, "plain")
+        .await
+        .unwrap()
+        .id;
+    let set = |retries: Option<i32>, base: Option<&'static str>, cap: Option<&'static str>| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT cm.set_routine_retries($1, $2, $3::interval, $4::interval)",
+            )
+            .bind(id)
+            .bind(retries)
+            .bind(base)
+            .bind(cap)
+            .fetch_one(&pool)
+            .await
+            .map_err(refusal)
+        }
+    };
+    assert_eq!(set(Some(3), None, None).await, Ok(true));
+    assert_eq!(
+        policy("plain").await,
+        (3, 10, 600),
+        "a NULL keeps that part"
+    );
+    assert_eq!(set(None, Some("1 minute"), Some("1 hour")).await, Ok(true));
+    assert_eq!(policy("plain").await, (3, 60, 3600));
+    assert!(set(Some(101), None, None).await.is_err());
+    assert!(
+        set(None, Some("2 hours"), None).await.is_err(),
+        "base past its cap"
+    );
+    assert!(set(None, Some("0.5 seconds"), None).await.is_err());
+    assert_eq!(
+        policy("plain").await,
+        (3, 60, 3600),
+        "a refusal writes nothing"
+    );
+}

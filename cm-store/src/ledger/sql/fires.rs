@@ -15,7 +15,7 @@ macro_rules! list_fires_sql {
             "
 SELECT routine_id, scheduled_at, status, origin, claimant, attempt, claimed_at,
        lease_expires_at, completed_at, error, receipt, run_state, run_exit_code, run_reason,
-       run_started_at, run_finished_at
+       run_started_at, run_finished_at, retry, tries
 FROM cm.routine_fires
 WHERE ($1::uuid IS NULL OR routine_id = $1)
   AND (",
@@ -46,61 +46,206 @@ pub(crate) fn list_fires_statement(outcome: Option<FireOutcome>) -> &'static str
     }
 }
 
+/// The wait before the retry a failed attempt of the fire `f` of the routine `r` would begin:
+/// the routine's backoff doubled once per retry already begun, at most its cap
+/// ([`cm_domain::RetryPolicy::delay`]).
+macro_rules! retry_wait_sql {
+    () => {
+        "make_interval(secs => least(r.retry_backoff_secs * power(2::float8, f.retry),
+                                   r.retry_backoff_max_secs))"
+    };
+}
+
+/// An instant as a retry's reason writes it (RFC 3339, UTC, whole seconds), of `$at`.
+macro_rules! reason_instant_sql {
+    ($at:expr) => {
+        concat!(
+            "to_char((",
+            $at,
+            ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"
+        )
+    };
+}
+
+/// The planned instant of the occurrence after the fire `f` of the routine `r`: the earliest of
+/// the routine's later fires in the ledger (occurrences are claimed in order, so the next one is
+/// there once claimed) and its next run (`least` passes over a NULL). Read through the primary
+/// key, within the fire's group, `$group` (the fire's column, or on Citus the statement's group
+/// parameter, so the subquery is on the same shard).
+macro_rules! next_occurrence_sql {
+    ($group:expr) => {
+        concat!(
+            "least(r.next_run_at,
+               (SELECT coalesce(n.planned_at, n.scheduled_at) FROM cm.routine_fires AS n
+                WHERE n.routine_id = f.routine_id AND n.group_id = ",
+            $group,
+            "
+                  AND n.scheduled_at > f.scheduled_at
+                ORDER BY n.scheduled_at LIMIT 1))"
+        )
+    };
+}
+
+/// What becomes of the attempt of the fire `f` of the routine `r` (NULL when the routine was
+/// deleted; `$group` its group, as in `next_occurrence_sql!`) whose outcome is failed when
+/// `$failed` holds: NULL (not failed, or the routine asks
+/// for no retry), `'retry'`, or the reason no retry is made: the rule of
+/// [`cm_domain::RetryPolicy::decide`], written in SQL so the statement recording the failure
+/// decides it.
+macro_rules! retry_decision_sql {
+    ($failed:expr, group: $group:expr) => {
+        concat!(
+            "CASE
+                WHEN NOT coalesce(",
+            $failed,
+            ", false) OR coalesce(r.retries, 0) = 0 THEN NULL
+                WHEN f.retry >= r.retries
+                     THEN format('retries spent (%s of %s)', f.retry, r.retries)
+                WHEN r.paused THEN 'not retried: the routine is paused'
+                WHEN now() + ",
+            retry_wait_sql!(),
+            " >= ",
+            next_occurrence_sql!($group),
+            "
+                     THEN format('not retried: retry %s would be due at %s, not before the next occurrence at %s',
+                                 f.retry + 1, ",
+            reason_instant_sql!(concat!("now() + ", retry_wait_sql!())),
+            ", ",
+            reason_instant_sql!(next_occurrence_sql!($group)),
+            ")
+                WHEN r.deadline_secs IS NOT NULL
+                     AND now() + ",
+            retry_wait_sql!(),
+            " >= coalesce(f.planned_at, f.scheduled_at) + make_interval(secs => r.deadline_secs)
+                     THEN format('not retried: retry %s would be due at %s, past the deadline at %s',
+                                 f.retry + 1, ",
+            reason_instant_sql!(concat!("now() + ", retry_wait_sql!())),
+            ", ",
+            reason_instant_sql!(
+                "coalesce(f.planned_at, f.scheduled_at) + make_interval(secs => r.deadline_secs)"
+            ),
+            ")
+                ELSE 'retry'
+             END"
+        )
+    };
+}
+
+/// A failed attempt's error with the reason no retry was made (`$decision`, see
+/// `retry_decision_sql!`) after it, within the column's 4096 bytes.
+macro_rules! given_up_error_sql {
+    ($error:expr, $decision:expr) => {
+        concat!(
+            "CASE WHEN ",
+            $decision,
+            " IS NULL OR ",
+            $decision,
+            " = 'retry' THEN ",
+            $error,
+            "
+                  WHEN octet_length(",
+            $error,
+            ") + octet_length(",
+            $decision,
+            ") <= 4000 THEN ",
+            $error,
+            " || '; ' || ",
+            $decision,
+            "
+                  ELSE ",
+            $decision,
+            " || ': ' || left(",
+            $error,
+            ", 700) END"
+        )
+    };
+}
+
 /// [`FireLedger::settle_fires`](super::FireLedger::settle_fires)'s fenced update of a batch:
 /// `$1` to `$7` the occurrences, their claims' tokens and attempts, and each one's status, error
-/// and receipt; `group:` keeps it in one group, or is empty. Returns the rows it settled.
+/// and receipt; `group:` keeps it in one group, or is empty; `lock:` is how the rows are locked
+/// (`SKIP LOCKED` for a batch, or nothing to wait). Returns the rows it wrote, each with the
+/// instant of its retry when the failure is tried again.
 ///
 /// The rows are picked and locked first, `FOR UPDATE SKIP LOCKED`, and only those are updated:
 /// a row another transaction holds (a caller's open `cm.delete_routine`, say) is left out of
 /// the batch instead of making the whole statement wait on it and fail on `lock_timeout`. The
 /// caller finds it still held by its claim ([`PRESENT_FIRES_SQL`]) and settles it later.
+///
+/// A failed attempt whose routine asks for retries (`retry_decision_sql!`) is not settled: the
+/// row stays `claimed`, its lease running out at the retry's instant, so the reaper takes it
+/// over then as the next attempt; the attempt's error is kept on it and in its `tries`. A
+/// mission whose run was begun is not retried here, whatever its launch's error: its container
+/// may exist, so its retry is decided when the watch pass finds its run ended or never
+/// launched (`cm_store::MissionRuns::record_runs`), never while a run may still be going.
 macro_rules! settle_fires_sql {
-    (group: $tail:literal) => {
+    (group: $tail:literal, in: $group:literal, lock: $lock:literal) => {
         concat!(
             "WITH held AS (
-                 SELECT f.routine_id, f.scheduled_at, f.group_id, t.status, t.error, t.receipt
+                 SELECT f.routine_id, f.scheduled_at, f.group_id, t.status, t.error, t.receipt,
+                        now() AS now_at, now() + ",
+            retry_wait_sql!(),
+            " AS retry_at, ",
+            retry_decision_sql!("t.status = 'failed' AND f.run_state IS NULL", group: $group),
+            " AS decision,
+                        CASE WHEN t.status = 'failed' THEN jsonb_build_array(jsonb_build_object(
+                            'attempt', f.attempt, 'outcome', 'failed', 'error', t.error,
+                            'ended_at', now(), 'retry_at', now() + ",
+            retry_wait_sql!(),
+            ")) END AS try
                  FROM cm.routine_fires AS f
                  JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
                              $6::text[], $7::text[])
                       AS t(routine_id, scheduled_at, claim_token, attempt, status, error, receipt)
                    ON f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
+                 LEFT JOIN cm.routines AS r ON r.id = f.routine_id AND r.group_id = ",
+            $group,
+            "
                  WHERE f.claim_token = t.claim_token AND f.attempt = t.attempt
                    AND f.status = 'claimed'",
             $tail,
             "
-                 FOR UPDATE OF f SKIP LOCKED
+                 FOR UPDATE OF f",
+            $lock,
+            "
              )
              UPDATE cm.routine_fires AS f
-             SET status = h.status, error = h.error, receipt = h.receipt, completed_at = now()
+             SET status = CASE WHEN h.decision = 'retry' THEN 'claimed' ELSE h.status END,
+                 error = ",
+            given_up_error_sql!("h.error", "h.decision"),
+            ",
+                 receipt = h.receipt,
+                 completed_at = CASE WHEN h.decision = 'retry' THEN NULL ELSE h.now_at END,
+                 lease_expires_at = CASE WHEN h.decision = 'retry' THEN h.retry_at
+                                         ELSE f.lease_expires_at END,
+                 retry = f.retry + CASE WHEN h.decision = 'retry' THEN 1 ELSE 0 END,
+                 tries = CASE WHEN h.decision = 'retry' THEN coalesce(f.tries, '[]'::jsonb) || h.try
+                              ELSE f.tries END
              FROM held AS h
              WHERE f.routine_id = h.routine_id AND f.scheduled_at = h.scheduled_at
                AND f.group_id = h.group_id",
             $tail,
-            " RETURNING f.routine_id, f.scheduled_at"
+            " RETURNING f.routine_id, f.scheduled_at,
+                         CASE WHEN h.decision = 'retry' THEN h.retry_at END AS retry_at"
         )
     };
 }
 
 /// [`settle_fires_sql!`] over every group.
-pub(crate) const SETTLE_FIRES_SQL: &str = settle_fires_sql!(group: "");
+pub(crate) const SETTLE_FIRES_SQL: &str =
+    settle_fires_sql!(group: "", in: "f.group_id", lock: " SKIP LOCKED");
 
 /// [`settle_fires_sql!`] within the group `$8`.
-pub(crate) const SETTLE_GROUP_FIRES_SQL: &str = settle_fires_sql!(group: " AND f.group_id = $8");
+pub(crate) const SETTLE_GROUP_FIRES_SQL: &str =
+    settle_fires_sql!(group: " AND f.group_id = $8", in: "$8", lock: " SKIP LOCKED");
 
 /// The fenced settle of one claim that waits for its row's lock (up to the transaction's
 /// `lock_timeout`) instead of skipping it: `$1` to `$7` as in [`settle_fires_sql!`], one element
 /// each, `$8` the group. A settle that found its row locked comes back through this one, so
 /// that, queued on the lock, it takes the row before any reaper can (the reaper skips locked
 /// rows rather than queue).
-pub(crate) const SETTLE_WAITING_SQL: &str = "UPDATE cm.routine_fires AS f
-             SET status = t.status, error = t.error, receipt = t.receipt, completed_at = now()
-             FROM UNNEST($1::uuid[], $2::timestamptz[], $3::uuid[], $4::int[], $5::text[],
-                         $6::text[], $7::text[])
-                  AS t(routine_id, scheduled_at, claim_token, attempt, status, error, receipt)
-             WHERE f.routine_id = t.routine_id AND f.scheduled_at = t.scheduled_at
-               AND f.claim_token = t.claim_token AND f.attempt = t.attempt
-               AND f.status = 'claimed' AND f.group_id = $8
-             RETURNING f.routine_id, f.scheduled_at";
+pub(crate) const SETTLE_WAITING_SQL: &str =
+    settle_fires_sql!(group: " AND f.group_id = $8", in: "$8", lock: "");
 
 /// Sets the transaction's `lock_timeout` to `$1` (text, such as `250ms`).
 pub(crate) const LOCAL_LOCK_TIMEOUT_SQL: &str = "SELECT set_config('lock_timeout', $1, true)";
@@ -189,7 +334,7 @@ WHERE f.routine_id = e.routine_id AND f.scheduled_at = e.scheduled_at
 RETURNING false AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
           f.claim_token, f.attempt, f.lease_expires_at, r.name, r.kind, f.origin, r.payload,
           NULL::text AS receipt, NULL::bigint AS written, f.error, f.first_claimed_at,
-          f.planned_at"
+          f.planned_at, f.retry, coalesce((f.tries -> -1 ->> 'attempt')::int + 1, 1) AS retry_began"
         )
     };
 }
@@ -208,3 +353,7 @@ pub(crate) const REAP_GROUP_SQL: &str =
 
 /// The database's clock, fixed for the whole transaction.
 pub(crate) const CLOCK_SQL: &str = "SELECT now()";
+
+pub(crate) use {
+    given_up_error_sql, next_occurrence_sql, reason_instant_sql, retry_decision_sql, retry_wait_sql,
+};

@@ -11,3 +11,6 @@ mod fires;
 
 pub(crate) use claim::*;
 pub(crate) use fires::*;
+pub(crate) use fires::{
+    given_up_error_sql, next_occurrence_sql, reason_instant_sql, retry_decision_sql, retry_wait_sql,
+};

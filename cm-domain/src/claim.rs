@@ -223,15 +223,24 @@ impl ClaimOutcome {
     /// An occurrence whose claimants crashed `max_attempts` times is not dispatched again: it
     /// is settled `failed` so a poison routine cannot crash-loop the fleet.
     pub fn action(&self, max_attempts: u32) -> ClaimAction {
+        self.action_after_retries(max_attempts, 0)
+    }
+
+    /// [`ClaimOutcome::action`] for an occurrence of which `retries` retries (after failed
+    /// outcomes, by its routine's [`crate::RetryPolicy`]) have begun: each retry is an attempt
+    /// too, so only the attempts that ended without settling count toward `max_attempts`.
+    pub fn action_after_retries(&self, max_attempts: u32, retries: u32) -> ClaimAction {
         match self {
             ClaimOutcome::Fresh => ClaimAction::Dispatch { attempt: 1 },
-            ClaimOutcome::Retry { attempt } if *attempt > max_attempts => ClaimAction::Abandon {
-                reason: ErrorText::new(format!(
-                    "abandoned: {} earlier attempts ended without settling (crashed or timed out); \
-                     the limit is {max_attempts}",
-                    attempt - 1
-                )),
-            },
+            ClaimOutcome::Retry { attempt } if attempt.saturating_sub(retries) > max_attempts => {
+                ClaimAction::Abandon {
+                    reason: ErrorText::new(format!(
+                        "abandoned: {} earlier attempts ended without settling (crashed or timed \
+                         out); the limit is {max_attempts}",
+                        attempt.saturating_sub(retries) - 1
+                    )),
+                }
+            }
             ClaimOutcome::Retry { attempt } => ClaimAction::Dispatch { attempt: *attempt },
             ClaimOutcome::InFlight { .. }
             | ClaimOutcome::Settled(_)

@@ -66,12 +66,14 @@ pub mod config;
 pub mod definition;
 pub mod event;
 pub mod jitter;
+pub mod limit;
 pub mod misfire;
 pub mod mission;
 pub mod name;
 pub mod occurrence;
 pub mod outcome;
 pub mod repository;
+pub mod retry;
 pub mod routine;
 pub mod rules;
 pub mod run;
@@ -88,6 +90,7 @@ pub use claim::{
 pub use config::{ConfigError, FireCap, Lease, SchedulerConfig};
 pub use definition::DefinitionError;
 pub use event::{EventType, UnknownEventType};
+pub use limit::{ConcurrencyKey, LimitError};
 pub use misfire::{
     DuePlan, MisfirePolicy, MisfireRules, ParseMisfirePolicyError, plan_due, plan_routine_due,
 };
@@ -95,6 +98,7 @@ pub use mission::{Mission, MissionError, MissionPolicy};
 pub use name::{MAX_NAME_CHARS, RoutineName, RoutineNameError};
 pub use occurrence::{FireOrigin, IdempotencyKey, Occurrence, ParseFireOriginError, RoutineId};
 pub use outcome::{FireOutcome, ParseFireOutcomeError};
+pub use retry::{Backoff, RetryDecision, RetryError, RetryPolicy};
 pub use routine::{RoutineKind, RoutineState};
 pub use rules::{MAX_EVERY_SECONDS, ScheduleText, duration_text, parse_duration, parse_time};
 pub use run::{

@@ -10,6 +10,11 @@
 //! occurrences keeps its clock at the oldest one, so a deferred occurrence is still owed, never
 //! lost: it comes due again on the next claim.
 //!
+//! When routines share concurrency keys, each due routine is given its **turn** among its key's
+//! (0 for its key's oldest, 1 for the next, …): a claim takes turns before instants, so the
+//! first turn of every key comes before the second of any, and one key's backlog cannot hold
+//! another key's routines past a claim. Given turns all 0, the order is the instants' alone.
+//!
 //! Some routines may also be **limited** (missions, whose launches are bounded by a rate):
 //! together they take at most the limited room, and what does not fit is **held**, owed like a
 //! deferred occurrence but not a reason to claim again before the room comes back.
@@ -51,8 +56,8 @@ pub struct RoutineAdvance {
     pub held: usize,
 }
 
-/// One due routine as [`plan_claim`] takes it: its misfire plan, and whether it counts against
-/// the limited room.
+/// One due routine as [`plan_claim`] takes it: its misfire plan, its turn among its key's, and
+/// whether it counts against the limited room.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DueRoutine {
     /// The routine.
@@ -61,6 +66,9 @@ pub struct DueRoutine {
     pub plan: DuePlan,
     /// Whether its occurrences take the limited room (a mission under a launch rate).
     pub limited: bool,
+    /// Its place among the due routines of its concurrency key, oldest first from 0 (routines
+    /// without a key count as one key): lower turns are taken first, then older instants.
+    pub turn: u32,
 }
 
 /// Plans a tick over due routines and their misfire plans, under `cap`, with no routine limited.
@@ -71,6 +79,7 @@ pub fn plan_tick(due: &[(RoutineId, DuePlan)], cap: FireCap) -> TickPlan {
             routine_id: *routine_id,
             plan: plan.clone(),
             limited: false,
+            turn: 0,
         })
         .collect();
     plan_claim(&due, cap, 0)
@@ -89,10 +98,10 @@ pub fn plan_claim(due: &[DueRoutine], cap: FireCap, limited_room: usize) -> Tick
             at
         })
         .collect();
-    // Routines by their oldest owed occurrence; the id breaks ties so the plan does not depend
-    // on input order.
+    // Routines by their turn, then their oldest owed occurrence; the id breaks ties so the
+    // plan does not depend on input order.
     let mut order: Vec<usize> = (0..due.len()).filter(|i| !owed[*i].is_empty()).collect();
-    order.sort_unstable_by_key(|i| (owed[*i][0], due[*i].routine_id));
+    order.sort_unstable_by_key(|i| (due[*i].turn, owed[*i][0], due[*i].routine_id));
 
     // How many of each routine's occurrences are claimed, and whether the limited room (not
     // the cap) is what stopped it.
@@ -221,6 +230,7 @@ mod tests {
             routine_id: Uuid::from_u128(i),
             plan: plan(minutes, 9, 0),
             limited,
+            turn: 0,
         };
         let due = [r(0, &[1, 2], true), r(1, &[1], false), r(2, &[2], true)];
         let got = plan_claim(&due, FireCap::new(10).unwrap(), 1);
@@ -236,5 +246,68 @@ mod tests {
         // The cap, not the room, stops a limited routine: deferred, not held.
         let got = plan_claim(&due[..1], FireCap::new(1).unwrap(), 5);
         assert_eq!((got.deferred, got.held), (1, 0));
+    }
+
+    #[test]
+    fn turns_come_before_instants() {
+        // Key A's two routines are older than key B's one; cap 2: A's first and B's first.
+        let r = |i: u128, minute: u32, turn: u32| DueRoutine {
+            routine_id: Uuid::from_u128(i),
+            plan: plan(&[minute], 9, 0),
+            limited: false,
+            turn,
+        };
+        let due = [r(0, 1, 0), r(1, 2, 1), r(2, 5, 0)];
+        let got = plan_claim(&due, FireCap::new(2).unwrap(), 0);
+        let claimed: Vec<_> = got.claims.iter().map(|o| o.routine_id.as_u128()).collect();
+        assert_eq!(claimed, [0, 2]);
+        assert_eq!(got.deferred, 1);
+        assert_eq!(got.advances[1].next_run_at, Some(at(2)));
+    }
+
+    proptest::proptest! {
+        /// Under any cap, a routine with occurrences left unclaimed by the cap means no routine
+        /// of a later turn claimed anything; and nothing is lost: each routine's occurrences
+        /// are claimed or deferred, its oldest deferred one its new clock.
+        #[test]
+        fn a_later_turn_never_goes_before_an_earlier_one(
+            routines in proptest::collection::vec((1u32..4, 0u32..50, 0u32..4), 1..12),
+            cap in 1usize..12,
+        ) {
+            let due: Vec<DueRoutine> = routines
+                .iter()
+                .enumerate()
+                .map(|(i, (n, first, turn))| DueRoutine {
+                    routine_id: Uuid::from_u128(i as u128),
+                    plan: plan(&(*first..first + n).collect::<Vec<_>>(), 59, 0),
+                    limited: false,
+                    turn: *turn,
+                })
+                .collect();
+            let got = plan_claim(&due, FireCap::new(cap).unwrap(), 0);
+            proptest::prop_assert!(got.claims.len() <= cap);
+            for (cut, advance) in due.iter().zip(&got.advances) {
+                proptest::prop_assert_eq!(
+                    advance.claimed + advance.deferred,
+                    cut.plan.occurrences.len()
+                );
+                if advance.deferred == 0 {
+                    continue;
+                }
+                proptest::prop_assert_eq!(
+                    advance.next_run_at,
+                    Some(cut.plan.occurrences[advance.claimed])
+                );
+                for (other, taken) in due.iter().zip(&got.advances) {
+                    proptest::prop_assert!(
+                        other.turn <= cut.turn || taken.claimed == 0,
+                        "turn {} claimed {} while turn {} was cut",
+                        other.turn,
+                        taken.claimed,
+                        cut.turn
+                    );
+                }
+            }
+        }
     }
 }

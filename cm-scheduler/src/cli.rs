@@ -181,6 +181,12 @@ async fn execute(cli: Cli, url: &str) -> Result<(), Failure> {
             }
             Ok(())
         }
+        Command::Limit(command) => {
+            for line in cm_scheduler::limits::command(url, command).await? {
+                say!("{line}");
+            }
+            Ok(())
+        }
         Command::Migrate { citus } => {
             let store = connect(url, true).await?;
             store

@@ -1,9 +1,14 @@
 //! A change to a routine's settings as an operator gives it, in text: from `routine update`'s
-//! flags or from the status page's form. Both go through [`Edit::checked`], so the page refuses
-//! exactly what the command line refuses, with the same words, before anything is written; the
-//! store then applies the change in one transaction with the routine's row locked.
+//! flags or from the status page's form. Both go through [`Edit::checked`], and read a number of
+//! retries, a retry backoff and a concurrency key with the same [`retries`], [`backoff`] and
+//! [`concurrency_key`] (the flags' parsers), so the page refuses exactly what the command line
+//! refuses, with the same words, before anything is written; the store then applies the change
+//! in one transaction with the routine's row locked.
 
-use cm_domain::{MisfirePolicy, OverlapPolicy, RoutineName, Schedule, Zone};
+use cm_domain::retry::MAX_RETRIES;
+use cm_domain::{
+    Backoff, ConcurrencyKey, MisfirePolicy, OverlapPolicy, RoutineName, Schedule, Zone,
+};
 use cm_store::{RoutineAction, RoutineKind, RoutineUpdate};
 
 /// The settings an edit gives; `None` leaves one as it is. A mission's description is not
@@ -65,6 +70,9 @@ impl Edit<'_> {
             calendar: None,
             on_holiday: None,
             deadline: None,
+            retries: None,
+            retry_backoff: None,
+            concurrency_key: None,
         };
         if update == RoutineUpdate::default() {
             return Err(NOTHING_TO_CHANGE.into());
@@ -76,7 +84,8 @@ impl Edit<'_> {
 /// The refusal of an edit that changes nothing.
 pub const NOTHING_TO_CHANGE: &str = "nothing to change: give at least one of --name, --schedule, \
      --every, --at, --rrule, --except, --start, --end, --timezone, --misfire, --message, --mission, \
-     --overlap, --limit-runs, --deadline, --calendar and --on-holiday";
+     --overlap, --limit-runs, --deadline, --retries, --retry-backoff, --calendar, --on-holiday, \
+     --concurrency-key and --no-concurrency-key";
 
 /// A routine's name, checked.
 pub fn name(text: &str) -> Result<String, String> {
@@ -98,6 +107,32 @@ pub fn message(text: &str) -> Result<RoutineAction, String> {
         kind: RoutineKind::Message,
         payload: cm_domain::definition::message_payload(text).map_err(|e| e.to_string())?,
     })
+}
+
+/// A number of retries (`--retries`, the page's "Retries"): 0 to [`MAX_RETRIES`], as
+/// [`cm_domain::RetryPolicy::new`] checks it.
+pub fn retries(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<i64>() {
+        Ok(n) if (0..=i64::from(MAX_RETRIES)).contains(&n) => Ok(n as u32),
+        Ok(n) => Err(format!("retries must be 0 to {MAX_RETRIES} (it was {n})")),
+        Err(_) => Err(format!(
+            "{text:?} is not a number of retries (0 to {MAX_RETRIES})"
+        )),
+    }
+}
+
+/// A retry backoff (`--retry-backoff`, the page's "Retry backoff"): `BASE..MAX` or `BASE`
+/// ([`Backoff`]).
+pub fn backoff(text: &str) -> Result<Backoff, String> {
+    text.parse()
+        .map_err(|e: cm_domain::RetryError| e.to_string())
+}
+
+/// A concurrency key (`--concurrency-key`, `limit set KEY`, the page's "Concurrency key")
+/// ([`ConcurrencyKey`]).
+pub fn concurrency_key(text: &str) -> Result<ConcurrencyKey, String> {
+    text.parse()
+        .map_err(|e: cm_domain::LimitError| e.to_string())
 }
 
 /// The one rule for an overlap policy, whether `routine create --overlap`, `routine update

@@ -55,6 +55,9 @@ pub struct StatusPage {
     /// The holiday calendars a routine's next runs are planned on; without them, a routine's
     /// next runs are listed as if it were on none.
     pub calendars: Option<Arc<dyn cm_store::CalendarStore>>,
+    /// The concurrency limits the page shows (on the index, and with a routine's key on its
+    /// page); without them, none is listed and a routine's key is shown alone.
+    pub limits: Option<Arc<dyn cm_store::LimitStore>>,
 }
 
 impl StatusPage {
@@ -77,6 +80,7 @@ impl StatusPage {
             runner: Vec::new(),
             events: None,
             calendars: None,
+            limits: None,
         }
     }
 }

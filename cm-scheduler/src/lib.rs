@@ -42,6 +42,7 @@ mod hosts;
 pub mod http;
 pub mod http_state;
 mod import;
+pub mod limits;
 pub mod notify;
 pub mod operations;
 mod outages;

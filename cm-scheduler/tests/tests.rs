@@ -25,6 +25,12 @@ mod autopause;
 // A backfill of missions drains at the launch rate beside an every-second routine kept on time.
 #[path = "scheduler/backfill.rs"]
 mod backfill;
+// Three missions on a key of one place: never two runs at once, nothing skipped, one scheduler killed.
+#[path = "scheduler/limits.rs"]
+mod limits;
+// A NATS server not answering at start is waited for, as the database is, then fired to.
+#[path = "scheduler/broker_start.rs"]
+mod broker_start;
 // Two scheduler processes claiming group by group, on Citus (`CM_TEST_CITUS_URL`) and Postgres.
 #[path = "scheduler/citus.rs"]
 mod citus;
@@ -76,6 +82,9 @@ mod http;
 // What a routine may ask for (env, repositories, sizes, names); files read no further than needed.
 #[path = "scheduler/inputs.rs"]
 mod inputs;
+// Concurrency keys on routines (create, update, show, import) and `limit set|list|delete`.
+#[path = "scheduler/limits_cli.rs"]
+mod limits_cli;
 // Mission files and backend settings refused; schedulers killed mid-launch on the fake engines.
 #[path = "scheduler/missions.rs"]
 mod missions;
@@ -125,6 +134,10 @@ mod pooler;
 // Replies from outside (a collector's, a `/readyz`'s) are read up to a bound, whatever they hold.
 #[path = "scheduler/replies.rs"]
 mod replies;
+// Retries: a 503 twice delivered once on attempt 3, a mission succeeding on its third run, none
+// at or after the next occurrence.
+#[path = "scheduler/retries.rs"]
+mod retries;
 // Windows, exclusions, one-shots, run limits and jitter fire what `schedule next` lists.
 #[path = "scheduler/schedules_beyond.rs"]
 mod schedules_beyond;

@@ -34,6 +34,10 @@ struct Columns {
     calendars: Vec<Option<String>>,
     on_holidays: Vec<String>,
     deadlines: Vec<Option<i32>>,
+    retries: Vec<i16>,
+    backoffs: Vec<i32>,
+    backoff_caps: Vec<i32>,
+    keys: Vec<Option<String>>,
 }
 
 /// Inserts `routines` (names no routine has: the caller checked them under its locks), each
@@ -66,6 +70,16 @@ pub(crate) async fn insert_routines(
             c.calendars.push(routine.calendar.clone());
             c.on_holidays.push(routine.on_holiday.as_str().to_string());
             c.deadlines.push(catalog::deadline_column(routine.deadline));
+            let (retries, base, max) = catalog::retry_columns(routine.retry);
+            c.retries.push(retries);
+            c.backoffs.push(base);
+            c.backoff_caps.push(max);
+            c.keys.push(
+                routine
+                    .concurrency_key
+                    .as_ref()
+                    .map(|k| k.as_str().to_owned()),
+            );
         }
         written.extend(insert_chunk(conn, &c, source).await?);
     }
@@ -91,15 +105,18 @@ async fn insert_chunk(
     let rows: Vec<RoutineRow> = crate::schema::query_as(
         "INSERT INTO cm.routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
-              source, group_id, runs_left, overlap, calendar, on_holiday, deadline_secs)
+              source, group_id, runs_left, overlap, calendar, on_holiday, deadline_secs,
+              retries, retry_backoff_secs, retry_backoff_max_secs, concurrency_key)
          SELECT u.id, u.name, u.schedule, u.timezone, u.kind, u.payload, u.misfire, u.paused,
                 u.next_run_at, $16, u.group_id, u.runs_left, u.overlap, u.calendar,
-                u.on_holiday, u.deadline
+                u.on_holiday, u.deadline, u.retries, u.backoff, u.backoff_max, u.key
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::jsonb[],
                      $7::text[], $8::bool[], $9::timestamptz[], $10::int2[], $11::int4[],
-                     $12::text[], $13::text[], $14::text[], $15::int4[])
+                     $12::text[], $13::text[], $14::text[], $15::int4[], $17::int2[],
+                     $18::int4[], $19::int4[], $20::text[])
               AS u(id, name, schedule, timezone, kind, payload, misfire, paused, next_run_at,
-                   group_id, runs_left, overlap, calendar, on_holiday, deadline)
+                   group_id, runs_left, overlap, calendar, on_holiday, deadline, retries,
+                   backoff, backoff_max, key)
          RETURNING *",
     )
     .bind(&c.ids)
@@ -118,6 +135,10 @@ async fn insert_chunk(
     .bind(&c.on_holidays)
     .bind(&c.deadlines)
     .bind(source)
+    .bind(&c.retries)
+    .bind(&c.backoffs)
+    .bind(&c.backoff_caps)
+    .bind(&c.keys)
     .fetch_all(&mut *conn)
     .await?;
     let mut rows = routines_of(rows)?;

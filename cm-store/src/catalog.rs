@@ -222,11 +222,14 @@ pub(crate) async fn insert_routine(
     } = planned(conn, routine, now).await?;
     let group = routine_group(conn, id).await?;
     take_name(conn, &routine.name, id, group).await?;
+    let (retries, backoff, backoff_max) = retry_columns(routine.retry);
     crate::schema::query_as::<_, RoutineRow>(
         "INSERT INTO cm.routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, paused, next_run_at,
-              source, group_id, runs_left, overlap, calendar, on_holiday, deadline_secs)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+              source, group_id, runs_left, overlap, calendar, on_holiday, deadline_secs,
+              retries, retry_backoff_secs, retry_backoff_max_secs, concurrency_key)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                 $18, $19, $20)
          RETURNING *",
     )
     .bind(id)
@@ -245,6 +248,10 @@ pub(crate) async fn insert_routine(
     .bind(routine.calendar.as_deref())
     .bind(routine.on_holiday.as_str())
     .bind(deadline_column(routine.deadline))
+    .bind(retries)
+    .bind(backoff)
+    .bind(backoff_max)
+    .bind(routine.concurrency_key.as_ref().map(|k| k.as_str()))
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, &routine.name))?
@@ -265,6 +272,17 @@ fn runs_left_column(limit: Option<u32>) -> Result<Option<i32>, StoreError> {
 /// A deadline as the `deadline_secs` column holds it (checked already: at most 366 days).
 pub(crate) fn deadline_column(deadline: Option<std::time::Duration>) -> Option<i32> {
     deadline.map(|d| i32::try_from(d.as_secs()).unwrap_or(i32::MAX))
+}
+
+/// A retry policy as the `retries`, `retry_backoff_secs` and `retry_backoff_max_secs` columns
+/// hold it (checked already: at most 100 retries, waits of at most a day).
+pub(crate) fn retry_columns(retry: cm_domain::RetryPolicy) -> (i16, i32, i32) {
+    let secs = |d: std::time::Duration| i32::try_from(d.as_secs()).unwrap_or(i32::MAX);
+    (
+        i16::try_from(retry.retries).unwrap_or(i16::MAX),
+        secs(retry.backoff.base),
+        secs(retry.backoff.max),
+    )
 }
 
 pub(crate) async fn db_now(conn: &mut PgConnection) -> Result<DateTime<Utc>, StoreError> {
@@ -340,6 +358,15 @@ async fn apply_update(
         definition::check_deadline(deadline)?;
     }
     let deadline = update.deadline.unwrap_or(current.deadline);
+    // A new part of the retry policy is merged with the other, read under the routine's lock.
+    let retry = cm_domain::RetryPolicy {
+        retries: update.retries.unwrap_or(current.retry.retries),
+        backoff: update.retry_backoff.unwrap_or(current.retry.backoff),
+    };
+    retry
+        .check()
+        .map_err(|e| DefinitionError::Retry(e.to_string()))?;
+    let retry = retry_columns(retry);
     if update.expression.is_some() || update.runs_left.is_some() {
         definition::check_limited_schedule(expression, runs_left)?;
     }
@@ -360,7 +387,9 @@ async fn apply_update(
         "UPDATE cm.routines
          SET name = $2, schedule = $3, timezone = $4, kind = $5, payload = $6,
              misfire_policy = $7, next_run_at = $8, overlap = $10, runs_left = $11,
-             calendar = $12, on_holiday = $13, deadline_secs = $14, updated_at = now()
+             calendar = $12, on_holiday = $13, deadline_secs = $14, retries = $15,
+             retry_backoff_secs = $16, retry_backoff_max_secs = $17, concurrency_key = $18,
+             updated_at = now()
          WHERE id = $1 AND group_id = $9
          RETURNING *",
     )
@@ -378,6 +407,17 @@ async fn apply_update(
     .bind(calendar)
     .bind(on_holiday.as_str())
     .bind(deadline_column(deadline))
+    .bind(retry.0)
+    .bind(retry.1)
+    .bind(retry.2)
+    .bind(
+        update
+            .concurrency_key
+            .as_ref()
+            .unwrap_or(&current.concurrency_key)
+            .as_ref()
+            .map(|k| k.as_str()),
+    )
     .fetch_one(conn)
     .await
     .map_err(|e| name_conflict(e, name))?
@@ -535,6 +575,9 @@ fn settings_of(routine: &NewRoutine) -> RoutineUpdate {
         calendar: Some(routine.calendar.clone()),
         on_holiday: Some(routine.on_holiday),
         deadline: Some(routine.deadline),
+        retries: Some(routine.retry.retries),
+        retry_backoff: Some(routine.retry.backoff),
+        concurrency_key: Some(routine.concurrency_key.clone()),
     }
 }
 
@@ -544,6 +587,8 @@ fn same_settings(stored: &Routine, routine: &NewRoutine) -> bool {
         && stored.timezone == routine.schedule.zone().name()
         && stored.misfire_policy == routine.misfire
         && stored.deadline == routine.deadline
+        && stored.retry == routine.retry
+        && stored.concurrency_key == routine.concurrency_key
         && stored.kind == routine.kind
         && stored.payload == routine.payload
         && (routine.kind != RoutineKind::Mission || stored.overlap == routine.overlap)

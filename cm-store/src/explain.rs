@@ -54,6 +54,23 @@ pub enum HotStatement {
         /// The group the walk is kept in; `None` for every group.
         group: Option<GroupId>,
     },
+    /// [`HotStatement::Due`] taking turns between the concurrency `keys` (the claim's
+    /// statement when some routine has a key): past a full walk, each key's oldest due
+    /// routines beyond it, up to its share.
+    DueInTurns {
+        /// The most due routines the walk locks.
+        max_routines: u32,
+        /// The most due requests to take.
+        requests: usize,
+        /// The most mission occurrences to take; `None` for no bound.
+        mission_room: Option<usize>,
+        /// Resume the walk after this routine; `None` for the whole walk.
+        after: Option<DueCursor>,
+        /// The group the walk is kept in; `None` for every group.
+        group: Option<GroupId>,
+        /// The concurrency keys that take turns (at least one).
+        keys: Vec<String>,
+    },
     /// The requests a claim takes into the room its scheduled work left: at most `limit`, at
     /// most `missions` of them of missions, within `group` or across every group.
     TakeRequests {
@@ -96,12 +113,36 @@ impl HotStatement {
                 mission_room,
                 after,
                 group,
-            } => crate::ledger::due_query(*max_routines, *requests, *mission_room, *after, *group),
+            } => crate::ledger::due_query(
+                *max_routines,
+                *requests,
+                *mission_room,
+                *after,
+                *group,
+                Vec::new(),
+                Vec::new(),
+            ),
+            HotStatement::DueInTurns {
+                max_routines,
+                requests,
+                mission_room,
+                after,
+                group,
+                keys,
+            } => crate::ledger::due_query(
+                *max_routines,
+                *requests,
+                *mission_room,
+                *after,
+                *group,
+                Vec::new(),
+                keys.clone(),
+            ),
             HotStatement::TakeRequests {
                 limit,
                 missions,
                 group,
-            } => crate::ledger::take_requests_query(*limit, *missions, *group),
+            } => crate::ledger::take_requests_query(*limit, *missions, *group, Vec::new()),
             HotStatement::Reap(params) => {
                 crate::ledger::reap_query(params, cm_domain::ClaimToken::new_v4())
             }

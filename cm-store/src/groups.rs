@@ -200,6 +200,13 @@ const CITUS_TABLES: &[CitusTable] = &[
         colocate_with: None,
         drop_trigger: None,
     },
+    // Concurrency limits: read under the coordinator's key locks by every claim.
+    CitusTable {
+        table: "cm.concurrency_limits",
+        placement: Placement::Coordinator,
+        colocate_with: None,
+        drop_trigger: None,
+    },
     CitusTable {
         table: "cm.routine_names",
         placement: Placement::Distributed("name"),

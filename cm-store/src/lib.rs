@@ -148,6 +148,7 @@ pub mod explain;
 pub mod failover;
 pub mod groups;
 pub mod ledger;
+pub mod limits;
 mod model;
 mod options;
 pub mod outbox;
@@ -191,10 +192,13 @@ pub use groups::{GroupDirectory, GroupId, LiveLease, group_of};
 #[cfg(feature = "mock")]
 pub use ledger::MockFireLedger;
 pub use ledger::{
-    ClaimDueParams, ClaimedFire, DueCursor, Fire, FireFilter, FireLedger, FireRef, FireSettle,
-    InClaimEffect, InClaimWrites, MAX_RECEIPT_BYTES, ReapParams, SettleOutcome, TickClaim,
-    UnusableRoutine, request_share,
+    ClaimDueParams, ClaimedFire, DueCursor, EarlierTry, Fire, FireFilter, FireLedger, FireRef,
+    FireSettle, InClaimEffect, InClaimWrites, MAX_RECEIPT_BYTES, ReapParams, SettleOutcome,
+    TickClaim, UnusableRoutine, request_share,
 };
+#[cfg(feature = "mock")]
+pub use limits::MockLimitStore;
+pub use limits::{ConcurrencyLimit, LimitStore};
 pub use model::NewRoutineBuilder;
 pub use options::{PLAN_CACHE_MODE, StoreOptions};
 #[cfg(feature = "mock")]
@@ -206,7 +210,9 @@ pub use routines::MockRoutineStore;
 pub use routines::{NewRoutine, Routine, RoutineKind, RoutineStore};
 #[cfg(feature = "mock")]
 pub use runs::MockMissionRuns;
-pub use runs::{MAX_RUN_OUTPUT, MissionRuns, RunRecord, RunTake, RunUpdate, UnfinishedRun};
+pub use runs::{
+    EndedRun, MAX_RUN_OUTPUT, MissionRuns, RunRecord, RunTake, RunUpdate, UnfinishedRun,
+};
 pub use schema::Schema;
 pub use status::{
     FailedFire, FireDetail, FireRate, MinuteCount, OpenClaims, RecentFire, RoutineOrder,
@@ -266,6 +272,9 @@ pub struct PgStore {
     begin: Option<std::sync::Arc<str>>,
     /// The schedules the claim and the planning pass parsed, by their text (`schedules.rs`).
     schedules: std::sync::Arc<schedules::ScheduleCache>,
+    /// The concurrency keys found full lately, shared by the claims of a moment
+    /// (`limits::FullKeys`).
+    full_keys: std::sync::Arc<limits::FullKeys>,
     /// Pause a routine in the transaction that records its Nth failed outcome in a row
     /// ([`PgStore::pausing_after_failures`]); `None`: never.
     pause_after: Option<std::num::NonZeroU32>,
@@ -283,6 +292,7 @@ impl PgStore {
             follow: None,
             begin: None,
             schedules: std::sync::Arc::default(),
+            full_keys: std::sync::Arc::default(),
             pause_after: None,
         }
     }

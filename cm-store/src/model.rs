@@ -6,8 +6,8 @@
 use chrono::{DateTime, Utc};
 use cm_domain::definition::{self, DefinitionError};
 use cm_domain::{
-    MisfirePolicy, MissionPolicy, OnHoliday, OverlapPolicy, RoutineKind, RoutineState, Schedule,
-    Zone,
+    ConcurrencyKey, MisfirePolicy, MissionPolicy, OnHoliday, OverlapPolicy, RetryPolicy,
+    RoutineKind, RoutineState, Schedule, Zone,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -47,6 +47,8 @@ pub struct NewRoutine {
     pub(crate) calendar: Option<String>,
     pub(crate) on_holiday: OnHoliday,
     pub(crate) deadline: Option<std::time::Duration>,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) concurrency_key: Option<ConcurrencyKey>,
 }
 
 /// A [`NewRoutine`] being put together: every setting but the name, schedule, kind and payload
@@ -81,6 +83,8 @@ impl NewRoutine {
                 calendar: None,
                 on_holiday: OnHoliday::Skip,
                 deadline: None,
+                retry: RetryPolicy::default(),
+                concurrency_key: None,
             },
             policy: None,
         }
@@ -162,6 +166,16 @@ impl NewRoutine {
         self.deadline
     }
 
+    /// Its retry policy: how often a failed occurrence is tried again, and after what wait.
+    pub fn retry(&self) -> RetryPolicy {
+        self.retry
+    }
+
+    /// The concurrency key whose limit it shares, if any.
+    pub fn concurrency_key(&self) -> Option<&ConcurrencyKey> {
+        self.concurrency_key.as_ref()
+    }
+
     /// This routine as a builder again, to change a setting (and be checked again).
     pub fn into_builder(self) -> NewRoutineBuilder {
         NewRoutineBuilder {
@@ -215,6 +229,19 @@ impl NewRoutineBuilder {
         self
     }
 
+    /// A failed outcome is tried again under `retry` (default: no retry). Checked when built.
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.routine.retry = retry;
+        self
+    }
+
+    /// Shares the limit of `key` with the other routines of that key (default: none, unlimited
+    /// as a routine without a key is); see [`cm_domain::limit`].
+    pub fn concurrency_key(mut self, key: Option<ConcurrencyKey>) -> Self {
+        self.routine.concurrency_key = key;
+        self
+    }
+
     /// A mission must also be one the operator's `policy` allows (its env names, label keys
     /// and repository host), as `routine create --mission` checks it. Without one, only the
     /// mission's own fields are checked (and the policy again at every dispatch).
@@ -236,6 +263,10 @@ impl NewRoutineBuilder {
         definition::check_overlap(routine.kind, routine.overlap)?;
         definition::check_run_limit(routine.runs_left)?;
         definition::check_deadline(routine.deadline)?;
+        routine
+            .retry
+            .check()
+            .map_err(|e| DefinitionError::Retry(e.to_string()))?;
         definition::check_limited_schedule(routine.schedule.expression(), routine.runs_left)?;
         Ok(routine)
     }
@@ -293,6 +324,10 @@ pub struct Routine {
     /// How long after its planned instant an occurrence must have succeeded (`--deadline`);
     /// `None` is no deadline.
     pub deadline: Option<std::time::Duration>,
+    /// How a failed occurrence is tried again (`--retries`, `--retry-backoff`).
+    pub retry: RetryPolicy,
+    /// The concurrency key whose limit it shares (`--concurrency-key`); `None` for none.
+    pub concurrency_key: Option<ConcurrencyKey>,
 }
 
 impl Routine {
@@ -354,6 +389,10 @@ struct RoutineJson<'a> {
     calendar: Option<&'a str>,
     on_holiday: &'static str,
     deadline_secs: Option<u64>,
+    retries: u32,
+    retry_backoff_secs: u64,
+    retry_backoff_max_secs: u64,
+    concurrency_key: Option<&'a str>,
 }
 
 impl serde::Serialize for Routine {
@@ -379,6 +418,10 @@ impl serde::Serialize for Routine {
             calendar: self.calendar.as_deref(),
             on_holiday: self.on_holiday.as_str(),
             deadline_secs: self.deadline.map(|d| d.as_secs()),
+            retries: self.retry.retries,
+            retry_backoff_secs: self.retry.backoff.base.as_secs(),
+            retry_backoff_max_secs: self.retry.backoff.max.as_secs(),
+            concurrency_key: self.concurrency_key.as_ref().map(ConcurrencyKey::as_str),
         }
         .serialize(serializer)
     }
@@ -407,6 +450,10 @@ pub(crate) struct RoutineRow {
     calendar: Option<String>,
     on_holiday: String,
     deadline_secs: Option<i32>,
+    retries: i16,
+    retry_backoff_secs: i32,
+    retry_backoff_max_secs: i32,
+    concurrency_key: Option<String>,
 }
 
 impl TryFrom<RoutineRow> for Routine {
@@ -446,6 +493,23 @@ impl TryFrom<RoutineRow> for Routine {
             .transpose()
             .map_err(|e| corrupt("deadline_secs", e.to_string()))?
             .map(std::time::Duration::from_secs);
+        let secs = |column: &str, value: i32| {
+            u64::try_from(value)
+                .map(std::time::Duration::from_secs)
+                .map_err(|e| corrupt(column, e.to_string()))
+        };
+        let retry = RetryPolicy::new(
+            u32::try_from(r.retries).map_err(|e| corrupt("retries", e.to_string()))?,
+            secs("retry_backoff_secs", r.retry_backoff_secs)?,
+            secs("retry_backoff_max_secs", r.retry_backoff_max_secs)?,
+        )
+        .map_err(|e| corrupt("retry policy", e.to_string()))?;
+        let concurrency_key = r
+            .concurrency_key
+            .as_deref()
+            .map(str::parse)
+            .transpose()
+            .map_err(|e: cm_domain::LimitError| corrupt("concurrency_key", e.to_string()))?;
         Ok(Routine {
             id: r.id,
             group_id: r.group_id,
@@ -467,6 +531,8 @@ impl TryFrom<RoutineRow> for Routine {
             calendar: r.calendar,
             on_holiday,
             deadline,
+            retry,
+            concurrency_key,
         })
     }
 }
@@ -533,6 +599,12 @@ pub struct RoutineUpdate {
     pub on_holiday: Option<OnHoliday>,
     /// A new deadline: `Some(Some(d))` sets it, `Some(None)` removes it.
     pub deadline: Option<Option<std::time::Duration>>,
+    /// A new number of retries; the backoff stays unless `retry_backoff` is given too.
+    pub retries: Option<u32>,
+    /// A new backoff between retries; the number of retries stays unless `retries` is given.
+    pub retry_backoff: Option<cm_domain::Backoff>,
+    /// A new concurrency key: `Some(Some(key))` sets it, `Some(None)` removes it.
+    pub concurrency_key: Option<Option<ConcurrencyKey>>,
 }
 
 /// One routine an import wrote.

@@ -32,6 +32,17 @@ mod events;
 #[path = "store/settle.rs"]
 mod settle;
 
+// Retry policies: a failure tried again after its backoff, within the next occurrence and the
+// deadline, kept attempt by attempt.
+#[path = "store/retries.rs"]
+mod retries;
+// Concurrency keys: a key's places taken under its lock, in turns, oldest first; the rest owed.
+#[path = "store/limits.rs"]
+mod limits;
+// Turns between concurrency keys: a key of a few routines claimed beside another's backlog.
+#[path = "store/turns.rs"]
+mod turns;
+
 // The reaper: which expired claims it takes over, in what order, and how many.
 #[path = "store/reaper.rs"]
 mod reaper;

@@ -170,9 +170,12 @@ async fn update(url: &str, args: UpdateArgs) -> Result<(), Failure> {
         mission: mission.clone(),
         runs_left: args.limit_runs.map(|l| l.0),
         deadline: args.deadline.map(|d| d.0),
+        retries: args.retries,
+        retry_backoff: args.retry_backoff,
         overlap_field: "--overlap",
         calendar: args.calendar.calendar.as_deref(),
         on_holiday: args.calendar.on_holiday.as_deref(),
+        concurrency_key: args.concurrency_key_change(),
     };
     // A clause alone is a change too: it is written into the schedule once it is read.
     if change(early_schedule.as_deref())
@@ -308,6 +311,24 @@ async fn show(store: &PgStore, routine: &Routine) -> Result<(), Failure> {
             "deadline    {} after each occurrence",
             humantime::format_duration(deadline)
         );
+    }
+    if routine.retry.retries > 0 {
+        say!(
+            "retries     {}, backoff {}",
+            routine.retry.retries,
+            routine.retry.backoff
+        );
+    }
+    if let Some(key) = &routine.concurrency_key {
+        let limits = cm_store::LimitStore::list_concurrency_limits(store).await?;
+        match limits.iter().find(|l| l.key == key.as_str()) {
+            Some(limit) => say!(
+                "concurrency {key}: at most {} at once ({} running)",
+                limit.max_running,
+                limit.running
+            ),
+            None => say!("concurrency {key}: no limit set (unlimited)"),
+        }
     }
     let skips = cm_store::EventLog::skips(store, routine.id, routine.group_id).await?;
     say!("skipped     {}", listing::skips(&skips));

@@ -15,10 +15,12 @@ use crate::service::missions::MissionArgs;
 
 pub mod calendar;
 pub mod completions;
+pub mod limit;
 pub mod routine;
 pub mod schedule;
 
 pub use calendar::CalendarCommand;
+pub use limit::LimitCommand;
 pub use routine::RoutineCommand;
 use schedule::ScheduleFlags;
 
@@ -78,6 +80,10 @@ pub enum Command {
     /// Creates and manages holiday calendars, which routines share (routine create --calendar).
     #[command(subcommand)]
     Calendar(CalendarCommand),
+    /// Sets, lists and deletes concurrency limits: at most N runs at once of the routines
+    /// sharing a key (routine create --concurrency-key), across all schedulers.
+    #[command(subcommand)]
+    Limit(LimitCommand),
     /// Lists fires (the occurrence ledger), newest first, as a table (or JSON lines); `fires
     /// show FIRE` shows one, with what its run said.
     #[command(args_conflicts_with_subcommands = true)]

@@ -4,8 +4,10 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use cm_domain::ConcurrencyKey;
 
 use super::schedule::ScheduleFlags;
+use crate::edit::{backoff, concurrency_key, retries};
 use crate::import::RoutineFields;
 use crate::service::missions::PolicyFlags;
 
@@ -123,6 +125,22 @@ pub struct CreateArgs {
     /// failed, waiting, or never claimed. Whole seconds, up to 366 days.
     #[arg(long, value_name = "DURATION", value_parser = super::duration, allow_negative_numbers = true)]
     pub deadline: Option<std::time::Duration>,
+    /// Try a failed outcome (a message's failed dispatch, a mission's failed or lost run) again
+    /// up to N times, each a new attempt of the same occurrence after --retry-backoff; never at
+    /// or past the routine's next occurrence nor the occurrence's deadline (then the failure
+    /// stands). 0 to 100; 0 is no retry.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = retries, allow_negative_numbers = true)]
+    pub retries: u32,
+    /// The wait before the first retry, doubling before each one after, up to MAX (`30s` alone
+    /// waits the same each time). Whole seconds, 1s to 1d.
+    #[arg(long, value_name = "DURATION[..MAX]", default_value = "10s..10m", value_parser = backoff)]
+    pub retry_backoff: cm_domain::Backoff,
+    /// Share the limit of this concurrency key (`limit set KEY N`) with the other routines of
+    /// the key: at most N of their runs at once across all schedulers, the others waiting,
+    /// owed. 1 to 100 letters, digits and . _ : / -, starting with a letter or digit
+    /// (`tenant:acme`, `gpu-pool`). Without one, or while the key has no limit, unlimited.
+    #[arg(long, value_name = "KEY", value_parser = concurrency_key)]
+    pub concurrency_key: Option<ConcurrencyKey>,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
     /// refused unless its env names, label keys and repository host are among the
     /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
@@ -175,6 +193,21 @@ pub struct UpdateArgs {
     /// A new deadline (see `routine create --deadline`); `none` removes it.
     #[arg(long, value_name = "DURATION|none", value_parser = deadline, allow_negative_numbers = true)]
     pub deadline: Option<Deadline>,
+    /// A new number of retries (see `routine create --retries`); 0 is no retry. The backoff
+    /// is kept unless --retry-backoff is given too.
+    #[arg(long, value_name = "N", value_parser = retries, allow_negative_numbers = true)]
+    pub retries: Option<u32>,
+    /// A new backoff between retries (see `routine create --retry-backoff`); the number of
+    /// retries is kept unless --retries is given too.
+    #[arg(long, value_name = "DURATION[..MAX]", value_parser = backoff)]
+    pub retry_backoff: Option<cm_domain::Backoff>,
+    /// A new concurrency key (see `routine create --concurrency-key`): it shares that key's
+    /// limit from its next claim on.
+    #[arg(long, value_name = "KEY", value_parser = concurrency_key)]
+    pub concurrency_key: Option<ConcurrencyKey>,
+    /// Remove its concurrency key: its runs are limited by none.
+    #[arg(long, conflicts_with = "concurrency_key")]
+    pub no_concurrency_key: bool,
     /// The operator's mission settings (the file `run --mission-config` takes): a mission is
     /// refused unless its env names, label keys and repository host are among the
     /// `env_allow`, `label_allow` and `repository_hosts` it gives (or the defaults).
@@ -266,7 +299,23 @@ impl TryFrom<&CreateArgs> for RoutineFields {
             calendar: args.calendar.calendar.clone(),
             on_holiday: args.calendar.on_holiday.clone(),
             deadline: args.deadline,
+            retry: cm_domain::RetryPolicy {
+                retries: args.retries,
+                backoff: args.retry_backoff,
+            },
+            concurrency_key: args.concurrency_key.clone(),
         })
+    }
+}
+
+impl UpdateArgs {
+    /// The change to its concurrency key: `Some(None)` with `--no-concurrency-key`.
+    pub fn concurrency_key_change(&self) -> Option<Option<ConcurrencyKey>> {
+        if self.no_concurrency_key {
+            Some(None)
+        } else {
+            self.concurrency_key.clone().map(Some)
+        }
     }
 }
 

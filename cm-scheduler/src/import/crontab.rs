@@ -184,6 +184,8 @@ pub fn crontab(
             calendar: None,
             on_holiday: None,
             deadline: None,
+            retry: cm_domain::RetryPolicy::default(),
+            concurrency_key: None,
         });
     }
     if let Some((line, _)) = pending_name {

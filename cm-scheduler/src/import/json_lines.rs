@@ -64,6 +64,15 @@ struct JsonLine {
     /// A deadline, as `routine create --deadline` (`90s`, `5m`).
     #[serde(default)]
     deadline: Option<String>,
+    /// How many times a failed outcome is tried again, as `routine create --retries`.
+    #[serde(default)]
+    retries: u32,
+    /// The backoff between retries, as `routine create --retry-backoff` (`10s..10m`, `30s`).
+    #[serde(default)]
+    retry_backoff: Option<String>,
+    /// The concurrency key whose limit it shares, as `routine create --concurrency-key`.
+    #[serde(default)]
+    concurrency_key: Option<String>,
 }
 
 fn utc() -> String {
@@ -121,6 +130,19 @@ pub fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
             .map(crate::flags::duration)
             .transpose()
             .map_err(|e| (line, format!("deadline: {e}")))?;
+        let backoff = parsed
+            .retry_backoff
+            .as_deref()
+            .map(str::parse::<cm_domain::Backoff>)
+            .transpose()
+            .map_err(|e| (line, format!("retry_backoff: {e}")))?
+            .unwrap_or_default();
+        let concurrency_key = parsed
+            .concurrency_key
+            .as_deref()
+            .map(crate::edit::concurrency_key)
+            .transpose()
+            .map_err(|e| (line, format!("concurrency_key: {e}")))?;
         routines.push(RoutineFields {
             line,
             name: parsed.name,
@@ -135,6 +157,11 @@ pub fn json_lines(text: impl BufRead) -> Result<Vec<RoutineFields>, LineError> {
             calendar: parsed.calendar,
             on_holiday: parsed.on_holiday,
             deadline,
+            retry: cm_domain::RetryPolicy {
+                retries: parsed.retries,
+                backoff,
+            },
+            concurrency_key,
         });
     }
     Ok(routines)

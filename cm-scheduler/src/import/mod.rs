@@ -42,6 +42,11 @@ pub struct RoutineFields {
     /// A deadline: an occurrence not succeeded this long after its planned instant raises
     /// `routine.deadline_missed`.
     pub deadline: Option<std::time::Duration>,
+    /// How a failed outcome is tried again: its number of retries as written (checked when the
+    /// routine is built) and its backoff, read already (none and `10s..10m` when absent).
+    pub retry: cm_domain::RetryPolicy,
+    /// The concurrency key whose limit it shares, read already.
+    pub concurrency_key: Option<cm_domain::ConcurrencyKey>,
 }
 
 /// A line that cannot be imported: its number and what is wrong.
@@ -75,6 +80,15 @@ mod tests {
         }
         if let Some(deadline) = r.deadline {
             text += &format!(" | deadline {}", deadline.as_secs());
+        }
+        if r.retry != cm_domain::RetryPolicy::default() {
+            text += &format!(
+                " | {} retries, backoff {}",
+                r.retry.retries, r.retry.backoff
+            );
+        }
+        if let Some(key) = &r.concurrency_key {
+            text += &format!(" | key {key}");
         }
         text
     }
@@ -138,6 +152,22 @@ mod tests {
             "1: b | @every 90m offset 15m | Europe/Berlin | skip | message m | 3 runs | deadline 120",
         );
         check_json(
+            r#"{"name": "r", "schedule": "@hourly", "message": "m", "retries": 2, "retry_backoff": "30s..5m"}"#,
+            "1: r | @hourly | UTC | fire-once | message m | 2 retries, backoff 30s..5m",
+        );
+        check_json(
+            r#"{"name": "r", "schedule": "@hourly", "message": "m", "retries": 3}"#,
+            "1: r | @hourly | UTC | fire-once | message m | 3 retries, backoff 10s..10m",
+        );
+        check_json(
+            r#"{"name": "r", "schedule": "@hourly", "message": "m", "retry_backoff": "1m"}"#,
+            "1: r | @hourly | UTC | fire-once | message m | 0 retries, backoff 1m",
+        );
+        check_json(
+            r#"{"name": "k", "schedule": "@hourly", "message": "m", "concurrency_key": "tenant:acme"}"#,
+            "1: k | @hourly | UTC | fire-once | message m | key tenant:acme",
+        );
+        check_json(
             r#"{"name": "once", "at": "2026-12-24T15:30", "mission": "m.json", "overlap": "replace", "paused": true}"#,
             "1: once | @at 2026-12-24T15:30 | UTC | fire-once | mission m.json | overlap replace | paused",
         );
@@ -164,7 +194,7 @@ mod tests {
         check_json("{}\n", "line 1: not a routine: missing field `name`");
         check_json(
             "\n{\"name\": \"a\", \"colour\": \"red\"}",
-            "line 2: not a routine: unknown field `colour`, expected one of `name`, `schedule`, `every`, `offset`, `at`, `rrule`, `except`, `jitter`, `start`, `end`, `timezone`, `misfire`, `message`, `mission`, `overlap`, `paused`, `limit_runs`, `calendar`, `on_holiday`, `deadline`",
+            "line 2: not a routine: unknown field `colour`, expected one of `name`, `schedule`, `every`, `offset`, `at`, `rrule`, `except`, `jitter`, `start`, `end`, `timezone`, `misfire`, `message`, `mission`, `overlap`, `paused`, `limit_runs`, `calendar`, `on_holiday`, `deadline`, `retries`, `retry_backoff`, `concurrency_key`",
         );
         check_json(
             r#"{"name": "a", "schedule": "@daily", "every": "1h"}"#,
@@ -177,6 +207,22 @@ mod tests {
         check_json(
             r#"{"name": "a", "end": "2027-01-01"}"#,
             "line 1: a schedule is needed: schedule EXPR, every DURATION, at TIME or rrule RULE",
+        );
+        check_json(
+            r#"{"name": "a", "schedule": "@daily", "retry_backoff": "1m..10s"}"#,
+            "line 1: retry_backoff: a retry backoff's first wait (1m) must not be longer than its cap (10s)",
+        );
+        check_json(
+            "\n{\"name\": \"a\", \"schedule\": \"@daily\", \"concurrency_key\": \"gpu pool\"}",
+            "line 2: concurrency_key: a concurrency key is 1 to 100 letters, digits and . _ : / -, starting with a letter or digit (it was \"gpu pool\")",
+        );
+        check_json(
+            r#"{"name": "a", "schedule": "@daily", "concurrency_key": 3}"#,
+            "line 1: not a routine: invalid type: integer `3`, expected a string",
+        );
+        check_json(
+            r#"{"name": "a", "schedule": "@daily", "retries": -1}"#,
+            "line 1: not a routine: invalid value: integer `-1`, expected u32",
         );
         check_json(
             r#"{"name": "a", "paused": "yes"}"#,

@@ -12,8 +12,9 @@ use crate::flags::routine::CreateArgs;
 use crate::import::RoutineFields;
 
 /// A routine to create, checked as `routine create` checks it: its name, schedule, zone, misfire
-/// policy, action, overlap policy (`overlap_field` names where it was given) and run limit. An import's mission paths are read inside its mission `root`; `routine
-/// create`'s (`None`) as the operator gave it.
+/// policy, action, overlap policy (`overlap_field` names where it was given), run limit,
+/// deadline, retries and concurrency key. An import's mission paths are read inside its mission
+/// `root`; `routine create`'s (`None`) as the operator gave it.
 pub(crate) fn new_routine(
     fields: &RoutineFields,
     root: Option<&Path>,
@@ -45,6 +46,8 @@ pub(crate) fn new_routine(
         .paused(fields.paused)
         .run_limit(fields.runs_left)
         .deadline(fields.deadline)
+        .retry(fields.retry)
+        .concurrency_key(fields.concurrency_key.clone())
         .mission_policy(policy)
         .build()
         .map_err(|e| refused(e.to_string()))

@@ -1,7 +1,7 @@
 //! Updating a routine's settings: the change checked by [`crate::edit::Edit::checked`] (the
 //! page's form and `routine update`'s flags alike), then written with the routine's row locked.
 
-use cm_domain::Zone;
+use cm_domain::{Backoff, ConcurrencyKey, Zone};
 use cm_store::{Routine, RoutineAction, RoutineKind, RoutineStore, RoutineUpdate};
 
 use super::{OperationError, refused};
@@ -19,17 +19,26 @@ pub struct Change<'a> {
     pub runs_left: Option<Option<u32>>,
     /// A new deadline: `Some(None)` removes it.
     pub deadline: Option<Option<std::time::Duration>>,
+    /// A new number of retries; the backoff is kept unless `retry_backoff` is given too.
+    pub retries: Option<u32>,
+    /// A new backoff between retries; the number of retries is kept unless `retries` is given
+    /// too.
+    pub retry_backoff: Option<Backoff>,
     /// Where the overlap policy came from, for a refusal (`--overlap`, `overlap`).
     pub overlap_field: &'a str,
     /// A new calendar (`none`: off its calendar), as `--calendar` gives it.
     pub calendar: Option<&'a str>,
     /// A new policy for an occurrence on a day off, as `--on-holiday` gives it.
     pub on_holiday: Option<&'a str>,
+    /// A new concurrency key: `Some(None)` removes it.
+    pub concurrency_key: Option<Option<ConcurrencyKey>>,
 }
 
 impl Change<'_> {
     /// The change checked against a routine of `kind` whose schedule is read in `zone` (when
-    /// known); `None` when it changes nothing.
+    /// known); `None` when it changes nothing. A new number of retries or backoff alone
+    /// replaces that part of the routine's retry policy, merged by the store under the
+    /// routine's lock.
     pub fn checked(
         &self,
         kind: RoutineKind,
@@ -58,6 +67,13 @@ impl Change<'_> {
             );
         }
         update.deadline = self.deadline;
+        if let Some(retries) = self.retries {
+            cm_domain::RetryPolicy::new(retries, Backoff::default().base, Backoff::default().max)
+                .map_err(|e| e.to_string())?;
+        }
+        update.retries = self.retries;
+        update.retry_backoff = self.retry_backoff;
+        update.concurrency_key = self.concurrency_key.clone();
         Ok((update != RoutineUpdate::default()).then_some(update))
     }
 }

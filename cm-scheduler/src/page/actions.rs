@@ -17,7 +17,7 @@ use super::cells::{routine_href, shown};
 use super::{
     IndexQuery, StatusPage, missing, not_found, read, refused, status_page, unreadable_address,
 };
-use crate::edit::Edit;
+use crate::edit::{self, Edit};
 use crate::http_state::HttpState;
 use crate::operations::{self, Change, OperationError, Updated};
 
@@ -123,11 +123,7 @@ async fn act(state: &HttpState, handle: &str, body: &[u8], action: Action) -> Re
                 routine
             }
             Action::Edit => {
-                let change = Change {
-                    edit: edit_of(&routine, &field),
-                    overlap_field: "overlap",
-                    ..Change::default()
-                };
+                let change = change_of(&routine, &field).map_err(OperationError::Refused)?;
                 match operations::update(routines, routine, &change).await? {
                     Updated::Changed(routine) => routine,
                     Updated::Unchanged(routine) => return Ok(Err((routine, "unchanged"))),
@@ -196,20 +192,52 @@ async fn write<T>(
 }
 
 /// The change an edit form asks of `routine`: each field that differs from the routine's
-/// setting (an empty message keeps the message), checked by [`operations::update`] as `routine
-/// update` checks its flags.
-fn edit_of<'a>(routine: &Routine, field: &impl Fn(&str) -> Option<&'a str>) -> Edit<'a> {
+/// setting (an empty message, number of retries, backoff or key keeps the setting), read by the
+/// parsers of `routine update`'s flags and checked by [`operations::update`] as `routine update`
+/// checks them. `no_concurrency_key` removes the key, as `--no-concurrency-key` does.
+fn change_of<'a>(
+    routine: &Routine,
+    field: &impl Fn(&str) -> Option<&'a str>,
+) -> Result<Change<'a>, String> {
     let changed =
         |name: &str, current: &str| field(name).map(str::trim).filter(|given| *given != current);
-    Edit {
-        name: None,
-        schedule: changed("schedule", &routine.schedule),
-        timezone: changed("timezone", &routine.timezone),
-        misfire: changed("misfire", routine.misfire_policy.as_str()),
-        overlap: changed("overlap", routine.overlap.as_str())
-            .filter(|_| routine.kind == cm_store::RoutineKind::Mission),
-        message: field("message").filter(|m| !m.is_empty()),
-    }
+    let given = |name: &str| field(name).map(str::trim).filter(|given| !given.is_empty());
+    let retries = given("retries")
+        .map(edit::retries)
+        .transpose()?
+        .filter(|n| *n != routine.retry.retries);
+    let retry_backoff = given("retry_backoff")
+        .map(edit::backoff)
+        .transpose()?
+        .filter(|b| *b != routine.retry.backoff);
+    let key = given("concurrency_key")
+        .map(edit::concurrency_key)
+        .transpose()?
+        .filter(|k| routine.concurrency_key.as_ref() != Some(k));
+    let concurrency_key = match (key, field("no_concurrency_key").is_some()) {
+        (Some(_), true) => {
+            return Err("give a new concurrency key or remove the key, not both".into());
+        }
+        (Some(key), false) => Some(Some(key)),
+        (None, true) => routine.concurrency_key.is_some().then_some(None),
+        (None, false) => None,
+    };
+    Ok(Change {
+        edit: Edit {
+            name: None,
+            schedule: changed("schedule", &routine.schedule),
+            timezone: changed("timezone", &routine.timezone),
+            misfire: changed("misfire", routine.misfire_policy.as_str()),
+            overlap: changed("overlap", routine.overlap.as_str())
+                .filter(|_| routine.kind == cm_store::RoutineKind::Mission),
+            message: field("message").filter(|m| !m.is_empty()),
+        },
+        retries,
+        retry_backoff,
+        concurrency_key,
+        overlap_field: "overlap",
+        ..Change::default()
+    })
 }
 
 /// Whether `back` is a path of this server (never another host: no open redirect).
@@ -287,8 +315,9 @@ pub(super) fn actions(status: &StatusPage, r: &Routine, back: &str) -> Markup {
 }
 
 /// A routine's settings as a form (behind a `<details>`, as every action): schedule, zone,
-/// misfire policy, and a mission's overlap policy or a message's new text (empty keeps the
-/// text, which the page never shows).
+/// misfire policy, a mission's overlap policy or a message's new text (empty keeps the text,
+/// which the page never shows), retries, retry backoff and concurrency key (empty keeps each;
+/// a box removes the key).
 pub(super) fn edit_form(status: &StatusPage, r: &Routine, back: &str) -> Markup {
     let mission = r.kind == cm_store::RoutineKind::Mission;
     html! {
@@ -319,9 +348,24 @@ pub(super) fn edit_form(status: &StatusPage, r: &Routine, back: &str) -> Markup 
                     textarea id="edit-message" name="message" maxlength=(cm_domain::MAX_MESSAGE_BYTES)
                         placeholder="empty keeps the current message (not shown)" {}
                 }
+                label for="edit-retries" { "Retries" }
+                input id="edit-retries" name="retries" value=(r.retry.retries) type="number"
+                    min="0" max=(cm_domain::retry::MAX_RETRIES) placeholder="0 is no retry";
+                label for="edit-retry-backoff" { "Retry backoff" }
+                input id="edit-retry-backoff" name="retry_backoff" value=(r.retry.backoff.to_string())
+                    placeholder="BASE..MAX, such as 10s..10m" spellcheck="false";
+                label for="edit-concurrency-key" { "Concurrency key" }
+                input id="edit-concurrency-key" name="concurrency_key"
+                    value=[r.concurrency_key.as_ref().map(|k| k.as_str())]
+                    maxlength=(cm_domain::limit::MAX_KEY_CHARS) placeholder="none, such as gpu-pool"
+                    spellcheck="false";
+                @if r.concurrency_key.is_some() {
+                    span {}
+                    label { input type="checkbox" name="no_concurrency_key" value="yes"; " Remove its concurrency key (no limit applies to it)" }
+                }
                 span {}
                 button type="submit" class="go" { "Save changes" }
-                span.hint.muted.small { "Checked as routine update checks it; a new schedule or zone moves the next run." }
+                span.hint.muted.small { "Checked as routine update checks it; left empty, retries, backoff and key keep theirs; a new schedule or zone moves the next run." }
             }
         }
     }

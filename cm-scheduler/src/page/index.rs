@@ -1,6 +1,7 @@
 //! The index (`GET /`): every routine, a page at a time, filtered by name and state and sorted,
 //! each with its schedule, next run, state and a strip of its last fires; the last hour's fires,
-//! the outbox backlog, recent failures and this scheduler's figures.
+//! the outbox backlog, the concurrency limits (when any is set), recent failures and this
+//! scheduler's figures.
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use cm_store::{FireRate, OpenClaims, OutboxBacklog, RoutineOrder, RoutineQuery};
-use maud::html;
+use maud::{Markup, html};
 use uuid::Uuid;
 
 use super::actions::{actions, notice};
@@ -111,10 +112,11 @@ struct IndexData {
     rate: FireRate,
     outbox: OutboxBacklog,
     events: Vec<cm_store::RoutineEvent>,
+    limits: Vec<cm_store::ConcurrencyLimit>,
 }
 
 /// `GET /`: the routines (a page at a time, filtered and sorted), the last hour's fires, the
-/// outbox backlog, recent failures, this scheduler's figures.
+/// outbox backlog, the concurrency limits, recent failures, this scheduler's figures.
 pub async fn index(
     State(state): State<Arc<HttpState>>,
     query: Result<Query<IndexQuery>, QueryRejection>,
@@ -156,6 +158,10 @@ pub async fn index(
                     })
                     .await?
                 }
+                None => Vec::new(),
+            },
+            limits: match &status.limits {
+                Some(limits) => limits.list_concurrency_limits().await?,
                 None => Vec::new(),
             },
         })
@@ -249,6 +255,7 @@ pub async fn index(
                     p { a href=(listing.href(listing.order, Some(after))) { "Next " (ROUTINES_PER_PAGE) " routines →" } }
                 }
             }
+            @if !data.limits.is_empty() { (limits_table(&data.limits, now)) }
             @if status.events.is_some() {
                 h2 { "Latest events" }
                 (super::events::events_table("latest-events", &data.events, true, now))
@@ -280,4 +287,30 @@ pub async fn index(
         body,
     )
     .into_response()
+}
+
+/// The concurrency limits, as `limit list` prints them: each key's limit, the places its
+/// routines' fires hold now, how many routines have the key, and when the limit was set.
+fn limits_table(limits: &[cm_store::ConcurrencyLimit], now: chrono::DateTime<Utc>) -> Markup {
+    html! {
+        h2 { "Concurrency limits" }
+        div.scroll { table id="limits" {
+            thead { tr {
+                th { "Key" } th { "At most" } th { "Running now" } th { "Routines" } th { "Set" }
+            } }
+            tbody { @for l in limits {
+                tr {
+                    td { code { (shown(&l.key)) } }
+                    td { (l.max_running) }
+                    td {
+                        (l.running)
+                        @if l.running >= u64::from(l.max_running) { " " span.paused.small { "full" } }
+                    }
+                    td { (l.routines) }
+                    td { (moment(l.updated_at, now)) }
+                }
+            } }
+        } }
+        p.muted.small { "A key's routines run at most this many at once across all schedulers; the others wait, owed. Set with " code { "limit set KEY N" } "." }
+    }
 }

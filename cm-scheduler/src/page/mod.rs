@@ -1,9 +1,9 @@
 //! The status page: every routine (filtered by name and state, sorted) with its schedule, next
 //! run, state and a strip of its last fires; fires and failures per minute over the last hour;
-//! the outbox backlog; recent failures; this scheduler's figures; a page per routine (by name or
-//! id) with its settings, how its mission runs, next runs and fires; and the operator's actions
-//! on a routine (pause, resume, fire now, edit its settings, delete it), each confirmed on the
-//! page.
+//! the outbox backlog; the concurrency limits; recent failures; this scheduler's figures; a page
+//! per routine (by name or id) with its settings (its concurrency key with the key's limit and
+//! places held), how its mission runs, next runs and fires; and the operator's actions on a
+//! routine (pause, resume, fire now, edit its settings, delete it), each confirmed on the page.
 //!
 //! Server-rendered HTML (maud) and SVG: everything reads without JavaScript. A small script
 //! (`/page.js`) updates the page in place every few seconds, keeping the scroll and any open

@@ -70,15 +70,26 @@ pub async fn routine(
             (Some(calendars), Some(_)) => calendars.routine_schedule(&routine).await.ok(),
             _ => None,
         };
+        // Its key's limit, with the places held now (`None` inside: the key has no limit).
+        let limit = match (&status.limits, &routine.concurrency_key) {
+            (Some(limits), Some(key)) => Some(
+                limits
+                    .list_concurrency_limits()
+                    .await?
+                    .into_iter()
+                    .find(|l| l.key == key.as_str()),
+            ),
+            _ => None,
+        };
         Ok((
             routine,
             fires,
             last_run,
             fire_count,
-            (events, skips, on_calendar),
+            (events, skips, on_calendar, limit),
         ))
     };
-    let (r, fires, last_run, fire_count, (events, skips, on_calendar)) =
+    let (r, fires, last_run, fire_count, (events, skips, on_calendar, limit)) =
         match read(&state, reads).await {
             Ok(Ok(read)) => read,
             Ok(Err(_)) => return missing(&handle),
@@ -128,6 +139,8 @@ pub async fn routine(
                 @if let Some((_, Some(end))) = window { dt { "Ends" } dd { (instant_cell(end, zone)) } }
                 @if let Some(left) = r.runs_left { dt { "Runs left" } dd { (left) } }
                 @if let Some(deadline) = r.deadline { dt { "Deadline" } dd { (humantime::format_duration(deadline).to_string()) " after each occurrence" } }
+                @if r.retry.retries > 0 { dt { "Retries" } dd { (r.retry.retries) ", backoff " (r.retry.backoff.to_string()) } }
+                @if let Some(key) = &r.concurrency_key { dt { "Concurrency key" } dd { (key_cell(key, limit.as_ref())) } }
                 @if let Some(jitter) = jitter { dt { "Jitter" } dd { "up to " (cm_domain::duration_text(jitter)) " after each occurrence" } }
                 dt { "Misfire policy" } dd { (r.misfire_policy) }
                 @if r.kind == cm_store::RoutineKind::Mission { dt { "Overlap" } dd { (r.overlap) } }
@@ -194,7 +207,7 @@ pub async fn routine(
                             td.muted { (f.status) }
                             td.muted { (f.origin) }
                             td.nowrap { (run_cell(f, now)) }
-                            td { (f.attempt) }
+                            td.nowrap { (f.attempt) @if f.retry > 0 { " " span.muted.small { "(retry " (f.retry) ")" } } }
                             td.muted { (f.claimant) }
                             td { @if let Some(at) = f.completed_at { (moment(at, now)) } }
                             td.muted { (shown(f.receipt.as_deref().unwrap_or(""))) }
@@ -212,6 +225,30 @@ pub async fn routine(
         body,
     )
     .into_response()
+}
+
+/// A routine's concurrency key, with its limit and the places its routines' fires hold now
+/// (`limit`: `None` when the limits are not read, `Some(None)` when the key has none).
+fn key_cell(
+    key: &cm_domain::ConcurrencyKey,
+    limit: Option<&Option<cm_store::ConcurrencyLimit>>,
+) -> Markup {
+    html! {
+        code { (shown(key.as_str())) }
+        @match limit {
+            Some(Some(l)) => {
+                " — " (l.running) " of " (l.max_running) " running"
+                @if l.running >= u64::from(l.max_running) { " " span.paused { "full" } " " span.muted.small { "(its next runs wait, owed)" } }
+                br;
+                span.muted.small {
+                    "at most " (l.max_running) " at once across all schedulers, shared by "
+                    @match l.routines { 1 => "this routine alone", n => { (n) " routines" } }
+                }
+            }
+            Some(None) => { " — " span.muted { "no limit set (unlimited)" } }
+            None => {}
+        }
+    }
 }
 
 /// A mission routine's description, scrubbed of secrets, and how this scheduler runs it.
@@ -261,12 +298,14 @@ fn run_cell(f: &cm_store::Fire, now: DateTime<Utc>) -> Markup {
     }
 }
 
-/// The newest run that ended: its outcome, start, end, duration and exit code, and the last of
+/// The newest run that ended: the earlier attempts of its occurrence that were retried, each
+/// with what it met; then its own outcome, start, end, duration and exit code, and the last of
 /// its output.
 fn last_run_section(run: &cm_store::FireDetail, now: DateTime<Utc>) -> Markup {
     let f = &run.fire;
     html! {
         h2 { "Last run" }
+        @if !f.tries.is_empty() { (earlier_tries(&f.tries, f.attempt, now)) }
         dl id="last-run" {
             dt { "Occurrence" } dd { (moment(f.scheduled_at, now)) " " code.small { (cm_domain::Occurrence::new(f.routine_id, f.scheduled_at).idempotency_key()) } }
             dt { "Outcome" } dd { (outcome_word(f.outcome(), &f.status, f.run_exit_code)) }
@@ -282,6 +321,34 @@ fn last_run_section(run: &cm_store::FireDetail, now: DateTime<Utc>) -> Markup {
                 pre id="run-output" { @for line in output.lines() { (shown(line)) "\n" } }
             }
             _ => p.muted { "Its runtime kept no output." },
+        }
+    }
+}
+
+/// The earlier attempts of an occurrence that failed and were tried again, oldest first: each
+/// one's outcome, exit code, error or reason, when it ended and its retry was due, and the
+/// last of its output.
+/// `last_attempt` is the number of the attempt whose details follow.
+fn earlier_tries(tries: &[cm_store::EarlierTry], last_attempt: u32, now: DateTime<Utc>) -> Markup {
+    html! {
+        div id="earlier-tries" {
+            p.muted.small {
+                @match tries.len() { 1 => "Its occurrence was tried once before, and retried:", n => { "Its occurrence was tried " (n) " times before, each retried:" } }
+            }
+            @for t in tries {
+                h3 { "Attempt " (t.attempt) }
+                dl.try {
+                    dt { "Outcome" } dd { span.error { (shown(&t.outcome)) } }
+                    @if let Some(code) = t.exit_code { dt { "Exit code" } dd { (code) } }
+                    @if let Some(why) = t.error.as_deref().or(t.reason.as_deref()) { dt { "Reason" } dd.error { (shown(why)) } }
+                    dt { "Ended" } dd { (moment(t.ended_at, now)) }
+                    dt { "Retried" } dd { (moment(t.retry_at, now)) }
+                }
+                @if let Some(output) = t.output.as_deref().filter(|o| !o.is_empty()) {
+                    pre.try-output { @for line in output.lines() { (shown(line)) "\n" } }
+                }
+            }
+            h3 { "Attempt " (last_attempt) ", the last" }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The scheduler as a service: started from a validated [`ServiceConfig`] with its pools, its
 //! message and mission backends, the status page and probes over HTTP, traces and the
-//! supervisor's notifications; waiting for the database (and the mission runtime) with
+//! supervisor's notifications; waiting for the database (and NATS, and the mission runtime) with
 //! `/readyz` saying why; then running until told to stop, and shutting down in order.
 //!
 //! The binary's `run` is this and nothing else: flags, [`ServiceConfig`],
@@ -114,7 +114,7 @@ impl Service {
             args.events_webhook.as_deref(),
             args.events_webhook_secret_file.as_deref(),
         )?;
-        let message = messages.build(&store, &setup).await?;
+        let (message, nats) = messages.build(&store, &setup);
         let instance_id = args
             .instance_id
             .clone()
@@ -204,6 +204,7 @@ impl Service {
                     runner,
                     events: Some(Arc::new(page.clone())),
                     calendars: Some(Arc::new(page.clone())),
+                    limits: Some(Arc::new(page.clone())),
                     ..StatusPage::new(Arc::new(page.clone()), Arc::new(page), instance_id.clone())
                 }),
                 token,
@@ -233,6 +234,18 @@ impl Service {
             () = stopped(stop.clone()) => {
                 stopping_early("the database");
                 return Ok(None);
+            }
+        }
+        if let Some(nats) = nats {
+            if let Some(notifier) = &notifier {
+                notifier.status("waiting for NATS");
+            }
+            tokio::select! {
+                connected = nats.wait(|reason| waiting.set(reason)) => connected?,
+                () = stopped(stop.clone()) => {
+                    stopping_early("NATS");
+                    return Ok(None);
+                }
             }
         }
         if let Some(runtime) = &runtime {

@@ -227,6 +227,7 @@ fn state_with(
     page.deadline = Duration::from_millis(500);
     page.events = Some(Arc::new(store.clone()));
     page.calendars = Some(Arc::new(store.clone()));
+    page.limits = Some(Arc::new(store.clone()));
     Arc::new(HttpState {
         stats,
         health,
@@ -1169,13 +1170,374 @@ async fn the_page_edits_settings_with_the_checks_of_routine_update(pool: PgPool)
     );
 }
 
+/// A message routine at midnight on 1 January, sharing `key`'s limit: never due while a test
+/// runs.
+async fn yearly_keyed(store: &PgStore, name: &str, key: Option<&str>) -> cm_store::Routine {
+    store
+        .create_routine(
+            new_routine(
+                name,
+                "0 0 1 1 *",
+                "UTC",
+                RoutineKind::Message,
+                json!({ "text": "hello" }),
+            )
+            .into_builder()
+            .concurrency_key(key.map(|k| k.parse().unwrap()))
+            .build()
+            .unwrap(),
+        )
+        .await
+        .unwrap()
+}
+
+/// The part of `page` from the element with `id` to the end of its table or list.
+fn section<'a>(page: &'a str, id: &str, end: &str) -> &'a str {
+    let from = page
+        .split(&format!("id=\"{id}\""))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no {id:?} in:\n{page}"));
+    from.split(end).next().unwrap_or_default()
+}
+
+/// A routine's page shows its concurrency key with the key's limit and the places its routines'
+/// fires hold now (or that the key has no limit); the index lists the limits as `limit list`
+/// does, and has no such section while no limit is set.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_routines_key_shows_its_limit_and_the_index_lists_the_limits(pool: PgPool) {
+    use cm_store::{ClaimDueParams, FireLedger, InClaimWrites, LimitStore};
+    let store = PgStore::new(pool.clone());
+    let render = yearly_keyed(&store, "render", Some("gpu-pool")).await;
+    yearly_keyed(&store, "encode", Some("gpu-pool")).await;
+    yearly_keyed(&store, "crawl", Some("tenant:acme")).await;
+    yearly_keyed(&store, "plain", None).await;
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+
+    // No limit yet: a key is shown as having none, and the index lists no limits.
+    let (status, index) = get(&state, "/", None).await;
+    assert_eq!(status, StatusCode::OK, "{index}");
+    assert!(!index.contains("Concurrency limits"), "{index}");
+    assert!(!index.contains("id=\"limits\""), "{index}");
+    let (_, page) = get(&state, "/routines/render", None).await;
+    assert!(
+        section(&page, "settings", "</dl>").contains(
+            "<dt>Concurrency key</dt><dd><code>gpu-pool</code> — \
+             <span class=\"muted\">no limit set (unlimited)</span></dd>"
+        ),
+        "{page}"
+    );
+    let (_, page) = get(&state, "/routines/plain", None).await;
+    assert!(
+        !section(&page, "settings", "</dl>").contains("Concurrency key"),
+        "{page}"
+    );
+
+    // Limits set; two occurrences of render claimed and not settled hold two places.
+    let key = |k: &str| k.parse::<cm_domain::ConcurrencyKey>().unwrap();
+    assert!(
+        store
+            .set_concurrency_limit(&key("gpu-pool"), 3)
+            .await
+            .unwrap()
+    );
+    assert!(store.set_concurrency_limit(&key("idle"), 0).await.unwrap());
+    let now = chrono::Utc::now();
+    let hours = chrono::Duration::hours;
+    let asked = store
+        .request_occurrences(render.id, &[now - hours(2), now - hours(1)])
+        .await
+        .unwrap();
+    assert_eq!(asked, 2);
+    let claim = store
+        .claim_due(&ClaimDueParams {
+            claimant: "elsewhere".into(),
+            lease: cm_domain::Lease::new(Duration::from_secs(600)).unwrap(),
+            cap: cm_domain::FireCap::new(25).unwrap(),
+            rules: cm_domain::MisfireRules::default(),
+            max_routines: 100,
+            in_claim: InClaimWrites::default(),
+            mission_room: None,
+            after: None,
+            group: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claim.fires.len(), 2, "{claim:?}");
+
+    let (_, page) = get(&state, "/routines/render", None).await;
+    let settings = section(&page, "settings", "</dl>");
+    assert!(
+        settings.contains("<dt>Concurrency key</dt><dd><code>gpu-pool</code> — 2 of 3 running<br>"),
+        "{settings}"
+    );
+    assert!(
+        settings.contains("at most 3 at once across all schedulers, shared by 2 routines"),
+        "{settings}"
+    );
+    assert!(!settings.contains("full"), "{settings}");
+    // Lowered to the places held: full, its next runs waiting.
+    assert!(
+        !store
+            .set_concurrency_limit(&key("gpu-pool"), 2)
+            .await
+            .unwrap()
+    );
+    let (_, page) = get(&state, "/routines/render", None).await;
+    assert!(
+        section(&page, "settings", "</dl>")
+            .contains("<code>gpu-pool</code> — 2 of 2 running <span class=\"paused\">full</span>"),
+        "{page}"
+    );
+    assert!(
+        store
+            .set_concurrency_limit(&key("gpu-pool"), 3)
+            .await
+            .is_ok()
+    );
+    // A key without a limit, beside them.
+    let (_, page) = get(&state, "/routines/crawl", None).await;
+    assert!(
+        section(&page, "settings", "</dl>").contains(
+            "<code>tenant:acme</code> — <span class=\"muted\">no limit set (unlimited)</span>"
+        ),
+        "{page}"
+    );
+
+    // The index lists each limit by key: its most at once, running now, routines.
+    let (_, index) = get(&state, "/", None).await;
+    assert!(index.contains("<h2>Concurrency limits</h2>"), "{index}");
+    let limits = section(&index, "limits", "</table>");
+    let rows: Vec<&str> = limits.split("<tr>").skip(2).collect();
+    assert_eq!(rows.len(), 2, "{limits}");
+    assert!(
+        rows[0].starts_with("<td><code>gpu-pool</code></td><td>3</td><td>2</td><td>2</td>"),
+        "{limits}"
+    );
+    assert!(
+        rows[1].starts_with(
+            "<td><code>idle</code></td><td>0</td><td>0 <span class=\"paused small\">full</span></td><td>0</td>"
+        ),
+        "{limits}"
+    );
+    assert!(!limits.contains("tenant:acme"), "{limits}");
+
+    // Gone again once the limits are deleted.
+    for k in ["gpu-pool", "idle"] {
+        assert!(store.delete_concurrency_limit(&key(k)).await.unwrap());
+    }
+    let (_, index) = get(&state, "/", None).await;
+    assert!(!index.contains("id=\"limits\""), "{index}");
+}
+
+/// The edit form changes retries, retry backoff and concurrency key as `routine update
+/// --retries --retry-backoff --concurrency-key` does, read by the same parsers: a refused value
+/// answers 400 with their words and changes nothing; an empty field keeps its setting; the box
+/// removes the key, as `--no-concurrency-key` does.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_page_edits_retries_backoff_and_key_with_the_checks_of_routine_update(pool: PgPool) {
+    use cm_scheduler::edit;
+    let store = PgStore::new(pool.clone());
+    let render = yearly_keyed(&store, "render", None).await;
+    let (stats, metrics) = recorded_stats(|_| {});
+    let state = state(&store, stats, metrics, None).await;
+    let routine = async || store.get_routine(render.id).await.unwrap();
+
+    // The form holds the settings as they are; no key, so nothing to remove.
+    let (_, page) = get(&state, "/routines/render", None).await;
+    let form = section(&page, "edit", "</form>");
+    for shown in [
+        "name=\"retries\" value=\"0\" type=\"number\" min=\"0\" max=\"100\"",
+        "name=\"retry_backoff\" value=\"10s..10m\"",
+        "name=\"concurrency_key\" maxlength=\"100\"",
+    ] {
+        assert!(form.contains(shown), "{shown:?} missing:\n{form}");
+    }
+    assert!(!form.contains("no_concurrency_key"), "{form}");
+
+    // Refused as `routine update` refuses, in its parsers' words; nothing changes, not even
+    // the valid field beside the refused one.
+    let before = routine().await;
+    let refusals: [(&[(&str, &str)], String); 7] = [
+        (&[("retries", "101")], edit::retries("101").unwrap_err()),
+        (&[("retries", "-1")], edit::retries("-1").unwrap_err()),
+        (&[("retries", "many")], edit::retries("many").unwrap_err()),
+        (&[("retry_backoff", "0s")], edit::backoff("0s").unwrap_err()),
+        (
+            &[("retry_backoff", "10m..10s")],
+            edit::backoff("10m..10s").unwrap_err(),
+        ),
+        (
+            &[("retries", "5"), ("concurrency_key", "bad key!")],
+            edit::concurrency_key("bad key!").unwrap_err(),
+        ),
+        (
+            &[
+                ("retries", "5"),
+                ("concurrency_key", "gpu-pool"),
+                ("no_concurrency_key", "yes"),
+            ],
+            "give a new concurrency key or remove the key, not both".to_owned(),
+        ),
+    ];
+    for (fields, reason) in &refusals {
+        let (status, _, body) = submit(&state, "/routines/render/edit", fields).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{fields:?}: {body}");
+        assert!(
+            body.contains(&format!("Nothing was changed: {}.", maud_escaped(reason))),
+            "{reason:?} missing:\n{body}"
+        );
+        assert_eq!(routine().await, before, "{fields:?} changed it");
+    }
+    assert_eq!(
+        edit::retries("101").unwrap_err(),
+        "retries must be 0 to 100 (it was 101)"
+    );
+    assert!(
+        edit::concurrency_key("bad key!")
+            .unwrap_err()
+            .starts_with("a concurrency key is 1 to 100 letters"),
+    );
+
+    // Without the page's token: refused, nothing changed.
+    let (status, _, _) = post(&state, "/routines/render/edit", "retries=7", &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(routine().await, before);
+
+    // A real edit of all three, in one write.
+    let (status, location, body) = submit(
+        &state,
+        "/routines/render/edit",
+        &[
+            ("retries", "3"),
+            ("retry_backoff", " 30s..5m "),
+            ("concurrency_key", "gpu-pool"),
+            ("back", "/routines/render"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        (status, location.as_str()),
+        (
+            StatusCode::SEE_OTHER,
+            "/routines/render?done=edited&of=render"
+        ),
+        "{body}"
+    );
+    let after = routine().await;
+    let backoff =
+        cm_domain::Backoff::new(Duration::from_secs(30), Duration::from_secs(300)).unwrap();
+    assert_eq!(after.retry.retries, 3);
+    assert_eq!(after.retry.backoff, backoff);
+    assert_eq!(
+        after.concurrency_key.as_ref().map(|k| k.as_str()),
+        Some("gpu-pool")
+    );
+    assert_eq!(
+        (after.schedule.as_str(), after.payload.clone()),
+        (render.schedule.as_str(), render.payload.clone()),
+        "the other settings stay"
+    );
+    let (_, page) = get(&state, &location, None).await;
+    assert!(page.contains("Saved “render”"), "{page}");
+    let settings = section(&page, "settings", "</dl>");
+    assert!(
+        settings.contains("<dt>Retries</dt><dd>3, backoff 30s..5m</dd>"),
+        "{settings}"
+    );
+    assert!(
+        settings.contains("<dt>Concurrency key</dt><dd><code>gpu-pool</code>"),
+        "{settings}"
+    );
+    let form = section(&page, "edit", "</form>");
+    for shown in [
+        "name=\"retries\" value=\"3\"",
+        "name=\"retry_backoff\" value=\"30s..5m\"",
+        "name=\"concurrency_key\" value=\"gpu-pool\"",
+        "name=\"no_concurrency_key\" value=\"yes\"",
+    ] {
+        assert!(form.contains(shown), "{shown:?} missing:\n{form}");
+    }
+
+    // The form sent back as it is, or with its fields empty: nothing to save.
+    for fields in [
+        &[
+            ("schedule", "0 0 1 1 *"),
+            ("timezone", "UTC"),
+            ("misfire", "fire-once"),
+            ("message", ""),
+            ("retries", "3"),
+            ("retry_backoff", "30s..5m"),
+            ("concurrency_key", "gpu-pool"),
+        ][..],
+        &[
+            ("retries", ""),
+            ("retry_backoff", ""),
+            ("concurrency_key", "  "),
+        ][..],
+    ] {
+        let (status, location, body) = submit(&state, "/routines/render/edit", fields).await;
+        assert_eq!(
+            (status, location.as_str()),
+            (
+                StatusCode::SEE_OTHER,
+                "/routines/render?done=unchanged&of=render"
+            ),
+            "{fields:?}: {body}"
+        );
+        assert_eq!(routine().await, after, "{fields:?}");
+    }
+
+    // One field alone changes that setting and keeps the others, as `routine update` does.
+    let (status, _, body) = submit(&state, "/routines/render/edit", &[("retries", "0")]).await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let now = routine().await;
+    assert_eq!((now.retry.retries, now.retry.backoff), (0, backoff));
+    assert_eq!(now.concurrency_key, after.concurrency_key);
+
+    // The box removes the key, the key's field still holding it as the form sends it.
+    let (status, _, body) = submit(
+        &state,
+        "/routines/render/edit",
+        &[
+            ("concurrency_key", "gpu-pool"),
+            ("no_concurrency_key", "yes"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER, "{body}");
+    let now = routine().await;
+    assert_eq!(now.concurrency_key, None);
+    assert_eq!(now.retry.backoff, backoff);
+    let (_, page) = get(&state, "/routines/render", None).await;
+    assert!(
+        !section(&page, "settings", "</dl>").contains("Concurrency key"),
+        "{page}"
+    );
+    assert!(
+        !section(&page, "edit", "</form>").contains("no_concurrency_key"),
+        "{page}"
+    );
+}
+
 /// The page deletes a routine after a confirmation that says how many fires go with it; the
 /// routine and its fires are gone, and the index says so.
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn the_page_deletes_a_routine_after_saying_how_many_fires_go(pool: PgPool) {
     let store = PgStore::new(pool.clone());
-    let standup = every_minute(&store, "standup", false).await;
-    let keep = every_minute(&store, "keep", false).await;
+    // Yearly, so a minute boundary during the test adds no fire of the schedule's own: the
+    // page's count is the one triggered fire.
+    let yearly = |name: &'static str| {
+        new_routine(
+            name,
+            "0 0 1 1 *",
+            "UTC",
+            RoutineKind::Message,
+            json!({ "text": "hello" }),
+        )
+    };
+    let standup = store.create_routine(yearly("standup")).await.unwrap();
+    let keep = store.create_routine(yearly("keep")).await.unwrap();
     for id in [standup.id, keep.id] {
         store.trigger_routine(id).await.unwrap();
     }

@@ -162,7 +162,8 @@ struct Run {
 impl Run {
     fn start(db: &TestDb, host: &str, files: &MissionFiles, extra: &[&str]) -> Run {
         let config = files.write("config.json", &config());
-        let log = std::env::temp_dir().join(format!("{}-real.log", db.name));
+        let log =
+            std::env::temp_dir().join(format!("{}-real-{}.log", db.name, Uuid::new_v4().simple()));
         let file = std::fs::File::create(&log).unwrap();
         let child = cm_scheduler()
             .args(["--database-url", &db.url, "run", "--tick-interval", "200ms"])
@@ -897,4 +898,114 @@ async fn buffered_overlap_on_the_real_engine_never_overlaps_and_loses_nothing_ac
     // buffer-all: nothing skipped, every occurrence launched in its turn.
     let list = fires(&db, all);
     assert!(list.iter().all(|f| f["status"] == "fired"), "{list:?}");
+}
+
+/// Three mission routines sharing a concurrency key of one place, on the real engine, under two
+/// schedulers of which one is SIGKILLed once containers have started: by the engine's own
+/// start and finish times no two containers of the three ever ran at once, and every
+/// occurrence of the three (two each) was launched and succeeded, none skipped for the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Docker engine: start one with .ci/dockerd and set CM_TEST_DOCKER_HOST to what it prints"]
+async fn a_key_of_one_place_runs_one_container_at_a_time_across_a_sigkill() {
+    let host = engine();
+    let db = TestDb::new().await;
+    let files = MissionFiles::new();
+    let limited: bool = sqlx::query_scalar("SELECT cm.set_concurrency_limit('gpu', 1)")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(limited);
+    let mut routines = Vec::new();
+    for name in ["alpha", "beta", "gamma"] {
+        let mission = files.write(
+            &format!("{name}.json"),
+            r#"{"repository": "https://git.example.com/team/repo.git", "task": "report",
+                "env": {"NAP": "1", "CODE": "0"}}"#,
+        );
+        let id = created_id(&ok(
+            &db.url,
+            &create_args(
+                name,
+                "*/2 * * * * *",
+                &[
+                    "--mission",
+                    &mission,
+                    "--overlap",
+                    "allow",
+                    "--misfire",
+                    "catch-up",
+                    "--limit-runs",
+                    "2",
+                    "--concurrency-key",
+                    "gpu",
+                    "--mission-env-allow",
+                    "NAP,CODE",
+                    "--paused",
+                ],
+            ),
+        ));
+        routines.push(id);
+    }
+    let _cleanup = Cleanup {
+        host: host.clone(),
+        routines: routines.clone(),
+    };
+    let flags = ["--lease", "30s", "--dispatch-timeout", "10s"];
+    let first = Run::start(
+        &db,
+        &host,
+        &files,
+        &[&flags[..], &["--instance-id", "a"]].concat(),
+    );
+    let second = Run::start(
+        &db,
+        &host,
+        &files,
+        &[&flags[..], &["--instance-id", "b"]].concat(),
+    );
+    for id in &routines {
+        ok(&db.url, &["routine", "resume", &id.to_string()]);
+    }
+    let started = eventually_within(Duration::from_secs(60), async || {
+        let n: usize = routines.iter().map(|id| containers(&host, *id).len()).sum();
+        (n >= 2).then_some(())
+    })
+    .await;
+    assert!(started.is_some(), "no containers\n{}", first.log());
+    let first_log = first.log();
+    drop(first); // SIGKILL
+
+    let done = eventually_within(Duration::from_secs(120), async || {
+        routines
+            .iter()
+            .all(|&id| {
+                let list = fires(&db, id);
+                list.len() == 2 && list.iter().all(|f| f["run_state"] == "succeeded")
+            })
+            .then_some(())
+    })
+    .await;
+    let all: Vec<_> = routines.iter().map(|&id| fires(&db, id)).collect();
+    assert!(
+        done.is_some(),
+        "not every run succeeded: {all:?}\n{first_log}\n{}",
+        second.log()
+    );
+    let mut on_engine: Vec<Container> = routines
+        .iter()
+        .flat_map(|&id| containers(&host, id))
+        .collect();
+    on_engine.sort_by_key(|c| c.started);
+    assert_eq!(
+        on_engine.len(),
+        6,
+        "one container per occurrence: {on_engine:?}"
+    );
+    for pair in on_engine.windows(2) {
+        assert!(
+            pair[0].finished.is_some_and(|end| end <= pair[1].started),
+            "two containers of the key ran at once: {pair:?}"
+        );
+    }
+    assert!(on_engine.iter().all(|c| c.exit_code == 0), "{on_engine:?}");
 }

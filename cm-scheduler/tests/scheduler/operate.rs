@@ -274,14 +274,14 @@ impl Drop for DropOnExit {
     }
 }
 
-async fn fired_count(pool: &sqlx::PgPool) -> i64 {
+pub(crate) async fn fired_count(pool: &sqlx::PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM cm.routine_fires WHERE status = 'fired'")
         .fetch_one(pool)
         .await
         .unwrap_or(0)
 }
 
-fn every_second(name: &str, kind: RoutineKind, zone: &str) -> NewRoutine {
+pub(crate) fn every_second(name: &str, kind: RoutineKind, zone: &str) -> NewRoutine {
     let payload = match kind {
         RoutineKind::Message => json!({ "text": "payload text not to show" }),
         RoutineKind::Mission => {

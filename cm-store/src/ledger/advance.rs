@@ -21,7 +21,9 @@ pub(super) fn resume_after(due: &[DueRoutine], tick: &TickPlan) -> Option<DueCur
         .filter(|a| a.deferred > 0)
         .map(|a| a.routine_id)
         .collect();
+    // The keys' heads lie past the walk's frontier: the cursor moves over the walk alone.
     due.iter()
+        .filter(|r| r.walked)
         .take_while(|r| !deferred.contains(&r.id))
         .last()
         .map(|r| DueCursor {

@@ -227,6 +227,15 @@ pub(super) async fn claim_due(
     let cap = params.cap.get();
     let mut conn = store.pool.acquire().await?;
     let began = Instant::now();
+    // The concurrency keys whose places are all held: the walk leaves their requests, and
+    // their routines already waiting on them, owed where they are, for a claim after a place
+    // frees. Read before the transaction, on its connection (or taken from a claim of the
+    // last moment): on Citus the count reads every shard, which the claim's transaction (one
+    // group's) never does. Unread (a worker down), no key is left out of the walk, and the
+    // gate below decides as always. With them, every key in use: the walk takes turns
+    // between them.
+    let citus = store.is_citus().await?;
+    let crate::limits::KeyState { full, keys } = store.full_keys.get(&mut conn, citus).await;
     let mut tx = store.begin_on(&mut conn).await?;
 
     // Occurrences asked for by hand get a guaranteed share of the cap, taken first, so a
@@ -242,6 +251,8 @@ pub(super) async fn claim_due(
         params.mission_room,
         params.after,
         params.group,
+        full.clone(),
+        keys,
     )
     .try_map(|row| DueRow::from_row(&row))
     .fetch_all(&mut *tx)
@@ -301,8 +312,11 @@ pub(super) async fn claim_due(
             .filter(|o| o.buffers() && routine.kind == "mission");
         match (schedule, policy) {
             (Ok(schedule), Ok(policy)) => {
+                // A routine whose clock waits on its concurrency key owes what came due
+                // meanwhile: never skipped for the limit.
                 let policy = match buffering {
                     Some(_) => cm_domain::MisfirePolicy::CatchUp,
+                    None if routine.key_wait => cm_domain::MisfirePolicy::CatchUp,
                     None => policy,
                 };
                 let mut plan = plan_routine_due(
@@ -331,6 +345,7 @@ pub(super) async fn claim_due(
                     routine_id: routine.id,
                     plan: plan.limited_to(routine.runs_left.map(|n| n.max(0).unsigned_abs())),
                     limited: params.mission_room.is_some() && routine.kind == "mission",
+                    turn: routine.turn,
                 })
             }
             (Err(reason), _) | (_, Err(reason)) => unusable.push(UnusableRoutine {
@@ -339,7 +354,7 @@ pub(super) async fn claim_due(
             }),
         }
     }
-    let tick = match FireCap::new(cap.saturating_sub(requested.len())) {
+    let mut tick = match FireCap::new(cap.saturating_sub(requested.len())) {
         Some(scheduled_cap) => plan_claim(&plans, scheduled_cap, limited_room.unwrap_or(0)),
         // The requests took the whole cap (a cap of one): every scheduled occurrence waits
         // for a later tick, and no routine's clock moves.
@@ -359,8 +374,18 @@ pub(super) async fn claim_due(
             .map(|(_, advance)| advance.claimed)
             .sum();
         let missions_left = limited_room.map(|room| room.saturating_sub(scheduled_missions));
-        requested.extend(take_requests(&mut tx, room, missions_left, params.group).await?);
+        requested.extend(take_requests(&mut tx, room, missions_left, params.group, full).await?);
     }
+    // Concurrency keys: what this claim takes of a limited key takes its places, under its
+    // lock; the rest waits, owed.
+    let gated = super::gate::admit_by_keys(
+        &mut tx,
+        &due,
+        &mut tick,
+        &mut requested,
+        store.group_count().await?,
+    )
+    .await?;
     let mut claims: Vec<(Occurrence, FireOrigin)> = tick
         .claims
         .iter()
@@ -425,6 +450,7 @@ pub(super) async fn claim_due(
         claim_rows(store, &mut tx, params, &claim, &advance).await?
     };
     fires.sort_by_key(|f| f.occurrence);
+    super::gate::mark_waiting(&mut tx, &gated, params.group).await?;
     let news = super::claim_news::news(&due, &plans, &tick);
     crate::events::record_news(&mut tx, params.group, &news).await?;
     if !skipped_by_buffer.is_empty() {
@@ -473,7 +499,9 @@ pub(super) async fn claim_due(
         now,
         began,
         token,
-        more_due: claims.len() >= cap || due.len() >= params.max_routines as usize,
+        more_due: claims.len() >= cap
+            || due.len() >= params.max_routines as usize
+            || gated.room_after(&fires),
         resume_after: resume_after(&due, &tick),
         fires,
         deferred: tick.deferred,

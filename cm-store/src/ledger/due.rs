@@ -12,7 +12,8 @@ use uuid::Uuid;
 use super::DueCursor;
 use super::claim::bind_group;
 use super::sql::{
-    DUE_AFTER_SQL, DUE_GROUP_AFTER_SQL, DUE_GROUP_SQL, DUE_SQL, TAKE_GROUP_REQUESTS_SQL,
+    DUE_AFTER_SQL, DUE_GROUP_AFTER_SQL, DUE_GROUP_SQL, DUE_SQL, FAIR_DUE_AFTER_SQL,
+    FAIR_DUE_GROUP_AFTER_SQL, FAIR_DUE_GROUP_SQL, FAIR_DUE_SQL, TAKE_GROUP_REQUESTS_SQL,
     TAKE_REQUESTS_SQL,
 };
 use crate::StoreError;
@@ -35,6 +36,12 @@ pub(super) struct DueRow {
     overlap: Option<String>,
     calendar: Option<String>,
     on_holiday: Option<String>,
+    concurrency_key: Option<String>,
+    key_wait: Option<bool>,
+    last_run_at: Option<DateTime<Utc>>,
+    turn: Option<i64>,
+    walked: Option<bool>,
+    requested_at: Option<DateTime<Utc>>,
 }
 
 /// A due routine as the claim reads it.
@@ -53,41 +60,73 @@ pub(super) struct DueRoutine {
     pub(super) calendar: Option<String>,
     /// Its policy for an occurrence on a day off, as stored.
     pub(super) on_holiday: String,
+    /// The concurrency key whose limit it shares.
+    pub(super) concurrency_key: Option<String>,
+    /// Whether its clock waits on its key's limit: what came due meanwhile is owed (caught
+    /// up), not its misfire policy's.
+    pub(super) key_wait: bool,
+    /// When a claim last took an occurrence of it: the key's turns go to who ran longest ago.
+    pub(super) last_run_at: Option<DateTime<Utc>>,
+    /// Its turn among its key's due routines of this claim, 0 first: the claim takes turns
+    /// between keys before instants.
+    pub(super) turn: u32,
+    /// Whether the walk in the order of instants locked it (not a key's head past its
+    /// frontier): only those move the drain's cursor.
+    pub(super) walked: bool,
 }
 
 /// An occurrence asked for by hand, taken by the claim.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Request {
     pub(super) routine_id: Uuid,
     pub(super) scheduled_at: DateTime<Utc>,
     pub(super) origin: FireOrigin,
     /// Whether its routine is a mission: it takes the mission room.
     pub(super) mission: bool,
+    /// Its routine's concurrency key.
+    pub(super) concurrency_key: Option<String>,
+    /// When a claim last took an occurrence of its routine.
+    pub(super) last_run_at: Option<DateTime<Utc>>,
+    /// When it was asked for: a request put back (its key full) keeps it.
+    pub(super) requested_at: DateTime<Utc>,
 }
 
-impl Request {
-    /// A request as a request walk returns it: routine, instant, stored origin, routine kind.
-    fn read(
-        routine_id: Uuid,
-        scheduled_at: DateTime<Utc>,
-        origin: &str,
-        kind: &str,
-    ) -> Result<Request, StoreError> {
+/// A request as a request walk returns it.
+#[derive(FromRow)]
+struct TakenRequest {
+    routine_id: Uuid,
+    scheduled_at: DateTime<Utc>,
+    /// Its stored origin.
+    origin: String,
+    /// Its routine's kind.
+    kind: String,
+    concurrency_key: Option<String>,
+    last_run_at: Option<DateTime<Utc>>,
+    requested_at: DateTime<Utc>,
+}
+
+impl TakenRequest {
+    fn read(self) -> Result<Request, StoreError> {
         Ok(Request {
-            routine_id,
-            scheduled_at,
-            origin: request_origin(routine_id, origin)?,
-            mission: kind == RoutineKind::Mission.as_str(),
+            routine_id: self.routine_id,
+            scheduled_at: self.scheduled_at,
+            origin: request_origin(self.routine_id, &self.origin)?,
+            mission: self.kind == RoutineKind::Mission.as_str(),
+            concurrency_key: self.concurrency_key,
+            last_run_at: self.last_run_at,
+            requested_at: self.requested_at,
         })
     }
 }
 
 /// The statement that takes up to `limit` due requests, at most `missions` of them of mission
-/// routines, in `group` or any (see [`take_requests`]), bound.
+/// routines, in `group` or any, none of the `full` concurrency keys (see [`take_requests`]),
+/// bound.
 pub(crate) fn take_requests_query(
     limit: usize,
     missions: Option<usize>,
     group: Option<GroupId>,
+    full: Vec<String>,
 ) -> Query<'static, Postgres, PgArguments> {
     let statement = match group {
         None => TAKE_REQUESTS_SQL,
@@ -96,24 +135,33 @@ pub(crate) fn take_requests_query(
     let query = crate::schema::query(statement)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .bind(missions.map(|m| i64::try_from(m).unwrap_or(i64::MAX)));
-    bind_group(query, group)
+    bind_group(query, group).bind(full)
 }
 
 /// The claim's first statement, bound: at most `max_routines` due routines locked, at most
 /// `requests` due requests taken and at most `mission_room` of them of missions (`None`: no
-/// bound), the walk resumed `after` a cursor or from the oldest due routine, in `group` or any.
+/// bound), the walk resumed `after` a cursor or from the oldest due routine, in `group` or any,
+/// leaving the routines and requests of the `full` concurrency keys be, and taking turns
+/// between the concurrency `keys` (none: the order of instants alone).
 pub(crate) fn due_query(
     max_routines: u32,
     requests: usize,
     mission_room: Option<usize>,
     after: Option<DueCursor>,
     group: Option<GroupId>,
+    full: Vec<String>,
+    keys: Vec<String>,
 ) -> Query<'static, Postgres, PgArguments> {
-    let statement = match (after, group) {
-        (None, None) => DUE_SQL,
-        (None, Some(_)) => DUE_GROUP_SQL,
-        (Some(_), None) => DUE_AFTER_SQL,
-        (Some(_), Some(_)) => DUE_GROUP_AFTER_SQL,
+    let fair = !keys.is_empty();
+    let statement = match (after, group, fair) {
+        (None, None, false) => DUE_SQL,
+        (None, Some(_), false) => DUE_GROUP_SQL,
+        (Some(_), None, false) => DUE_AFTER_SQL,
+        (Some(_), Some(_), false) => DUE_GROUP_AFTER_SQL,
+        (None, None, true) => FAIR_DUE_SQL,
+        (None, Some(_), true) => FAIR_DUE_GROUP_SQL,
+        (Some(_), None, true) => FAIR_DUE_AFTER_SQL,
+        (Some(_), Some(_), true) => FAIR_DUE_GROUP_AFTER_SQL,
     };
     let mut query = crate::schema::query(statement)
         .bind(i64::from(max_routines))
@@ -122,7 +170,8 @@ pub(crate) fn due_query(
     if let Some(after) = after {
         query = query.bind(after.next_run_at).bind(after.routine_id);
     }
-    bind_group(query, group)
+    let query = bind_group(query, group).bind(full);
+    if fair { query.bind(keys) } else { query }
 }
 
 /// Deletes and returns up to `limit` requested occurrences that are due, oldest first, skipping
@@ -133,15 +182,13 @@ pub(super) async fn take_requests(
     limit: usize,
     missions: Option<usize>,
     group: Option<GroupId>,
+    full: Vec<String>,
 ) -> Result<Vec<Request>, StoreError> {
-    let rows: Vec<(Uuid, DateTime<Utc>, String, String)> =
-        take_requests_query(limit, missions, group)
-            .try_map(|row| <(Uuid, DateTime<Utc>, String, String)>::from_row(&row))
-            .fetch_all(&mut **tx)
-            .await?;
-    rows.into_iter()
-        .map(|(id, at, origin, kind)| Request::read(id, at, &origin, &kind))
-        .collect()
+    let rows: Vec<TakenRequest> = take_requests_query(limit, missions, group, full)
+        .try_map(|row| TakenRequest::from_row(&row))
+        .fetch_all(&mut **tx)
+        .await?;
+    rows.into_iter().map(TakenRequest::read).collect()
 }
 
 /// A request's stored origin, read back.
@@ -169,12 +216,18 @@ pub(super) fn split_due_rows(rows: Vec<DueRow>) -> Result<DueSet, StoreError> {
     for row in rows {
         now = Some(row.now);
         match (row.source.as_str(), row.id, row.at) {
-            ("request", Some(id), Some(at)) => requested.push(Request::read(
-                id,
-                at,
-                row.origin.as_deref().unwrap_or_default(),
-                row.kind.as_deref().unwrap_or_default(),
-            )?),
+            ("request", Some(id), Some(at)) => requested.push(
+                TakenRequest {
+                    routine_id: id,
+                    scheduled_at: at,
+                    origin: row.origin.unwrap_or_default(),
+                    kind: row.kind.unwrap_or_default(),
+                    concurrency_key: row.concurrency_key,
+                    last_run_at: row.last_run_at,
+                    requested_at: row.requested_at.unwrap_or(row.now),
+                }
+                .read()?,
+            ),
             ("due", Some(id), Some(next_run_at)) => due.push(DueRoutine {
                 id,
                 schedule: row.schedule.unwrap_or_default(),
@@ -186,6 +239,11 @@ pub(super) fn split_due_rows(rows: Vec<DueRow>) -> Result<DueSet, StoreError> {
                 overlap: row.overlap.unwrap_or_default(),
                 calendar: row.calendar,
                 on_holiday: row.on_holiday.unwrap_or_default(),
+                concurrency_key: row.concurrency_key,
+                key_wait: row.key_wait.unwrap_or(false),
+                last_run_at: row.last_run_at,
+                turn: row.turn.and_then(|t| u32::try_from(t).ok()).unwrap_or(0),
+                walked: row.walked.unwrap_or(true),
             }),
             _ => {}
         }

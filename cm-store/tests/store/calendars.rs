@@ -29,6 +29,18 @@ fn nine(day: NaiveDate) -> DateTime<Utc> {
     Utc.from_utc_datetime(&day.and_hms_opt(9, 0, 0).unwrap())
 }
 
+/// The day of the first 09:00 UTC after `now`: the day a daily 09:00 routine next runs on
+/// (today before 09:00, else tomorrow). A clock set to it stands for the routine's real next
+/// occurrence whatever the hour the test runs at; a clock set to the day after it would leave
+/// today's 09:00 owed between, and a re-plan from now would rightly find it.
+fn next_nine_day(now: DateTime<Utc>) -> NaiveDate {
+    if now < nine(now.date_naive()) {
+        now.date_naive()
+    } else {
+        now.date_naive() + Duration::days(1)
+    }
+}
+
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn calendars_are_stored_listed_and_refused_as_input(pool: PgPool) {
     let store = PgStore::new(pool.clone());
@@ -167,7 +179,7 @@ async fn an_edit_re_plans_the_routines_on_the_calendar(pool: PgPool) {
 /// An edit of a calendar with three routines on it, one per policy, done and undone.
 pub(crate) async fn an_edit_re_plans_its_routines(store: &PgStore, pool: &PgPool) {
     let (store, pool) = (store.clone(), pool.clone());
-    let tomorrow = db_now(&pool).await.date_naive() + Duration::days(1);
+    let tomorrow = next_nine_day(db_now(&pool).await);
     let after = tomorrow + Duration::days(1);
     store
         .create_calendar("office", &dates_off(&[]))
@@ -185,7 +197,8 @@ pub(crate) async fn an_edit_re_plans_its_routines(store: &PgStore, pool: &PgPool
         .create_routine(daily_on("moves back", "office", OnHoliday::Previous))
         .await
         .unwrap();
-    // Each clock at tomorrow's 09:00: the test's clock runs before it whatever the hour.
+    // Each clock at the next 09:00 (`tomorrow`, today before 09:00): the test's clock runs
+    // before it whatever the hour.
     for id in [skip.id, next.id, previous.id] {
         set_next_run(&pool, id, nine(tomorrow)).await;
     }
@@ -302,7 +315,7 @@ async fn calendars_from_sql(pool: PgPool) {
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn an_edit_from_sql_is_re_planned_by_the_next_pass(pool: PgPool) {
     let store = PgStore::new(pool.clone());
-    let tomorrow = db_now(&pool).await.date_naive() + Duration::days(1);
+    let tomorrow = next_nine_day(db_now(&pool).await);
     let after = tomorrow + Duration::days(1);
     store
         .create_calendar("office", &dates_off(&[]))

@@ -485,6 +485,30 @@ async fn the_third_failed_settle_pauses_its_routine_on_citus() {
     db.drop_all().await;
 }
 
+/// Retries on Citus: the settle and run-end statements decide them on the group's shard (the
+/// routine and the next fire read there too), and the reaper takes them over.
+#[tokio::test]
+#[ignore = "needs Citus: start it with .ci/citus and set CM_TEST_CITUS_URL to what it prints"]
+async fn failures_are_retried_on_citus() {
+    let db = CitusDb::create().await;
+    crate::retries::retried_until_spent(&db.store, &db.pool).await;
+    crate::retries::run_retried_under_a_new_name(&db.store, &db.pool).await;
+    db.drop_all().await;
+}
+
+/// Concurrency keys on Citus: the limits on the coordinator, the places counted over every
+/// shard under the coordinator's key locks, claims of many groups at once.
+#[tokio::test]
+#[ignore = "needs Citus: start it with .ci/citus and set CM_TEST_CITUS_URL to what it prints"]
+async fn a_key_of_one_place_is_one_claim_on_citus() {
+    let db = CitusDb::create().await;
+    crate::limits::one_place_across_groups(&db.store, &db.pool).await;
+    db.drop_all().await;
+    let db = CitusDb::create().await;
+    crate::limits::keyed_groups_catch_up(&db.store, &db.pool).await;
+    db.drop_all().await;
+}
+
 /// Calendars on Citus (a reference table read by the claim of one group): a moved occurrence
 /// planned at the business day, and an edit re-planning the routines on the calendar.
 #[tokio::test]
@@ -533,10 +557,20 @@ async fn every_claim_statement_is_one_task_on_citus() {
         limit: 10,
         group: Some(group),
     };
+    let in_turns = |after| HotStatement::DueInTurns {
+        max_routines: 10,
+        requests: 2,
+        mission_room: Some(1),
+        after,
+        group: Some(group),
+        keys: vec!["big".into(), "small".into()],
+    };
     let mut plans: Vec<(&str, String)> = Vec::new();
     for (name, statement) in [
         ("due", due(None)),
         ("due, resumed", due(Some(after))),
+        ("due in turns", in_turns(None)),
+        ("due in turns, resumed", in_turns(Some(after))),
         (
             "requests",
             HotStatement::TakeRequests {

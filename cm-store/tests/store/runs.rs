@@ -71,7 +71,7 @@ async fn runs_are_begun_watched_and_recorded_once(pool: PgPool) {
     // Only the run this call ended comes back: it is what the run counters count.
     assert_eq!(
         store.record_runs(&updates).await.unwrap(),
-        [(running, failed.clone())]
+        [(running, failed.clone(), None)]
     );
     // A second scheduler's pass that read the run while it was running, and saw it end too,
     // ends nothing: each run is counted once, whichever scheduler watched it.
@@ -192,7 +192,8 @@ async fn overlap_is_decided_one_decider_at_a_time(pool: PgPool) {
         store.take_run(third, None).await.unwrap(),
         RunTake::Replace {
             holder: winner,
-            place: place_a()
+            place: place_a(),
+            run_name: winner.run_name(0),
         }
     );
     // Asking to replace takes nothing: until the stop is confirmed the winner keeps the run,
@@ -205,7 +206,8 @@ async fn overlap_is_decided_one_decider_at_a_time(pool: PgPool) {
         store.take_run(third, None).await.unwrap(),
         RunTake::Replace {
             holder: winner,
-            place: place_a()
+            place: place_a(),
+            run_name: winner.run_name(0),
         }
     );
     // Once the runtime confirmed the winner's run stopped, the run is the third's.
@@ -385,7 +387,7 @@ async fn a_watch_pass_records_the_runs_around_a_row_another_transaction_holds(po
     // The other routine's run is ended; the held one is skipped, not waited on.
     assert_eq!(
         store.record_runs(&updates).await.unwrap(),
-        [(other, ended.clone())]
+        [(other, ended.clone(), None)]
     );
     assert_eq!(
         fire_of(&store, other).await.run_state.as_deref(),
@@ -394,5 +396,8 @@ async fn a_watch_pass_records_the_runs_around_a_row_another_transaction_holds(po
     // The caller lets go without deleting: the next pass ends the held run.
     caller.rollback().await.unwrap();
     assert_eq!(unfinished_occurrences(&store).await, [held]);
-    assert_eq!(store.record_runs(&updates).await.unwrap(), [(held, ended)]);
+    assert_eq!(
+        store.record_runs(&updates).await.unwrap(),
+        [(held, ended, None)]
+    );
 }

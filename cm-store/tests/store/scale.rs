@@ -195,6 +195,49 @@ async fn the_resumed_due_query_starts_at_its_cursor(pool: PgPool) {
     plan.assert_reads_about_the_limit("resumed due query");
 }
 
+/// Turns between keys: every routine of the group on key `big`, and ten small keys of five
+/// routines each due a minute later, past the walk's frontier. The walk reads its limit, and
+/// each small key's heads its share through `routines_key_due_idx`: neither reads the big
+/// key's hundred thousand.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn the_due_query_in_turns_reads_each_keys_share_not_the_big_key(pool: PgPool) {
+    routines_sharing_one_instant(&pool).await;
+    sqlx::query("UPDATE cm.routines SET concurrency_key = 'big'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO cm.routines (id, name, schedule, kind, payload, next_run_at, concurrency_key)
+         SELECT gen_random_uuid(), 'small ' || i, '0 * * * *', 'message', '{}',
+                date_trunc('hour', now()) - interval '59 minutes', 't' || (i % 10)
+         FROM generate_series(1, 50) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE cm.routines")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut keys: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    keys.push("big".into());
+    let plan = explain(
+        &pool,
+        HotStatement::DueInTurns {
+            max_routines: LIMIT as u32,
+            requests: (LIMIT / 5) as usize,
+            mission_room: None,
+            after: None,
+            group: None,
+            keys,
+        },
+    )
+    .await;
+    plan.assert_reads_about_the_limit("due query in turns");
+    let text = plan.0.to_string();
+    assert!(text.contains("routines_key_due_idx"), "{text}");
+}
+
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn the_reaper_reads_the_expired_claims_not_the_live_ones(pool: PgPool) {
     // A hundred thousand live claims, and a few expired ones claimed after all of them: walking

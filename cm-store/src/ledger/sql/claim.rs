@@ -14,17 +14,18 @@
 /// `delete_routine` waits for it, then deletes the fires the claim wrote. Returns each taken
 /// request's routine, instant, origin and routine kind.
 macro_rules! take_requests_sql {
-    (limit: $limit:literal, missions: $missions:literal, walk: $walk:literal, taken: $taken:literal) => {
+    (limit: $limit:literal, missions: $missions:literal, walk: $walk:literal, taken: $taken:literal,
+     full: $full:literal) => {
         concat!(
             "
 DELETE FROM cm.routine_requests d
 USING (
-    SELECT routine_id, scheduled_at, group_id, kind
+    SELECT routine_id, scheduled_at, group_id, kind, concurrency_key, last_run_at
     FROM (",
-            take_requests_walk!(kind: "r.kind = 'mission'", limit: $missions, walk: $walk),
+            take_requests_walk!(kind: "r.kind = 'mission'", limit: $missions, walk: $walk, full: $full),
             "
         UNION ALL",
-            take_requests_walk!(kind: "r.kind <> 'mission'", limit: $limit, walk: $walk),
+            take_requests_walk!(kind: "r.kind <> 'mission'", limit: $limit, walk: $walk, full: $full),
             "
     ) walk
     ORDER BY scheduled_at, routine_id
@@ -36,7 +37,8 @@ WHERE d.routine_id = t.routine_id AND d.scheduled_at = t.scheduled_at
   AND d.group_id = t.group_id",
             $taken,
             "
-RETURNING d.routine_id, d.scheduled_at, d.origin, t.kind"
+RETURNING d.routine_id, d.scheduled_at, d.origin, t.kind, t.concurrency_key, t.last_run_at,
+          d.requested_at"
         )
     };
 }
@@ -44,16 +46,21 @@ RETURNING d.routine_id, d.scheduled_at, d.origin, t.kind"
 /// One kind's walk of `take_requests_sql!`: at most `limit:` due requests whose routine matches
 /// `kind:`, oldest first, locked, in the group of `walk:` (or any).
 macro_rules! take_requests_walk {
-    (kind: $kind:literal, limit: $limit:literal, walk: $walk:literal) => {
+    (kind: $kind:literal, limit: $limit:literal, walk: $walk:literal, full: $full:literal) => {
         concat!(
             "
         SELECT * FROM (
-            SELECT q.routine_id, q.scheduled_at, q.group_id, r.kind
+            SELECT q.routine_id, q.scheduled_at, q.group_id, r.kind, r.concurrency_key,
+                   r.last_run_at
             FROM cm.routine_requests q
             JOIN cm.routines r ON r.id = q.routine_id AND r.group_id = q.group_id
             WHERE q.scheduled_at <= now() AND ",
             $kind,
             $walk,
+            "
+              AND (r.concurrency_key IS NULL OR r.concurrency_key <> ALL(",
+            $full,
+            "::text[]))",
             "
             ORDER BY q.scheduled_at, q.routine_id
             LIMIT ",
@@ -66,21 +73,96 @@ macro_rules! take_requests_walk {
     };
 }
 
-/// Takes at most `$1` due requests, at most `$2` of them of missions (see `take_requests_sql!`).
+/// Takes at most `$1` due requests, at most `$2` of them of missions (see `take_requests_sql!`),
+/// none of a routine whose concurrency key is one of the full keys `$3`.
 pub(crate) const TAKE_REQUESTS_SQL: &str = take_requests_sql!(
     limit: "$1",
     missions: "least($1, $2::bigint)",
     walk: "",
-    taken: ""
+    taken: "",
+    full: "$3"
 );
 
-/// Takes at most `$1` due requests of the group `$3`, at most `$2` of them of missions.
+/// Takes at most `$1` due requests of the group `$3`, at most `$2` of them of missions, none of
+/// the full keys `$4`.
 pub(crate) const TAKE_GROUP_REQUESTS_SQL: &str = take_requests_sql!(
     limit: "$1",
     missions: "least($1, $2::bigint)",
     walk: "\n              AND q.group_id = $3 AND r.group_id = $3",
-    taken: " AND d.group_id = $3"
+    taken: " AND d.group_id = $3",
+    full: "$4"
 );
+
+/// The conditions of a due walk past `next_run_at <= now()`, over `cm.routines` unaliased:
+/// `resume:`, `routines:`, `busy:` and `full:` as in `due_sql!`. With no mission room left
+/// (`$3` = 0) mission routines are not walked; the routines of a full key that already wait on
+/// it are left be; a buffering routine whose run is busy waits for it.
+macro_rules! due_filters {
+    (resume: $walk:literal, routines: $group:literal, busy: $busy:literal, full: $full:literal) => {
+        concat!(
+            $walk,
+            $group,
+            "
+      AND ($3::bigint IS NULL OR $3::bigint > 0 OR kind <> 'mission')
+      AND (concurrency_key IS NULL OR NOT key_wait OR concurrency_key <> ALL(",
+            $full,
+            "::text[]))
+      AND (overlap NOT IN ('buffer-one', 'buffer-all') OR NOT EXISTS (
+              SELECT 1 FROM cm.routine_fires b
+              WHERE b.routine_id = routines.id AND b.group_id = routines.group_id",
+            $busy,
+            "
+                AND (b.status = 'claimed' OR b.run_state = 'running')))"
+        )
+    };
+}
+
+/// The columns a due walk reads of each routine.
+macro_rules! due_columns {
+    () => {
+        "id, schedule, timezone, misfire_policy, kind, next_run_at, runs_left, overlap,
+           calendar, on_holiday, concurrency_key, key_wait, last_run_at"
+    };
+}
+
+/// The claim's first statement around the CTE `due` (its routines, with `turn` and `walked`):
+/// the database's clock (one row, always), the due requests (`$2` at most, at most `$3` of
+/// them of missions) and the due routines, locked. `requests:`, `taken:` and `full:` as in
+/// `due_sql!`.
+macro_rules! due_statement {
+    (due: $due:expr, requests: $requests:literal, taken: $take:literal, full: $full:literal) => {
+        concat!(
+            "
+WITH requested AS (",
+            take_requests_sql!(
+                limit: "$2",
+                missions: "least($2, $3::bigint)",
+                walk: $requests,
+                taken: $take,
+                full: $full
+            ),
+            "
+),",
+            $due,
+            "
+SELECT 'clock' AS source, now() AS now, NULL::uuid AS id, NULL::timestamptz AS at,
+       NULL::text AS schedule, NULL::text AS timezone, NULL::text AS misfire_policy,
+       NULL::text AS kind, NULL::text AS origin, NULL::integer AS runs_left,
+       NULL::text AS overlap, NULL::text AS calendar, NULL::text AS on_holiday,
+       NULL::text AS concurrency_key, NULL::boolean AS key_wait,
+       NULL::timestamptz AS last_run_at, NULL::bigint AS turn, NULL::boolean AS walked,
+       NULL::timestamptz AS requested_at
+UNION ALL
+SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, kind, origin, NULL, NULL,
+       NULL, NULL, concurrency_key, NULL, last_run_at, NULL, NULL, requested_at
+FROM requested
+UNION ALL
+SELECT 'due', now(), id, next_run_at, schedule, timezone, misfire_policy, kind, NULL, runs_left,
+       overlap, calendar, on_holiday, concurrency_key, key_wait, last_run_at, turn, walked, NULL
+FROM due"
+        )
+    };
+}
 
 /// The claim's first statement, around a due walk: the database's clock (one row, always), the
 /// due requests (`$2` at most, at most `$3` of them of missions) and the due routines, locked.
@@ -92,62 +174,123 @@ pub(crate) const TAKE_GROUP_REQUESTS_SQL: &str = take_requests_sql!(
 /// are all empty.
 macro_rules! due_sql {
     (resume: $walk:literal, routines: $group:literal, requests: $requests:literal,
-     taken: $take:literal, busy: $busy:literal) => {
-        concat!(
-            "
-WITH requested AS (",
-            take_requests_sql!(
-                limit: "$2",
-                missions: "least($2, $3::bigint)",
-                walk: $requests,
-                taken: $take
-            ),
-            "
-),
+     taken: $take:literal, busy: $busy:literal, full: $full:literal) => {
+        due_statement!(
+            due: concat!(
+                "
 due AS (
-    SELECT id, schedule, timezone, misfire_policy, kind, next_run_at, runs_left, overlap,
-           calendar, on_holiday
+    SELECT ",
+                due_columns!(),
+                ", 0::bigint AS turn, true AS walked
     FROM cm.routines
     WHERE next_run_at <= now()",
-            $walk,
-            $group,
-            "
-      AND ($3::bigint IS NULL OR $3::bigint > 0 OR kind <> 'mission')
-      AND (overlap NOT IN ('buffer-one', 'buffer-all') OR NOT EXISTS (
-              SELECT 1 FROM cm.routine_fires b
-              WHERE b.routine_id = routines.id AND b.group_id = routines.group_id",
-            $busy,
-            "
-                AND (b.status = 'claimed' OR b.run_state = 'running')))
+                due_filters!(resume: $walk, routines: $group, busy: $busy, full: $full),
+                "
     ORDER BY next_run_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
-)
-SELECT 'clock' AS source, now() AS now, NULL::uuid AS id, NULL::timestamptz AS at,
-       NULL::text AS schedule, NULL::text AS timezone, NULL::text AS misfire_policy,
-       NULL::text AS kind, NULL::text AS origin, NULL::integer AS runs_left,
-       NULL::text AS overlap, NULL::text AS calendar, NULL::text AS on_holiday
-UNION ALL
-SELECT 'request', now(), routine_id, scheduled_at, NULL, NULL, NULL, kind, origin, NULL, NULL,
-       NULL, NULL
-FROM requested
-UNION ALL
-SELECT 'due', now(), id, next_run_at, schedule, timezone, misfire_policy, kind, NULL, runs_left,
-       overlap, calendar, on_holiday
-FROM due"
+)"
+            ),
+            requests: $requests,
+            taken: $take,
+            full: $full
+        )
+    };
+}
+
+/// `due_sql!` taking turns between concurrency keys, for a schema whose routines have keys
+/// (`keys:` the parameter listing them). The walk locks the oldest `$1` due routines as
+/// `due_sql!` does (`walked`); when it comes back full, more is due than it took, and each key
+/// also gets its **heads**: its oldest due routines past the walk's last (its frontier), locked,
+/// up to its share of the walk (`$1` over the keys and one more, for the routines without a
+/// key) less what the walk already holds of it, read through `routines_key_due_idx`. A key
+/// the walk holds its share of reads nothing more. Every routine is given its `turn` among
+/// its key's (the routines without a key are one key): the claim takes turns before instants
+/// (`cm_domain::plan_claim`), so a key of a few routines is not left behind one with a backlog.
+/// Only the walk moves the drain's cursor: the heads lie past its frontier.
+macro_rules! fair_due_sql {
+    (resume: $walk:literal, routines: $group:literal, requests: $requests:literal,
+     taken: $take:literal, busy: $busy:literal, full: $full:literal, keys: $keys:literal) => {
+        due_statement!(
+            due: concat!(
+                "
+walked AS (
+    SELECT ",
+                due_columns!(),
+                "
+    FROM cm.routines
+    WHERE next_run_at <= now()",
+                due_filters!(resume: $walk, routines: $group, busy: $busy, full: $full),
+                "
+    ORDER BY next_run_at, id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+frontier AS (
+    SELECT next_run_at, id FROM walked
+    WHERE (SELECT count(*) FROM walked) >= $1
+    ORDER BY next_run_at DESC, id DESC
+    LIMIT 1
+),
+shares AS (
+    SELECT k.key, greatest(0, greatest(1, $1::bigint / (cardinality(",
+                $keys,
+                "::text[]) + 1))
+                              - count(w.id)) AS room
+    FROM unnest(",
+                $keys,
+                "::text[]) AS k(key)
+    LEFT JOIN walked w ON w.concurrency_key = k.key
+    GROUP BY k.key
+    HAVING greatest(1, $1::bigint / (cardinality(",
+                $keys,
+                "::text[]) + 1)) > count(w.id)
+),
+heads AS (
+    SELECT h.*
+    FROM frontier f
+    CROSS JOIN shares s
+    CROSS JOIN LATERAL (
+        SELECT ",
+                due_columns!(),
+                "
+        FROM cm.routines
+        WHERE concurrency_key = s.key AND next_run_at <= now()
+          AND (next_run_at, id) > (f.next_run_at, f.id)",
+                due_filters!(resume: "", routines: $group, busy: $busy, full: $full),
+                "
+        ORDER BY next_run_at, id
+        LIMIT s.room
+        FOR UPDATE SKIP LOCKED
+    ) h
+),
+due AS (
+    SELECT *, row_number() OVER (PARTITION BY concurrency_key ORDER BY next_run_at, id) - 1
+              AS turn
+    FROM (SELECT *, true AS walked FROM walked
+          UNION ALL
+          SELECT *, false AS walked FROM heads) c
+)"
+            ),
+            requests: $requests,
+            taken: $take,
+            full: $full
         )
     };
 }
 
 /// The claim's first statement over the whole due walk (see `due_sql!`). It reads
 /// `routines_due_idx` `(next_run_at, id)` in order and stops after `$1` rows, however many
-/// routines share the oldest instant.
+/// routines share the oldest instant. The requests of the full concurrency keys (the last
+/// parameter, `$4` here) are left be, and so are their routines once they wait on their key
+/// (`key_wait`): a routine of a full key is walked once, to be marked waiting.
 pub(crate) const DUE_SQL: &str = due_sql!(
     resume: "",
     routines: "",
     requests: "",
     taken: "",
-    busy: ""
+    busy: "",
+    full: "$4"
 );
 
 /// [`DUE_SQL`] within the group `$4`: every table it reads is filtered on `group_id`, so on
@@ -158,7 +301,8 @@ pub(crate) const DUE_GROUP_SQL: &str = due_sql!(
     routines: "\n      AND group_id = $4",
     requests: "\n              AND q.group_id = $4 AND r.group_id = $4",
     taken: " AND d.group_id = $4",
-    busy: " AND b.group_id = $4"
+    busy: " AND b.group_id = $4",
+    full: "$5"
 );
 
 /// The claim's first statement resumed after `($4, $5)`, the `(next_run_at, id)` of the last
@@ -170,7 +314,8 @@ pub(crate) const DUE_AFTER_SQL: &str = due_sql!(
     routines: "",
     requests: "",
     taken: "",
-    busy: ""
+    busy: "",
+    full: "$6"
 );
 
 /// [`DUE_AFTER_SQL`] within the group `$6`.
@@ -180,7 +325,54 @@ pub(crate) const DUE_GROUP_AFTER_SQL: &str = due_sql!(
     routines: "\n      AND group_id = $6",
     requests: "\n              AND q.group_id = $6 AND r.group_id = $6",
     taken: " AND d.group_id = $6",
-    busy: " AND b.group_id = $6"
+    busy: " AND b.group_id = $6",
+    full: "$7"
+);
+
+/// [`DUE_SQL`] taking turns between the concurrency keys `$5` (see `fair_due_sql!`).
+pub(crate) const FAIR_DUE_SQL: &str = fair_due_sql!(
+    resume: "",
+    routines: "",
+    requests: "",
+    taken: "",
+    busy: "",
+    full: "$4",
+    keys: "$5"
+);
+
+/// [`DUE_GROUP_SQL`] taking turns between the concurrency keys `$6`.
+pub(crate) const FAIR_DUE_GROUP_SQL: &str = fair_due_sql!(
+    resume: "",
+    routines: "\n      AND group_id = $4",
+    requests: "\n              AND q.group_id = $4 AND r.group_id = $4",
+    taken: " AND d.group_id = $4",
+    busy: " AND b.group_id = $4",
+    full: "$5",
+    keys: "$6"
+);
+
+/// [`DUE_AFTER_SQL`] taking turns between the concurrency keys `$7`.
+pub(crate) const FAIR_DUE_AFTER_SQL: &str = fair_due_sql!(
+    resume: "
+      AND (next_run_at, id) > ($4::timestamptz, $5::uuid)",
+    routines: "",
+    requests: "",
+    taken: "",
+    busy: "",
+    full: "$6",
+    keys: "$7"
+);
+
+/// [`DUE_GROUP_AFTER_SQL`] taking turns between the concurrency keys `$8`.
+pub(crate) const FAIR_DUE_GROUP_AFTER_SQL: &str = fair_due_sql!(
+    resume: "
+      AND (next_run_at, id) > ($4::timestamptz, $5::uuid)",
+    routines: "\n      AND group_id = $6",
+    requests: "\n              AND q.group_id = $6 AND r.group_id = $6",
+    taken: " AND d.group_id = $6",
+    busy: " AND b.group_id = $6",
+    full: "$7",
+    keys: "$8"
 );
 
 /// Moves routines' clocks, a CTE of the claim statements; each slot names the parameter that
@@ -196,6 +388,7 @@ macro_rules! advance_cte {
 advanced AS (
     UPDATE cm.routines AS r
     SET next_run_at = CASE WHEN t.moves THEN t.next_run_at ELSE r.next_run_at END,
+        key_wait = false,
         last_run_at = CASE WHEN t.ran THEN ",
             $now,
             "::timestamptz ELSE r.last_run_at END,
@@ -276,7 +469,8 @@ macro_rules! claim_upsert {
                                 THEN excluded.lease_expires_at ELSE f.lease_expires_at END
     RETURNING (f.xmax = 0) AS inserted, f.routine_id, f.scheduled_at, f.status, f.claimant,
               f.claim_token, f.attempt, f.lease_expires_at, f.receipt, f.origin, f.error,
-              f.first_claimed_at, f.group_id, f.planned_at"
+              f.first_claimed_at, f.group_id, f.planned_at, f.retry,
+              coalesce((f.tries -> -1 ->> 'attempt')::int + 1, 1) AS retry_began"
         )
     };
 }
@@ -313,7 +507,8 @@ WITH claimed AS (
             "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
        c.lease_expires_at, r.name, r.kind, c.origin, r.payload, NULL::text AS receipt,
-       NULL::bigint AS written, c.error, c.first_claimed_at, c.planned_at
+       NULL::bigint AS written, c.error, c.first_claimed_at, c.planned_at, c.retry,
+       c.retry_began
 FROM claimed c JOIN cm.routines r ON r.id = c.routine_id AND r.group_id = c.group_id",
             $group
         )
@@ -395,7 +590,8 @@ outbox AS (
             "
 SELECT c.inserted, c.routine_id, c.scheduled_at, c.status, c.claimant, c.claim_token, c.attempt,
        c.lease_expires_at, i.name, i.kind, c.origin, i.payload, c.receipt,
-       (SELECT count(*) FROM outbox) AS written, c.error, c.first_claimed_at, c.planned_at
+       (SELECT count(*) FROM outbox) AS written, c.error, c.first_claimed_at, c.planned_at,
+       c.retry, c.retry_began
 FROM claimed c
 JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
         )

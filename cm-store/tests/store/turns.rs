@@ -1,0 +1,150 @@
+//! Turns between concurrency keys: when more is due than a claim takes, the claim takes from
+//! each key in turn, so a key of a few routines is not left behind another key's backlog; and
+//! the drain behind it still claims every owed occurrence once.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use cm_domain::MisfirePolicy;
+use cm_store::{ClaimDueParams, FireLedger, PgStore, RoutineStore};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::support::{
+    EVERY_MINUTE, claim_params, db_now, message, minute_floor, rules, set_next_run,
+};
+
+/// `n` every-minute catch-up message routines on `key` (or none), their clocks `behind`
+/// minutes back.
+async fn tenant(
+    store: &PgStore,
+    pool: &PgPool,
+    key: Option<&str>,
+    n: usize,
+    behind: i64,
+) -> Vec<Uuid> {
+    let at: DateTime<Utc> = minute_floor(db_now(pool).await) - TimeDelta::minutes(behind);
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let routine = store
+            .create_routine(
+                message(&format!("r {}", Uuid::new_v4().simple()), EVERY_MINUTE)
+                    .into_builder()
+                    .misfire(MisfirePolicy::CatchUp)
+                    .concurrency_key(key.map(|k| k.parse().unwrap()))
+                    .build()
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        set_next_run(pool, routine.id, at).await;
+        ids.push(routine.id);
+    }
+    ids
+}
+
+/// A claim of at most 10 occurrences over at most 10 routines.
+fn small_claims() -> ClaimDueParams {
+    ClaimDueParams {
+        max_routines: 10,
+        ..claim_params("a", 10, rules(3600, 100))
+    }
+}
+
+/// Claims until nothing is due, resuming after each claim as a drain does; returns the first
+/// claim's routines and how many fires each routine got in all.
+async fn drain(store: &PgStore) -> (Vec<Uuid>, HashMap<Uuid, usize>) {
+    let mut params = small_claims();
+    let mut first = None;
+    let mut fires: HashMap<Uuid, usize> = HashMap::new();
+    for _ in 0..100 {
+        let claim = store.claim_due(&params).await.unwrap();
+        assert!(claim.fires.len() <= 10, "{claim:?}");
+        for fire in &claim.fires {
+            *fires.entry(fire.occurrence.routine_id).or_default() += 1;
+        }
+        first.get_or_insert_with(|| {
+            claim
+                .fires
+                .iter()
+                .map(|f| f.occurrence.routine_id)
+                .collect::<Vec<_>>()
+        });
+        if claim.more_due {
+            params.after = claim.resume_after;
+        } else if params.after.is_some() {
+            params.after = None;
+        } else {
+            return (first.unwrap_or_default(), fires);
+        }
+    }
+    panic!("the drain did not end in 100 claims");
+}
+
+/// Thirty routines of key `big` owe three minutes each; two of key `small` owe their last two,
+/// behind all of big's oldest. A claim of ten takes from both keys in turn: both small
+/// routines are in the first claim, not after big's ninety occurrences. The drain then claims
+/// every owed occurrence once.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_small_key_is_claimed_in_turn_beside_a_big_keys_backlog(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let big = tenant(&store, &pool, Some("big"), 30, 2).await;
+    let small = tenant(&store, &pool, Some("small"), 2, 1).await;
+    let (first, fires) = drain(&store).await;
+    for id in &small {
+        assert!(
+            first.contains(id),
+            "small routine {id} not in the first claim: {first:?}"
+        );
+    }
+    assert!(first.iter().any(|id| big.contains(id)), "{first:?}");
+    for id in &big {
+        assert_eq!(fires.get(id), Some(&3), "big routine {id}");
+    }
+    for id in &small {
+        assert_eq!(fires.get(id), Some(&2), "small routine {id}");
+    }
+}
+
+/// The same routines with no keys: one bucket, taken in the order of instants, so the first
+/// claim is all of the thirty's oldest. (What a key's turn changes.)
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn without_keys_the_claim_goes_by_instants(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let big = tenant(&store, &pool, None, 30, 2).await;
+    let small = tenant(&store, &pool, None, 2, 1).await;
+    let (first, fires) = drain(&store).await;
+    assert!(first.iter().all(|id| big.contains(id)), "{first:?}");
+    assert_eq!(fires.values().sum::<usize>(), 30 * 3 + 2 * 2);
+    assert!(small.iter().all(|id| fires.get(id) == Some(&2)));
+}
+
+/// Many keys, each of one routine behind a big key's backlog: each gets its turn within a
+/// claim or two, however many the big key owes, and nothing is claimed twice.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn many_small_keys_each_get_a_turn_early(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    tenant(&store, &pool, Some("big"), 40, 2).await;
+    let mut smalls = Vec::new();
+    for i in 0..6 {
+        smalls.extend(tenant(&store, &pool, Some(&format!("t{i}")), 1, 1).await);
+    }
+    // Each claim of ten gives each small key's routine a turn before big's second routine:
+    // the first two claims hold all six.
+    let mut params = small_claims();
+    let mut early = Vec::new();
+    for _ in 0..2 {
+        let claim = store.claim_due(&params).await.unwrap();
+        early.extend(claim.fires.iter().map(|f| f.occurrence.routine_id));
+        params.after = claim.resume_after;
+    }
+    for id in &smalls {
+        assert!(
+            early.contains(id),
+            "small key's routine {id} not in the first two claims"
+        );
+    }
+    let (_, rest) = drain(&store).await;
+    let total = early.len() + rest.values().sum::<usize>();
+    assert_eq!(total, 40 * 3 + 6 * 2);
+}

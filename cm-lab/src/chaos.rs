@@ -269,29 +269,48 @@ pub(crate) fn own_pool(rt: &tokio::runtime::Runtime, url: &str) -> anyhow::Resul
     )?)
 }
 
-/// Creates the routines and returns each one's id and first occurrence.
+/// Each routine's id and first occurrence.
+type Firsts = Vec<(Uuid, DateTime<Utc>)>;
+
+/// How many seconds apart a routine of a `--retries` run that retries fires: far enough apart
+/// for a retry (after at least a second) to come before the next occurrence.
+const RETRIED_EVERY: i64 = 5;
+
+/// Creates the routines and returns each one's id and first occurrence, and the seconds
+/// between its occurrences (1; with `retries`, [`RETRIED_EVERY`] for every third routine,
+/// which retries a failed outcome that many times).
 fn create_routines(
     rt: &tokio::runtime::Runtime,
     pool: &PgPool,
     binary: &Path,
     url: &str,
-    count: usize,
+    (count, retries): (usize, Option<u32>),
     backend: &Backend,
-) -> anyhow::Result<Vec<(Uuid, DateTime<Utc>)>> {
+) -> anyhow::Result<(Firsts, Vec<i64>)> {
     let mut ids = Vec::with_capacity(count);
+    let mut steps = std::collections::HashMap::new();
+    let every_five = format!("*/{RETRIED_EVERY} * * * * *");
     for i in 0..count {
         let name = format!("chaos {i:02}");
         let what = backend.routine_args(i);
+        let retried = retries.filter(|_| i % 3 == 2).map(|n| n.to_string());
+        let schedule = match retried {
+            Some(_) => every_five.as_str(),
+            None => "* * * * * *",
+        };
         let mut args = vec![
             "routine",
             "create",
             "--name",
             &name,
             "--schedule",
-            "* * * * * *",
+            schedule,
             "--misfire",
             "catch-up",
         ];
+        if let Some(n) = &retried {
+            args.extend(["--retries", n, "--retry-backoff", "1s..2s"]);
+        }
         args.extend(what.iter().map(String::as_str));
         let out = scheduler_output(binary, url, &args)?;
         let id: Uuid = out
@@ -299,6 +318,7 @@ fn create_routines(
             .parse()
             .with_context(|| format!("routine create printed {out:?}, not an id"))?;
         ids.push(id);
+        steps.insert(id, if retried.is_some() { RETRIED_EVERY } else { 1 });
     }
     // The schedulers are not running yet, so each next_run_at is the routine's first occurrence.
     let firsts: Vec<(Uuid, DateTime<Utc>)> = rt.block_on(
@@ -315,7 +335,8 @@ fn create_routines(
             ids.len()
         );
     }
-    Ok(firsts)
+    let steps = firsts.iter().map(|(id, _)| steps[id]).collect();
+    Ok((firsts, steps))
 }
 
 /// The address of the server `url` names, for the forwarder.
@@ -351,8 +372,19 @@ fn exercise(
     scheduler_output(binary, &url, migrate)?;
     let pool = own_pool(rt, &url)?;
     let backend = Backend::start(options, log_dir)?;
-    let firsts = create_routines(rt, &pool, binary, &url, options.routines, &backend)?;
+    let (firsts, steps) = create_routines(
+        rt,
+        &pool,
+        binary,
+        &url,
+        (options.routines, options.retries),
+        &backend,
+    )?;
     let ids: Vec<Uuid> = firsts.iter().map(|f| f.0).collect();
+    let keyed = match options.concurrency_limit {
+        Some(limit) => rt.block_on(fault::limit::set_up(&pool, &ids, limit))?.len(),
+        None => 0,
+    };
 
     let standby = match (options.failover, &options.standby_cluster, cluster) {
         (Some(mode), Some(name), Some(primary)) => {
@@ -391,16 +423,21 @@ fn exercise(
         (None, None, None) => url.clone(),
     };
     // With --events-webhook: the receiver, a routine of the toggler's own, and a one-second
-    // deadline on every routine, which the faults make some occurrences miss.
+    // deadline on every routine (none on those that retry), which the faults make some
+    // occurrences miss.
     let events = match options.events {
         true => Some(events::EventsReceiver::start(options.seed, log_dir)?),
         false => None,
     };
     let toggled: Option<Uuid> = match &events {
         Some(_) => Some(rt.block_on(async {
-            sqlx::query("UPDATE cm.routines SET deadline_secs = 1")
-                .execute(&pool)
-                .await?;
+            // The routines that retry (`--retries`) get none: their retries are bounded by
+            // their next occurrence, and a deadline would end them first.
+            sqlx::query(
+                "UPDATE cm.routines SET deadline_secs = CASE WHEN retries > 0 THEN NULL ELSE 1 END",
+            )
+            .execute(&pool)
+            .await?;
             sqlx::query_scalar::<_, Uuid>(
                 "SELECT cm.create_routine('chaos toggled', '0 0 1 1 *', 'UTC', 'toggled')",
             )
@@ -549,6 +586,14 @@ fn exercise(
         faults.push(Box::new(toggles));
         (routine, count)
     });
+    if let Some(limit) = options.concurrency_limit {
+        faults.push(Box::new(fault::limit::LimitWatch::new(
+            limit,
+            keyed,
+            start,
+            options.duration,
+        )));
+    }
     if options.poison_routine {
         faults.push(Box::new(fault::poison::Poison::new(
             start,
@@ -657,7 +702,7 @@ fn exercise(
         ));
         citus::checking_pool(rt, &url)?
     };
-    report.ledger = rt.block_on(ledger::check_ledger(&checks, &firsts, paused_at))?;
+    report.ledger = rt.block_on(ledger::check_ledger(&checks, &firsts, &steps, paused_at))?;
     let rows = rt.block_on(ledger::fire_rows(&checks))?;
     report.backend = backend.check(
         rt,

@@ -24,6 +24,7 @@ pub(super) mod failover;
 pub(super) mod hang;
 pub(super) mod held;
 pub(super) mod kill;
+pub(super) mod limit;
 pub(super) mod locks;
 pub(super) mod moves;
 pub(super) mod outage;

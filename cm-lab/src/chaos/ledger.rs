@@ -1,6 +1,7 @@
 //! The one ledger check every run ends with, whatever its faults and its backend: every second
-//! from a routine's first occurrence to its last has exactly one `routine_fires` row, every row
-//! is settled, no row is off the grid, and no routine fell behind (a stall would otherwise pass,
+//! from a routine's first occurrence to its last (every fifth, for the routines of a
+//! `--retries` run that retry) has exactly one `routine_fires` row, every row is settled, no row
+//! is off the grid, and no routine fell behind (a stall would otherwise pass,
 //! since only the span up to the last occurrence is owed). What the backend received is
 //! checked against these rows by the backend's own module.
 
@@ -38,10 +39,18 @@ pub(super) struct Ledger {
     /// Rows taken over after a crash (attempt > 1).
     pub retried: i64,
     pub max_attempt: i64,
+    /// Retries begun by a routine's retry policy (`routine_fires.retry`, summed), and the rows
+    /// they were of: how many of those ended `fired`.
+    pub retries_begun: i64,
+    pub rows_with_retries: i64,
+    pub fired_after_retry: i64,
     /// Unsettled and failed rows, for the report.
     pub odd_rows: Vec<String>,
-    /// How far the latest routine's last occurrence trails the pause, in seconds.
+    /// How far the latest routine's last occurrence trails the pause, in seconds (of the
+    /// routines not paused for their failures).
     pub max_lag_secs: f64,
+    /// Routines the schedulers paused for their failures.
+    pub auto_paused: usize,
 }
 
 impl Ledger {
@@ -107,13 +116,20 @@ impl Ledger {
                 self.retried, self.max_attempt
             ),
         );
+        f.line(
+            "retry policy",
+            format!(
+                "{} retries begun, of {} occurrences; {} of those fired in the end",
+                self.retries_begun, self.rows_with_retries, self.fired_after_retry
+            ),
+        );
         f.line("claimed left", self.claimed.to_string());
         f.line("unexpected rows", self.unexpected_rows.to_string());
         f.line(
             "lag at pause",
             format!(
-                "{:.1} s (the last occurrence of the routine furthest behind, before the pause)",
-                self.max_lag_secs
+                "{:.1} s (the last occurrence of the routine furthest behind, before the pause; {} routines paused for their failures left out)",
+                self.max_lag_secs, self.auto_paused
             ),
         );
         f.problems = self.problems();
@@ -125,11 +141,15 @@ impl Ledger {
 type Span = (Uuid, DateTime<Utc>, i64, Option<DateTime<Utc>>);
 
 /// Reads the ledger back and checks it against the routines' first occurrences.
+///
+/// `steps` are the seconds between each routine's occurrences, in the order of `firsts`.
 pub(super) async fn check_ledger(
     pool: &PgPool,
     firsts: &[(Uuid, DateTime<Utc>)],
+    steps: &[i64],
     paused_at: DateTime<Utc>,
 ) -> anyhow::Result<Ledger> {
+    anyhow::ensure!(steps.len() == firsts.len(), "a step for every routine");
     let ids: Vec<Uuid> = firsts.iter().map(|f| f.0).collect();
     let starts: Vec<DateTime<Utc>> = firsts.iter().map(|f| f.1).collect();
     let mut ledger = Ledger {
@@ -137,6 +157,8 @@ pub(super) async fn check_ledger(
         ..Ledger::default()
     };
 
+    let step_of: std::collections::HashMap<Uuid, i64> =
+        ids.iter().copied().zip(steps.iter().copied()).collect();
     let spans: Vec<Span> = sqlx::query_as(
         "SELECT b.id, b.first, count(f.scheduled_at), max(f.scheduled_at)
          FROM UNNEST($1::uuid[], $2::timestamptz[]) AS b(id, first)
@@ -147,12 +169,25 @@ pub(super) async fn check_ledger(
     .bind(&starts)
     .fetch_all(pool)
     .await?;
-    for (_, first, _, last) in &spans {
+    // A routine the schedulers paused for its failures (a receiver's outage failing five in a
+    // row) stopped on purpose: its lag is not a stall.
+    let auto_paused: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM cm.routines
+         WHERE id = ANY($1) AND paused_reason LIKE 'paused by cm: its last % fires failed%'",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    ledger.auto_paused = auto_paused.len();
+    for (id, first, _, last) in &spans {
         match last {
             Some(last) if last >= first => {
-                ledger.occurrences += (*last - *first).num_seconds() + 1;
-                let lag = (paused_at - *last).num_milliseconds() as f64 / 1000.0;
-                ledger.max_lag_secs = ledger.max_lag_secs.max(lag);
+                let step = step_of.get(id).copied().unwrap_or(1).max(1);
+                ledger.occurrences += (*last - *first).num_seconds() / step + 1;
+                if !auto_paused.contains(id) {
+                    let lag = (paused_at - *last).num_milliseconds() as f64 / 1000.0;
+                    ledger.max_lag_secs = ledger.max_lag_secs.max(lag);
+                }
             }
             _ => ledger.never_fired += 1,
         }
@@ -161,16 +196,18 @@ pub(super) async fn check_ledger(
     // Every owed second without a row: the heart of "nothing lost".
     let missing: Vec<(Uuid, DateTime<Utc>)> = sqlx::query_as(
         "SELECT b.id, s.at
-         FROM UNNEST($1::uuid[], $2::timestamptz[]) AS b(id, first)
+         FROM UNNEST($1::uuid[], $2::timestamptz[], $3::bigint[]) AS b(id, first, step)
          CROSS JOIN LATERAL (SELECT max(scheduled_at) AS last FROM cm.routine_fires
                              WHERE routine_id = b.id) l
-         CROSS JOIN LATERAL generate_series(b.first, l.last, interval '1 second') AS s(at)
+         CROSS JOIN LATERAL generate_series(b.first, l.last, make_interval(secs => b.step))
+             AS s(at)
          WHERE NOT EXISTS (SELECT 1 FROM cm.routine_fires f
                            WHERE f.routine_id = b.id AND f.scheduled_at = s.at)
          ORDER BY s.at, b.id",
     )
     .bind(&ids)
     .bind(&starts)
+    .bind(steps)
     .fetch_all(pool)
     .await?;
     ledger.missing_slots = missing.len() as i64;
@@ -183,27 +220,37 @@ pub(super) async fn check_ledger(
     ledger.unexpected_rows = sqlx::query_scalar(
         "SELECT count(*)
          FROM cm.routine_fires f
-         LEFT JOIN UNNEST($1::uuid[], $2::timestamptz[]) AS b(id, first) ON b.id = f.routine_id
+         LEFT JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::bigint[]) AS b(id, first, step)
+             ON b.id = f.routine_id
          WHERE b.id IS NULL OR f.scheduled_at < b.first
-            OR date_trunc('second', f.scheduled_at) <> f.scheduled_at",
+            OR date_trunc('second', f.scheduled_at) <> f.scheduled_at
+            OR extract(epoch FROM f.scheduled_at - b.first)::bigint % b.step <> 0",
     )
     .bind(&ids)
     .bind(&starts)
+    .bind(steps)
     .fetch_one(pool)
     .await?;
 
-    let (rows, claimed, fired, failed, retried, max_attempt): (i64, i64, i64, i64, i64, i64) =
+    type Counts = (i64, i64, i64, i64, i64, i64, i64, i64, i64);
+    let (rows, claimed, fired, failed, retried, max_attempt, begun, with_retries, after_retry): Counts =
         sqlx::query_as(
             "SELECT count(*),
                     count(*) FILTER (WHERE status = 'claimed'),
                     count(*) FILTER (WHERE status = 'fired'),
                     count(*) FILTER (WHERE status = 'failed'),
                     count(*) FILTER (WHERE attempt > 1),
-                    COALESCE(max(attempt), 0)::bigint
+                    COALESCE(max(attempt), 0)::bigint,
+                    COALESCE(sum(retry), 0)::bigint,
+                    count(*) FILTER (WHERE retry > 0),
+                    count(*) FILTER (WHERE retry > 0 AND status = 'fired')
              FROM cm.routine_fires",
         )
         .fetch_one(pool)
         .await?;
+    ledger.retries_begun = begun;
+    ledger.rows_with_retries = with_retries;
+    ledger.fired_after_retry = after_retry;
     ledger.rows = rows;
     ledger.claimed = claimed;
     ledger.fired = fired;
@@ -329,7 +376,7 @@ pub(super) mod tests {
         let (id, first) = five_fires(&pool).await;
         let at = |s: i64| first + chrono::TimeDelta::seconds(s);
         let firsts = [(id, first)];
-        let clean = check_ledger(&pool, &firsts, at(5)).await.unwrap();
+        let clean = check_ledger(&pool, &firsts, &[1], at(5)).await.unwrap();
         assert_eq!((clean.occurrences, clean.rows, clean.fired), (5, 5, 5));
         assert!(clean.problems().is_empty(), "{:?}", clean.problems());
         assert_eq!(fire_rows(&pool).await.unwrap().len(), 5);
@@ -347,7 +394,7 @@ pub(super) mod tests {
         .execute(&pool)
         .await
         .unwrap();
-        let broken = check_ledger(&pool, &firsts, at(5)).await.unwrap();
+        let broken = check_ledger(&pool, &firsts, &[1], at(5)).await.unwrap();
         assert_eq!((broken.missing_slots, broken.claimed), (1, 1), "{broken:?}");
         assert_eq!(broken.missing(), 1);
         assert_eq!(broken.problems().len(), 2, "{:?}", broken.problems());

@@ -18,7 +18,8 @@ pub(super) const USAGE: &str = "usage: cargo xtask chaos [--short] [--database-u
                           [--receiver-outage SECONDS]
                           [--mission-backend docker [--dockerd-restarts N] [--refuse-stops]]
                           [--citus-workers VERSION/NAME,VERSION/NAME... [--worker-outage SECONDS] [--shard-moves N]]
-                          [--pooler URL] [--poison-routine] [--events-webhook]";
+                          [--pooler URL] [--poison-routine] [--events-webhook]
+                          [--concurrency-limit N] [--retries N]";
 
 /// The routines of a `--mission-backend docker` run when `--routines` is not given: each fires
 /// a container every second on the run's one engine.
@@ -128,6 +129,13 @@ pub(super) struct Options {
     /// resumes a routine beside the faults, and the check compares the events received with
     /// those written (on in `--short`).
     pub events: bool,
+    /// Every other routine shares the concurrency key `chaos`, limited to this many at once; a
+    /// watcher samples the places held through the run, and none may be over.
+    pub concurrency_limit: Option<u32>,
+    /// Every third routine fires every five seconds and retries a failed outcome this many
+    /// times (backoff 1 s to 2 s, so a retry fits before its next occurrence); the ledger
+    /// check owes it every fifth second.
+    pub retries: Option<u32>,
 }
 
 impl Options {
@@ -163,6 +171,8 @@ impl Options {
             pooler: None,
             poison_routine: false,
             events: false,
+            concurrency_limit: None,
+            retries: None,
         }
     }
 
@@ -266,6 +276,12 @@ impl Options {
         if let Some(pooler) = &self.pooler {
             c += &format!(" --pooler {pooler}");
         }
+        if let Some(n) = self.concurrency_limit {
+            c += &format!(" --concurrency-limit {n}");
+        }
+        if let Some(n) = self.retries {
+            c += &format!(" --retries {n}");
+        }
         c
     }
 }
@@ -359,6 +375,16 @@ pub(super) fn parse_args(args: &[String], default_seed: u64) -> anyhow::Result<O
                 options.worker_outage = Some(seconds(flag, value(&mut it, flag)?)?);
             }
             "--pooler" => options.pooler = Some(value(&mut it, flag)?.to_string()),
+            "--concurrency-limit" => {
+                options.concurrency_limit = Some(number(flag, value(&mut it, flag)?)?);
+            }
+            "--retries" => {
+                let n: u32 = number(flag, value(&mut it, flag)?)?;
+                if !(1..=100).contains(&n) {
+                    bail!("--retries is 1 to 100 (it was {n})");
+                }
+                options.retries = Some(n);
+            }
             "--poison-routine" => {
                 options.poison_routine = true;
                 poison_given = true;
@@ -409,6 +435,11 @@ fn check(o: &Options) -> anyhow::Result<()> {
     }
     if o.duration < Duration::from_secs(5) {
         bail!("--duration must be at least 5 seconds");
+    }
+    if o.retries.is_some() && o.docker {
+        bail!(
+            "--retries runs message routines: the Docker check counts one container an occurrence, not one an attempt"
+        );
     }
     if o.receiver_outage.is_some() && o.backend != MessageBackend::Webhook {
         bail!("--receiver-outage needs --message-backend webhook");
@@ -566,6 +597,10 @@ mod tests {
                 "60",
                 "--receiver-outage",
                 "20",
+                "--concurrency-limit",
+                "3",
+                "--retries",
+                "2",
             ]),
             7,
         )
@@ -604,6 +639,8 @@ mod tests {
                 pooler: None,
                 poison_routine: false,
                 events: false,
+                concurrency_limit: Some(3),
+                retries: Some(2),
             }
         );
         assert!(options.forwarded());

@@ -176,8 +176,14 @@ impl Fault for WorkerOutage {
                 let with_routines: BTreeSet<i16> = chaos
                     .rt
                     .block_on(
-                        sqlx::query_scalar("SELECT DISTINCT group_id FROM cm.routines")
-                            .fetch_all(&chaos.pool),
+                        // The groups of the run's every-second routines: not the toggler's
+                        // yearly routine nor the poison routine, which never fire, nor a
+                        // `--retries` run's five-second ones.
+                        sqlx::query_scalar(
+                            "SELECT DISTINCT group_id FROM cm.routines
+                             WHERE name ~ '^chaos [0-9]+$' AND schedule = '* * * * * *'",
+                        )
+                        .fetch_all(&chaos.pool),
                     )?
                     .into_iter()
                     .collect();

@@ -15,6 +15,11 @@
 //! - The two kinds are interleaved over the rounds, each round starting elsewhere.
 //! - **Lateness** (`lateness`): two in-process schedulers over every-second routines, with a
 //!   backend double, at two tick intervals, with and without one routine's dispatches held.
+//! - **Backfill** (`backfill`): one in-process scheduler, every-second message routines beside a
+//!   mission backfill launched at `--backfill-rate`.
+//! - **Fairness** (`fairness`): one in-process scheduler at its defaults, a big tenant's burst of
+//!   `--fairness-big` routines of one concurrency key due at one instant beside a small tenant's
+//!   every-second routines, with their own key and then with none.
 //! - **On Citus** (`--citus-url`, `citus`): in the same rounds, the lean baseline kept in one
 //!   group a transaction (`lean_group.sql`, every statement a router statement on one shard) and
 //!   the processes' drain and window on a schema distributed by `migrate --citus`, where the
@@ -25,10 +30,13 @@
 //! made Citus on every node), dropped at the end. The report is Markdown on stdout (`report`);
 //! progress goes to stderr. With `--quick`, the last line is `fires_per_sec=<n>
 //! baseline_per_sec=<n> ratio=<r>`, followed on Citus by `citus_fires_per_sec=<n>
-//! citus_baseline_per_sec=<n> citus_ratio=<r> citus_over_plain=<r>`.
+//! citus_baseline_per_sec=<n> citus_ratio=<r> citus_over_plain=<r>`. `--backfill-only` and
+//! `--fairness-only` run those measurements alone, in one fresh database, without pgbench or the
+//! release binary.
 
 mod backfill;
 mod citus;
+mod fairness;
 mod lateness;
 mod ledger;
 pub(crate) mod options;
@@ -152,8 +160,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     if !crate::postgres_answers(&options.database_url) {
         bail!("PostgreSQL does not answer at {}", options.database_url);
     }
-    if options.backfill_only {
-        return runtime()?.block_on(backfill_only(options, command));
+    if options.backfill_only || options.fairness_only {
+        return runtime()?.block_on(alone(options, command));
     }
     // Before anything is built or created: a missing tool is a one-line answer.
     let tools = raw_sql::tool_versions()?;
@@ -167,8 +175,9 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     runtime()?.block_on(bench(options, binary, tools, command))
 }
 
-/// `--backfill-only`: the backfill run alone, in a fresh database dropped afterwards.
-async fn backfill_only(options: Options, command: String) -> anyhow::Result<()> {
+/// `--backfill-only` and `--fairness-only`: the runs they name alone, in a fresh database dropped
+/// afterwards.
+async fn alone(options: Options, command: String) -> anyhow::Result<()> {
     let name = format!(
         "cm_bench_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
@@ -182,17 +191,28 @@ async fn backfill_only(options: Options, command: String) -> anyhow::Result<()> 
         let admin = PgStore::connect(&url).await?;
         admin.migrate().await?;
         let started_at = Utc::now();
-        let run = backfill::run(admin.pool(), &url, &options).await?;
-        progress!(
-            "backfill of {} missions: message lateness p99 {:.0} ms",
-            options.backfill_missions,
-            run.claimed[1]
-        );
+        let backfill = if options.backfill_only {
+            Some(run_backfill(admin.pool(), &url, &options).await?)
+        } else {
+            None
+        };
+        let fairness = if options.fairness_only {
+            run_fairness(admin.pool(), &url, &options).await?
+        } else {
+            Vec::new()
+        };
         let server: String = sqlx::query_scalar("SHOW server_version")
             .fetch_one(admin.pool())
             .await?;
         admin.pool().close().await;
-        report::print_backfill_only(&options, &command, started_at, &server, &run);
+        report::print_alone(
+            &options,
+            &command,
+            started_at,
+            &server,
+            backfill.as_ref(),
+            &fairness,
+        );
         anyhow::Ok(())
     }
     .await;
@@ -371,12 +391,8 @@ async fn measure(
         }
     }
 
-    let backfill = backfill::run(pool, &plain.engine_url, options).await?;
-    progress!(
-        "backfill of {} missions: message lateness p99 {:.0} ms",
-        options.backfill_missions,
-        backfill.claimed[1]
-    );
+    let backfill = run_backfill(pool, &plain.engine_url, options).await?;
+    let fairness = run_fairness(pool, &plain.engine_url, options).await?;
 
     let show = |setting: &'static str| async move {
         sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!("SHOW {setting}")))
@@ -408,11 +424,49 @@ async fn measure(
         wall: STARTED.get_or_init(Instant::now).elapsed(),
     };
     admin.pool().close().await;
-    report::print(options, &facts, &runs, &lateness, &backfill);
+    report::print(options, &facts, &runs, &lateness, &backfill, &fairness);
     if options.quick {
         println!("{}", report::last_line(&runs));
     }
     Ok(())
+}
+
+/// The backfill run, with its progress line.
+async fn run_backfill(
+    pool: &sqlx::PgPool,
+    url: &str,
+    options: &Options,
+) -> anyhow::Result<backfill::BackfillRun> {
+    let run = backfill::run(pool, url, options).await?;
+    progress!(
+        "backfill of {} missions: message lateness p99 {:.0} ms",
+        options.backfill_missions,
+        run.claimed[1]
+    );
+    Ok(run)
+}
+
+/// The two fairness runs, keyed then without a key, with a progress line each.
+async fn run_fairness(
+    pool: &sqlx::PgPool,
+    url: &str,
+    options: &Options,
+) -> anyhow::Result<Vec<fairness::FairnessRun>> {
+    let mut runs = Vec::new();
+    for variant in fairness::Variant::ALL {
+        let run = fairness::run(pool, url, options, variant).await?;
+        progress!(
+            "fairness, small tenant {}: {} big routines drained in {:.1} s; small tenant \
+             claimed p99 {:.0} ms ({:.3} of the drain)",
+            variant.short(),
+            run.big,
+            run.drain.as_secs_f64(),
+            run.claimed[1],
+            run.p99_over_drain()
+        );
+        runs.push(run);
+    }
+    Ok(runs)
 }
 
 /// The commit the bench runs from, marked when the tree has uncommitted changes.

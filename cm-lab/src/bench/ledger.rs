@@ -29,6 +29,40 @@ pub(super) async fn create_routines(
     n: u32,
     seconds_ahead: u32,
 ) -> anyhow::Result<DateTime<Utc>> {
+    create_routines_of(
+        pool,
+        &Routines {
+            n,
+            prefix: "bench",
+            schedule: "* * * * * *",
+            key: None,
+        },
+        seconds_ahead,
+    )
+    .await
+}
+
+/// Message routines to create in one statement.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Routines<'a> {
+    /// How many.
+    pub n: u32,
+    /// Their names are `<prefix> 1` to `<prefix> <n>`.
+    pub prefix: &'a str,
+    /// Their schedule, in UTC (the first instant must be one of its occurrences).
+    pub schedule: &'a str,
+    /// Their concurrency key (`None`: none).
+    pub key: Option<&'a str>,
+}
+
+/// Creates `routines` (`catch-up`), as [`create_routines`] does, all first due at the whole second
+/// `seconds_ahead` from the database's now, and returns that instant.
+pub(super) async fn create_routines_of(
+    pool: &PgPool,
+    routines: &Routines<'_>,
+    seconds_ahead: u32,
+) -> anyhow::Result<DateTime<Utc>> {
+    let n = routines.n;
     // `date_trunc` keeps the first occurrence on a whole second, where `* * * * * *` has one, so
     // the routines' clocks are ones the engine itself would set.
     let (first, groups): (DateTime<Utc>, i16) = sqlx::query_as(
@@ -41,14 +75,18 @@ pub(super) async fn create_routines(
     // One statement for any count.
     let made = sqlx::query(
         "INSERT INTO cm.routines
-             (id, group_id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at)
-         SELECT g.id, cm.cm_group_of(g.id, $3), 'bench ' || g.i, '* * * * * *', 'UTC', 'message',
-                jsonb_build_object('text', 'bench message ' || g.i), 'catch-up', $2
+             (id, group_id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at,
+              concurrency_key)
+         SELECT g.id, cm.cm_group_of(g.id, $3), $4 || ' ' || g.i, $5, 'UTC', 'message',
+                jsonb_build_object('text', $4 || ' message ' || g.i), 'catch-up', $2, $6
          FROM (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $1) AS i) g",
     )
     .bind(i64::from(n))
     .bind(first)
     .bind(i32::from(groups))
+    .bind(routines.prefix)
+    .bind(routines.schedule)
+    .bind(routines.key)
     .execute(pool)
     .await?
     .rows_affected();
@@ -169,6 +207,17 @@ pub(super) async fn check(
     start: DateTime<Utc>,
     outbox: bool,
 ) -> anyhow::Result<LedgerCheck> {
+    check_named(pool, start, outbox, None).await
+}
+
+/// [`check`], with the clocks of only the routines whose names start with `prefix` (`None`:
+/// every routine) held to one occurrence a second; the other counts cover the whole ledger.
+pub(super) async fn check_named(
+    pool: &PgPool,
+    start: DateTime<Utc>,
+    outbox: bool,
+    prefix: Option<&str>,
+) -> anyhow::Result<LedgerCheck> {
     let (fires, claimed, failed, gaps): (i64, i64, i64, i64) = sqlx::query_as(
         "SELECT
              (SELECT count(*) FROM cm.routine_fires),
@@ -180,11 +229,13 @@ pub(super) async fn check(
                                 max(scheduled_at) AS last
                          FROM cm.routine_fires GROUP BY group_id, routine_id) f
                 ON f.group_id = r.group_id AND f.routine_id = r.id
-              WHERE coalesce(f.n, 0) <> extract(epoch FROM r.next_run_at - $1)::bigint
-                 OR coalesce(f.early, 0) > 0
-                 OR f.last >= r.next_run_at)",
+              WHERE ($2::text IS NULL OR starts_with(r.name, $2))
+                AND (coalesce(f.n, 0) <> extract(epoch FROM r.next_run_at - $1)::bigint
+                     OR coalesce(f.early, 0) > 0
+                     OR f.last >= r.next_run_at))",
     )
     .bind(start)
+    .bind(prefix)
     .fetch_one(pool)
     .await?;
     let (missing_outbox, orphan_outbox): (i64, i64) = sqlx::query_as(
@@ -307,5 +358,22 @@ mod tests {
         );
         assert_eq!(faulty.problems().len(), 3, "{:?}", faulty.problems());
         assert!(faulty.ensure_sound("the test").is_err());
+        // The clocks held to the ledger can be narrowed by name, the other counts not.
+        let lost: String = sqlx::query_scalar("SELECT name FROM cm.routines WHERE id = $1")
+            .bind(routine)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let named = |prefix: String| {
+            let pool = pool.clone();
+            async move {
+                check_named(&pool, start, true, Some(&prefix))
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(named(lost.clone()).await, faulty);
+        let others = named(format!("{lost}-not")).await;
+        assert_eq!((others.gaps, others.claimed), (0, 2), "{others:?}");
     }
 }

@@ -9,7 +9,8 @@ pub(super) const USAGE: &str = "usage: cargo xtask bench [--quick] [--batch N] \
 [--drain-backlog N] [--drain-limit N] [--window-routines N] [--window-backlog N] \
 [--window-seconds N] [--lateness-routines N] [--lateness-cap N] [--lateness-seconds N] \
 [--stall-seconds N] [--backfill-missions N] [--backfill-rate N] [--backfill-routines N] \
-[--backfill-limit N] [--backfill-only] [--database-url URL] [--citus-url URL]";
+[--backfill-limit N] [--backfill-only] [--fairness-big N] [--fairness-only] [--database-url URL] \
+[--citus-url URL]";
 
 /// The raw-SQL scripts number 20,000 routines, and each of their two clients takes its batches from
 /// its own half; a batch is that many consecutive routines at most.
@@ -71,6 +72,10 @@ pub(crate) struct Options {
     pub backfill_limit: u32,
     /// Only the backfill run: no throughput or lateness runs, no pgbench, no release binary.
     pub backfill_only: bool,
+    /// The big tenant's routines in the fairness runs, all due at one instant.
+    pub fairness_big: u32,
+    /// Only the fairness runs (with `--backfill-only` too, the backfill run and then them).
+    pub fairness_only: bool,
     /// The server to create the bench databases on (its database part names the maintenance
     /// database to connect to for creating and dropping).
     pub database_url: String,
@@ -105,6 +110,8 @@ impl Options {
             backfill_routines: 50,
             backfill_limit: 120,
             backfill_only: false,
+            fairness_big: 100_000,
+            fairness_only: false,
             // Not DATABASE_URL: `.cargo/config.toml` sets it for every cargo-run process, and
             // this names only the server; the bench writes to databases of its own.
             database_url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
@@ -124,6 +131,7 @@ impl Options {
             window_backlog: 3,
             window_seconds: 8,
             lateness_seconds: 24,
+            fairness_big: 20_000,
             ..Options::full()
         }
     }
@@ -142,6 +150,10 @@ impl Options {
                 "--quick" => continue,
                 "--backfill-only" => {
                     options.backfill_only = true;
+                    continue;
+                }
+                "--fairness-only" => {
+                    options.fairness_only = true;
                     continue;
                 }
                 _ => {}
@@ -178,6 +190,7 @@ impl Options {
                 "--backfill-rate" => options.backfill_rate = number()?,
                 "--backfill-routines" => options.backfill_routines = number()?,
                 "--backfill-limit" => options.backfill_limit = number()?,
+                "--fairness-big" => options.fairness_big = number()?,
                 "--database-url" => options.database_url = value.clone(),
                 "--citus-url" => options.citus_url = Some(value.clone()),
                 _ => bail!("unknown flag {flag} (see --help)"),
@@ -308,6 +321,9 @@ mod tests {
             "--backfill-limit",
             "50",
             "--backfill-only",
+            "--fairness-big",
+            "7000",
+            "--fairness-only",
             "--database-url",
             "postgres://u@h:1/x",
             "--citus-url",
@@ -339,6 +355,8 @@ mod tests {
                 backfill_routines: 4,
                 backfill_limit: 50,
                 backfill_only: true,
+                fairness_big: 7000,
+                fairness_only: true,
                 database_url: "postgres://u@h:1/x".into(),
                 citus_url: Some("postgres://u@h:2/y".into()),
             }
@@ -401,6 +419,8 @@ mod tests {
             &["--stall-seconds", "30"],
             &["--citus-url"],
             &["--batch", "313", "--citus-url", "postgres://u@h:2/y"],
+            &["--fairness-big", "0"],
+            &["--fairness-only", "1"],
             &["--frobnicate", "1"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} was accepted");

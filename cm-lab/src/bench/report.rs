@@ -1,6 +1,7 @@
 //! The bench's Markdown report, and `--quick`'s last line.
 
 use super::backfill::BackfillRun;
+use super::fairness::{FairnessRun, Variant};
 use super::lateness::{LatenessRun, Percentiles};
 use super::options::format_duration;
 use super::processes::{EngineRun, Shape};
@@ -167,6 +168,7 @@ pub(super) fn print(
     runs: &[Run],
     lateness: &[LatenessRun],
     backfill: &BackfillRun,
+    fairness: &[FairnessRun],
 ) {
     let build = if cfg!(debug_assertions) {
         "debug (unoptimised: not representative)"
@@ -231,6 +233,7 @@ pub(super) fn print(
         options.stall_seconds
     );
     println!("| backfill | {} |", backfill_setting(options));
+    println!("| fairness | {} |", fairness_setting(options));
     println!(
         "| rounds | {} (interleaved, each starting elsewhere) |",
         options.rounds
@@ -338,6 +341,7 @@ pub(super) fn print(
         }
     }
     print_backfill(backfill);
+    print_fairness(fairness);
 }
 
 /// The backfill run's settings, one line.
@@ -377,23 +381,90 @@ fn print_backfill(run: &BackfillRun) {
     );
 }
 
-/// The report of `--backfill-only`: the run's facts and the backfill section.
-pub(super) fn print_backfill_only(
+/// The fairness runs' settings, one line.
+fn fairness_setting(options: &Options) -> String {
+    format!(
+        "{} message routines of concurrency key `big` due once, all at one instant T, beside {} \
+         message routines `* * * * * *` (catch-up) due from T, of key `small` and then of none \
+         (no key has a limit); written to the outbox in the claim; one in-process scheduler at \
+         `SchedulerConfig::default()` (tick {}, cap {}); limit {} s from T",
+        options.fairness_big,
+        super::fairness::SMALL,
+        format_duration(cm_domain::SchedulerConfig::default().tick_interval),
+        cm_domain::FireCap::DEFAULT.get(),
+        super::fairness::LIMIT.as_secs()
+    )
+}
+
+/// The fairness runs' section.
+fn print_fairness(runs: &[FairnessRun]) {
+    println!("\n### Fairness between concurrency keys (ms after `scheduled_at`)\n");
+    println!(
+        "| small tenant | big routines | drained in | small fires | claimed p50 | p99 | max | \
+         p99 ÷ drain |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for run in runs {
+        println!(
+            "| {} | {} | {:.1} s | {} | {} | {} | {} | {:.3} |",
+            run.variant.name(),
+            run.big,
+            run.drain.as_secs_f64(),
+            run.small_fires,
+            ms(run.claimed[0]),
+            ms(run.claimed[1]),
+            ms(run.claimed[2]),
+            run.p99_over_drain()
+        );
+    }
+    let p99 = |variant: Variant| {
+        runs.iter()
+            .find(|r| r.variant == variant)
+            .map(|r| r.claimed[1])
+    };
+    if let (Some(keyed), Some(none)) = (p99(Variant::Keyed), p99(Variant::NoKey)) {
+        println!(
+            "\nThe small tenant's claimed p99 keyed ÷ without a key, in the same run: {:.3}.",
+            keyed / none
+        );
+    }
+    let leads: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{:.1} s", r.lead.as_secs_f64()))
+        .collect();
+    let claims: Vec<String> = runs.iter().map(|r| r.claims.to_string()).collect();
+    println!(
+        "\n**drained in**: from T to the `claimed_at` of the burst's last fire. **small fires**: \
+         the small tenant's fires scheduled from T to that claim, one a second each; their \
+         `claimed_at − scheduled_at`. The ledger was checked: every big routine fired exactly \
+         once, for T; every small routine once a second from T to its clock; each fire with its \
+         outbox row. The clocks were committed {} before T; the burst came in {} claims.",
+        leads.join(" / "),
+        claims.join(" / ")
+    );
+}
+
+/// The report of `--backfill-only` and `--fairness-only`: the run's facts and the sections of
+/// the runs made.
+pub(super) fn print_alone(
     options: &Options,
     command: &str,
     started_at: chrono::DateTime<chrono::Utc>,
     server: &str,
-    run: &BackfillRun,
+    backfill: Option<&BackfillRun>,
+    fairness: &[FairnessRun],
 ) {
     let build = if cfg!(debug_assertions) {
         "debug (unoptimised: not representative)"
     } else {
         "release"
     };
-    println!(
-        "## Backfill run of {}\n",
-        started_at.format("%Y-%m-%d %H:%M UTC")
-    );
+    let what = match (backfill.is_some(), fairness.is_empty()) {
+        (true, true) => "Backfill run",
+        (false, _) => "Fairness runs",
+        (true, false) => "Backfill and fairness runs",
+    };
+    println!("## {what} of {}\n", started_at.format("%Y-%m-%d %H:%M UTC"));
     println!("| | |\n|---|---|");
     println!("| command | `{command}` |");
     println!("| commit | {} |", super::commit());
@@ -403,8 +474,18 @@ pub(super) fn print_backfill_only(
     );
     println!("| PostgreSQL | {server} |");
     println!("| bench build | {build} |");
-    println!("| backfill | {} |", backfill_setting(options));
-    print_backfill(run);
+    if backfill.is_some() {
+        println!("| backfill | {} |", backfill_setting(options));
+    }
+    if !fairness.is_empty() {
+        println!("| fairness | {} |", fairness_setting(options));
+    }
+    if let Some(run) = backfill {
+        print_backfill(run);
+    }
+    if !fairness.is_empty() {
+        print_fairness(fairness);
+    }
 }
 
 /// Per claim, the median over the rounds of the runs named `name` on `database`: the

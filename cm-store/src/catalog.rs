@@ -174,14 +174,23 @@ pub(crate) async fn planned(
     routine: &NewRoutine,
     now: DateTime<Utc>,
 ) -> Result<Planned, StoreError> {
-    let schedule = crate::calendars::schedule_in(
-        conn,
-        routine.schedule.clone(),
-        routine.calendar.as_deref(),
-        routine.on_holiday,
-        true,
-    )
-    .await?;
+    let calendar = match routine.calendar.as_deref() {
+        None => None,
+        Some(name) => Some(std::sync::Arc::new(
+            crate::calendars::read_calendar(conn, name, true).await?,
+        )),
+    };
+    plan(routine, calendar, now)
+}
+
+/// [`planned`] with the routine's calendar already read (`None`: it has none).
+pub(crate) fn plan(
+    routine: &NewRoutine,
+    calendar: Option<std::sync::Arc<cm_domain::Calendar>>,
+    now: DateTime<Utc>,
+) -> Result<Planned, StoreError> {
+    let schedule =
+        crate::calendars::on_calendar(routine.schedule.clone(), calendar, routine.on_holiday)?;
     // A schedule already over (its window closed, its one instant passed) would make a
     // routine that never fires: refused, not stored finished.
     if schedule.is_over_after(now) {

@@ -65,7 +65,29 @@ async fn a_large_import_lands_every_routine_once_or_refuses_a_bad_line_with_noth
     assert_eq!(counts(&db).await.0, 1, "a refused import writes nothing");
     ok(url, &["routine", "delete", "bulk-9000"]);
 
-    // The good file: every routine once, each planned, and each printed once.
+    // The good file: every routine once, each planned, and each printed once. Two calendars
+    // are named first in the second chunk of the write (read then) and again in the third
+    // (planned with them beside the second's write), beside routines without one.
+    ok(url, &["calendar", "create", "ops", "--timezone", "UTC"]);
+    ok(
+        url,
+        &["calendar", "create", "desk", "--timezone", "Europe/Berlin"],
+    );
+    let on_calendar = |i: usize| match i {
+        6_000 | 12_000 => Some("ops"),
+        6_001 | 12_344 => Some("desk"),
+        _ => None,
+    };
+    let lines: Vec<String> = (0..total)
+        .map(|i| match on_calendar(i) {
+            Some(calendar) => line(i).replace(
+                r#""message""#,
+                &format!(r#""calendar":"{calendar}","message""#),
+            ),
+            None => line(i),
+        })
+        .collect();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
     let printed = ok(url, &["routine", "import", path]);
     assert_eq!(printed.lines().count(), total);
     let n = i64::try_from(total).unwrap();
@@ -85,5 +107,15 @@ async fn a_large_import_lands_every_routine_once_or_refuses_a_bad_line_with_noth
         assert_eq!(schedule, expected["schedule"].as_str().unwrap());
         assert_eq!(zone, expected["timezone"].as_str().unwrap());
     }
+    let calendars: Vec<(String, String)> = sqlx::query_as(
+        "SELECT name, calendar FROM cm.routines WHERE calendar IS NOT NULL ORDER BY created_at, id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let expected: Vec<(String, String)> = (0..total)
+        .filter_map(|i| on_calendar(i).map(|c| (format!("bulk-{i}"), c.to_owned())))
+        .collect();
+    assert_eq!(calendars, expected);
     std::fs::remove_file(&file).unwrap();
 }

@@ -97,7 +97,8 @@ pub async fn check_mission_backend(
     // Two schedulers dispatching one occurrence at once (a claim taken over while its first
     // claimant still runs) launch one mission between them.
     let (first, second) = (dispatch(0, 1, later(10)), dispatch(0, 2, later(10)));
-    let (a, b) = both(backend.dispatch(&first), backend.dispatch(&second)).await;
+    let (a, b) =
+        futures_util::future::join(backend.dispatch(&first), backend.dispatch(&second)).await;
     let a = a.map_err(|e| format!("the first of two simultaneous dispatches failed: {e}"))?;
     let b = b.map_err(|e| format!("the second of two simultaneous dispatches failed: {e}"))?;
     if !a.duplicate && !b.duplicate {
@@ -176,32 +177,4 @@ async fn expect(
             dispatch.idempotency_key
         ))
     }
-}
-
-/// Both futures polled together to their ends, as `tokio::join!` does, without the `macros`
-/// feature of Tokio (which the crate does not turn on for its importers).
-async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
-    use std::task::Poll;
-    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
-    let (mut done_a, mut done_b) = (None, None);
-    std::future::poll_fn(|cx| {
-        if done_a.is_none()
-            && let Poll::Ready(out) = a.as_mut().poll(cx)
-        {
-            done_a = Some(out);
-        }
-        if done_b.is_none()
-            && let Poll::Ready(out) = b.as_mut().poll(cx)
-        {
-            done_b = Some(out);
-        }
-        match (done_a.take(), done_b.take()) {
-            (Some(a), Some(b)) => Poll::Ready((a, b)),
-            (a, b) => {
-                (done_a, done_b) = (a, b);
-                Poll::Pending
-            }
-        }
-    })
-    .await
 }

@@ -325,7 +325,8 @@ pub(crate) async fn create_streamed(
         };
         let next = match ready.take() {
             Some(prepared) => {
-                let (wrote, next) = both(prepared.write(&mut tx), receive).await;
+                let (wrote, next) =
+                    futures_util::future::join(prepared.write(&mut tx), receive).await;
                 written.extend(wrote?);
                 next?
             }
@@ -351,34 +352,6 @@ pub(crate) async fn create_streamed(
             }
         }
     }
-}
-
-/// `a` and `b` run together on the calling task, as `tokio::join!` runs them (the store leaves
-/// tokio's macros to its importer); both outputs.
-async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
-    use std::task::Poll;
-    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
-    let (mut done_a, mut done_b) = (None, None);
-    std::future::poll_fn(|cx| {
-        if done_a.is_none()
-            && let Poll::Ready(out) = a.as_mut().poll(cx)
-        {
-            done_a = Some(out);
-        }
-        if done_b.is_none()
-            && let Poll::Ready(out) = b.as_mut().poll(cx)
-        {
-            done_b = Some(out);
-        }
-        match (done_a.take(), done_b.take()) {
-            (Some(a), Some(b)) => Poll::Ready((a, b)),
-            (a, b) => {
-                (done_a, done_b) = (a, b);
-                Poll::Pending
-            }
-        }
-    })
-    .await
 }
 
 /// A unique violation of a name written by another transaction meanwhile, as

@@ -11,18 +11,18 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::support::{
-    EVERY_MINUTE, claim_params, db_now, message, minute_floor, rules, set_next_run,
+    EVERY_MINUTE, claim_params, db_now, message, minute_floor, minutes, rules, set_next_run,
 };
 
 /// `n` every-minute catch-up message routines on `key` (or none), their clocks `behind`
-/// minutes back.
+/// minutes back; their ids and the minute their clocks stand at.
 async fn tenant(
     store: &PgStore,
     pool: &PgPool,
     key: Option<&str>,
     n: usize,
     behind: i64,
-) -> Vec<Uuid> {
+) -> (Vec<Uuid>, DateTime<Utc>) {
     let at: DateTime<Utc> = minute_floor(db_now(pool).await) - TimeDelta::minutes(behind);
     let mut ids = Vec::new();
     for _ in 0..n {
@@ -40,7 +40,7 @@ async fn tenant(
         set_next_run(pool, routine.id, at).await;
         ids.push(routine.id);
     }
-    ids
+    (ids, at)
 }
 
 /// A claim of at most 10 occurrences over at most 10 routines.
@@ -51,31 +51,51 @@ fn small_claims() -> ClaimDueParams {
     }
 }
 
-/// Claims until nothing is due, resuming after each claim as a drain does; returns the first
-/// claim's routines and how many fires each routine got in all.
-async fn drain(store: &PgStore) -> (Vec<Uuid>, HashMap<Uuid, usize>) {
+/// What a drain claimed: the first claim's routines, how many fires each routine got in all,
+/// and the latest instant any fire was for.
+struct Drained {
+    first: Vec<Uuid>,
+    fires: HashMap<Uuid, usize>,
+    latest: Option<DateTime<Utc>>,
+}
+
+impl Drained {
+    /// Every minute from `at` through the latest instant claimed: what a routine whose clock
+    /// stood at `at` is owed once the drain ended. The clock may pass a minute while the test
+    /// runs; the drain's last claim then owes every routine that minute too, and takes it.
+    fn owed_since(&self, at: DateTime<Utc>) -> usize {
+        self.latest.map_or(0, |latest| minutes(at, latest).len())
+    }
+}
+
+/// Claims until nothing is due, resuming after each claim as a drain does.
+async fn drain(store: &PgStore) -> Drained {
     let mut params = small_claims();
-    let mut first = None;
-    let mut fires: HashMap<Uuid, usize> = HashMap::new();
-    for _ in 0..100 {
+    let mut drained = Drained {
+        first: Vec::new(),
+        fires: HashMap::new(),
+        latest: None,
+    };
+    for round in 0..100 {
         let claim = store.claim_due(&params).await.unwrap();
         assert!(claim.fires.len() <= 10, "{claim:?}");
         for fire in &claim.fires {
-            *fires.entry(fire.occurrence.routine_id).or_default() += 1;
+            *drained.fires.entry(fire.occurrence.routine_id).or_default() += 1;
+            drained.latest = drained.latest.max(Some(fire.occurrence.scheduled_at));
         }
-        first.get_or_insert_with(|| {
-            claim
+        if round == 0 {
+            drained.first = claim
                 .fires
                 .iter()
                 .map(|f| f.occurrence.routine_id)
-                .collect::<Vec<_>>()
-        });
+                .collect();
+        }
         if claim.more_due {
             params.after = claim.resume_after;
         } else if params.after.is_some() {
             params.after = None;
         } else {
-            return (first.unwrap_or_default(), fires);
+            return drained;
         }
     }
     panic!("the drain did not end in 100 claims");
@@ -88,9 +108,10 @@ async fn drain(store: &PgStore) -> (Vec<Uuid>, HashMap<Uuid, usize>) {
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn a_small_key_is_claimed_in_turn_beside_a_big_keys_backlog(pool: PgPool) {
     let store = PgStore::new(pool.clone());
-    let big = tenant(&store, &pool, Some("big"), 30, 2).await;
-    let small = tenant(&store, &pool, Some("small"), 2, 1).await;
-    let (first, fires) = drain(&store).await;
+    let (big, big_at) = tenant(&store, &pool, Some("big"), 30, 2).await;
+    let (small, small_at) = tenant(&store, &pool, Some("small"), 2, 1).await;
+    let drained = drain(&store).await;
+    let first = &drained.first;
     for id in &small {
         assert!(
             first.contains(id),
@@ -98,11 +119,16 @@ async fn a_small_key_is_claimed_in_turn_beside_a_big_keys_backlog(pool: PgPool) 
         );
     }
     assert!(first.iter().any(|id| big.contains(id)), "{first:?}");
+    // Three minutes each for big and two for small, or one more each if the clock passed a
+    // minute during the drain.
+    assert!(drained.owed_since(big_at) >= 3);
     for id in &big {
-        assert_eq!(fires.get(id), Some(&3), "big routine {id}");
+        let owed = drained.owed_since(big_at);
+        assert_eq!(drained.fires.get(id), Some(&owed), "big routine {id}");
     }
     for id in &small {
-        assert_eq!(fires.get(id), Some(&2), "small routine {id}");
+        let owed = drained.owed_since(small_at);
+        assert_eq!(drained.fires.get(id), Some(&owed), "small routine {id}");
     }
 }
 
@@ -111,12 +137,24 @@ async fn a_small_key_is_claimed_in_turn_beside_a_big_keys_backlog(pool: PgPool) 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn without_keys_the_claim_goes_by_instants(pool: PgPool) {
     let store = PgStore::new(pool.clone());
-    let big = tenant(&store, &pool, None, 30, 2).await;
-    let small = tenant(&store, &pool, None, 2, 1).await;
-    let (first, fires) = drain(&store).await;
-    assert!(first.iter().all(|id| big.contains(id)), "{first:?}");
-    assert_eq!(fires.values().sum::<usize>(), 30 * 3 + 2 * 2);
-    assert!(small.iter().all(|id| fires.get(id) == Some(&2)));
+    let (big, big_at) = tenant(&store, &pool, None, 30, 2).await;
+    let (small, small_at) = tenant(&store, &pool, None, 2, 1).await;
+    let drained = drain(&store).await;
+    assert_eq!(drained.first.len(), 10);
+    assert!(
+        drained.first.iter().all(|id| big.contains(id)),
+        "{:?}",
+        drained.first
+    );
+    assert!(drained.owed_since(big_at) >= 3);
+    for id in &big {
+        let owed = drained.owed_since(big_at);
+        assert_eq!(drained.fires.get(id), Some(&owed), "big routine {id}");
+    }
+    for id in &small {
+        let owed = drained.owed_since(small_at);
+        assert_eq!(drained.fires.get(id), Some(&owed), "small routine {id}");
+    }
 }
 
 /// Many keys, each of one routine behind a big key's backlog: each gets its turn within a
@@ -124,10 +162,10 @@ async fn without_keys_the_claim_goes_by_instants(pool: PgPool) {
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn many_small_keys_each_get_a_turn_early(pool: PgPool) {
     let store = PgStore::new(pool.clone());
-    tenant(&store, &pool, Some("big"), 40, 2).await;
+    let (big, big_at) = tenant(&store, &pool, Some("big"), 40, 2).await;
     let mut smalls = Vec::new();
     for i in 0..6 {
-        smalls.extend(tenant(&store, &pool, Some(&format!("t{i}")), 1, 1).await);
+        smalls.push(tenant(&store, &pool, Some(&format!("t{i}")), 1, 1).await);
     }
     // Each claim of ten gives each small key's routine a turn before big's second routine:
     // the first two claims hold all six.
@@ -135,16 +173,30 @@ async fn many_small_keys_each_get_a_turn_early(pool: PgPool) {
     let mut early = Vec::new();
     for _ in 0..2 {
         let claim = store.claim_due(&params).await.unwrap();
-        early.extend(claim.fires.iter().map(|f| f.occurrence.routine_id));
+        early.extend(claim.fires.iter().map(|f| f.occurrence));
         params.after = claim.resume_after;
     }
-    for id in &smalls {
-        assert!(
-            early.contains(id),
-            "small key's routine {id} not in the first two claims"
-        );
+    for (ids, _) in &smalls {
+        for id in ids {
+            assert!(
+                early.iter().any(|o| o.routine_id == *id),
+                "small key's routine {id} not in the first two claims"
+            );
+        }
     }
-    let (_, rest) = drain(&store).await;
-    let total = early.len() + rest.values().sum::<usize>();
-    assert_eq!(total, 40 * 3 + 6 * 2);
+    // The rest drains; with the first two claims, each routine got every minute it is owed
+    // once.
+    let mut drained = drain(&store).await;
+    for occurrence in &early {
+        *drained.fires.entry(occurrence.routine_id).or_default() += 1;
+        drained.latest = drained.latest.max(Some(occurrence.scheduled_at));
+    }
+    for id in &big {
+        let owed = drained.owed_since(big_at);
+        assert_eq!(drained.fires.get(id), Some(&owed), "big routine {id}");
+    }
+    for (ids, at) in &smalls {
+        let owed = drained.owed_since(*at);
+        assert_eq!(drained.fires.get(&ids[0]), Some(&owed), "small routine");
+    }
 }

@@ -614,6 +614,123 @@ async fn create_routines_writes_a_batch_whole_or_refuses_it_naming_the_element(p
     );
 }
 
+/// `cm.create_routines` takes a common element at once, without its checking functions; what
+/// it takes that way is exactly what those functions take. At each edge of that shortcut (a
+/// name's blanks, length, characters and likeness to an id; a message's size; the policies;
+/// a field's JSON type) one batch of the element alone writes what the full check gives
+/// (`cm.checked_name`, `cm.checked_message`) or refuses with the full check's words.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn create_routines_takes_at_once_only_what_its_checks_take(pool: PgPool) {
+    let uuid = "0f8fad5b-d9cb-469f-a165-70867728950e";
+    let long = |n: usize| "x".repeat(n);
+    let names: Vec<String> = vec![
+        "a".into(),
+        " a".into(),
+        "a ".into(),
+        "a\tb".into(),
+        "\u{a0}a".into(),
+        "a\u{200b}b".into(),
+        "caf\u{e9}".into(),
+        "a\u{7f}".into(),
+        long(200),
+        long(201),
+        format!(" {} ", long(200)),
+        uuid.replace('-', ""),
+        uuid.into(),
+        uuid.to_uppercase(),
+        format!("{{{uuid}}}"),
+        format!("urn:uuid:{uuid}"),
+        format!("{{{uuid}"),
+        format!("{}g", &uuid.replace('-', "")[..31]),
+        format!("{}-", uuid.replace('-', "")),
+        "urn:uuid:urn:uuid:urn:uuid:urn:uuid:".into(),
+        long(33),
+        "-".repeat(40),
+    ];
+    let mut elements: Vec<serde_json::Value> = names
+        .iter()
+        .map(|name| serde_json::json!({"name": name, "schedule": "0 3 * * *", "message": "m"}))
+        .collect();
+    for message in [
+        "",
+        "m",
+        &"y".repeat(262_144),
+        &"y".repeat(262_145),
+        "\u{e9}",
+    ] {
+        elements
+            .push(serde_json::json!({"name": "n", "schedule": "0 3 * * *", "message": message}));
+    }
+    for (misfire, overlap) in [
+        ("catch-up", "forbid"),
+        ("never", "forbid"),
+        ("skip", "allow"),
+        ("skip", "buffer-all"),
+    ] {
+        elements.push(
+            serde_json::json!({"name": "n", "schedule": "0 3 * * *", "message": "m",
+            "misfire": misfire, "overlap": overlap}),
+        );
+    }
+    for (field, value) in [
+        ("name", serde_json::json!(7)),
+        ("message", serde_json::json!({"text": "m"})),
+        ("timezone", serde_json::json!(null)),
+        ("paused", serde_json::json!("true")),
+        ("overlap", serde_json::json!(null)),
+        ("calendar", serde_json::json!(1)),
+        ("deadline", serde_json::json!(null)),
+        ("deadline", serde_json::json!("0s")),
+        ("on_holiday", serde_json::json!(null)),
+    ] {
+        let mut element = serde_json::json!({"name": "n", "schedule": "0 3 * * *", "message": "m"});
+        element[field] = value;
+        elements.push(element);
+    }
+    for element in elements {
+        // What the full checks say of this element's name and message, when it has both.
+        let full: Result<(String, serde_json::Value), String> = sqlx::query_as(
+            "SELECT cm.checked_name($1 ->> 'name'), cm.checked_message($1 ->> 'message')",
+        )
+        .bind(&element)
+        .fetch_one(&pool)
+        .await
+        .map_err(refusal);
+        let batch = create_many(&pool, &serde_json::json!([element])).await;
+        let written: Option<(String, serde_json::Value)> =
+            sqlx::query_as("SELECT name, payload FROM cm.routines")
+                .fetch_optional(&pool)
+                .await
+                .unwrap();
+        match (&batch, &full) {
+            (Ok(1), Ok(expected)) => {
+                assert_eq!(written.as_ref(), Some(expected), "{element}");
+            }
+            (Err(err), Ok(_)) => {
+                // Name and message pass; another field is refused, by the full check's words.
+                assert!(written.is_none(), "{element}: {err}");
+                assert!(
+                    err.starts_with("22023: routine 1 of 1: "),
+                    "{element}: {err}"
+                );
+            }
+            (Err(err), Err(refused)) => {
+                let words = refused.trim_start_matches("22023: ");
+                assert!(written.is_none(), "{element}: {err}");
+                assert!(
+                    err.ends_with(words),
+                    "{element}: {err:?} should say {words:?}"
+                );
+            }
+            _ => panic!("{element}: the batch gave {batch:?}, the full checks {full:?}"),
+        }
+        sqlx::query("TRUNCATE cm.routines, cm.routine_names CASCADE")
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
 /// `cm.create_routines` and `cm.set_routine_retries` write a retry policy as `routine create
 /// --retries --retry-backoff` does, and refuse a bad one in one line, writing nothing.
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]

@@ -66,6 +66,16 @@ impl Drained {
     fn owed_since(&self, at: DateTime<Utc>) -> usize {
         self.latest.map_or(0, |latest| minutes(at, latest).len())
     }
+
+    /// Checks that each of `routines`, whose clocks stood at `at`, got every minute it is owed
+    /// once.
+    #[track_caller]
+    fn check_owed(&self, routines: &[Uuid], at: DateTime<Utc>) {
+        let owed = self.owed_since(at);
+        for id in routines {
+            assert_eq!(self.fires.get(id), Some(&owed), "routine {id}");
+        }
+    }
 }
 
 /// Claims until nothing is due, resuming after each claim as a drain does.
@@ -122,14 +132,8 @@ async fn a_small_key_is_claimed_in_turn_beside_a_big_keys_backlog(pool: PgPool) 
     // Three minutes each for big and two for small, or one more each if the clock passed a
     // minute during the drain.
     assert!(drained.owed_since(big_at) >= 3);
-    for id in &big {
-        let owed = drained.owed_since(big_at);
-        assert_eq!(drained.fires.get(id), Some(&owed), "big routine {id}");
-    }
-    for id in &small {
-        let owed = drained.owed_since(small_at);
-        assert_eq!(drained.fires.get(id), Some(&owed), "small routine {id}");
-    }
+    drained.check_owed(&big, big_at);
+    drained.check_owed(&small, small_at);
 }
 
 /// The same routines with no keys: one bucket, taken in the order of instants, so the first
@@ -147,14 +151,8 @@ async fn without_keys_the_claim_goes_by_instants(pool: PgPool) {
         drained.first
     );
     assert!(drained.owed_since(big_at) >= 3);
-    for id in &big {
-        let owed = drained.owed_since(big_at);
-        assert_eq!(drained.fires.get(id), Some(&owed), "big routine {id}");
-    }
-    for id in &small {
-        let owed = drained.owed_since(small_at);
-        assert_eq!(drained.fires.get(id), Some(&owed), "small routine {id}");
-    }
+    drained.check_owed(&big, big_at);
+    drained.check_owed(&small, small_at);
 }
 
 /// Many keys, each of one routine behind a big key's backlog: each gets its turn within a
@@ -191,12 +189,8 @@ async fn many_small_keys_each_get_a_turn_early(pool: PgPool) {
         *drained.fires.entry(occurrence.routine_id).or_default() += 1;
         drained.latest = drained.latest.max(Some(occurrence.scheduled_at));
     }
-    for id in &big {
-        let owed = drained.owed_since(big_at);
-        assert_eq!(drained.fires.get(id), Some(&owed), "big routine {id}");
-    }
+    drained.check_owed(&big, big_at);
     for (ids, at) in &smalls {
-        let owed = drained.owed_since(*at);
-        assert_eq!(drained.fires.get(&ids[0]), Some(&owed), "small routine");
+        drained.check_owed(ids, *at);
     }
 }

@@ -44,7 +44,9 @@ pub struct OutboxRow {
 #[async_trait]
 pub trait OutboxStore: Send + Sync {
     /// Writes a message. Returns `false`, writing nothing, when the occurrence's message is
-    /// already there (a retry after a crash): a second insert is a no-op.
+    /// already there (a retry after a crash): a second insert is a no-op. Any other conflict
+    /// (a sequence number already taken by a row written by hand) is an error, never taken for
+    /// the occurrence's message.
     async fn outbox_insert(&self, message: &OutboxMessage) -> Result<bool, StoreError>;
 
     /// Messages after `after_seq`, in order, at most `limit`.
@@ -61,7 +63,7 @@ impl OutboxStore for PgStore {
             "INSERT INTO cm.outbox_messages
                  (routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
              SELECT $1, $2, $3, $4, $5, cm.cm_group_of($1, group_count) FROM cm.cm_settings
-             ON CONFLICT DO NOTHING",
+             ON CONFLICT (routine_id, scheduled_at, group_id) DO NOTHING",
         )
         .bind(message.occurrence.routine_id)
         .bind(message.occurrence.scheduled_at)

@@ -3,8 +3,11 @@
 //! together or not at all; InFlight, Settled and Retry rows get no message from the claim.
 //! Also batched settles: one statement, fenced per row, each row's outcome told apart.
 
+use chrono::{DateTime, Utc};
 use cm_domain::{ClaimOutcome, ErrorText, FireStatus, MisfirePolicy, Settlement};
-use cm_store::{FireLedger, FireSettle, MAX_RECEIPT_BYTES, PgStore, RoutineStore, SettleOutcome};
+use cm_store::{
+    ClaimedFire, FireLedger, FireSettle, MAX_RECEIPT_BYTES, PgStore, RoutineStore, SettleOutcome,
+};
 use sqlx::PgPool;
 
 use crate::support::{
@@ -19,19 +22,25 @@ async fn outbox_count(pool: &PgPool) -> i64 {
         .unwrap()
 }
 
-#[sqlx::test(migrator = "cm_store::MIGRATOR")]
-async fn a_fresh_occurrence_and_its_message_are_written_together(pool: PgPool) {
-    let store = PgStore::new(pool.clone());
-    let (routine, due) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
-
+/// Claims with the outbox and returns the claim's one fire, of `due`, fired in the claim.
+async fn claim_fired_in_claim(store: &PgStore, due: DateTime<Utc>) -> ClaimedFire {
     let tick = store.claim_due(&outbox_params("a")).await.unwrap();
     assert_eq!(tick.fires.len(), 1);
-    let fire = &tick.fires[0];
+    let fire = tick.fires.into_iter().next().unwrap();
     assert_eq!(fire.occurrence.scheduled_at, due);
     assert_eq!(
         fire.outcome(tick.token),
         ClaimOutcome::SettledInClaim(FireStatus::Fired)
     );
+    fire
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_fresh_occurrence_and_its_message_are_written_together(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let (routine, due) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
+
+    let fire = &claim_fired_in_claim(&store, due).await;
 
     let row = fire_of(&store, fire.occurrence).await;
     assert_eq!((row.status.as_str(), row.attempt), ("fired", 1));
@@ -235,4 +244,54 @@ async fn a_batch_settle_is_fenced_and_tells_each_row_apart(pool: PgPool) {
         ("failed", Some("HTTP 500"))
     );
     assert!(store.settle_fires(&[]).await.unwrap().is_empty());
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_drawn_number_already_taken_rolls_the_claim_back(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let (routine, due) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
+    // A row written by hand holds the number the claim draws next, in the routine's group: a
+    // message of another occurrence, under the `(group_id, seq)` key.
+    let next: i64 = sqlx::query_scalar(
+        "SELECT setval('cm.outbox_messages_seq_seq', nextval('cm.outbox_messages_seq_seq'), false)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO cm.outbox_messages
+             (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
+         OVERRIDING SYSTEM VALUE
+         SELECT $1, gen_random_uuid(), now(), 'by hand', 1, '{}', group_id
+         FROM cm.routines WHERE id = $2",
+    )
+    .bind(next)
+    .bind(routine.id)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    // The claim fails whole: taken for the occurrence's own message, the conflict would have
+    // recorded the fire as written with no message of its own.
+    let error = store.claim_due(&outbox_params("a")).await.unwrap_err();
+    assert!(
+        error.to_string().contains("outbox_messages_group_seq_key"),
+        "{error}"
+    );
+    assert_eq!((fire_count(&pool).await, outbox_count(&pool).await), (0, 1));
+    let after = store.get_routine(routine.id).await.unwrap();
+    assert_eq!(after.next_run_at, Some(due));
+
+    // The number is spent; the next claim draws past it and writes the occurrence's message.
+    let fire = &claim_fired_in_claim(&store, due).await;
+    let seq: i64 = sqlx::query_scalar(
+        "SELECT seq FROM cm.outbox_messages WHERE routine_id = $1 AND scheduled_at = $2",
+    )
+    .bind(routine.id)
+    .bind(due)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(seq > next);
+    assert_eq!(fire.receipt, Some(format!("outbox seq {seq}")));
 }

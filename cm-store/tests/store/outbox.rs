@@ -57,6 +57,44 @@ async fn a_second_insert_for_an_occurrence_is_a_no_op(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_number_already_taken_is_an_error_not_the_occurrences_message(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let occurrence = Occurrence::new(Uuid::new_v4(), jan1(2026));
+    // A row written by hand holds the number the insert draws next, in the occurrence's group.
+    sqlx::query(
+        "INSERT INTO cm.outbox_messages
+             (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
+         OVERRIDING SYSTEM VALUE
+         SELECT setval('cm.outbox_messages_seq_seq', nextval('cm.outbox_messages_seq_seq'),
+                       false),
+                gen_random_uuid(), now(), 'by hand', 1, '{}', cm.cm_group_of($1, group_count)
+         FROM cm.cm_settings",
+    )
+    .bind(occurrence.routine_id)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    // Not `false` ("already there"): the occurrence has no message, and the caller must know.
+    let error = store
+        .outbox_insert(&message(occurrence, 1, "first"))
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("outbox_messages_group_seq_key"),
+        "{error}"
+    );
+    // The number is spent; the retry writes it.
+    assert!(
+        store
+            .outbox_insert(&message(occurrence, 2, "retry"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(outbox_rows(&pool).await, 2);
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn messages_are_read_in_insertion_order(pool: PgPool) {
     let store = PgStore::new(pool.clone());
     let routine = Uuid::new_v4();

@@ -575,7 +575,7 @@ outbox AS (
     FROM claimed c
     JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at
     WHERE c.inserted AND i.outbox_seq IS NOT NULL
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (routine_id, scheduled_at, group_id) DO NOTHING
     RETURNING seq
 ),",
             advance_cte!(
@@ -610,9 +610,16 @@ JOIN input i ON i.routine_id = c.routine_id AND i.scheduled_at = c.scheduled_at"
 /// is a data-modifying CTE is planned as a nested loop over it, one pass per fire, which made a
 /// claim's cost grow with the square of its batch. When fewer were written than fresh fires
 /// want one (a message already there), the store finds which (`mark_unwritten_messages`). The
-/// sequence numbers are drawn in the order of the arrays (oldest occurrence first), so within one claim a routine's messages are numbered in
-/// `scheduled_at` order. A number is drawn before the insert so the fire row is written once;
-/// numbers drawn for rows that turn out to exist are simply unused.
+/// sequence numbers are drawn in the order of the arrays (oldest occurrence first), so within
+/// one claim a routine's messages are numbered in `scheduled_at` order. A number is drawn
+/// before the insert so the fire row is written once; numbers drawn for rows that turn out to
+/// exist are simply unused.
+///
+/// Only the occurrence's own message (the primary key) is a conflict the outbox insert steps
+/// over. A drawn number already taken (a row written by hand past the sequence) is an error
+/// that rolls the whole claim back, where stepping over it would record the fire as written
+/// with no message of its own; naming the key also spares each message a probe of the
+/// `(group_id, seq)` index before its insert.
 pub(crate) const CLAIM_WITH_OUTBOX_SQL: &str =
     claim_with_outbox_sql!(group: "", claimed: "$16", planned: "$17");
 
@@ -660,7 +667,8 @@ FROM (
 
 /// The outbox rows of the fresh occurrences settled in a claim on Citus: `$1`/`$2` the
 /// occurrences, `$3` their numbers, `$4` their idempotency keys, `$5` the group. Returns the
-/// numbers written (a message already there is not written again).
+/// numbers written (a message already there is not written again; a number already taken is
+/// an error, as in [`CLAIM_WITH_OUTBOX_SQL`]).
 pub(crate) const SHARD_OUTBOX_SQL: &str = "
 INSERT INTO cm.outbox_messages
     (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
@@ -671,7 +679,7 @@ JOIN UNNEST($1::uuid[], $2::timestamptz[], $3::bigint[], $4::text[])
      AS t(routine_id, scheduled_at, seq, idempotency_key)
   ON r.id = t.routine_id
 WHERE r.group_id = $5
-ON CONFLICT DO NOTHING
+ON CONFLICT (routine_id, scheduled_at, group_id) DO NOTHING
 RETURNING seq";
 
 /// The names, kinds and payloads of the routines `$1` of the group `$2`.

@@ -12,6 +12,7 @@ use sqlx::PgPool;
 
 use crate::support::{
     Seed, due_yearly, expire_lease, fire_count, fire_of, outbox_params, params, seed_fire,
+    take_next_outbox_number,
 };
 
 /// How many outbox rows the database holds.
@@ -252,24 +253,7 @@ async fn a_drawn_number_already_taken_rolls_the_claim_back(pool: PgPool) {
     let (routine, due) = due_yearly(&store, &pool, MisfirePolicy::FireOnce).await;
     // A row written by hand holds the number the claim draws next, in the routine's group: a
     // message of another occurrence, under the `(group_id, seq)` key.
-    let next: i64 = sqlx::query_scalar(
-        "SELECT setval('cm.outbox_messages_seq_seq', nextval('cm.outbox_messages_seq_seq'), false)",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO cm.outbox_messages
-             (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
-         OVERRIDING SYSTEM VALUE
-         SELECT $1, gen_random_uuid(), now(), 'by hand', 1, '{}', group_id
-         FROM cm.routines WHERE id = $2",
-    )
-    .bind(next)
-    .bind(routine.id)
-    .execute(&pool)
-    .await
-    .unwrap();
+    let next = take_next_outbox_number(&pool, routine.id).await;
 
     // The claim fails whole: taken for the occurrence's own message, the conflict would have
     // recorded the fire as written with no message of its own.

@@ -7,7 +7,7 @@ use cm_store::{OutboxMessage, OutboxStore, PgStore};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::jan1;
+use crate::support::{jan1, take_next_outbox_number};
 
 fn message(occurrence: Occurrence, attempt: u32, text: &str) -> OutboxMessage {
     OutboxMessage {
@@ -61,19 +61,7 @@ async fn a_number_already_taken_is_an_error_not_the_occurrences_message(pool: Pg
     let store = PgStore::new(pool.clone());
     let occurrence = Occurrence::new(Uuid::new_v4(), jan1(2026));
     // A row written by hand holds the number the insert draws next, in the occurrence's group.
-    sqlx::query(
-        "INSERT INTO cm.outbox_messages
-             (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
-         OVERRIDING SYSTEM VALUE
-         SELECT setval('cm.outbox_messages_seq_seq', nextval('cm.outbox_messages_seq_seq'),
-                       false),
-                gen_random_uuid(), now(), 'by hand', 1, '{}', cm.cm_group_of($1, group_count)
-         FROM cm.cm_settings",
-    )
-    .bind(occurrence.routine_id)
-    .execute(&pool)
-    .await
-    .unwrap();
+    take_next_outbox_number(&pool, occurrence.routine_id).await;
 
     // Not `false` ("already there"): the occurrence has no message, and the caller must know.
     let error = store

@@ -244,6 +244,25 @@ pub async fn seed_fire(pool: &PgPool, occurrence: Occurrence, seed: &Seed) {
     .unwrap();
 }
 
+/// Writes, as an operator's hand might, a message of another occurrence holding the outbox
+/// number drawn next, in the group of the routine `routine_id`; returns that number.
+pub async fn take_next_outbox_number(pool: &PgPool, routine_id: Uuid) -> i64 {
+    sqlx::query_scalar(
+        "INSERT INTO cm.outbox_messages
+             (seq, routine_id, scheduled_at, idempotency_key, attempt, payload, group_id)
+         OVERRIDING SYSTEM VALUE
+         SELECT setval('cm.outbox_messages_seq_seq', nextval('cm.outbox_messages_seq_seq'),
+                       false),
+                gen_random_uuid(), now(), 'by hand', 1, '{}', cm.cm_group_of($1, group_count)
+         FROM cm.cm_settings
+         RETURNING seq",
+    )
+    .bind(routine_id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// Makes the lease of an occurrence's row run out (one second ago), as if its claimant had
 /// crashed a lease ago.
 pub async fn expire_lease(pool: &PgPool, occurrence: Occurrence) {

@@ -94,6 +94,15 @@ pub enum HotStatement {
         /// The group; `None` for every group.
         group: Option<GroupId>,
     },
+    /// Retention's deletion of settled fires ([`crate::FireLedger::prune_settled`]).
+    PruneSettled {
+        /// How long a settled fire is kept.
+        retention: Duration,
+        /// The most fires to delete.
+        limit: u32,
+        /// The group; `None` for every group.
+        group: Option<GroupId>,
+    },
     /// The watch's read of runs still running ([`crate::MissionRuns::unfinished_runs`]).
     UnfinishedRuns {
         /// The most runs to read.
@@ -152,6 +161,11 @@ impl HotStatement {
                 window,
                 group,
             } => crate::autopause::pause_failing_query(*group, *after_failures, *window),
+            HotStatement::PruneSettled {
+                retention,
+                limit,
+                group,
+            } => crate::ledger::prune_query(*group, *retention, *limit),
             HotStatement::UnfinishedRuns { limit, group } => {
                 crate::runs::unfinished_runs_query(*group, *limit)
             }

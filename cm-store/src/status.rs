@@ -388,7 +388,7 @@ impl StatusReader for PgStore {
     }
 
     async fn fire_rate(&self) -> Result<FireRate, StoreError> {
-        // Read through the (status, scheduled_at) index: an hour of settled fires, no more.
+        // Read through the (scheduled_at, routine_id) index: an hour of fires, no more.
         let mut tx = self.begin().await?;
         let until: DateTime<Utc> =
             crate::schema::query_scalar("SELECT date_trunc('minute', now())")

@@ -73,7 +73,7 @@ pub(crate) use citus::shard_claim_queries;
 pub(crate) use claim::bind_group;
 pub(crate) use due::{due_query, take_requests_query};
 pub(crate) use list::{FireRow, list_query};
-pub(crate) use reap::reap_query;
+pub(crate) use reap::{prune_query, reap_query};
 pub(crate) use sql::{
     given_up_error_sql, next_occurrence_sql, reason_instant_sql, retry_decision_sql, retry_wait_sql,
 };
@@ -510,7 +510,8 @@ pub trait FireLedger: Send + Sync {
     async fn list_fires(&self, filter: &FireFilter) -> Result<Vec<Fire>, StoreError>;
 
     /// Deletes at most `limit` settled rows settled, and scheduled, longer than `retention` ago,
-    /// oldest first. Returns how many it deleted. Rows still `claimed` are never pruned.
+    /// oldest occurrence first. Returns how many it deleted. Rows still `claimed` are never
+    /// pruned.
     async fn prune_settled(&self, retention: Duration, limit: u32) -> Result<u64, StoreError>;
 
     /// [`FireLedger::prune_settled`] among the fires of `group` only (on Citus, one shard). By

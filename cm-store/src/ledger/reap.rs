@@ -78,6 +78,25 @@ pub(super) async fn reap_expired(
     })
 }
 
+/// Retention's statement, bound: at most `limit` fires settled and scheduled longer than
+/// `retention` ago, among the fires of `group` or of every group.
+pub(crate) fn prune_query(
+    group: Option<GroupId>,
+    retention: Duration,
+    limit: u32,
+) -> sqlx::query::Query<'static, Postgres, sqlx::postgres::PgArguments> {
+    let statement = match group {
+        None => PRUNE_SQL,
+        Some(_) => PRUNE_GROUP_SQL,
+    };
+    bind_group(
+        crate::schema::query(statement)
+            .bind(retention.as_secs_f64())
+            .bind(i64::from(limit)),
+        group,
+    )
+}
+
 /// [`FireLedger::prune_settled`](super::FireLedger::prune_settled), among the fires of `group`
 /// or of every group.
 pub(super) async fn prune_settled(
@@ -88,17 +107,7 @@ pub(super) async fn prune_settled(
 ) -> Result<u64, StoreError> {
     // The ledger is the dedupe: a settled row is what stops an occurrence firing twice, so
     // only rows far older than any occurrence a scheduler could compute again go.
-    let statement = match group {
-        None => PRUNE_SQL,
-        Some(_) => PRUNE_GROUP_SQL,
-    };
-    let deleted = on_store!(store, |e| bind_group(
-        crate::schema::query(statement)
-            .bind(retention.as_secs_f64())
-            .bind(i64::from(limit)),
-        group
-    )
-    .execute(e))?
-    .rows_affected();
+    let deleted =
+        on_store!(store, |e| prune_query(group, retention, limit).execute(e))?.rows_affected();
     Ok(deleted)
 }

@@ -1,5 +1,5 @@
-//! The hot queries at scale: the tick's due query, the reaper, the `fires` listing and the
-//! automatic pause read on the order of the rows they return, not of the table. Each test builds a large table with one
+//! The hot queries at scale: the tick's due query, the reaper, the `fires` listing, retention and
+//! the automatic pause read on the order of the rows they return, not of the table. Each test builds a large table with one
 //! `INSERT … SELECT generate_series`, has the store explain its own statement
 //! (`PgStore::explain_analyze`: `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` in a transaction it
 //! rolls back), and reads the plan: how many rows the
@@ -319,6 +319,8 @@ async fn every_listing_of_fires_reads_a_page_not_the_ledger(pool: PgPool) {
         (None, Some(FireOutcome::Fired), None),
         (None, Some(FireOutcome::Succeeded), None),
         (None, Some(FireOutcome::Lost), None),
+        (None, Some(FireOutcome::Claimed), None),
+        (None, Some(FireOutcome::Skipped), None),
         (Some(routine), None, None),
         (None, None, Some(cursor)),
         (None, Some(FireOutcome::Fired), Some(cursor)),
@@ -332,6 +334,64 @@ async fn every_listing_of_fires_reads_a_page_not_the_ledger(pool: PgPool) {
     let failed = failed_fires(&store).await;
     assert_eq!(failed.len(), 100);
     assert!(failed.iter().all(|f| f.status == "failed"));
+}
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn retention_reads_the_fires_it_deletes_not_the_ledger(pool: PgPool) {
+    // A ledger of fires each settled a second after its occurrence, one a minute over about
+    // seventy days: the older half is past a thirty-day retention. Among the oldest, a few
+    // occurrences were settled only now (a backfill): retention passes over them.
+    let routine = ledger_rows(&pool, ROWS, "fired", -3600.0).await;
+    sqlx::query(
+        "UPDATE cm.routine_fires
+         SET completed_at = CASE WHEN scheduled_at < (SELECT min(scheduled_at) FROM cm.routine_fires)
+                                                     + interval '10 minutes'
+                                 THEN now() ELSE scheduled_at + interval '1 second' END
+         WHERE routine_id = $1",
+    )
+    .bind(routine)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("VACUUM ANALYZE cm.routine_fires")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let group: i16 = sqlx::query_scalar("SELECT group_id FROM cm.routines WHERE id = $1")
+        .bind(routine)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let retention = Duration::from_secs(30 * 24 * 3600);
+    for group in [None, Some(group)] {
+        let prune = HotStatement::PruneSettled {
+            retention,
+            limit: LIMIT as u32,
+            group,
+        };
+        let plan = explain(&pool, prune).await;
+        plan.assert_reads_about_the_limit(&format!("retention in group {group:?}"));
+        assert_eq!(
+            plan.0[0]["Plan"]["Actual Rows"].as_f64(),
+            Some(0.0),
+            "a DELETE returns no rows\n{:#}",
+            plan.0
+        );
+    }
+    let store = PgStore::new(pool.clone());
+    let before = crate::support::fire_count(&pool).await;
+    assert_eq!(
+        store.prune_settled(retention, LIMIT as u32).await.unwrap(),
+        100
+    );
+    let settled_now: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM cm.routine_fires WHERE completed_at > now() - interval '1 minute'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(settled_now, 10, "the fires settled now are kept");
+    assert_eq!(crate::support::fire_count(&pool).await, before - 100);
 }
 
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]

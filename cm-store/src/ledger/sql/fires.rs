@@ -6,9 +6,11 @@ use cm_domain::FireOutcome;
 /// `$4` the limit; `outcome:` is the condition on the outcome (`outcome_condition_sql!`), or
 /// `true`. The order (scheduled_at, routine_id) descending is an index's backward scan:
 /// `routine_fires_scheduled_idx` without a filter, `routine_fires_failures_idx` for failures,
-/// `routine_fires_runs_idx` for a run's state, `routine_fires_status_scheduled_idx` for the rest, the primary key with a routine. The
-/// cursor's row comparison resumes the scan; the redundant `scheduled_at <= $2` lets it start
-/// there on the primary key too, whose columns are in the other order.
+/// `routine_fires_runs_idx` for a run's state, `routine_fires_status_scheduled_idx` for a status
+/// other than `fired` (it holds no fired fire), `routine_fires_scheduled_idx` with a filter for
+/// `fired` (the bulk of the ledger, so nearly every row it reads is one), the primary key with a
+/// routine. The cursor's row comparison resumes the scan; the redundant `scheduled_at <= $2` lets
+/// it start there on the primary key too, whose columns are in the other order.
 macro_rules! list_fires_sql {
     (outcome: $outcome:expr) => {
         concat!(
@@ -279,8 +281,14 @@ pub(crate) const NOTE_UNSETTLED_SQL: &str = "UPDATE cm.routine_fires SET error =
              WHERE routine_id = $1 AND scheduled_at = $2
                AND claim_token = $3 AND attempt = $4 AND status = 'claimed'";
 
-/// Deletes settled fires past the retention (`$1` seconds), at most `$2`, oldest settled first;
-/// `group:` keeps it in one group, or is empty.
+/// Deletes settled fires past the retention (`$1` seconds), at most `$2`, oldest occurrence
+/// first; `group:` keeps it in one group, or is empty.
+///
+/// A fire settles after its occurrence, so every fire settled before the cutoff was scheduled
+/// before it: the walk is `routine_fires_scheduled_idx` from its oldest occurrence, which a fired
+/// fire enters anyway (the ledger keeps no index of settlement times for retention alone). The
+/// rows it passes over are the fires scheduled before the cutoff and not settled before it (a
+/// backfill of old occurrences, a claim in flight), few, and gone one retention later.
 macro_rules! prune_sql {
     (group: $group:literal) => {
         concat!(
@@ -293,7 +301,7 @@ WHERE (routine_id, scheduled_at) IN (
       AND scheduled_at < now() - make_interval(secs => $1)",
             $group,
             "
-    ORDER BY completed_at
+    ORDER BY scheduled_at, routine_id
     LIMIT $2
     FOR UPDATE SKIP LOCKED)",
             $group

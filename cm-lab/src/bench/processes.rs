@@ -73,8 +73,11 @@ pub(super) struct EngineRun {
     pub fired: i64,
     /// The claims those fires came in (their distinct claim tokens).
     pub claims: i64,
-    /// That span, on the database's clock.
+    /// That span, on the database's clock, from the moment the clocks' update was done.
     pub elapsed: Duration,
+    /// How long the update putting the clocks back took (not in `elapsed`: no scheduler could
+    /// see the backlog while it ran).
+    pub clocks_update: Duration,
     /// For a drain: whether it finished within its limit (if not, `fired` and `elapsed` cover
     /// the limit, and the rate is still a rate).
     pub drained: Option<bool>,
@@ -264,8 +267,8 @@ fn readyz(port: u16) -> bool {
 }
 
 /// One throughput run: `routines` every-second routines parked, two processes started and ready,
-/// every clock put back `backlog` seconds in one statement, the rate measured from that instant
-/// (until drained, or over the window), the processes stopped with SIGTERM, the ledger checked.
+/// every clock put back `backlog` seconds in one statement, the rate measured from the moment
+/// that statement was done (until drained, or over the window), the processes stopped with SIGTERM, the ledger checked.
 pub(super) async fn run(
     pool: &PgPool,
     binary: &Path,
@@ -286,7 +289,8 @@ pub(super) async fn run(
     tokio::task::block_in_place(|| fleet.wait_ready())?;
     wait_for_shared_groups(pool, &mut fleet).await?;
 
-    let (start, from) = ledger::put_clocks_back(pool, backlog).await?;
+    let clocks = ledger::put_clocks_back(pool, backlog).await?;
+    let (start, from) = (clocks.start, clocks.done);
     let (to, drained) = match shape {
         Shape::Drain => {
             let (to, drained) = drain(pool, &mut fleet, options.drain_limit, from).await?;
@@ -316,6 +320,7 @@ pub(super) async fn run(
             .to_std()
             .context("the run ended before it began")?,
         drained,
+        clocks_update: (clocks.done - clocks.began).to_std().unwrap_or_default(),
         by_process: ledger::fires_by_claimant(pool).await?,
         ledger: check,
     })

@@ -260,10 +260,12 @@ pub(super) fn print(
                     u64::try_from(run.fired).unwrap_or(0),
                     run.elapsed.as_secs_f64(),
                     format!(
-                        "{} routines, backlog {} s; {drained}fires per process {}; {} claims \
-                         ({:.1} fires each); ledger sound ({} rows)",
+                        "{} routines, backlog {} s (the clocks' update {:.0} ms, before the \
+                         span); {drained}fires per process {}; {} claims ({:.1} fires each); \
+                         ledger sound ({} rows)",
                         run.routines,
                         run.backlog,
+                        run.clocks_update.as_secs_f64() * 1000.0,
                         split.join(" / "),
                         run.claims,
                         run.per_claim(),
@@ -594,6 +596,7 @@ mod tests {
                 claims: fired / 100,
                 elapsed: Duration::from_secs(seconds),
                 drained: Some(true),
+                clocks_update: Duration::from_millis(40),
                 by_process: vec![fired / 2, fired / 2],
                 ledger: LedgerCheck::default(),
             },

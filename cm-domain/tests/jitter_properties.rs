@@ -129,6 +129,49 @@ proptest! {
     }
 }
 
+/// Samoa skipped 2011-12-30: its weekday 09:00 occurrences of the 29th and the 30th (the day's
+/// skipped 09:00 fires at the end of the gap) are 15 hours apart, closer than the day the jitter
+/// check measured. An offset never carries an occurrence past the next one: planned instants
+/// keep the occurrences' order, and each clock stands for its own occurrence.
+#[test]
+fn a_skipped_day_does_not_let_the_jitter_reorder_occurrences() {
+    let schedule = Schedule::parse("0 9 * * 1-5 jitter 71212s", "Pacific/Apia").unwrap();
+    let from = Utc.with_ymd_and_hms(2011, 12, 27, 0, 0, 0).unwrap();
+    let occurrences: Vec<_> =
+        std::iter::successors(schedule.next_after(from), |at| schedule.next_after(*at))
+            .take(6)
+            .collect();
+    let thirtieth = Utc.with_ymd_and_hms(2011, 12, 30, 10, 0, 0).unwrap();
+    assert!(occurrences.contains(&thirtieth), "{occurrences:?}");
+    let mut capped = 0;
+    for id in 0..200u128 {
+        let routine = Uuid::from_u128(id * 0x9e37_79b9_7f4a_7c15);
+        let planned: Vec<_> = occurrences
+            .iter()
+            .map(|o| schedule.planned(routine, *o))
+            .collect();
+        for (o, p) in occurrences.iter().zip(&planned) {
+            assert!(
+                *p >= *o && *p - *o < Duration::seconds(71_212),
+                "{o} planned {p}"
+            );
+            assert_eq!(schedule.occurrence_planned_at(routine, *p), Some(*o));
+        }
+        assert!(
+            planned.windows(2).all(|w| w[0] < w[1]),
+            "routine {routine}: {occurrences:?} planned {planned:?}"
+        );
+        capped += usize::from(
+            planned[occurrences.iter().position(|o| *o == thirtieth).unwrap() - 1]
+                == thirtieth - Duration::milliseconds(1),
+        );
+    }
+    assert!(
+        capped > 0,
+        "some routine's offset on the 29th reaches past the 30th's occurrence"
+    );
+}
+
 /// A clock written before the jitter (the occurrence itself) stands for that occurrence, and
 /// the plan moves it to the planned instant instead of reading it again every tick.
 #[test]

@@ -3,8 +3,9 @@
 //!
 //! With jitter, an occurrence comes due up to the jitter later, by an offset fixed per routine and
 //! occurrence ([`crate::jitter`]); a routine's clock (`next_run_at`) holds that planned instant.
-//! The jitter is checked when the schedule is parsed, so planned instants keep the occurrences'
-//! order.
+//! The jitter is checked when the schedule is parsed, and an offset never carries an occurrence
+//! to the next one (where a zone brings two closer than the check saw), so planned instants keep
+//! the occurrences' order.
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 
@@ -68,12 +69,23 @@ impl Schedule {
     }
 
     /// When occurrence `occurrence` of routine `routine` comes due: the occurrence itself, or
-    /// with a `jitter` clause the occurrence plus its offset ([`crate::jitter::planned`]), or
+    /// with a `jitter` clause the occurrence plus its offset ([`crate::jitter::planned`]), at
+    /// most a millisecond before the next occurrence, or
     /// on a calendar under `next` or `previous` and on a day off, the same wall time on the
     /// nearest business day ([`crate::calendar`]).
     pub fn planned(&self, routine: crate::RoutineId, occurrence: DateTime<Utc>) -> DateTime<Utc> {
         match self.jitter {
-            Some(jitter) => crate::jitter::planned(routine, occurrence, jitter),
+            Some(jitter) => {
+                let planned = crate::jitter::planned(routine, occurrence, jitter);
+                // The jitter check measures the schedule's first occurrences; a zone that
+                // later skips a day (Samoa skipped 2011-12-30) brings two occurrences closer
+                // than any it measured. An offset never carries an occurrence to the next one,
+                // so planned instants keep the occurrences' order whatever the zone does.
+                match self.next_after(occurrence) {
+                    Some(next) if planned >= next => next - TimeDelta::milliseconds(1),
+                    _ => planned,
+                }
+            }
             None => self.moved(occurrence),
         }
     }

@@ -268,7 +268,8 @@ fn readyz(port: u16) -> bool {
 
 /// One throughput run: `routines` every-second routines parked, two processes started and ready,
 /// every clock put back `backlog` seconds in one statement, the rate measured from the moment
-/// that statement was done (until drained, or over the window), the processes stopped with SIGTERM, the ledger checked.
+/// that statement was done (until drained, or over the window), the processes stopped with
+/// SIGTERM, the ledger checked.
 pub(super) async fn run(
     pool: &PgPool,
     binary: &Path,

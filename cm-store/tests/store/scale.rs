@@ -1,10 +1,10 @@
 //! The hot queries at scale: the tick's due query, the reaper, the `fires` listing, retention and
-//! the automatic pause read on the order of the rows they return, not of the table. Each test builds a large table with one
-//! `INSERT … SELECT generate_series`, has the store explain its own statement
-//! (`PgStore::explain_analyze`: `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` in a transaction it
-//! rolls back), and reads the plan: how many rows the
-//! scans produced and how many buffers the statement touched. Without the right index each of
-//! them reads the whole group (100,000 rows, thousands of buffers).
+//! the automatic pause read on the order of the rows they return, not of the table. Each test
+//! builds a large table with one `INSERT … SELECT generate_series`, has the store explain its own
+//! statement (`PgStore::explain_analyze`: `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` in a
+//! transaction it rolls back), and reads the plan: how many rows the scans produced and how many
+//! buffers the statement touched. Without the right index each of them reads the whole group
+//! (100,000 rows, thousands of buffers).
 
 use std::time::Duration;
 
@@ -339,8 +339,8 @@ async fn every_listing_of_fires_reads_a_page_not_the_ledger(pool: PgPool) {
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn retention_reads_the_fires_it_deletes_not_the_ledger(pool: PgPool) {
     // A ledger of fires each settled a second after its occurrence, one a minute over about
-    // seventy days: the older half is past a thirty-day retention. Among the oldest, a few
-    // occurrences were settled only now (a backfill): retention passes over them.
+    // seventy days: more than half is past a thirty-day retention. The ten oldest occurrences
+    // were settled only now (a backfill): retention passes over them.
     let routine = ledger_rows(&pool, ROWS, "fired", -3600.0).await;
     sqlx::query(
         "UPDATE cm.routine_fires

@@ -288,7 +288,7 @@ pub(crate) const NOTE_UNSETTLED_SQL: &str = "UPDATE cm.routine_fires SET error =
 /// before it: the walk is `routine_fires_scheduled_idx` from its oldest occurrence, which a fired
 /// fire enters anyway (the ledger keeps no index of settlement times for retention alone). The
 /// rows it passes over are the fires scheduled before the cutoff and not settled before it (a
-/// backfill of old occurrences, a claim in flight), few, and gone one retention later.
+/// backfill of old occurrences, a claim in flight), few, and gone within a retention.
 macro_rules! prune_sql {
     (group: $group:literal) => {
         concat!(

@@ -201,6 +201,9 @@ pub(crate) fn plan(
     }
     // The rest was checked when the routine was built (`NewRoutineBuilder::build`).
     let runs_left = runs_left_column(routine.runs_left)?;
+    // Time-ordered, as `cm.new_routine_id()` makes the SQL functions' ids: routines due at one
+    // instant are claimed in id order, which for routines created one after another is the
+    // order the table holds them in.
     let id = Uuid::now_v7();
     // The clock is the next occurrence's planned instant (later than it by its jitter, if any).
     let next_run_at = if routine.paused {

@@ -403,3 +403,81 @@ async fn the_sql_example_writes_an_account_and_its_routines(pool: PgPool) {
     assert_eq!(account, report.id);
     assert_eq!(report.misfire_policy, cm_domain::MisfirePolicy::Skip);
 }
+
+/// The instant of a time-ordered id, to the microsecond as `cm.new_routine_id` writes it (its
+/// first 48 bits the millisecond, the next 12 after the version the fraction within it), and
+/// whether it is one (a UUIDv7).
+fn id_instant(id: Uuid) -> Option<(u64, u16)> {
+    let bits = id.as_u128();
+    (id.get_version_num() == 7).then_some(((bits >> 80) as u64, ((bits >> 64) & 0xfff) as u16))
+}
+
+/// Every way of creating a routine gives it a time-ordered id (a UUIDv7), so the routines
+/// created one after another are written, claimed and indexed in one order: the library, one
+/// routine through SQL, a mission through SQL, and each element of `cm.create_routines`, whose
+/// ids ascend with the array. Each id's millisecond is the database's clock at the call.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn every_way_of_creating_a_routine_gives_it_a_time_ordered_id(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let before = db_now(&pool).await.timestamp_millis();
+    let library = store
+        .create_routine(message("library", "0 9 * * *"))
+        .await
+        .unwrap()
+        .id;
+    let one: Uuid = sqlx::query_scalar("SELECT cm.create_routine('one', '0 9 * * *', 'UTC', 'hi')")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let mission: Uuid = sqlx::query_scalar(
+        "SELECT cm.create_mission_routine('mission', '0 3 * * *', 'UTC', \
+         '{\"repository\": \"https://git.example.com/r.git\", \"task\": \"t\"}')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let batch: Vec<serde_json::Value> = (0..500)
+        .map(|i| serde_json::json!({"name": format!("batch {i}"), "schedule": "0 9 * * *", "message": "hi"}))
+        .collect();
+    let many: Vec<Uuid> = sqlx::query_scalar("SELECT cm.create_routines($1)")
+        .bind(serde_json::Value::Array(batch))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let after = db_now(&pool).await.timestamp_millis();
+
+    let mut ids = vec![library, one, mission];
+    ids.extend(&many);
+    let instants: Vec<(u64, u16)> = ids
+        .iter()
+        .map(|id| id_instant(*id).unwrap_or_else(|| panic!("{id} is not a UUIDv7")))
+        .collect();
+    for (id, (ms, _)) in ids.iter().zip(&instants) {
+        let ms = i64::try_from(*ms).unwrap();
+        assert!(
+            (before - 1_000..=after + 1_000).contains(&ms),
+            "{id}: {ms} ms, not between {before} and {after}"
+        );
+    }
+    // The SQL-made ids carry the microsecond: each later than the one made before it. (The
+    // library's carries a counter there, so it is compared to the millisecond.)
+    assert!(instants[0].0 <= instants[1].0, "{library} then {one}");
+    for (pair, ids) in instants[1..].windows(2).zip(ids[1..].windows(2)) {
+        assert!(pair[0] <= pair[1], "{} then {}", ids[0], ids[1]);
+    }
+    // The group is read from an id's random end: 500 ids are not all in one group.
+    let groups: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT group_id) FROM cm.routines WHERE id = ANY($1)")
+            .bind(&many)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let group_count: i16 = sqlx::query_scalar("SELECT group_count FROM cm.cm_settings")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        groups >= i64::from(group_count.min(8)),
+        "{groups} groups of {group_count}"
+    );
+}

@@ -20,9 +20,19 @@ pub(super) async fn vacuum(pool: &PgPool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The id of routine number `i` of a load: derived from the number, so the ledger's rows can
-/// name their routine without a join.
-const ROUTINE_ID: &str = "md5('cm-scale-' || i)::uuid";
+/// The SQL of the id of routine number `i` (the SQL expression `i`) of a load: derived from the
+/// number, so the ledger's rows can name their routine without a join. Time-ordered, as the ids
+/// cm gives routines are (UUIDv7: a millisecond, then random bits, here an md5 of the number):
+/// routine `i` is made a millisecond after routine `i - 1`, so the ids ascend with the numbers
+/// and the table is written in the order of its ids, as a `routine import` writes it. The group
+/// of an id is read from its random end, as for every id.
+fn routine_id_sql(i: &str) -> String {
+    format!(
+        "(lpad(to_hex(1750000000000 + {i}), 12, '0') || '7' \
+         || substr(md5('cm-scale-' || {i}), 1, 3) || '8' \
+         || substr(md5('cm-scale-' || {i}), 4, 15))::uuid"
+    )
+}
 
 /// Adds routines numbered `from..to` (message routines, `catch-up`, hourly), parked: each one's
 /// next run is between one and two hours ahead (spread over the hour), so nothing is due.
@@ -30,10 +40,11 @@ pub(super) async fn add_parked_routines(pool: &PgPool, from: u32, to: u32) -> an
     if to <= from {
         return Ok(());
     }
+    let id = routine_id_sql("i");
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO cm.routines
              (id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at)
-         SELECT {ROUTINE_ID}, 'scale ' || i, '0 0 * * * *', 'UTC', 'message',
+         SELECT {id}, 'scale ' || i, '0 0 * * * *', 'UTC', 'message',
                 jsonb_build_object('text', 'scale message ' || i), 'catch-up',
                 date_trunc('hour', now()) + interval '2 hours' + make_interval(secs => i % 3600)
          FROM generate_series($1::bigint, $2::bigint - 1) AS i"
@@ -90,11 +101,12 @@ async fn add_due(
     at: DateTime<Utc>,
     kind_and_payload: &str,
 ) -> anyhow::Result<DateTime<Utc>> {
+    let id = routine_id_sql("i");
     let done: DateTime<Utc> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH added AS (
              INSERT INTO cm.routines
                  (id, name, schedule, timezone, kind, payload, misfire_policy, next_run_at)
-             SELECT {ROUTINE_ID}, 'scale ' || i, $2, 'UTC', {kind_and_payload}, 'catch-up', $3
+             SELECT {id}, 'scale ' || i, $2, 'UTC', {kind_and_payload}, 'catch-up', $3
              FROM generate_series(0, $1::bigint - 1) AS i
              RETURNING 1)
          SELECT clock_timestamp() FROM (SELECT count(*) FROM added) c"
@@ -111,7 +123,8 @@ async fn add_due(
 /// The id of routine number `i`, as [`add_parked_routines`] made it.
 pub(super) async fn routine_id(pool: &PgPool, i: u32) -> anyhow::Result<uuid::Uuid> {
     Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT {ROUTINE_ID} FROM (SELECT $1::bigint AS i) n"
+        "SELECT {} FROM (SELECT $1::bigint AS i) n",
+        routine_id_sql("i")
     )))
     .bind(i64::from(i))
     .fetch_one(pool)
@@ -166,7 +179,7 @@ pub(super) async fn add_settled_fires(
              FROM (SELECT k, k % $5 AS i,
                           $3::timestamptz - make_interval(secs => k * $4) AS at
                    FROM generate_series($1::bigint, $2::bigint - 1) AS k) s",
-            id = ROUTINE_ID.replace("i)", "s.i)")
+            id = routine_id_sql("s.i")
         )))
         .bind(i64::try_from(at)?)
         .bind(i64::try_from(until)?)

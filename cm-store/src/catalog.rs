@@ -436,16 +436,40 @@ async fn apply_update(
     .try_into()
 }
 
+/// The routine named `name`. The name resolves through `routine_names` (the routines table
+/// keeps no index of names: each fire updates its routine's row, and an index of names would
+/// take an entry at a random place on every fire), then the row is read by its key and group (on
+/// Citus one shard each) and must still carry the name. A routine renamed between the two reads
+/// is looked up again; a name no routine has is [`StoreError::RoutineNameNotFound`].
 pub(crate) async fn get_routine_by_name(
     conn: &mut PgConnection,
     name: &str,
 ) -> Result<Routine, StoreError> {
-    crate::schema::query_as::<_, RoutineRow>("SELECT * FROM cm.routines WHERE name = $1")
+    // A rename moves a name in one transaction: a second look finds where it went, and a
+    // third is for a name renamed twice meanwhile.
+    for _ in 0..3 {
+        let Some((id, group)): Option<(Uuid, GroupId)> = crate::schema::query_as(
+            "SELECT routine_id, group_id FROM cm.routine_names WHERE name = $1",
+        )
         .bind(name)
         .fetch_optional(&mut *conn)
         .await?
-        .ok_or_else(|| StoreError::RoutineNameNotFound(name.to_string()))?
-        .try_into()
+        else {
+            break;
+        };
+        let row: Option<RoutineRow> = crate::schema::query_as(
+            "SELECT * FROM cm.routines WHERE id = $1 AND group_id = $2 AND name = $3",
+        )
+        .bind(id)
+        .bind(group)
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some(row) = row {
+            return row.try_into();
+        }
+    }
+    Err(StoreError::RoutineNameNotFound(name.to_string()))
 }
 
 pub(crate) async fn list_routines_page(
@@ -825,7 +849,7 @@ impl PgStore {
     /// completes a routine's name from).
     pub async fn routine_names(&self, prefix: &str, limit: u32) -> Result<Vec<String>, StoreError> {
         Ok(on_store!(self, |e| crate::schema::query_scalar(
-            "SELECT name FROM cm.routines WHERE starts_with(name, $1) ORDER BY name LIMIT $2",
+            "SELECT name FROM cm.routine_names WHERE starts_with(name, $1) ORDER BY name LIMIT $2",
         )
         .bind(prefix)
         .bind(i64::from(limit))

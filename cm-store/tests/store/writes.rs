@@ -465,6 +465,13 @@ async fn every_way_of_creating_a_routine_gives_it_a_time_ordered_id(pool: PgPool
     for (pair, ids) in instants[1..].windows(2).zip(ids[1..].windows(2)) {
         assert!(pair[0] <= pair[1], "{} then {}", ids[0], ids[1]);
     }
+    // Each element of a batch reads the clock: its ids are not all of one instant.
+    assert!(
+        instants[3] < instants[instants.len() - 1],
+        "{} and {}: one instant for the whole batch",
+        many[0],
+        many[many.len() - 1]
+    );
     // The group is read from an id's random end: 500 ids are not all in one group.
     let groups: i64 =
         sqlx::query_scalar("SELECT count(DISTINCT group_id) FROM cm.routines WHERE id = ANY($1)")

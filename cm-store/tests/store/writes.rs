@@ -405,8 +405,8 @@ async fn the_sql_example_writes_an_account_and_its_routines(pool: PgPool) {
 }
 
 /// The instant of a time-ordered id, to the microsecond as `cm.new_routine_id` writes it (its
-/// first 48 bits the millisecond, the next 12 after the version the fraction within it), and
-/// whether it is one (a UUIDv7).
+/// first 48 bits the millisecond, the 12 after the version the fraction within it); `None` for
+/// an id that is not a UUIDv7.
 fn id_instant(id: Uuid) -> Option<(u64, u16)> {
     let bits = id.as_u128();
     (id.get_version_num() == 7).then_some(((bits >> 80) as u64, ((bits >> 64) & 0xfff) as u16))
@@ -415,7 +415,7 @@ fn id_instant(id: Uuid) -> Option<(u64, u16)> {
 /// Every way of creating a routine gives it a time-ordered id (a UUIDv7), so the routines
 /// created one after another are written, claimed and indexed in one order: the library, one
 /// routine through SQL, a mission through SQL, and each element of `cm.create_routines`, whose
-/// ids ascend with the array. Each id's millisecond is the database's clock at the call.
+/// ids ascend with the array. Each id's millisecond is the clock at the call, within a second.
 #[sqlx::test(migrator = "cm_store::MIGRATOR")]
 async fn every_way_of_creating_a_routine_gives_it_a_time_ordered_id(pool: PgPool) {
     let store = PgStore::new(pool.clone());
@@ -459,7 +459,7 @@ async fn every_way_of_creating_a_routine_gives_it_a_time_ordered_id(pool: PgPool
             "{id}: {ms} ms, not between {before} and {after}"
         );
     }
-    // The SQL-made ids carry the microsecond: each later than the one made before it. (The
+    // The SQL-made ids carry the microsecond: none earlier than the one made before it. (The
     // library's carries a counter there, so it is compared to the millisecond.)
     assert!(instants[0].0 <= instants[1].0, "{library} then {one}");
     for (pair, ids) in instants[1..].windows(2).zip(ids[1..].windows(2)) {

@@ -379,8 +379,8 @@ async fn drain(
     loop {
         fleet.alive()?;
         // Whether anything is owed, not how much: a count walked every routine behind (all of
-        // them, through a table the drain bloats) at each poll, a quarter of a second of the
-        // server's two cores every 100 ms taken from the schedulers it measures.
+        // them, through a table the drain bloats) at each poll, about 230 ms of server time a
+        // poll taken from the schedulers it measures, where EXISTS stops at the first.
         let (now, owed): (DateTime<Utc>, bool) = sqlx::query_as(
             "SELECT now(),
                     EXISTS (SELECT FROM cm.routines WHERE next_run_at < now() - interval '1 s')

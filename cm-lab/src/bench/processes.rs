@@ -148,7 +148,11 @@ impl Fleet {
             let port = free_port()?;
             let log = log_dir.join(format!("{label}-{name}.log"));
             let file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+            // The binary's own default logging, as a user running it gets: `scheduler_command`
+            // turns on each fire's line (`RUST_LOG=info`) for chaos's log digest, a write of
+            // about 200 bytes a fire that `run` at its defaults does not make.
             let child = scheduler_command(binary, url)
+                .env_remove("RUST_LOG")
                 .args(["run", "--instance-id", name])
                 .arg("--listen")
                 .arg(format!("127.0.0.1:{port}"))

@@ -367,3 +367,115 @@ async fn an_edit_from_sql_is_re_planned_by_the_next_pass(pool: PgPool) {
         .to_string();
     assert!(unknown.contains("no calendar is named"), "{unknown}");
 }
+
+/// `cm.create_routines` puts a batch's routines on the calendars they name; a calendar that
+/// does not exist refuses the whole batch, naming the element, and writes nothing; and the
+/// calendars named are share-locked by the write, so a delete of one waits for it and then finds
+/// its routines.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_batch_from_sql_on_calendars_holds_them_against_a_delete(pool: PgPool) {
+    sqlx::query("SELECT cm.create_calendar('office', 'UTC', '{}', 'sat,sun')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let batch = serde_json::json!([
+        {"name": "a", "schedule": "0 9 * * *", "message": "m", "calendar": "office"},
+        {"name": "b", "schedule": "0 9 * * *", "message": "m"},
+        {"name": "c", "schedule": "@daily", "message": "m", "calendar": "office",
+         "on_holiday": "next"},
+    ]);
+    let ids: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT cm.create_routines($1)")
+        .bind(&batch)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 3);
+    let on: Vec<(String, Option<String>, String)> =
+        sqlx::query_as("SELECT name, calendar, on_holiday FROM cm.routines ORDER BY name")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let on: Vec<(&str, Option<&str>, &str)> = on
+        .iter()
+        .map(|(n, c, h)| (n.as_str(), c.as_deref(), h.as_str()))
+        .collect();
+    assert_eq!(
+        on,
+        [
+            ("a", Some("office"), "skip"),
+            ("b", None, "skip"),
+            ("c", Some("office"), "next")
+        ]
+    );
+
+    let unknown = sqlx::query("SELECT cm.create_routines($1)")
+        .bind(serde_json::json!([
+            {"name": "d", "schedule": "0 9 * * *", "message": "m", "calendar": "office"},
+            {"name": "e", "schedule": "0 9 * * *", "message": "m", "calendar": "nope"},
+        ]))
+        .execute(&pool)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        unknown.contains("routine 2 of 2: no calendar is named 'nope'"),
+        "{unknown}"
+    );
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM cm.routines")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 3, "nothing written");
+
+    // A batch on `office` not yet committed: a delete of the calendar waits for it, then sees
+    // its routines and refuses.
+    sqlx::query("SELECT cm.create_calendar('shop', 'UTC', '{}', 'sun')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut writing = pool.begin().await.unwrap();
+    sqlx::query("SELECT cm.create_routines($1)")
+        .bind(serde_json::json!([
+            {"name": "f", "schedule": "0 9 * * *", "message": "m", "calendar": "shop"},
+        ]))
+        .execute(&mut *writing)
+        .await
+        .unwrap();
+    let deleting = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT cm.delete_calendar('shop')")
+                .fetch_one(&pool)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    });
+    // The delete is seen waiting on a lock before the batch commits.
+    let mut waited = false;
+    for _ in 0..600 {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                            WHERE datname = current_database() AND wait_event_type = 'Lock'
+                              AND query LIKE '%delete_calendar%')",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if waiting {
+            waited = true;
+            break;
+        }
+        assert!(
+            !deleting.is_finished(),
+            "the delete did not wait for the batch"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(waited, "the delete never waited for the batch");
+    writing.commit().await.unwrap();
+    let refused = deleting.await.unwrap().unwrap_err();
+    assert!(
+        refused.contains("the calendar 'shop' is used by 1 routine(s)"),
+        "{refused}"
+    );
+}

@@ -614,6 +614,51 @@ async fn create_routines_writes_a_batch_whole_or_refuses_it_naming_the_element(p
     );
 }
 
+/// `cm.create_routines` stores each schedule as `cm.checked_schedule` stores it in its zone: a
+/// plain cron line as written without a parse, every other text (shared by several elements, in
+/// several zones, or alone) as its check gives it, whichever mix a batch holds.
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn create_routines_stores_each_schedule_as_its_check_does(pool: PgPool) {
+    let schedules = [
+        ("5 4 * * *", "UTC"),
+        ("@daily", "UTC"),
+        ("@daily", "Asia/Tokyo"),
+        ("*/15 9-17 * * 1-5", "Europe/Berlin"),
+        ("0 30 9 * * *", "UTC"),
+        ("5 4 * * *", "America/New_York"),
+        ("@daily", "Asia/Tokyo"),
+        (
+            "@rrule FREQ=WEEKLY;BYDAY=MO;BYHOUR=9;BYMINUTE=0;BYSECOND=0",
+            "Europe/Berlin",
+        ),
+        ("59 23 28 12 6", "UTC"),
+    ];
+    let batch: Vec<serde_json::Value> = schedules
+        .iter()
+        .enumerate()
+        .map(|(i, (schedule, zone))| {
+            serde_json::json!({"name": format!("s{i}"), "schedule": schedule, "timezone": zone,
+                               "message": "m"})
+        })
+        .collect();
+    assert_eq!(
+        create_many(&pool, &serde_json::json!(batch)).await,
+        Ok(schedules.len())
+    );
+    for (i, (schedule, zone)) in schedules.iter().enumerate() {
+        let (stored, expected): (String, String) = sqlx::query_as(
+            "SELECT r.schedule, cm.checked_schedule($2, $3) FROM cm.routines r WHERE r.name = $1",
+        )
+        .bind(format!("s{i}"))
+        .bind(schedule)
+        .bind(zone)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(stored, expected, "{schedule} in {zone}");
+    }
+}
+
 /// `cm.create_routines` takes a common element at once, without its checking functions; what
 /// it takes that way is exactly what those functions take. At each edge of that shortcut (a
 /// name's blanks, length, characters and likeness to an id; a message's size; the policies;

@@ -112,6 +112,18 @@ fn due_walk(after: Option<DueCursor>) -> HotStatement {
     }
 }
 
+/// The due walk of a claim of `LIMIT` routines in turns between `keys`, whole.
+fn due_walk_in_turns(keys: Vec<String>) -> HotStatement {
+    HotStatement::DueInTurns {
+        max_routines: LIMIT as u32,
+        requests: (LIMIT / 5) as usize,
+        mission_room: None,
+        after: None,
+        group: None,
+        keys,
+    }
+}
+
 /// Inserts one routine per row of `generate_series(1, ROWS)`, all due at the same instant an
 /// hour ago (a fleet of routines on `0 * * * *`), and returns nothing: the test reads them back.
 async fn routines_sharing_one_instant(pool: &PgPool) {
@@ -212,28 +224,16 @@ async fn the_due_query_reads_the_limit_when_the_statistics_say_nothing_is_due(po
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query("ANALYZE cm.routines")
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE cm.routines SET next_run_at = now() - interval '2 seconds'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    // Analyzed while every clock is ahead; then every clock moved due by one statement.
+    for statement in [
+        "ANALYZE cm.routines",
+        "UPDATE cm.routines SET next_run_at = now() - interval '2 seconds'",
+    ] {
+        sqlx::query(statement).execute(&pool).await.unwrap();
+    }
     let plan = explain(&pool, due_walk(None)).await;
     plan.assert_reads_about_the_limit("due query on stale statistics");
-    let plan = explain(
-        &pool,
-        HotStatement::DueInTurns {
-            max_routines: LIMIT as u32,
-            requests: (LIMIT / 5) as usize,
-            mission_room: None,
-            after: None,
-            group: None,
-            keys: vec!["k".into()],
-        },
-    )
-    .await;
+    let plan = explain(&pool, due_walk_in_turns(vec!["k".into()])).await;
     plan.assert_reads_about_the_limit("due query in turns on stale statistics");
 }
 
@@ -263,18 +263,7 @@ async fn the_due_query_in_turns_reads_each_keys_share_not_the_big_key(pool: PgPo
         .unwrap();
     let mut keys: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
     keys.push("big".into());
-    let plan = explain(
-        &pool,
-        HotStatement::DueInTurns {
-            max_routines: LIMIT as u32,
-            requests: (LIMIT / 5) as usize,
-            mission_room: None,
-            after: None,
-            group: None,
-            keys,
-        },
-    )
-    .await;
+    let plan = explain(&pool, due_walk_in_turns(keys)).await;
     plan.assert_reads_about_the_limit("due query in turns");
     let text = plan.0.to_string();
     assert!(text.contains("routines_key_due_idx"), "{text}");

@@ -119,11 +119,45 @@ struct Tally {
     ignored: u64,
     /// The ignored tests, by name, with their reasons (empty when none was given).
     ignored_tests: Vec<(String, String)>,
+    /// Each failed test's name with where it panicked and the first lines of why, read from
+    /// libtest's `failures:` section; repeated in the closing lines, since the section itself
+    /// may sit thousands of lines above them.
+    failures: Vec<(String, Vec<String>)>,
+    /// Lines still to keep of the panic being read: the message's first [`FAILURE_LINES`].
+    reading_failure: usize,
 }
+
+/// How many lines of a failed test's panic the closing lines repeat: where, and the start of
+/// the message (a message may carry a whole process log).
+const FAILURE_LINES: usize = 4;
+
+/// The longest line of a panic the closing lines repeat, in characters.
+const FAILURE_LINE_CHARS: usize = 240;
 
 impl Tally {
     /// Reads one line of libtest's output.
     fn read(&mut self, line: &str) {
+        if let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|rest| rest.strip_suffix(" stdout ----"))
+        {
+            self.failures.push((name.to_string(), Vec::new()));
+            self.reading_failure = 0;
+        } else if line.starts_with("thread '") && line.contains(" panicked at ") {
+            if let Some((_, lines)) = self.failures.last_mut()
+                && lines.is_empty()
+            {
+                lines.push(clip(line));
+                self.reading_failure = FAILURE_LINES - 1;
+            }
+        } else if self.reading_failure > 0 {
+            if line.is_empty() || line == "failures:" || line.starts_with("---- ") {
+                self.reading_failure = 0;
+            } else if let Some((_, lines)) = self.failures.last_mut() {
+                lines.push(clip(line));
+                self.reading_failure -= 1;
+            }
+        }
         if let Some(result) = line.strip_prefix("test result: ") {
             // `ok. 5 passed; 0 failed; 2 ignored; 0 measured; 3 filtered out; finished in 0.01s`
             for part in result.split(';') {
@@ -147,6 +181,25 @@ impl Tally {
         {
             let reason = reason.strip_prefix(", ").unwrap_or("").trim().to_string();
             self.ignored_tests.push((name.to_string(), reason));
+        }
+    }
+}
+
+/// `line` cut to [`FAILURE_LINE_CHARS`] characters, marked where it was cut.
+fn clip(line: &str) -> String {
+    match line.char_indices().nth(FAILURE_LINE_CHARS) {
+        Some((at, _)) => format!("{} [...]", &line[..at]),
+        None => line.to_string(),
+    }
+}
+
+/// Prints each failed test with the start of its panic, so the run's last lines say what
+/// failed and why.
+fn print_failures(tallies: &[&Tally]) {
+    for (name, lines) in tallies.iter().flat_map(|t| &t.failures) {
+        println!("xtask test: FAILED {name}");
+        for line in lines {
+            println!("xtask test:     {line}");
         }
     }
 }
@@ -197,6 +250,7 @@ pub fn run(args: &[String], required: bool) -> Outcome {
         let mut all = test_args.to_vec();
         all.push("--include-ignored".into());
         let (tally, ok) = cargo_test(args, &all)?;
+        print_failures(&[&tally]);
         println!(
             "xtask test: {} passed, {} failed, 0 skipped (every service present)",
             tally.passed, tally.failed
@@ -241,6 +295,7 @@ pub fn run(args: &[String], required: bool) -> Outcome {
         }
     }
     let skipped_count = first.ignored.saturating_sub(second.passed + second.failed);
+    print_failures(&[&first, &second]);
     let why: Vec<String> = skipped
         .values()
         .map(|(count, reason)| match reason.strip_prefix("needs ") {
@@ -294,7 +349,53 @@ mod tests {
                     ),
                     ("other".into(), String::new()),
                 ],
+                ..Tally::default()
             }
+        );
+    }
+
+    #[test]
+    fn a_failed_tests_panic_is_kept_to_its_first_lines() {
+        let mut tally = Tally::default();
+        let long = "x".repeat(300);
+        for line in [
+            "failures:",
+            "",
+            "---- citus::two_schedulers stdout ----",
+            "",
+            "thread 'citus::two_schedulers' (17552) panicked at cm-scheduler/tests/scheduler/citus.rs:95:9:",
+            "assertion `left == right` failed",
+            "  left: 1",
+            long.as_str(),
+            "a fifth line of the log",
+            "",
+            "---- quiet stdout ----",
+            "thread 'quiet' panicked at a.rs:1:1:",
+            "",
+            "failures:",
+            "    citus::two_schedulers",
+            "test result: FAILED. 0 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s",
+        ] {
+            tally.read(line);
+        }
+        assert_eq!(tally.failed, 2);
+        assert_eq!(
+            tally.failures,
+            vec![
+                (
+                    "citus::two_schedulers".to_string(),
+                    vec![
+                        "thread 'citus::two_schedulers' (17552) panicked at cm-scheduler/tests/scheduler/citus.rs:95:9:".to_string(),
+                        "assertion `left == right` failed".to_string(),
+                        "  left: 1".to_string(),
+                        format!("{} [...]", "x".repeat(super::FAILURE_LINE_CHARS)),
+                    ]
+                ),
+                (
+                    "quiet".to_string(),
+                    vec!["thread 'quiet' panicked at a.rs:1:1:".to_string()]
+                ),
+            ]
         );
     }
 

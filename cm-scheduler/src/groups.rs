@@ -4,8 +4,9 @@
 //! Each scheduler renews its leases and rebalances every third of a lease: with `n` schedulers
 //! holding live leases (itself included) its share is `ceil(groups / n)`; it takes free groups
 //! (never leased, released, or whose holder's lease ran out) up to its share and releases those
-//! over it, so a scheduler that joins gets its share from the others within a third of a lease,
-//! and the groups of one that died are claimed in as soon as its leases run out.
+//! over it. A scheduler short of its share while another holds more than its own looks again
+//! every tick until the other has let go, so one that joins gets its share from the others
+//! within about a third of a lease, and the groups of one that died are claimed in as soon as its leases run out.
 //!
 //! The leases are for efficiency only: a tick claims in the groups it holds and in the groups
 //! nobody holds (a claim in a group with nothing due returns at once, and reads that group's
@@ -31,6 +32,9 @@ struct View {
     mine: BTreeSet<GroupId>,
     /// The groups others hold, with when each lease runs out on this process's clock.
     others: BTreeMap<GroupId, Instant>,
+    /// Whether this scheduler holds fewer than its share while another holds more than its
+    /// own: the other releases the difference at its next rebalance.
+    short: bool,
 }
 
 impl View {
@@ -97,6 +101,14 @@ impl GroupLeases {
         self.lease / 3
     }
 
+    /// Whether, at its last rebalance, this scheduler held fewer groups than its share while
+    /// another held more than its own: the other gives them up at its next rebalance, so this
+    /// one should look again soon (every tick) rather than a third of a lease later. A
+    /// scheduler that joins then claims in its share within about a third of a lease.
+    pub fn short(&self) -> bool {
+        self.view.lock().is_ok_and(|v| v.short)
+    }
+
     /// The groups to claim in now, and to take expired claims over in: those this scheduler
     /// holds, then those nobody holds live (never leased, released, or whose holder's lease
     /// ran out), in group order within each. No statement reads every shard: before the first
@@ -134,6 +146,11 @@ impl GroupLeases {
             .map(|l| l.group)
             .collect();
         let taken: BTreeSet<GroupId> = live.iter().map(|l| l.group).collect();
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for l in live.iter().filter(|l| l.holder != self.holder) {
+            *counts.entry(l.holder.as_str()).or_default() += 1;
+        }
+        let another_over = counts.values().any(|n| *n > share);
         let mut release: Vec<GroupId> = Vec::new();
         let mut wanted: Vec<GroupId> = Vec::new();
         if held.len() > share {
@@ -175,6 +192,7 @@ impl GroupLeases {
         if let Ok(mut view) = self.view.lock() {
             *view = View {
                 count,
+                short: mine.len() < share && another_over,
                 mine: mine.clone(),
                 others,
             };
@@ -196,4 +214,125 @@ fn fnv(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cm_store::LiveLease;
+
+    /// Leases kept in memory as the database keeps them, without time: a lease lives until it
+    /// is released.
+    #[derive(Default)]
+    struct Leases {
+        count: u16,
+        held: Mutex<BTreeMap<GroupId, String>>,
+        present: Mutex<BTreeSet<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl GroupDirectory for Leases {
+        async fn group_count(&self) -> Result<u16, StoreError> {
+            Ok(self.count)
+        }
+        async fn due_groups(&self) -> Result<Vec<GroupId>, StoreError> {
+            Ok(Vec::new())
+        }
+        async fn expired_groups(&self) -> Result<Vec<GroupId>, StoreError> {
+            Ok(Vec::new())
+        }
+        async fn lease_groups(
+            &self,
+            holder: &str,
+            wanted: &[GroupId],
+            _lease: Duration,
+        ) -> Result<Vec<GroupId>, StoreError> {
+            self.present.lock().unwrap().insert(holder.to_string());
+            let mut held = self.held.lock().unwrap();
+            for group in wanted {
+                held.entry(*group).or_insert_with(|| holder.to_string());
+            }
+            Ok(held
+                .iter()
+                .filter(|(_, h)| *h == holder)
+                .map(|(g, _)| *g)
+                .collect())
+        }
+        async fn release_groups(&self, holder: &str, groups: &[GroupId]) -> Result<(), StoreError> {
+            let mut held = self.held.lock().unwrap();
+            held.retain(|g, h| h != holder || !groups.contains(g));
+            Ok(())
+        }
+        async fn live_group_leases(&self) -> Result<Vec<LiveLease>, StoreError> {
+            Ok(self
+                .held
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(group, holder)| LiveLease {
+                    group: *group,
+                    holder: holder.clone(),
+                    remaining: Duration::from_secs(15),
+                })
+                .collect())
+        }
+        async fn group_node(&self, _group: GroupId) -> Result<Option<String>, StoreError> {
+            Ok(None)
+        }
+        async fn live_holders(&self) -> Result<Vec<String>, StoreError> {
+            Ok(self.present.lock().unwrap().iter().cloned().collect())
+        }
+        async fn distributed(&self) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+    }
+
+    fn schedulers(count: u16, names: &[&str]) -> Vec<GroupLeases> {
+        let directory: Arc<dyn GroupDirectory> = Arc::new(Leases {
+            count,
+            ..Leases::default()
+        });
+        names
+            .iter()
+            .map(|name| GroupLeases::new(directory.clone(), *name, Duration::from_secs(15), true))
+            .collect()
+    }
+
+    /// Each scheduler's rebalance in turn; how many groups each holds, and whether it is short.
+    async fn round(leases: &[&GroupLeases]) -> Vec<(usize, bool)> {
+        let mut seen = Vec::new();
+        for lease in leases {
+            let held = lease.rebalance().await.unwrap().len();
+            seen.push((held, lease.short()));
+        }
+        seen
+    }
+
+    #[tokio::test]
+    async fn a_scheduler_that_joins_is_short_until_the_other_lets_go() {
+        let [a, b] = &schedulers(8, &["a", "b"])[..] else {
+            unreachable!()
+        };
+        // Alone, `a` takes every group.
+        assert_eq!(round(&[a]).await, vec![(8, false)]);
+        // `b` finds none free while `a` holds twice its share: it looks again every tick.
+        assert_eq!(round(&[b]).await, vec![(0, true)]);
+        // `a` has seen `b` and lets half go; `b`'s next look takes them.
+        assert_eq!(round(&[a, b]).await, vec![(4, false), (4, false)]);
+        assert_eq!(b.held().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn an_uneven_split_leaves_nobody_short() {
+        let [a, b, c] = &schedulers(8, &["a", "b", "c"])[..] else {
+            unreachable!()
+        };
+        round(&[a, b, a, b]).await;
+        // `c` joins: its share is 3 of 8, and `a` and `b` hold 4 each.
+        assert_eq!(round(&[c]).await, vec![(0, true)]);
+        assert_eq!(round(&[a, b]).await, vec![(3, false), (3, false)]);
+        // Two are left for `c`: fewer than its share, but nobody holds more than theirs, so it
+        // looks again a third of a lease later, not every tick.
+        assert_eq!(round(&[c]).await, vec![(2, false)]);
+    }
 }

@@ -167,16 +167,29 @@ impl Scheduler {
         }
     }
 
-    /// Renews and rebalances the group leases every third of a lease, beside the ticks, and
-    /// gives them up when the scheduler stops; nothing without [`Scheduler::with_groups`].
+    /// Renews and rebalances the group leases every third of a lease, beside the ticks (every
+    /// tick interval while short of its share, [`GroupLeases::short`]), and gives them up when
+    /// the scheduler stops; nothing without [`Scheduler::with_groups`].
     async fn lease_loop(&self, mut stopped: watch::Receiver<bool>) {
         let Some(leases) = &self.groups else { return };
-        let mut beat = beat(leases.every().max(self.config.tick_interval));
+        let every = leases.every().max(self.config.tick_interval);
         loop {
+            let began = Instant::now();
             if let Err(e) = leases.rebalance().await {
                 warn!(error = %e, "could not renew the group leases; claiming in free groups");
             }
-            if !next_beat(&mut beat, &mut stopped).await {
+            let wait = if leases.short() {
+                self.config.tick_interval
+            } else {
+                every
+            };
+            let next = began + wait;
+            let stop = tokio::select! {
+                biased;
+                _ = stopped.wait_for(|stop| *stop) => true,
+                () = tokio::time::sleep_until(next.into()) => false,
+            };
+            if stop {
                 break;
             }
         }

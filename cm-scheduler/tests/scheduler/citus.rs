@@ -63,8 +63,8 @@ fn summary(log: &str, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key}= on the exit line:\n{log}"))
 }
 
-/// Creates 40 routines due every second, runs two schedulers (`run` with `args`) for 12 s, stops
-/// them, and checks that neither had a tick error, both fired, every occurrence was claimed once
+/// Creates 40 routines due every second, runs two schedulers (`run` with `args`) for 12 s and
+/// until both have fired, stops them, and checks that neither had a tick error, both fired, every occurrence was claimed once
 /// and settled, and both took part in the group leases.
 async fn two_schedulers_share_the_groups(db: &TestDb, args: &[&str]) {
     for n in 0..40 {
@@ -77,13 +77,30 @@ async fn two_schedulers_share_the_groups(db: &TestDb, args: &[&str]) {
             ),
         );
     }
+    let started = std::time::Instant::now();
     let mut a = SchedulerProcess::start_with(db, "groups-a", args, &[]);
     let mut b = SchedulerProcess::start_with(db, "groups-b", args, &[]);
+    // The one that starts second may find every group leased by the other, and fires once the
+    // other has released its share and its own next rebalance has taken it: up to two thirds
+    // of a group lease (10 s at the default) after both are up, more on a loaded machine.
+    let both = crate::support::eventually_within(TAKEOVER_PATIENCE, async || {
+        let claimants: i64 =
+            sqlx::query_scalar("SELECT count(DISTINCT claimant) FROM cm.routine_fires")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        (claimants == 2).then_some(())
+    })
+    .await;
     // They run side by side for a fixed span on purpose: no tick of either may fail in it.
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    tokio::time::sleep(Duration::from_secs(12).saturating_sub(started.elapsed())).await;
     a.shut_down_gracefully().await;
     b.shut_down_gracefully().await;
     let (log_a, log_b) = (a.log(), b.log());
+    assert!(
+        both.is_some(),
+        "both schedulers fire within {TAKEOVER_PATIENCE:?}:\n{log_a}\n{log_b}"
+    );
     for log in [&log_a, &log_b] {
         assert_eq!(summary(log, "tick_errors"), 0, "{log}");
         assert!(!log.contains(" ERROR "), "{log}");

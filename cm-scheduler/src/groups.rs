@@ -56,6 +56,9 @@ pub struct GroupLeases {
     /// Claim per group even where the schema is not distributed.
     always: bool,
     view: Mutex<View>,
+    /// The groups whose last claim took nothing: the next asks first whether anything is due
+    /// there ([`GroupLeases::worth_claiming`]).
+    idle: Mutex<BTreeSet<GroupId>>,
 }
 
 impl std::fmt::Debug for GroupLeases {
@@ -87,6 +90,34 @@ impl GroupLeases {
             lease,
             always,
             view: Mutex::default(),
+            idle: Mutex::default(),
+        }
+    }
+
+    /// Whether to claim in `group` now. After a claim there that took something, yes without
+    /// asking: a group with work tends to have more, and the question would only add a round
+    /// trip. After one that took nothing, only when something is due there
+    /// ([`GroupDirectory::group_due`]): on Citus a claim that finds nothing still costs a
+    /// transaction on the group's worker and the planning of its statements, about ten times
+    /// the question, and a tick asks every group it may claim in. Nothing is left behind by
+    /// not claiming: what comes due after the question is claimed by the next tick, as it
+    /// would be after a claim a moment earlier.
+    pub async fn worth_claiming(&self, group: GroupId) -> Result<bool, StoreError> {
+        let idle = self.idle.lock().is_ok_and(|idle| idle.contains(&group));
+        if !idle {
+            return Ok(true);
+        }
+        self.directory.group_due(group).await
+    }
+
+    /// Notes that the claims of a tick in `group` took `claimed` occurrences.
+    pub fn claimed_in(&self, group: GroupId, claimed: usize) {
+        if let Ok(mut idle) = self.idle.lock() {
+            if claimed == 0 {
+                idle.insert(group);
+            } else {
+                idle.remove(&group);
+            }
         }
     }
 
@@ -228,6 +259,8 @@ mod tests {
         count: u16,
         held: Mutex<BTreeMap<GroupId, String>>,
         present: Mutex<BTreeSet<String>>,
+        /// The groups with something due.
+        due: Mutex<BTreeSet<GroupId>>,
     }
 
     #[async_trait::async_trait]
@@ -237,6 +270,9 @@ mod tests {
         }
         async fn due_groups(&self) -> Result<Vec<GroupId>, StoreError> {
             Ok(Vec::new())
+        }
+        async fn group_due(&self, group: GroupId) -> Result<bool, StoreError> {
+            Ok(self.due.lock().unwrap().contains(&group))
         }
         async fn expired_groups(&self) -> Result<Vec<GroupId>, StoreError> {
             Ok(Vec::new())
@@ -334,5 +370,26 @@ mod tests {
         // Two are left for `c`: fewer than its share, but nobody holds more than theirs, so it
         // looks again a third of a lease later, not every tick.
         assert_eq!(round(&[c]).await, vec![(2, false)]);
+    }
+
+    #[tokio::test]
+    async fn a_group_whose_claim_took_nothing_is_claimed_in_again_once_something_is_due() {
+        let directory = Arc::new(Leases {
+            count: 4,
+            ..Leases::default()
+        });
+        let leases = GroupLeases::new(directory.clone(), "a", Duration::from_secs(15), true);
+        // Never claimed in: claimed in without asking.
+        assert!(leases.worth_claiming(2).await.unwrap());
+        leases.claimed_in(2, 0);
+        assert!(!leases.worth_claiming(2).await.unwrap());
+        // The other groups are not asked for what group 2's claim found.
+        assert!(leases.worth_claiming(3).await.unwrap());
+        directory.due.lock().unwrap().insert(2);
+        assert!(leases.worth_claiming(2).await.unwrap());
+        // A claim that took something: the next goes ahead without asking, due or not.
+        leases.claimed_in(2, 5);
+        directory.due.lock().unwrap().clear();
+        assert!(leases.worth_claiming(2).await.unwrap());
     }
 }

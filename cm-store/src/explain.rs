@@ -81,6 +81,9 @@ pub enum HotStatement {
         /// The group; `None` for every group.
         group: Option<GroupId>,
     },
+    /// Whether anything is due in a group ([`crate::GroupDirectory::group_due`]), asked
+    /// before a claim there when the last claim took nothing.
+    GroupDue(GroupId),
     /// The reaper's statement ([`crate::FireLedger::reap_expired`]).
     Reap(ReapParams),
     /// A page of [`crate::FireLedger::list_fires`].
@@ -152,6 +155,7 @@ impl HotStatement {
                 missions,
                 group,
             } => crate::ledger::take_requests_query(*limit, *missions, *group, Vec::new()),
+            HotStatement::GroupDue(group) => crate::groups::group_due_query(*group),
             HotStatement::Reap(params) => {
                 crate::ledger::reap_query(params, cm_domain::ClaimToken::new_v4())
             }

@@ -48,6 +48,19 @@ UNION
 SELECT group_id FROM cm.routine_requests WHERE scheduled_at <= now() GROUP BY group_id
 ORDER BY 1";
 
+/// Whether anything is due in the group `$1`: a routine or a request. Two probes of the group's
+/// due indexes; on Citus one router statement on the group's shard.
+const GROUP_DUE_SQL: &str = "
+SELECT EXISTS (SELECT 1 FROM cm.routines WHERE group_id = $1 AND next_run_at <= now())
+    OR EXISTS (SELECT 1 FROM cm.routine_requests WHERE group_id = $1 AND scheduled_at <= now())";
+
+/// [`GROUP_DUE_SQL`] bound for `group`, for [`crate::explain`].
+pub(crate) fn group_due_query(
+    group: GroupId,
+) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    crate::schema::query(GROUP_DUE_SQL).bind(group)
+}
+
 /// The groups with a claim whose lease ran out (for the reaper).
 const EXPIRED_GROUPS_SQL: &str = "
 SELECT group_id FROM cm.routine_fires
@@ -65,6 +78,13 @@ pub trait GroupDirectory: Send + Sync {
     /// The groups with a routine or a request due now, in group order. One statement across
     /// every group: on Citus it reads every shard, and fails while any worker is down.
     async fn due_groups(&self) -> Result<Vec<GroupId>, StoreError>;
+
+    /// Whether anything is due in `group` now: a routine or a request. One statement that
+    /// reads the group's shard alone (on Citus), a fraction of what a claim that finds nothing
+    /// costs (its transaction and its planning). It says nothing of whether a claim can take
+    /// what is due: a full concurrency key, a busy run or no mission room may still leave a
+    /// claim with nothing.
+    async fn group_due(&self, group: GroupId) -> Result<bool, StoreError>;
 
     /// The groups with a claim whose lease ran out, in group order (across every group, as
     /// [`GroupDirectory::due_groups`]).
@@ -364,6 +384,14 @@ impl GroupDirectory for PgStore {
             DUE_GROUPS_SQL
         )
         .fetch_all(e))?)
+    }
+
+    async fn group_due(&self, group: GroupId) -> Result<bool, StoreError> {
+        Ok(on_store!(self, |e| crate::schema::query_scalar(
+            GROUP_DUE_SQL
+        )
+        .bind(group)
+        .fetch_one(e))?)
     }
 
     async fn expired_groups(&self) -> Result<Vec<GroupId>, StoreError> {

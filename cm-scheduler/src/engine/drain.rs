@@ -97,7 +97,10 @@ impl Scheduler {
         let started = Instant::now();
         add(&self.stats.ticks, 1);
         let (total, last_deferred) = match self.claim_groups().await.map_err(TickError::Claim)? {
-            None => self.drain(completer, wait, stopped, None).await?,
+            None => {
+                let (report, deferred, _) = self.drain(completer, wait, stopped, None).await?;
+                (report, deferred)
+            }
             Some(groups) => {
                 // Side by side, each with dispatches of its own, joined there when waiting.
                 let waiting = wait.is_some();
@@ -108,11 +111,21 @@ impl Scheduler {
                     &groups,
                     GROUP_WIDTH,
                     |group| async move {
+                        // A group whose last claim took nothing is asked first whether
+                        // anything is due in it: a question a fraction of a claim's cost.
+                        if let Some(leases) = &self.groups
+                            && !leases.worth_claiming(group).await?
+                        {
+                            return Ok((TickReport::default(), 0));
+                        }
                         let mut own = JoinSet::new();
-                        let (mut report, deferred) = self
+                        let (mut report, deferred, claimed) = self
                             .drain(completer, waiting.then_some(&mut own), stopped, Some(group))
                             .await
                             .map_err(TickError::into_store)?;
+                        if let Some(leases) = &self.groups {
+                            leases.claimed_in(group, claimed);
+                        }
                         collect(&mut own, &mut report).await;
                         Ok((report, deferred))
                     },
@@ -140,8 +153,8 @@ impl Scheduler {
     }
 
     /// Claims what is due in `group` (every group: `None`) and starts its dispatches, claiming
-    /// again at once while a claim comes back full. Returns what it did and how many
-    /// occurrences its last claims deferred.
+    /// again at once while a claim comes back full. Returns what it did, how many occurrences
+    /// its last claims deferred, and how many its claims took.
     ///
     /// Across every group, a backlog is drained in lanes ([`SchedulerConfig::drain_lanes`]):
     /// when the first claim comes back full, the other lanes of claims start beside the first,
@@ -157,7 +170,7 @@ impl Scheduler {
         wait: Option<&mut JoinSet<FireResult>>,
         stopped: Option<&watch::Receiver<bool>>,
         group: Option<GroupId>,
-    ) -> Result<(TickReport, usize), TickError> {
+    ) -> Result<(TickReport, usize, usize), TickError> {
         let cap = self.config.max_fires_per_tick.get();
         let limit = DRAIN_BATCH_LIMIT.max(cap);
         // A tick starts where the last one's work left it: after a tick that claimed more than
@@ -233,7 +246,7 @@ impl Scheduler {
             }
         }
         self.pace.first_batch.store(lane.claimed, Ordering::Relaxed);
-        Ok((lane.report, lane.deferred))
+        Ok((lane.report, lane.deferred, lane.claimed))
     }
 
     /// One lane of a drain: claims of `batch`, growing, each followed at once by the next while

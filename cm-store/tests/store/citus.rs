@@ -587,6 +587,13 @@ async fn every_claim_statement_is_one_task_on_citus() {
         "reaper",
         db.store.explain(&HotStatement::Reap(reap)).await.unwrap(),
     ));
+    plans.push((
+        "group due",
+        db.store
+            .explain(&HotStatement::GroupDue(group))
+            .await
+            .unwrap(),
+    ));
     for (name, plan) in &plans {
         let text = plan;
         let tasks: Vec<&str> = text

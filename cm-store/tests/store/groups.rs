@@ -276,3 +276,30 @@ async fn a_holder_back_after_its_leases_ran_out_takes_them_again(pool: PgPool) {
     .unwrap();
     assert_eq!(live, 3);
 }
+
+#[sqlx::test(migrator = "cm_store::MIGRATOR")]
+async fn a_group_is_due_while_a_routine_or_a_request_is(pool: PgPool) {
+    let store = PgStore::new(pool.clone());
+    let routines = due_in_groups(&store, &pool, 2).await;
+    let (routine, group) = routines[0];
+    let others: BTreeSet<GroupId> = routines.iter().map(|(_, g)| *g).collect();
+    let empty = (0..store.group_count().await.unwrap())
+        .map(|g| g as GroupId)
+        .find(|g| !others.contains(g))
+        .unwrap();
+    assert!(store.group_due(group).await.unwrap());
+    assert!(!store.group_due(empty).await.unwrap());
+    // Claimed, the group's routines are not due again for months.
+    let claim = store
+        .claim_due(&ClaimDueParams {
+            group: Some(group),
+            ..params("a")
+        })
+        .await
+        .unwrap();
+    assert!(!claim.fires.is_empty());
+    assert!(!store.group_due(group).await.unwrap());
+    // A trigger is a request, due at once.
+    store.trigger_routine(routine).await.unwrap();
+    assert!(store.group_due(group).await.unwrap());
+}

@@ -6,12 +6,14 @@
 //! (never leased, released, or whose holder's lease ran out) up to its share and releases those
 //! over it. A scheduler short of its share while another holds more than its own looks again
 //! every tick until the other has let go, so one that joins gets its share from the others
-//! within about a third of a lease, and the groups of one that died are claimed in as soon as its leases run out.
+//! within about a third of a lease; the groups of one that died are claimed in as soon as its
+//! leases run out.
 //!
 //! The leases are for efficiency only: a tick claims in the groups it holds and in the groups
 //! nobody holds (a group whose last claim took nothing is first asked whether anything is due
-//! there, a question that reads that group's shard alone), and `SKIP LOCKED` inside a group keeps two schedulers that meet in one (a
-//! lease that changed hands between a read and a claim) correct. Each scheduler keeps when the
+//! there, a question that reads that group's shard alone), and `SKIP LOCKED` inside a group
+//! keeps two schedulers that meet in one (a lease that changed hands between a read and a
+//! claim) correct. Each scheduler keeps when the
 //! others' leases run out, by its own clock from what the database said was left: a scheduler
 //! that stopped renewing (killed, or cut off) has its groups claimed in by the others from the
 //! moment its leases end, without waiting for a rebalance. A scheduler that stops cleanly

@@ -373,8 +373,8 @@ impl Scheduler {
 
     /// The same scheduler claiming one routine group at a time: each tick claims in the groups
     /// it leases or nobody leases, [`GROUP_WIDTH`] side by side (a group whose last claim
-    /// took nothing is first asked whether anything is due there,
-    /// `groups.rs`), and so do the reaper and the maintenance passes; the
+    /// took nothing is first asked whether anything is due there), and so do the reaper and
+    /// the maintenance passes (without the question); the
     /// leases, each lasting `lease`, are renewed and rebalanced every third of it beside the
     /// ticks (`groups.rs`). Every statement then names its group, which on Citus is one shard:
     /// a worker that is down fails only its own groups, logged once per outage (`outages.rs`).

@@ -64,8 +64,8 @@ fn summary(log: &str, key: &str) -> u64 {
 }
 
 /// Creates 40 routines due every second, runs two schedulers (`run` with `args`) for 12 s and
-/// until both have fired, stops them, and checks that neither had a tick error, both fired, every occurrence was claimed once
-/// and settled, and both took part in the group leases.
+/// until both have fired, stops them, and checks that neither had a tick error, both fired,
+/// every occurrence was claimed once and settled, and both took part in the group leases.
 async fn two_schedulers_share_the_groups(db: &TestDb, args: &[&str]) {
     for n in 0..40 {
         cli(
@@ -81,8 +81,8 @@ async fn two_schedulers_share_the_groups(db: &TestDb, args: &[&str]) {
     let mut a = SchedulerProcess::start_with(db, "groups-a", args, &[]);
     let mut b = SchedulerProcess::start_with(db, "groups-b", args, &[]);
     // The one that starts second may find every group leased by the other, and fires once the
-    // other has released its share and its own next rebalance has taken it: up to two thirds
-    // of a group lease (10 s at the default) after both are up, more on a loaded machine.
+    // other has let its share go, at its next renewal: up to a third of a group lease (5 s at
+    // the default) after both are up, more on a loaded machine.
     let both = crate::support::eventually_within(TAKEOVER_PATIENCE, async || {
         let claimants: i64 =
             sqlx::query_scalar("SELECT count(DISTINCT claimant) FROM cm.routine_fires")

@@ -151,7 +151,11 @@ impl Tally {
                 self.reading_failure = FAILURE_LINES - 1;
             }
         } else if self.reading_failure > 0 {
-            if line.is_empty() || line == "failures:" || line.starts_with("---- ") {
+            if line.is_empty()
+                || line == "failures:"
+                || line == "stack backtrace:"
+                || line.starts_with("---- ")
+            {
                 self.reading_failure = 0;
             } else if let Some((_, lines)) = self.failures.last_mut() {
                 lines.push(clip(line));
@@ -371,7 +375,8 @@ mod tests {
             "",
             "---- quiet stdout ----",
             "thread 'quiet' panicked at a.rs:1:1:",
-            "",
+            "stack backtrace:",
+            "   0: __rustc::rust_begin_unwind",
             "failures:",
             "    citus::two_schedulers",
             "test result: FAILED. 0 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s",

@@ -183,13 +183,7 @@ impl Scheduler {
             } else {
                 every
             };
-            let next = began + wait;
-            let stop = tokio::select! {
-                biased;
-                _ = stopped.wait_for(|stop| *stop) => true,
-                () = tokio::time::sleep_until(next.into()) => false,
-            };
-            if stop {
+            if !wait_until(began + wait, &mut stopped).await {
                 break;
             }
         }
@@ -276,5 +270,15 @@ async fn next_beat(beat: &mut tokio::time::Interval, stopped: &mut watch::Receiv
         biased;
         _ = stopped.wait_for(|stop| *stop) => false,
         _ = beat.tick() => true,
+    }
+}
+
+/// Waits until `at`; `false` once the scheduler is told to stop (which wins a tie), as
+/// [`next_beat`] for a loop whose period changes.
+async fn wait_until(at: Instant, stopped: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        biased;
+        _ = stopped.wait_for(|stop| *stop) => false,
+        () = tokio::time::sleep_until(at.into()) => true,
     }
 }

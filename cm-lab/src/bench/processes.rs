@@ -384,11 +384,13 @@ async fn drain(
         fleet.alive()?;
         // Whether anything is owed, not how much: a count walked every routine behind (all of
         // them, through a table the drain bloats) at each poll, about 230 ms of server time a
-        // poll taken from the schedulers it measures, where EXISTS stops at the first.
+        // poll taken from the schedulers it measures, where EXISTS stops at the first. Each
+        // subquery selects a column: Citus refuses one with none on a distributed table ("a
+        // column definition list is required for functions returning record").
         let (now, owed): (DateTime<Utc>, bool) = sqlx::query_as(
             "SELECT now(),
-                    EXISTS (SELECT FROM cm.routines WHERE next_run_at < now() - interval '1 s')
-                 OR EXISTS (SELECT FROM cm.routine_fires
+                    EXISTS (SELECT 1 FROM cm.routines WHERE next_run_at < now() - interval '1 s')
+                 OR EXISTS (SELECT 1 FROM cm.routine_fires
                             WHERE status = 'claimed' AND scheduled_at < now() - interval '1 s')",
         )
         .fetch_one(pool)

@@ -207,13 +207,23 @@ impl Scheduler {
     }
 
     /// Plans the routines written through SQL every tick interval, beside the ticks (nothing
-    /// without [`Scheduler::with_planning`]).
+    /// without [`Scheduler::with_planning`]); group by group at most every
+    /// [`GROUP_PLAN_EVERY`].
     async fn plan_loop(&self, mut stopped: watch::Receiver<bool>) {
         if self.planning.is_none() {
             return;
         }
         let mut beat = beat(self.config.tick_interval);
+        let mut last_by_group: Option<Instant> = None;
         while next_beat(&mut beat, &mut stopped).await {
+            let now = Instant::now();
+            let by_group = self.maintained_groups().await.is_some();
+            if !plan_now(by_group, last_by_group, now, self.config.tick_interval) {
+                continue;
+            }
+            if by_group {
+                last_by_group = Some(now);
+            }
             self.plan().await;
         }
     }
@@ -242,6 +252,24 @@ impl Scheduler {
     ) -> tokio::task::JoinHandle<RunSummary> {
         tokio::spawn(async move { self.run(shutdown).await })
     }
+}
+
+/// The shortest time between two planning passes group by group. Such a pass asks each group
+/// this scheduler leases for its unplanned routines, a statement each (on Citus, 64 router
+/// statements between two schedulers, each planned by the coordinator). At every tick of a
+/// short tick interval those passes took about as much of the coordinator as the claims
+/// (docs/BENCHMARKS.md, "Planning group by group at most once a second"). A routine written
+/// through SQL is planned within this long.
+pub(super) const GROUP_PLAN_EVERY: Duration = Duration::from_secs(1);
+
+/// Whether a planning pass runs at the beat `now` of a plan loop beating every `tick`: across
+/// every group at every beat; group by group (`by_group`) when the last such pass began
+/// [`GROUP_PLAN_EVERY`] before, give or take half a beat (beats a second apart then plan at
+/// each, not every other one for a beat a moment early).
+fn plan_now(by_group: bool, last_by_group: Option<Instant>, now: Instant, tick: Duration) -> bool {
+    !by_group
+        || last_by_group
+            .is_none_or(|at| now.saturating_duration_since(at) + tick / 2 >= GROUP_PLAN_EVERY)
 }
 
 /// How long until the next multiple of `interval` on the wall clock, plus a small margin.
@@ -280,5 +308,43 @@ async fn wait_until(at: Instant, stopped: &mut watch::Receiver<bool>) -> bool {
         biased;
         _ = stopped.wait_for(|stop| *stop) => false,
         () = tokio::time::sleep_until(at.into()) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn planning_across_every_group_runs_at_every_beat() {
+        let start = Instant::now();
+        assert!(plan_now(false, Some(start), start + MS, 10 * MS));
+    }
+
+    #[test]
+    fn planning_group_by_group_runs_at_most_about_once_a_second() {
+        let tick = 10 * MS;
+        let start = Instant::now();
+        assert!(plan_now(true, None, start, tick));
+        // A beat 10 ms after a pass: too soon; 995 ms after (within half a beat): due.
+        assert!(!plan_now(true, Some(start), start + tick, tick));
+        assert!(!plan_now(true, Some(start), start + 990 * MS, tick));
+        assert!(plan_now(true, Some(start), start + 995 * MS, tick));
+        // Counting 10 ms beats from one pass to the next gives about a second between them.
+        let beats = (1..)
+            .find(|n| plan_now(true, Some(start), start + tick * *n, tick))
+            .unwrap();
+        assert_eq!(beats, 100);
+    }
+
+    #[test]
+    fn planning_group_by_group_at_a_one_second_tick_runs_at_each_beat() {
+        // A beat a moment early still plans: every second, not every other.
+        let tick = Duration::from_secs(1);
+        let start = Instant::now();
+        assert!(plan_now(true, Some(start), start + tick - MS, tick));
+        assert!(!plan_now(true, Some(start), start + 400 * MS, tick));
     }
 }

@@ -256,10 +256,11 @@ impl Scheduler {
 
 /// The shortest time between two planning passes group by group. Such a pass asks each group
 /// this scheduler leases for its unplanned routines, a statement each (on Citus, 64 router
-/// statements between two schedulers, each planned by the coordinator). At every tick of a
-/// short tick interval those passes took about as much of the coordinator as the claims
-/// (docs/BENCHMARKS.md, "Planning group by group at most once a second"). A routine written
-/// through SQL is planned within this long.
+/// statements a pass between two schedulers, each planned by the coordinator). At every tick
+/// of a short tick interval those passes took more of the coordinator than any one statement
+/// of the claims (docs/BENCHMARKS.md, "Planning group by group at most once a second"). A
+/// routine written through SQL is planned within this long, or within a tick interval if that
+/// is longer.
 pub(super) const GROUP_PLAN_EVERY: Duration = Duration::from_secs(1);
 
 /// Whether a planning pass runs at the beat `now` of a plan loop beating every `tick`: across

@@ -382,6 +382,7 @@ async fn drain(
     let limit_at = from + chrono::TimeDelta::seconds(limit.into());
     loop {
         fleet.alive()?;
+        let began = tokio::time::Instant::now();
         // Whether anything is owed, not how much: a count walked every routine behind (all of
         // them, through a table the drain bloats) at each poll, about 230 ms of server time a
         // poll taken from the schedulers it measures, where EXISTS stops at the first. Each
@@ -410,6 +411,34 @@ async fn drain(
         if now >= limit_at {
             return Ok((limit_at, false));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(poll_pause(began.elapsed())).await;
+    }
+}
+
+/// How long the drain's poll waits after a poll that took `took`: 100 ms, or nine times the
+/// poll, whichever is longer, so the poll has at most a tenth of one connection's time. On plain
+/// PostgreSQL a poll takes about a millisecond. On Citus each `EXISTS` asks every shard: about
+/// 180 ms a poll during a drain, which every 100 ms kept the coordinator and the workers busy
+/// with polls for about two thirds of the drain (docs/BENCHMARKS.md, "The drain's poll on
+/// Citus"). The drain's end is its last fire's `completed_at`, not the poll's time, so a longer
+/// pause changes when the end is seen, not the rate.
+fn poll_pause(took: Duration) -> Duration {
+    Duration::from_millis(100).max(took.saturating_mul(9))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_drain_poll_pauses_100_ms_after_a_quick_poll_and_nine_times_a_slow_one() {
+        assert_eq!(
+            poll_pause(Duration::from_millis(1)),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            poll_pause(Duration::from_millis(180)),
+            Duration::from_millis(1620)
+        );
     }
 }

@@ -418,10 +418,10 @@ async fn drain(
 /// How long the drain's poll waits after a poll that took `took`: 100 ms, or nine times the
 /// poll, whichever is longer, so the poll has at most a tenth of one connection's time. On plain
 /// PostgreSQL a poll takes about a millisecond. On Citus each `EXISTS` asks every shard: about
-/// 180 ms a poll during a drain, which every 100 ms kept the coordinator and the workers busy
-/// with polls for about two thirds of the drain (docs/BENCHMARKS.md, "The drain's poll on
-/// Citus"). The drain's end is its last fire's `completed_at`, not the poll's time, so a longer
-/// pause changes when the end is seen, not the rate.
+/// 180 ms a poll during a drain; every 100 ms, a poll was running for about two thirds of the
+/// drain (docs/BENCHMARKS.md, "The drain's poll on Citus", where the longer pause changed no
+/// rate beyond the runs' spread). The drain's end is its last fire's `completed_at`, not the
+/// poll's time, so a longer pause changes when the end is seen, not the rate.
 fn poll_pause(took: Duration) -> Duration {
     Duration::from_millis(100).max(took.saturating_mul(9))
 }
